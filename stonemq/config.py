@@ -1,0 +1,173 @@
+"""Broker settings: every setting, its Kafka name, unit and default, and flag > env > file > default.
+
+A setting is named the way Kafka names it where Kafka has a name (``num.partitions``,
+``socket.request.max.bytes``); the Python attribute is that name with dots turned into
+underscores (``num_partitions``), and its environment variable is ``STONEMQ_`` plus the
+attribute in capitals (``STONEMQ_NUM_PARTITIONS``). A TOML file given with ``--config`` may use
+either spelling. Units are part of the name (``_ms``, ``_bytes``).
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, field_validator
+from pydantic.fields import FieldInfo
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
+
+FlushPolicy = Literal["always", "interval", "never"]
+TimestampType = Literal["CreateTime", "LogAppendTime"]
+
+MIB = 1024 * 1024
+
+
+class Settings(BaseSettings):
+    """The broker's settings. Construct with :func:`load_settings`."""
+
+    model_config = SettingsConfigDict(env_prefix="STONEMQ_", extra="forbid", frozen=True)
+
+    # -- network -------------------------------------------------------------------------------
+    listen: str = Field("127.0.0.1:9092", description="HOST:PORT the broker listens on")
+    advertise: str | None = Field(None, description="HOST:PORT given to clients (default: listen)")
+    socket_request_max_bytes: int = Field(100 * MIB, gt=0, description="largest request frame")
+    connections_max_idle_ms: int = Field(600_000, gt=0, description="idle connections are closed")
+    queued_max_requests: int = Field(500, gt=0, description="requests in flight per connection")
+
+    # -- identity --------------------------------------------------------------------------------
+    broker_id: int = Field(1, ge=0, description="this broker's id (Kafka's broker.id / node.id)")
+    cluster_id: str | None = Field(None, description="cluster id; generated once and kept")
+
+    # -- directories -----------------------------------------------------------------------------
+    data_dir: Path = Field(Path("./data"), description="root of all broker state")
+    journal_dir: Path | None = Field(None, description="write directory (default DATA/journal)")
+    queue_dir: Path | None = Field(None, description="read directory (default DATA/queues)")
+
+    # -- topics ----------------------------------------------------------------------------------
+    auto_create_topics_enable: bool = True
+    num_partitions: int = Field(1, gt=0)
+    default_replication_factor: int = Field(1, gt=0)
+    message_max_bytes: int = Field(1_048_588, gt=0, description="default max.message.bytes")
+    log_message_timestamp_type: TimestampType = "CreateTime"
+    log_segment_bytes: int = Field(1024 * MIB, ge=14)
+    log_roll_ms: int = Field(7 * 24 * 3600 * 1000, gt=0)
+    log_retention_ms: int = Field(7 * 24 * 3600 * 1000, ge=-1)
+    log_retention_bytes: int = Field(-1, ge=-1)
+    log_retention_check_interval_ms: int = Field(300_000, gt=0)
+    log_index_interval_bytes: int = Field(4096, ge=0)
+    log_index_size_max_bytes: int = Field(10 * MIB, ge=4)
+    fetch_max_bytes: int = Field(55 * MIB, gt=0, description="cap on one fetch response")
+
+    # -- journal and splitter (StoneMQ's own) -------------------------------------------------
+    journal_partitions: int = Field(4, gt=0, le=1024)
+    journal_segment_bytes: int = Field(128 * MIB, ge=1024)
+    journal_flush_policy: FlushPolicy = "interval"
+    journal_flush_interval_ms: int = Field(1000, gt=0)
+    queue_checkpoint_interval_ms: int = Field(60_000, gt=0)
+    queue_max_open_files: int = Field(1024, ge=8)
+    splitter_batch_bytes: int = Field(8 * MIB, gt=0, description="journal bytes split per pass")
+
+    # -- logging ---------------------------------------------------------------------------------
+    log_level: str = "INFO"
+
+    @field_validator("listen", "advertise")
+    @classmethod
+    def _host_port(cls, value: str | None) -> str | None:
+        if value is not None:
+            split_host_port(value)
+        return value
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # init kwargs carry the command-line flags; the TOML file is passed the same way but
+        # under a private key, so it sits below the environment.
+        return (init_settings, env_settings, _TomlSource(settings_cls))
+
+    # -- derived ---------------------------------------------------------------------------------
+    @property
+    def journal_path(self) -> Path:
+        return self.journal_dir or self.data_dir / "journal"
+
+    @property
+    def queue_path(self) -> Path:
+        return self.queue_dir or self.data_dir / "queues"
+
+    @property
+    def listen_address(self) -> tuple[str, int]:
+        return split_host_port(self.listen)
+
+    @property
+    def advertised_address(self) -> tuple[str, int]:
+        return split_host_port(self.advertise or self.listen)
+
+
+def kafka_name(attribute: str) -> str:
+    """The Kafka-style dotted name of a settings attribute."""
+    return attribute.replace("_", ".")
+
+
+def split_host_port(value: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"expected HOST:PORT, got {value!r}")
+    return host.strip("[]"), int(port)
+
+
+_CONFIG_FILE: Path | None = None
+
+
+class _TomlSource(PydanticBaseSettingsSource):
+    """Settings from the TOML file named by ``--config``; keys may be dotted Kafka names."""
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        if _CONFIG_FILE is None:
+            return {}
+        with _CONFIG_FILE.open("rb") as fh:
+            raw = tomllib.load(fh)
+        flat: dict[str, Any] = {}
+        _flatten(raw, "", flat)
+        known = self.settings_cls.model_fields
+        out: dict[str, Any] = {}
+        for key, value in flat.items():
+            attribute = key.replace(".", "_").replace("-", "_")
+            if attribute not in known:
+                raise ValueError(f"{_CONFIG_FILE}: unknown setting {key!r}")
+            out[attribute] = value
+        return out
+
+
+def _flatten(table: dict[str, Any], prefix: str, out: dict[str, Any]) -> None:
+    for key, value in table.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            _flatten(value, name + ".", out)
+        else:
+            out[name] = value
+
+
+def load_settings(config_file: Path | None = None, **flags: Any) -> Settings:
+    """Build settings with precedence flag > env (``STONEMQ_*``) > file > default.
+
+    ``flags`` holds only the flags the user actually gave (``None`` values are dropped).
+    """
+    global _CONFIG_FILE
+    _CONFIG_FILE = config_file
+    try:
+        return Settings(**{k: v for k, v in flags.items() if v is not None})
+    finally:
+        _CONFIG_FILE = None

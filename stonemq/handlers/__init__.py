@@ -1,0 +1,14 @@
+"""Kafka API handlers, one module per API family; importing this package registers them all."""
+
+from stonemq.handlers import (  # noqa: F401  (imported for registration)
+    admin,
+    api_versions,
+    fetch,
+    list_offsets,
+    metadata,
+    produce,
+    producer_ids,
+)
+from stonemq.handlers.registry import REGISTRY, ApiSpec, api
+
+__all__ = ["REGISTRY", "ApiSpec", "api"]

@@ -1,0 +1,61 @@
+"""What a handler gets: the request's identity, the broker's parts, and version-aware builders."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import functools
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+
+from kio.index import load_response_schema
+
+if TYPE_CHECKING:
+    from stonemq.broker import Broker
+
+
+@functools.cache
+def response_module(api_key: int, api_version: int) -> ModuleType:
+    """The kio module that holds the response classes for one API version."""
+    import importlib
+
+    cls = load_response_schema(api_key, api_version)
+    return importlib.import_module(cls.__module__)
+
+
+@functools.cache
+def _field_names(cls: type) -> frozenset[str]:
+    return frozenset(f.name for f in dataclasses.fields(cls))
+
+
+def build(cls: type, **values: Any) -> Any:
+    """Instantiate a kio entity, dropping the values this version of it has no field for.
+
+    Handlers are written once for all versions of an API; fields a version lacks are simply
+    not sent, exactly as Kafka does. ``throttle_time`` may be given in ms as an int.
+    """
+    names = _field_names(cls)
+    kept = {k: v for k, v in values.items() if k in names}
+    if "throttle_time" in kept and isinstance(kept["throttle_time"], int):
+        kept["throttle_time"] = datetime.timedelta(milliseconds=kept["throttle_time"])
+    return cls(**kept)
+
+
+@dataclasses.dataclass(slots=True)
+class RequestContext:
+    """One request being handled."""
+
+    api_key: int
+    api_version: int
+    correlation_id: int
+    client_id: str | None
+    client_host: str
+    broker: Broker
+
+    @property
+    def module(self) -> ModuleType:
+        return response_module(self.api_key, self.api_version)
+
+    def build(self, type_name: str, **values: Any) -> Any:
+        """Build ``type_name`` from this request's response module (see :func:`build`)."""
+        return build(getattr(self.module, type_name), **values)

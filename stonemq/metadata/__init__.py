@@ -1,0 +1,1 @@
+"""Cluster metadata: topics, ids, configs, journal mapping, producer-id allocation."""

@@ -1,0 +1,83 @@
+"""The metadata store interface: what every backend (SQLite now, ZooKeeper later) must provide."""
+
+from __future__ import annotations
+
+import uuid
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+
+class TopicExistsError(Exception):
+    """A topic with that name already exists."""
+
+
+class UnknownTopicError(Exception):
+    """No topic with that name exists."""
+
+
+@dataclass(frozen=True, slots=True)
+class TopicRecord:
+    """One topic as the metadata store keeps it.
+
+    ``journal_partitions[p]`` is the journal partition that topic partition ``p`` is routed
+    to; it is chosen once, when the partition is created, and never changes.
+    ``configs`` holds only the topic-level overrides the user set (Kafka names and string
+    values, as DescribeConfigs reports them); defaults come from the broker settings.
+    """
+
+    name: str
+    topic_id: uuid.UUID
+    journal_partitions: tuple[int, ...]
+    configs: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def partitions(self) -> int:
+        return len(self.journal_partitions)
+
+
+class MetadataStore(ABC):
+    """Durable metadata. Every mutating call is atomic and durable when it returns."""
+
+    @abstractmethod
+    def cluster_id(self) -> str:
+        """The cluster id, generated on first use and kept forever."""
+
+    @abstractmethod
+    def list_topics(self) -> list[TopicRecord]: ...
+
+    @abstractmethod
+    def get_topic(self, name: str) -> TopicRecord | None: ...
+
+    @abstractmethod
+    def create_topic(
+        self, name: str, journal_partitions: list[int], configs: Mapping[str, str]
+    ) -> TopicRecord:
+        """Create a topic with a fresh random topic id. Raises :class:`TopicExistsError`."""
+
+    @abstractmethod
+    def delete_topic(self, name: str) -> TopicRecord:
+        """Remove a topic. Raises :class:`UnknownTopicError`."""
+
+    @abstractmethod
+    def add_partitions(self, name: str, journal_partitions: list[int]) -> TopicRecord:
+        """Append partitions routed to the given journal partitions."""
+
+    @abstractmethod
+    def set_topic_configs(self, name: str, configs: Mapping[str, str]) -> TopicRecord:
+        """Replace the topic's whole set of overrides."""
+
+    @abstractmethod
+    def broker_configs(self) -> dict[str, str]:
+        """Dynamic broker-level overrides (set through AlterConfigs)."""
+
+    @abstractmethod
+    def set_broker_configs(self, configs: Mapping[str, str]) -> None:
+        """Replace the whole set of dynamic broker-level overrides."""
+
+    @abstractmethod
+    def allocate_producer_id(self) -> int:
+        """A producer id never handed out before, surviving restarts."""
+
+    @abstractmethod
+    def close(self) -> None: ...
