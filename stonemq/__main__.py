@@ -1,0 +1,5 @@
+"""``python -m stonemq``: the same command line as ``stonemq``."""
+
+from stonemq.cli import main
+
+main()

@@ -1,0 +1,90 @@
+"""The ``stonemq`` command line: thin commands over the broker's parts."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from pydantic import ValidationError
+
+from stonemq.config import load_settings
+
+app = typer.Typer(
+    name="stonemq",
+    help="StoneMQ: a Kafka-compatible broker on journal -> queue-log storage.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+
+
+def _setup_logging(level: str) -> None:
+    logging.basicConfig(
+        level=level.upper(),
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+
+
+@app.command()
+def serve(
+    listen: Annotated[
+        str | None, typer.Option(help="HOST:PORT to listen on [default: 127.0.0.1:9092]")
+    ] = None,
+    advertise: Annotated[
+        str | None, typer.Option(help="HOST:PORT given to clients [default: the listen address]")
+    ] = None,
+    data_dir: Annotated[
+        Path | None, typer.Option(help="root of all broker state [default: ./data]")
+    ] = None,
+    journal_dir: Annotated[
+        Path | None, typer.Option(help="write directory [default: DATA_DIR/journal]")
+    ] = None,
+    queue_dir: Annotated[
+        Path | None, typer.Option(help="read directory [default: DATA_DIR/queues]")
+    ] = None,
+    config: Annotated[
+        Path | None,
+        typer.Option(help="TOML settings file (Kafka names, e.g. num.partitions = 3)"),
+    ] = None,
+) -> None:
+    """Run the broker. Every setting also comes from env STONEMQ_<NAME> or the TOML file;
+    a flag beats env, env beats the file, the file beats the default."""
+    try:
+        settings = load_settings(
+            config,
+            listen=listen,
+            advertise=advertise,
+            data_dir=data_dir,
+            journal_dir=journal_dir,
+            queue_dir=queue_dir,
+        )
+    except (ValidationError, ValueError, OSError) as exc:
+        typer.echo(f"stonemq: invalid settings: {exc}", err=True)
+        raise typer.Exit(2) from None
+    _setup_logging(settings.log_level)
+
+    from stonemq.server.listener import serve as run_server
+    from stonemq.server.lock import DirectoryInUseError
+
+    try:
+        import uvloop
+
+        uvloop.run(run_server(settings))
+    except DirectoryInUseError as exc:
+        logging.getLogger("stonemq").error("refusing to start: %s", exc)
+        raise typer.Exit(1) from None
+    except OSError as exc:
+        logging.getLogger("stonemq").error("cannot start: %s", exc)
+        raise typer.Exit(1) from None
+    except KeyboardInterrupt:
+        pass
+
+
+def main() -> None:
+    app()
+
+
+__all__ = ["app", "main"]

@@ -1,0 +1,135 @@
+"""Request and response codecs, sans-IO: request headers v0-v2, kio bodies, response headers.
+
+Which header version a message uses follows Kafka: flexible API versions use request header
+v2 and response header v1; others use request header v1 and response header v0; an
+ApiVersions response always uses response header v0 so that a client can read it before it
+knows the broker's versions.
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+from kio.index import load_request_schema, load_response_schema
+from kio.serial import entity_reader, entity_writer
+
+API_VERSIONS_KEY = 18
+
+_HEADER_FIXED = struct.Struct(">hhi")
+_I16 = struct.Struct(">h")
+_I32 = struct.Struct(">i")
+
+
+class RequestDecodeError(Exception):
+    """The frame is not a valid request: the connection must be closed."""
+
+
+@dataclass(frozen=True, slots=True)
+class RequestHeader:
+    api_key: int
+    api_version: int
+    correlation_id: int
+    client_id: str | None
+
+
+def _read_uvarint(buf: bytes, pos: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        if pos >= len(buf):
+            raise RequestDecodeError("truncated varint in request header")
+        byte = buf[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return value, pos
+        shift += 7
+        if shift > 28:
+            raise RequestDecodeError("varint too long in request header")
+
+
+def parse_header_prefix(frame: bytes) -> tuple[RequestHeader, int]:
+    """Parse api key, version, correlation id and client id (the part common to v1 and v2).
+
+    Returns the header and the position after the client id. Tagged fields of header v2 are
+    skipped by :func:`body_offset` once the version is known to be flexible.
+    """
+    if len(frame) < _HEADER_FIXED.size:
+        raise RequestDecodeError(f"request of {len(frame)} bytes is shorter than a header")
+    api_key, api_version, correlation_id = _HEADER_FIXED.unpack_from(frame, 0)
+    pos = _HEADER_FIXED.size
+    client_id: str | None = None
+    if len(frame) >= pos + 2:
+        (length,) = _I16.unpack_from(frame, pos)
+        pos += 2
+        if length >= 0:
+            if pos + length > len(frame):
+                raise RequestDecodeError("client id runs past the end of the request")
+            try:
+                client_id = frame[pos : pos + length].decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise RequestDecodeError("client id is not UTF-8") from exc
+            pos += length
+    return RequestHeader(api_key, api_version, correlation_id, client_id), pos
+
+
+@functools.cache
+def _request_codec(api_key: int, api_version: int) -> tuple[Any, bool]:
+    cls = load_request_schema(api_key, api_version)
+    return entity_reader(cls), bool(cls.__flexible__)
+
+
+@functools.cache
+def _response_codec(api_key: int, api_version: int) -> tuple[Any, bool]:
+    cls = load_response_schema(api_key, api_version)
+    return entity_writer(cls), bool(cls.__flexible__)
+
+
+def decode_request(header: RequestHeader, frame: bytes, pos: int) -> Any:
+    """Decode the request body of a version the caller has checked is supported."""
+    try:
+        reader, flexible = _request_codec(header.api_key, header.api_version)
+    except Exception as exc:
+        raise RequestDecodeError(
+            f"no schema for api {header.api_key} v{header.api_version}"
+        ) from exc
+    if flexible:
+        count, pos = _read_uvarint(frame, pos)
+        for _ in range(count):
+            _tag, pos = _read_uvarint(frame, pos)
+            size, pos = _read_uvarint(frame, pos)
+            pos += size
+        if pos > len(frame):
+            raise RequestDecodeError("tagged fields run past the end of the request")
+    try:
+        body, size = reader(frame, pos)
+    except Exception as exc:  # kio raises several types for malformed input
+        raise RequestDecodeError(
+            f"malformed api {header.api_key} v{header.api_version} body: {exc}"
+        ) from exc
+    if pos + size != len(frame):
+        raise RequestDecodeError(
+            f"api {header.api_key} v{header.api_version}: {len(frame) - pos - size} "
+            "trailing bytes after the body"
+        )
+    return body
+
+
+def encode_response(header: RequestHeader, response: Any, api_version: int | None = None) -> bytes:
+    """Length prefix + response header + body, for ``response`` of ``api_version``
+    (default: the request's version)."""
+    version = header.api_version if api_version is None else api_version
+    writer, flexible = _response_codec(header.api_key, version)
+    out = io.BytesIO()
+    out.write(b"\0\0\0\0")
+    out.write(_I32.pack(header.correlation_id))
+    if flexible and header.api_key != API_VERSIONS_KEY:
+        out.write(b"\0")  # response header v1: no tagged fields
+    writer(out, response)
+    data = out.getbuffer()
+    _I32.pack_into(data, 0, len(data) - 4)
+    del data
+    return out.getvalue()

@@ -1,0 +1,216 @@
+"""One client connection: receive frames, dispatch them, send responses in request order.
+
+Requests of one connection are handled concurrently (so pipelined produces share a group
+commit) but answered strictly in the order they arrived, as Kafka clients require. A handler
+starts in arrival order and does its ordering-sensitive work (offset assignment) before its
+first await, so pipelined produces to one partition keep their order.
+
+Back-pressure: at most ``queued.max.requests`` requests in flight per connection, and reading
+pauses while the transport's write buffer is above its high-water mark. Nothing buffers
+without bound. A frame that cannot be decoded, an unknown API key or an unsupported version
+(except ApiVersions, which gets Kafka's step-down answer) closes the connection with a log
+line; it never affects other connections.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from stonemq.handlers import REGISTRY
+from stonemq.handlers.api_versions import unsupported_version_response
+from stonemq.handlers.context import RequestContext
+from stonemq.protocol.codec import (
+    API_VERSIONS_KEY,
+    RequestDecodeError,
+    RequestHeader,
+    decode_request,
+    encode_response,
+    parse_header_prefix,
+)
+from stonemq.protocol.framing import FrameDecoder, FrameError
+
+if TYPE_CHECKING:
+    from stonemq.broker import Broker
+
+log = logging.getLogger("stonemq.server")
+
+
+class _Pending:
+    """A request in flight: its header and, once handled, its encoded response."""
+
+    __slots__ = ("done", "header", "response")
+
+    def __init__(self, header: RequestHeader) -> None:
+        self.header = header
+        self.response: bytes | None = None
+        self.done = False
+
+
+class Connection(asyncio.BufferedProtocol):
+    def __init__(self, broker: Broker, registry: set[Connection]) -> None:
+        self._broker = broker
+        self._registry = registry
+        self._decoder = FrameDecoder(broker.settings.socket_request_max_bytes)
+        self._transport: asyncio.Transport | None = None
+        self._pending: collections.deque[_Pending] = collections.deque()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._peer = "?"
+        self._closing = False
+        self._reading_paused = False
+        self._writing_paused = False
+        self.last_active = time.monotonic()
+
+    # -- asyncio callbacks ------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self._transport = transport
+        peer = transport.get_extra_info("peername")
+        self._peer = f"{peer[0]}:{peer[1]}" if peer else "?"
+        self._registry.add(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._closing = True
+        self._registry.discard(self)
+        for task in self._tasks:
+            task.cancel()
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self._decoder.get_buffer(sizehint)
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self._decoder.buffer_updated(nbytes)
+        self.last_active = time.monotonic()
+        try:
+            while not self._closing:
+                frame = self._decoder.next_frame()
+                if frame is None:
+                    break
+                self._dispatch(frame)
+        except FrameError as exc:
+            self.abort(f"bad frame: {exc}")
+
+    def eof_received(self) -> bool:
+        return False  # close our side too; unanswered requests die with the connection
+
+    def pause_writing(self) -> None:
+        self._writing_paused = True
+        self._update_reading()
+
+    def resume_writing(self) -> None:
+        self._writing_paused = False
+        self._update_reading()
+
+    # -- dispatch ---------------------------------------------------------------------------
+    def _dispatch(self, frame: bytes) -> None:
+        try:
+            header, pos = parse_header_prefix(frame)
+        except RequestDecodeError as exc:
+            self.abort(f"bad request header: {exc}")
+            return
+        spec = REGISTRY.get(header.api_key)
+        if spec is None:
+            self.abort(f"unknown or unsupported api key {header.api_key}")
+            return
+        if not spec.min_version <= header.api_version <= spec.max_version:
+            if header.api_key == API_VERSIONS_KEY:
+                # Kafka's step-down: answer in the v0 body with UNSUPPORTED_VERSION + the list.
+                pending = _Pending(header)
+                pending.response = encode_response(
+                    header, unsupported_version_response(), api_version=0
+                )
+                pending.done = True
+                self._pending.append(pending)
+                self._flush()
+                return
+            self.abort(
+                f"api key {header.api_key} version {header.api_version} is not supported "
+                f"({spec.min_version}..{spec.max_version})"
+            )
+            return
+        try:
+            request = decode_request(header, frame, pos)
+        except RequestDecodeError as exc:
+            self.abort(str(exc))
+            return
+        ctx = RequestContext(
+            api_key=header.api_key,
+            api_version=header.api_version,
+            correlation_id=header.correlation_id,
+            client_id=header.client_id,
+            client_host=self._peer.rpartition(":")[0],
+            broker=self._broker,
+        )
+        pending = _Pending(header)
+        self._pending.append(pending)
+        task = asyncio.get_running_loop().create_task(self._run(spec.handler, ctx, request, pending))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        self._update_reading()
+
+    async def _run(self, handler: Any, ctx: RequestContext, request: Any, pending: _Pending) -> None:
+        try:
+            response = await handler(ctx, request)
+            if response is not None:
+                pending.response = encode_response(pending.header, response)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception(
+                "internal error handling api %d v%d from %s (client %s); closing connection",
+                ctx.api_key, ctx.api_version, self._peer, ctx.client_id,
+            )
+            self.abort("internal error")
+            return
+        pending.done = True
+        self._flush()
+
+    def _flush(self) -> None:
+        """Send every finished response at the head of the queue, in arrival order."""
+        transport = self._transport
+        while self._pending and self._pending[0].done:
+            pending = self._pending.popleft()
+            if pending.response is not None and transport is not None and not self._closing:
+                transport.write(pending.response)
+        self.last_active = time.monotonic()
+        self._update_reading()
+
+    def _update_reading(self) -> None:
+        if self._transport is None or self._closing:
+            return
+        limit = self._broker.settings.queued_max_requests
+        should_pause = self._writing_paused or len(self._pending) >= limit
+        if should_pause and not self._reading_paused:
+            self._transport.pause_reading()
+            self._reading_paused = True
+        elif not should_pause and self._reading_paused:
+            self._transport.resume_reading()
+            self._reading_paused = False
+
+    # -- closing ----------------------------------------------------------------------------
+    @property
+    def idle(self) -> bool:
+        return not self._pending
+
+    def abort(self, reason: str) -> None:
+        if self._closing:
+            return
+        log.warning("closing connection from %s: %s", self._peer, reason)
+        self._closing = True
+        if self._transport is not None:
+            self._transport.abort()
+
+    def close(self) -> None:
+        """Close after the responses already queued have been written."""
+        if not self._closing:
+            self._closing = True
+            if self._transport is not None:
+                self._transport.close()
+
+    async def drain(self) -> None:
+        """Wait for the requests in flight to be answered (used at shutdown)."""
+        while self._pending and not self._closing:
+            await asyncio.sleep(0.01)

@@ -1,0 +1,81 @@
+"""Serving: lock the data dir, recover, listen, print ``ready``, and shut down cleanly."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import time
+
+from stonemq.broker import Broker
+from stonemq.config import Settings
+from stonemq.server.connection import Connection
+from stonemq.server.lock import DirectoryLock
+
+log = logging.getLogger("stonemq.server")
+
+SHUTDOWN_GRACE_S = 5.0
+
+
+async def serve(settings: Settings) -> None:
+    """Run the broker until SIGTERM/SIGINT."""
+    locks = [DirectoryLock(settings.data_dir)]
+    for extra in (settings.journal_path, settings.queue_path):
+        if not extra.resolve().is_relative_to(settings.data_dir.resolve()):
+            locks.append(DirectoryLock(extra))
+    acquired: list[DirectoryLock] = []
+    try:
+        for lock in locks:
+            lock.acquire()
+            acquired.append(lock)
+        await _serve_locked(settings)
+    finally:
+        for lock in acquired:
+            lock.release()
+
+
+async def _serve_locked(settings: Settings) -> None:
+    loop = asyncio.get_running_loop()
+    broker = Broker(settings)
+    broker.recover()
+    broker.start()
+    connections: set[Connection] = set()
+    host, port = settings.listen_address
+    server = await loop.create_server(
+        lambda: Connection(broker, connections), host, port, reuse_address=True, backlog=1024
+    )
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    reaper = loop.create_task(_close_idle(connections, settings.connections_max_idle_ms))
+    adv_host, adv_port = settings.advertised_address
+    log.info(
+        "StoneMQ broker %d ready: listening on %s:%d (advertised %s:%d), data dir %s",
+        settings.broker_id, host, port, adv_host, adv_port, settings.data_dir,
+    )
+    await stop.wait()
+    started = time.monotonic()
+    log.info("shutting down: no new connections, answering requests in flight")
+    server.close()
+    reaper.cancel()
+    broker.fetch_waiters.wake_all()
+    try:
+        await asyncio.wait_for(
+            asyncio.gather(*(c.drain() for c in list(connections))), SHUTDOWN_GRACE_S
+        )
+    except TimeoutError:
+        log.warning("some requests were still in flight after %.0f s", SHUTDOWN_GRACE_S)
+    for conn in list(connections):
+        conn.close()
+    await broker.close()
+    log.info("stopped cleanly in %.2f s", time.monotonic() - started)
+
+
+async def _close_idle(connections: set[Connection], max_idle_ms: int) -> None:
+    """Kafka's connections.max.idle.ms: one sweep for all connections, not a timer each."""
+    while True:
+        await asyncio.sleep(min(max_idle_ms / 1000, 30.0))
+        deadline = time.monotonic() - max_idle_ms / 1000
+        for conn in list(connections):
+            if conn.idle and conn.last_active < deadline:
+                conn.close()
