@@ -1,4 +1,4 @@
-"""Broker settings: every setting, its Kafka name, unit and default, and flag > env > file > default.
+"""Broker settings: each one's Kafka name, unit and default; flag > env > file > default.
 
 A setting is named the way Kafka names it where Kafka has a name (``num.partitions``,
 ``socket.request.max.bytes``); the Python attribute is that name with dots turned into

@@ -146,12 +146,16 @@ class Connection(asyncio.BufferedProtocol):
         )
         pending = _Pending(header)
         self._pending.append(pending)
-        task = asyncio.get_running_loop().create_task(self._run(spec.handler, ctx, request, pending))
+        task = asyncio.get_running_loop().create_task(
+            self._run(spec.handler, ctx, request, pending)
+        )
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         self._update_reading()
 
-    async def _run(self, handler: Any, ctx: RequestContext, request: Any, pending: _Pending) -> None:
+    async def _run(
+        self, handler: Any, ctx: RequestContext, request: Any, pending: _Pending
+    ) -> None:
         try:
             response = await handler(ctx, request)
             if response is not None:
@@ -161,7 +165,10 @@ class Connection(asyncio.BufferedProtocol):
         except Exception:
             log.exception(
                 "internal error handling api %d v%d from %s (client %s); closing connection",
-                ctx.api_key, ctx.api_version, self._peer, ctx.client_id,
+                ctx.api_key,
+                ctx.api_version,
+                self._peer,
+                ctx.client_id,
             )
             self.abort("internal error")
             return

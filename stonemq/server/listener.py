@@ -51,7 +51,12 @@ async def _serve_locked(settings: Settings) -> None:
     adv_host, adv_port = settings.advertised_address
     log.info(
         "StoneMQ broker %d ready: listening on %s:%d (advertised %s:%d), data dir %s",
-        settings.broker_id, host, port, adv_host, adv_port, settings.data_dir,
+        settings.broker_id,
+        host,
+        port,
+        adv_host,
+        adv_port,
+        settings.data_dir,
     )
     await stop.wait()
     started = time.monotonic()

@@ -1,0 +1,144 @@
+"""Fetch (1): whole record batches from the queue logs, long-polling until min_bytes.
+
+Only split data is served (up to the high watermark the splitter has published). A fetch
+offset inside a batch returns that whole batch, as Kafka does; clients skip the records
+before their offset. Limits follow KIP-74: ``partition_max_bytes`` per partition and
+``max_bytes`` for the response, except that the first partition with data always returns at
+least one whole batch so a consumer can never be stuck behind a large one. zstd batches go
+only to fetch v10+ (UNSUPPORTED_COMPRESSION_TYPE below). Fetch sessions (KIP-227) are not
+kept: every response carries session id 0, which tells every client to keep sending full
+fetches; an incremental fetch naming a session gets FETCH_SESSION_ID_NOT_FOUND.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from kio.schema.errors import ErrorCode
+
+from stonemq.handlers.context import RequestContext
+from stonemq.handlers.registry import api
+from stonemq.protocol.record_batch import COMPRESSION_ZSTD, iter_batches
+from stonemq.storage.engine import OffsetOutOfRangeError, UnknownPartitionError
+
+FIRST_ZSTD_FETCH_VERSION = 10
+
+
+class _Part:
+    __slots__ = ("error", "hw", "index", "log_start", "records")
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self.error = ErrorCode.none
+        self.hw = -1
+        self.log_start = -1
+        self.records = b""
+
+
+@api(1, 4, 12)
+async def handle_fetch(ctx: RequestContext, request: Any) -> Any:
+    session_id = getattr(request, "session_id", 0)
+    if session_id != 0:
+        return ctx.build(
+            "FetchResponse",
+            throttle_time=0,
+            error_code=ErrorCode.fetch_session_id_not_found,
+            session_id=0,
+            responses=(),
+        )
+    broker = ctx.broker
+    max_wait_s = request.max_wait.total_seconds()
+    deadline = time.monotonic() + max_wait_s
+    keys = [(t.topic, p.partition) for t in request.topics for p in t.partitions]
+    while True:
+        topics, total, has_error = _read_all(ctx, request)
+        remaining = deadline - time.monotonic()
+        if total >= request.min_bytes or has_error or remaining <= 0 or not keys:
+            break
+        await broker.fetch_waiters.wait(keys, remaining)
+        if broker.fetch_waiters.closed:
+            topics, total, has_error = _read_all(ctx, request)
+            break
+    return ctx.build(
+        "FetchResponse",
+        throttle_time=0,
+        error_code=ErrorCode.none,
+        session_id=0,
+        responses=tuple(
+            ctx.build(
+                "FetchableTopicResponse",
+                topic=name,
+                partitions=tuple(
+                    ctx.build(
+                        "PartitionData",
+                        partition_index=part.index,
+                        error_code=part.error,
+                        high_watermark=part.hw,
+                        last_stable_offset=part.hw,
+                        log_start_offset=part.log_start,
+                        aborted_transactions=() if part.error == ErrorCode.none else None,
+                        preferred_read_replica=-1,
+                        records=part.records,
+                    )
+                    for part in parts
+                ),
+            )
+            for name, parts in topics
+        ),
+    )
+
+
+def _read_all(ctx: RequestContext, request: Any) -> tuple[list[tuple[str, list[_Part]]], int, bool]:
+    storage = ctx.broker.storage
+    topics_mgr = ctx.broker.topics
+    budget = min(getattr(request, "max_bytes", 2**31 - 1), ctx.broker.settings.fetch_max_bytes)
+    total = 0
+    has_error = False
+    zstd_allowed = ctx.api_version >= FIRST_ZSTD_FETCH_VERSION
+    out: list[tuple[str, list[_Part]]] = []
+    for fetch_topic in request.topics:
+        name = fetch_topic.topic
+        record = topics_mgr.get(name)
+        parts: list[_Part] = []
+        out.append((name, parts))
+        for fp in fetch_topic.partitions:
+            part = _Part(fp.partition)
+            parts.append(part)
+            if record is None or not 0 <= fp.partition < record.partitions:
+                part.error = ErrorCode.unknown_topic_or_partition
+                has_error = True
+                continue
+            limit = min(fp.partition_max_bytes, budget - total)
+            try:
+                if limit <= 0 and total > 0:
+                    part.hw = storage.high_watermark(name, fp.partition)
+                    part.log_start = storage.log_start_offset(name, fp.partition)
+                    continue
+                result = storage.read(name, fp.partition, fp.fetch_offset, max(limit, 1))
+            except OffsetOutOfRangeError:
+                part.error = ErrorCode.offset_out_of_range
+                part.hw = storage.high_watermark(name, fp.partition)
+                part.log_start = storage.log_start_offset(name, fp.partition)
+                has_error = True
+                continue
+            except UnknownPartitionError:
+                part.error = ErrorCode.unknown_topic_or_partition
+                has_error = True
+                continue
+            part.hw = result.high_watermark
+            part.log_start = result.log_start_offset
+            data = result.data
+            if total > 0 and len(data) > budget - total:
+                data = b""  # only the first partition with data may exceed max_bytes
+            if data and not zstd_allowed and _has_zstd(data):
+                part.error = ErrorCode.unsupported_compression_type
+                has_error = True
+                continue
+            part.records = data
+            total += len(data)
+    return out, total, has_error
+
+
+def _has_zstd(data: bytes) -> bool:
+    return any(h.compression == COMPRESSION_ZSTD for _, h in iter_batches(data))

@@ -1,0 +1,67 @@
+"""ListOffsets (2): earliest (-2), latest (-1), max timestamp (-3) and offsets by timestamp.
+
+Latest is the high watermark (what consumers can read). By timestamp, the answer is the
+first offset whose record timestamp is >= the target, found through the time index; when
+there is none, offset and timestamp are -1, as Kafka answers.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kio.schema.errors import ErrorCode
+
+from stonemq.handlers.context import RequestContext
+from stonemq.handlers.registry import api
+from stonemq.storage.engine import UnknownPartitionError
+
+LATEST = -1
+EARLIEST = -2
+MAX_TIMESTAMP = -3
+
+
+@api(2, 1, 7)
+async def handle_list_offsets(ctx: RequestContext, request: Any) -> Any:
+    topics = []
+    for topic in request.topics:
+        record = ctx.broker.topics.get(topic.name)
+        partitions = []
+        for p in topic.partitions:
+            if record is None or not 0 <= p.partition_index < record.partitions:
+                error, offset, timestamp = ErrorCode.unknown_topic_or_partition, -1, -1
+            else:
+                try:
+                    error = ErrorCode.none
+                    offset, timestamp = _lookup(ctx, topic.name, p.partition_index, p.timestamp)
+                except UnknownPartitionError:
+                    error, offset, timestamp = ErrorCode.unknown_topic_or_partition, -1, -1
+            partitions.append(
+                ctx.build(
+                    "ListOffsetsPartitionResponse",
+                    partition_index=p.partition_index,
+                    error_code=error,
+                    timestamp=timestamp,
+                    offset=offset,
+                    leader_epoch=0 if error == ErrorCode.none else -1,
+                )
+            )
+        topics.append(
+            ctx.build("ListOffsetsTopicResponse", name=topic.name, partitions=tuple(partitions))
+        )
+    return ctx.build("ListOffsetsResponse", throttle_time=0, topics=tuple(topics))
+
+
+def _lookup(ctx: RequestContext, topic: str, partition: int, target: int) -> tuple[int, int]:
+    storage = ctx.broker.storage
+    if target == LATEST:
+        return storage.high_watermark(topic, partition), -1
+    if target == EARLIEST:
+        return storage.log_start_offset(topic, partition), -1
+    if target == MAX_TIMESTAMP:
+        found = storage.max_timestamp(topic, partition)
+    else:
+        found = storage.offset_for_timestamp(topic, partition, target)
+    if found is None:
+        return -1, -1
+    offset, timestamp = found
+    return offset, timestamp

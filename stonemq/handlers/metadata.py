@@ -1,0 +1,101 @@
+"""Metadata (3): brokers, controller, topics and partitions; auto-creates topics on request.
+
+With one broker, this broker leads every partition and is the controller. A topic that is
+requested but missing is created when ``auto.create.topics.enable`` is true and the client
+allows it (v4+), with ``num.partitions`` partitions.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kio.schema.errors import ErrorCode
+
+from stonemq.handlers.context import RequestContext
+from stonemq.handlers.registry import api
+from stonemq.metadata.store import TopicRecord
+from stonemq.topics import AdminError, UnknownTopicOrPartitionError, validate_topic_name
+
+UNKNOWN_AUTHORIZED_OPERATIONS = -(2**31)
+
+
+@api(3, 0, 12)
+async def handle_metadata(ctx: RequestContext, request: Any) -> Any:
+    broker = ctx.broker
+    allow_create = getattr(request, "allow_auto_topic_creation", True)
+    topics: list[Any] = []
+    if request.topics is None or (ctx.api_version == 0 and not request.topics):
+        for record in broker.metadata.list_topics():
+            topics.append(_topic(ctx, record, ErrorCode.none, record.name))
+    else:
+        for wanted in request.topics:
+            name = wanted.name
+            if name is None and getattr(wanted, "topic_id", None) is not None:
+                try:
+                    record = broker.topics.by_id(wanted.topic_id)
+                except AdminError as exc:
+                    topics.append(_topic(ctx, None, exc.error_code, None))
+                else:
+                    topics.append(_topic(ctx, record, ErrorCode.none, record.name))
+                continue
+            try:
+                record = _lookup(ctx, name, allow_create)
+            except AdminError as exc:
+                topics.append(_topic(ctx, None, exc.error_code, name))
+            else:
+                topics.append(_topic(ctx, record, ErrorCode.none, name))
+    host, port = broker.settings.advertised_address
+    return ctx.build(
+        "MetadataResponse",
+        throttle_time=0,
+        brokers=(
+            ctx.build(
+                "MetadataResponseBroker", node_id=broker.broker_id, host=host, port=port, rack=None
+            ),
+        ),
+        cluster_id=broker.metadata.cluster_id(),
+        controller_id=broker.broker_id,
+        topics=tuple(topics),
+        cluster_authorized_operations=UNKNOWN_AUTHORIZED_OPERATIONS,
+    )
+
+
+def _topic(
+    ctx: RequestContext, record: TopicRecord | None, error: ErrorCode, name: str | None
+) -> Any:
+    broker_id = ctx.broker.broker_id
+    partitions = ()
+    if record is not None:
+        partitions = tuple(
+            ctx.build(
+                "MetadataResponsePartition",
+                error_code=ErrorCode.none,
+                partition_index=p,
+                leader_id=broker_id,
+                leader_epoch=0,
+                replica_nodes=(broker_id,),
+                isr_nodes=(broker_id,),
+                offline_replicas=(),
+            )
+            for p in range(record.partitions)
+        )
+    return ctx.build(
+        "MetadataResponseTopic",
+        error_code=error,
+        name=name,
+        topic_id=record.topic_id if record is not None else None,
+        is_internal=False,
+        partitions=partitions,
+        topic_authorized_operations=UNKNOWN_AUTHORIZED_OPERATIONS,
+    )
+
+
+def _lookup(ctx: RequestContext, name: str, allow_create: bool) -> TopicRecord:
+    topics = ctx.broker.topics
+    if allow_create:
+        return topics.ensure(name)
+    validate_topic_name(name)
+    record = topics.get(name)
+    if record is None:
+        raise UnknownTopicOrPartitionError(f"Topic {name} does not exist")
+    return record

@@ -1,0 +1,211 @@
+"""Produce (0): validate each partition's record batch, assign offsets in the journal, ack.
+
+Per partition, in order: topic name and existence (auto-create when allowed), exactly one
+RecordBatch v2 (magic 2 only: UNSUPPORTED_FOR_MESSAGE_FORMAT otherwise), its size against
+``max.message.bytes`` (MESSAGE_TOO_LARGE), CRC-32C (CORRUPT_MESSAGE), the idempotent
+producer's sequence (OUT_OF_ORDER_SEQUENCE_NUMBER; a duplicate is answered as success with
+the original offset), LogAppendTime when the topic asks for it. The batch is then handed to
+the journal as opaque bytes: no per-record work. All of that happens before the first await,
+so pipelined requests keep their order.
+
+acks=0 gets no response; acks=1 and acks=-1 are answered once every batch of the request is
+in its journal file (and fsynced when ``journal.flush.policy`` is ``always``). With one
+broker, the journal is the whole ISR, so 1 and -1 wait for the same thing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+from kio.schema.errors import ErrorCode
+
+from stonemq.handlers.context import RequestContext
+from stonemq.handlers.registry import api
+from stonemq.protocol.record_batch import (
+    CorruptRecordError,
+    InvalidRecordError,
+    UnsupportedMagicError,
+    set_log_append_time,
+    validate_produce_records,
+)
+from stonemq.storage.engine import StorageError, UnknownPartitionError
+from stonemq.topics import AdminError
+
+log = logging.getLogger("stonemq.produce")
+
+_BACKGROUND: set[asyncio.Future[None]] = set()
+
+
+class _PartitionResult:
+    __slots__ = ("append_time", "base_offset", "error", "index", "message", "undo", "written")
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self.error = ErrorCode.none
+        self.message: str | None = None
+        self.base_offset = -1
+        self.append_time = -1
+        self.written: asyncio.Future[None] | None = None
+        self.undo: tuple[int, int] | None = None  # (producer id, base offset) to forget
+
+    def fail(self, error: ErrorCode, message: str | None = None) -> _PartitionResult:
+        self.error, self.message = error, message
+        return self
+
+
+@api(0, 3, 11)
+async def handle_produce(ctx: RequestContext, request: Any) -> Any:
+    broker = ctx.broker
+    acks = request.acks
+    topics: list[tuple[str, list[_PartitionResult]]] = []
+    for topic_data in request.topic_data:
+        name = topic_data.name
+        results = [_PartitionResult(p.index) for p in topic_data.partition_data]
+        topics.append((name, results))
+        if request.transactional_id is not None:
+            for r in results:
+                r.fail(
+                    ErrorCode.transactional_id_authorization_failed,
+                    "transactions are not supported yet",
+                )
+            continue
+        if acks not in (0, 1, -1):
+            for r in results:
+                r.fail(ErrorCode.invalid_required_acks)
+            continue
+        try:
+            record = broker.topics.ensure(name)
+            produce_config = broker.topics.produce_config(name)
+        except AdminError as exc:
+            for r in results:
+                r.fail(exc.error_code, str(exc))
+            continue
+        for result, data in zip(results, topic_data.partition_data, strict=True):
+            if not 0 <= data.index < record.partitions:
+                result.fail(ErrorCode.unknown_topic_or_partition)
+                continue
+            _append_one(
+                ctx,
+                name,
+                result,
+                data.records,
+                produce_config.max_message_bytes,
+                produce_config.log_append_time,
+            )
+
+    if acks == 0:
+        pending = [r for _, rs in topics for r in rs if r.written is not None]
+        if pending:  # nobody waits for the answer, but failures must still be undone
+            task = asyncio.ensure_future(_settle(ctx, topics))
+            _BACKGROUND.add(task)
+            task.add_done_callback(_BACKGROUND.discard)
+        return None
+    await _settle(ctx, topics)
+    return ctx.build(
+        "ProduceResponse",
+        responses=tuple(
+            ctx.build(
+                "TopicProduceResponse",
+                name=name,
+                partition_responses=tuple(
+                    ctx.build(
+                        "PartitionProduceResponse",
+                        index=r.index,
+                        error_code=r.error,
+                        base_offset=r.base_offset if r.error == ErrorCode.none else -1,
+                        log_append_time=r.append_time,
+                        log_start_offset=_log_start(ctx, name, r),
+                        record_errors=(),
+                        error_message=r.message,
+                    )
+                    for r in results
+                ),
+            )
+            for name, results in topics
+        ),
+        throttle_time=0,
+    )
+
+
+def _append_one(
+    ctx: RequestContext,
+    topic: str,
+    result: _PartitionResult,
+    records: bytes | None,
+    max_message_bytes: int,
+    log_append_time: bool,
+) -> None:
+    broker = ctx.broker
+    partition = result.index
+    if not records:
+        result.fail(ErrorCode.invalid_record, "produce request without a record batch")
+        return
+    if len(records) > max_message_bytes:
+        result.fail(
+            ErrorCode.message_too_large,
+            f"batch of {len(records)} bytes exceeds max.message.bytes {max_message_bytes}",
+        )
+        return
+    try:
+        header = validate_produce_records(records)
+    except UnsupportedMagicError as exc:
+        result.fail(ErrorCode.unsupported_for_message_format, str(exc))
+        return
+    except CorruptRecordError as exc:
+        log.warning("corrupt batch for %s-%d from %s: %s", topic, partition, ctx.client_id, exc)
+        result.fail(ErrorCode.corrupt_message, str(exc))
+        return
+    except InvalidRecordError as exc:
+        result.fail(ErrorCode.invalid_record, str(exc))
+        return
+    check = broker.producers.check(topic, partition, header)
+    if check.error != ErrorCode.none:
+        result.fail(check.error)
+        return
+    if check.duplicate_offset >= 0:
+        result.base_offset = check.duplicate_offset
+        return
+    batch = bytearray(records)
+    if log_append_time:
+        result.append_time = int(time.time() * 1000)
+        set_log_append_time(batch, 0, result.append_time)
+    try:
+        appended = broker.storage.append(topic, partition, batch, header.record_count)
+    except UnknownPartitionError:
+        result.fail(ErrorCode.unknown_topic_or_partition)
+        return
+    except StorageError as exc:
+        result.fail(ErrorCode.kafka_storage_error, str(exc))
+        return
+    result.base_offset = appended.base_offset
+    result.written = appended.written
+    broker.producers.appended(topic, partition, header, appended.base_offset)
+    if header.producer_id >= 0 and header.base_sequence >= 0:
+        result.undo = (header.producer_id, appended.base_offset)
+
+
+async def _settle(ctx: RequestContext, topics: list[tuple[str, list[_PartitionResult]]]) -> None:
+    """Wait until every appended batch is written; turn write failures into errors."""
+    for name, results in topics:
+        for r in results:
+            if r.written is None:
+                continue
+            try:
+                await r.written
+            except StorageError as exc:
+                log.error("journal write failed for %s-%d: %s", name, r.index, exc)
+                if r.undo is not None:
+                    ctx.broker.producers.forget(name, r.index, *r.undo)
+                r.fail(ErrorCode.kafka_storage_error, str(exc))
+
+
+def _log_start(ctx: RequestContext, topic: str, result: _PartitionResult) -> int:
+    if result.error in (ErrorCode.unknown_topic_or_partition, ErrorCode.invalid_topic_exception):
+        return -1
+    try:
+        return ctx.broker.storage.log_start_offset(topic, result.index)
+    except UnknownPartitionError:
+        return -1
