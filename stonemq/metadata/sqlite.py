@@ -1,0 +1,293 @@
+"""The embedded metadata backend: topics, partitions' journal mapping, configs and ids in SQLite.
+
+One file, ``<data_dir>/metadata.db``, in WAL mode with ``synchronous=FULL`` so every committed
+change survives a crash or power loss. The store keeps one connection, used from the event-loop
+thread only, and an in-memory copy of every topic: reads (metadata requests, produce) never touch
+the database; writes go to the database first and update the copy once they have committed.
+
+Producer ids are reserved in blocks: the database records the end of the last reserved block,
+so an id is never handed out twice, even across a crash (a restart skips the unused rest of the
+block, as Kafka does).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import sqlite3
+import uuid
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+
+from stonemq.metadata.store import (
+    MetadataStore,
+    TopicExistsError,
+    TopicRecord,
+    UnknownTopicError,
+)
+
+METADATA_FILE = "metadata.db"
+SCHEMA_VERSION = 1
+PRODUCER_ID_BLOCK = 1000
+
+_SCHEMA_V1 = """
+CREATE TABLE cluster (
+    key   TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
+CREATE TABLE topics (
+    name     TEXT PRIMARY KEY,
+    topic_id TEXT NOT NULL UNIQUE,
+    configs  TEXT NOT NULL DEFAULT '{}'
+);
+CREATE TABLE partitions (
+    topic_id          TEXT NOT NULL REFERENCES topics(topic_id) ON DELETE CASCADE,
+    partition         INTEGER NOT NULL CHECK (partition >= 0),
+    journal_partition INTEGER NOT NULL CHECK (journal_partition >= 0),
+    PRIMARY KEY (topic_id, partition)
+) WITHOUT ROWID;
+CREATE TABLE broker_configs (
+    name  TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
+CREATE TABLE producer_ids (
+    next_block_start INTEGER NOT NULL
+);
+INSERT INTO producer_ids (next_block_start) VALUES (0);
+"""
+
+# Upgrades from version N to N+1, applied in order when an older file is opened.
+_MIGRATIONS: dict[int, str] = {}
+
+
+class MetadataSchemaError(Exception):
+    """The metadata file was written by a newer StoneMQ (or is not a StoneMQ file)."""
+
+
+def new_cluster_id() -> str:
+    """A Kafka-style cluster id: a random UUID in URL-safe base64 without padding (22 chars)."""
+    return base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode("ascii")
+
+
+class SqliteMetadataStore(MetadataStore):
+    """:class:`MetadataStore` on one SQLite file.
+
+    ``cluster_id`` seeds the cluster id the first time the file is used (the ``cluster.id``
+    setting); once one is stored it never changes.
+    """
+
+    def __init__(self, path: str | Path, *, cluster_id: str | None = None) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._conn = sqlite3.connect(self.path, isolation_level=None)
+        try:
+            self._conn.execute("PRAGMA journal_mode=WAL")
+            self._conn.execute("PRAGMA synchronous=FULL")
+            self._conn.execute("PRAGMA foreign_keys=ON")
+            self._migrate()
+            self._seed_cluster_id = cluster_id
+            self._topics: dict[str, TopicRecord] = self._load_topics()
+        except BaseException:
+            self._conn.close()
+            raise
+        self._pid_next = 0
+        self._pid_end = 0  # ids in [_pid_next, _pid_end) are reserved and unused
+
+    @classmethod
+    def in_data_dir(
+        cls, data_dir: str | Path, *, cluster_id: str | None = None
+    ) -> SqliteMetadataStore:
+        return cls(Path(data_dir) / METADATA_FILE, cluster_id=cluster_id)
+
+    # -- schema -----------------------------------------------------------------------------------
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction; committed (durably) on normal exit, rolled back on error."""
+        self._conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield self._conn
+        except BaseException:
+            self._conn.execute("ROLLBACK")
+            raise
+        self._conn.execute("COMMIT")
+
+    def _migrate(self) -> None:
+        with self._tx() as db:
+            has_version = db.execute(
+                "SELECT 1 FROM sqlite_master WHERE type='table' AND name='schema_version'"
+            ).fetchone()
+            if not has_version:
+                others = db.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
+                if others:
+                    raise MetadataSchemaError(f"{self.path}: not a StoneMQ metadata file")
+                db.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
+                for statement in _statements(_SCHEMA_V1):
+                    db.execute(statement)
+                db.execute("INSERT INTO schema_version (version) VALUES (?)", (SCHEMA_VERSION,))
+                return
+            version = db.execute("SELECT version FROM schema_version").fetchone()[0]
+            if version > SCHEMA_VERSION:
+                raise MetadataSchemaError(
+                    f"{self.path}: schema version {version} is newer than this StoneMQ "
+                    f"understands ({SCHEMA_VERSION})"
+                )
+            while version < SCHEMA_VERSION:
+                for statement in _statements(_MIGRATIONS[version]):
+                    db.execute(statement)
+                version += 1
+                db.execute("UPDATE schema_version SET version = ?", (version,))
+
+    def schema_version(self) -> int:
+        return int(self._conn.execute("SELECT version FROM schema_version").fetchone()[0])
+
+    def _load_topics(self) -> dict[str, TopicRecord]:
+        journal: dict[str, list[int]] = {}
+        rows = self._conn.execute(
+            "SELECT topic_id, journal_partition FROM partitions ORDER BY topic_id, partition"
+        )
+        for topic_id, journal_partition in rows:
+            journal.setdefault(topic_id, []).append(journal_partition)
+        topics: dict[str, TopicRecord] = {}
+        for name, topic_id, configs in self._conn.execute(
+            "SELECT name, topic_id, configs FROM topics ORDER BY name"
+        ):
+            topics[name] = TopicRecord(
+                name=name,
+                topic_id=uuid.UUID(topic_id),
+                journal_partitions=tuple(journal.get(topic_id, ())),
+                configs=json.loads(configs),
+            )
+        return topics
+
+    # -- cluster ----------------------------------------------------------------------------------
+    def cluster_id(self) -> str:
+        row = self._conn.execute("SELECT value FROM cluster WHERE key = 'cluster_id'").fetchone()
+        if row:
+            return str(row[0])
+        value = self._seed_cluster_id or new_cluster_id()
+        with self._tx() as db:
+            db.execute("INSERT INTO cluster (key, value) VALUES ('cluster_id', ?)", (value,))
+        return value
+
+    # -- topics -----------------------------------------------------------------------------------
+    def list_topics(self) -> list[TopicRecord]:
+        return list(self._topics.values())
+
+    def get_topic(self, name: str) -> TopicRecord | None:
+        return self._topics.get(name)
+
+    def create_topic(
+        self, name: str, journal_partitions: list[int], configs: Mapping[str, str]
+    ) -> TopicRecord:
+        if name in self._topics:
+            raise TopicExistsError(name)
+        record = TopicRecord(
+            name=name,
+            topic_id=uuid.uuid4(),
+            journal_partitions=tuple(journal_partitions),
+            configs=dict(configs),
+        )
+        tid = str(record.topic_id)
+        with self._tx() as db:
+            try:
+                db.execute(
+                    "INSERT INTO topics (name, topic_id, configs) VALUES (?, ?, ?)",
+                    (name, tid, _dump(record.configs)),
+                )
+            except sqlite3.IntegrityError as e:
+                raise TopicExistsError(name) from e
+            db.executemany(
+                "INSERT INTO partitions (topic_id, partition, journal_partition) VALUES (?, ?, ?)",
+                [(tid, p, j) for p, j in enumerate(record.journal_partitions)],
+            )
+        self._topics[name] = record
+        return record
+
+    def delete_topic(self, name: str) -> TopicRecord:
+        record = self._require(name)
+        with self._tx() as db:
+            db.execute("DELETE FROM partitions WHERE topic_id = ?", (str(record.topic_id),))
+            db.execute("DELETE FROM topics WHERE name = ?", (name,))
+        del self._topics[name]
+        return record
+
+    def add_partitions(self, name: str, journal_partitions: list[int]) -> TopicRecord:
+        record = self._require(name)
+        first = record.partitions
+        tid = str(record.topic_id)
+        with self._tx() as db:
+            db.executemany(
+                "INSERT INTO partitions (topic_id, partition, journal_partition) VALUES (?, ?, ?)",
+                [(tid, first + i, j) for i, j in enumerate(journal_partitions)],
+            )
+        updated = TopicRecord(
+            name=name,
+            topic_id=record.topic_id,
+            journal_partitions=record.journal_partitions + tuple(journal_partitions),
+            configs=record.configs,
+        )
+        self._topics[name] = updated
+        return updated
+
+    def set_topic_configs(self, name: str, configs: Mapping[str, str]) -> TopicRecord:
+        record = self._require(name)
+        new_configs = dict(configs)
+        with self._tx() as db:
+            db.execute("UPDATE topics SET configs = ? WHERE name = ?", (_dump(new_configs), name))
+        updated = TopicRecord(
+            name=name,
+            topic_id=record.topic_id,
+            journal_partitions=record.journal_partitions,
+            configs=new_configs,
+        )
+        self._topics[name] = updated
+        return updated
+
+    def _require(self, name: str) -> TopicRecord:
+        record = self._topics.get(name)
+        if record is None:
+            raise UnknownTopicError(name)
+        return record
+
+    # -- broker configs ---------------------------------------------------------------------------
+    def broker_configs(self) -> dict[str, str]:
+        return {
+            name: value
+            for name, value in self._conn.execute(
+                "SELECT name, value FROM broker_configs ORDER BY name"
+            )
+        }
+
+    def set_broker_configs(self, configs: Mapping[str, str]) -> None:
+        with self._tx() as db:
+            db.execute("DELETE FROM broker_configs")
+            db.executemany(
+                "INSERT INTO broker_configs (name, value) VALUES (?, ?)",
+                [(str(k), str(v)) for k, v in configs.items()],
+            )
+
+    # -- producer ids -----------------------------------------------------------------------------
+    def allocate_producer_id(self) -> int:
+        if self._pid_next >= self._pid_end:
+            with self._tx() as db:
+                start = int(db.execute("SELECT next_block_start FROM producer_ids").fetchone()[0])
+                db.execute(
+                    "UPDATE producer_ids SET next_block_start = ?", (start + PRODUCER_ID_BLOCK,)
+                )
+            self._pid_next, self._pid_end = start, start + PRODUCER_ID_BLOCK
+        pid = self._pid_next
+        self._pid_next += 1
+        return pid
+
+    def close(self) -> None:
+        self._conn.close()
+
+
+def _dump(configs: Mapping[str, str]) -> str:
+    return json.dumps(dict(configs), sort_keys=True, separators=(",", ":"))
+
+
+def _statements(script: str) -> list[str]:
+    """Split a schema script into statements (``executescript`` would commit our transaction)."""
+    return [s.strip() for s in script.split(";") if s.strip()]

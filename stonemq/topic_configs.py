@@ -1,0 +1,624 @@
+"""The registry of configs: topic-level configs the broker honours, broker configs it exposes.
+
+Names, types, defaults and validation follow Kafka. A topic config's value comes from, in order:
+the topic's own override (DYNAMIC_TOPIC_CONFIG), the dynamic broker config of its synonym set
+through AlterConfigs (DYNAMIC_BROKER_CONFIG), the broker setting given by flag, environment or
+file (STATIC_BROKER_CONFIG), and the built-in default (DEFAULT_CONFIG). :func:`resolve_topic`
+applies that order and gives both the DescribeConfigs view (value, source, synonyms) and the
+:class:`~stonemq.storage.engine.LogConfig` storage needs.
+
+Errors raised here and by the topic manager carry the Kafka error code they map to.
+"""
+
+from __future__ import annotations
+
+import enum
+import types
+import typing
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Any
+
+from kio.schema.errors import ErrorCode
+from pydantic import TypeAdapter, ValidationError
+
+from stonemq.config import Settings
+from stonemq.storage.engine import LogConfig
+
+
+class ConfigType(enum.IntEnum):
+    """DescribeConfigs' ``config_type``."""
+
+    UNKNOWN = 0
+    BOOLEAN = 1
+    STRING = 2
+    INT = 3
+    SHORT = 4
+    LONG = 5
+    DOUBLE = 6
+    LIST = 7
+    CLASS = 8
+    PASSWORD = 9
+
+
+class ConfigSource(enum.IntEnum):
+    """DescribeConfigs' ``config_source`` (and a synonym's ``source``)."""
+
+    UNKNOWN = 0
+    DYNAMIC_TOPIC_CONFIG = 1
+    DYNAMIC_BROKER_CONFIG = 2
+    DYNAMIC_DEFAULT_BROKER_CONFIG = 3
+    STATIC_BROKER_CONFIG = 4
+    DEFAULT_CONFIG = 5
+    DYNAMIC_BROKER_LOGGER_CONFIG = 6
+
+
+class ConfigOp(enum.IntEnum):
+    """IncrementalAlterConfigs' ``config_operation``."""
+
+    SET = 0
+    DELETE = 1
+    APPEND = 2
+    SUBTRACT = 3
+
+
+class AdminError(Exception):
+    """A request that cannot be carried out; ``error_code`` is the Kafka error to answer."""
+
+    error_code: ErrorCode = ErrorCode.unknown_server_error
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class InvalidConfigError(AdminError):
+    error_code = ErrorCode.invalid_config
+
+
+class InvalidRequestError(AdminError):
+    error_code = ErrorCode.invalid_request
+
+
+# -- values -------------------------------------------------------------------------------------
+_INT_MIN, _INT_MAX = -(2**31), 2**31 - 1
+_LONG_MIN, _LONG_MAX = -(2**63), 2**63 - 1
+_SHORT_MIN, _SHORT_MAX = -(2**15), 2**15 - 1
+
+
+def parse_value(name: str, type_: ConfigType, raw: str) -> Any:
+    """Parse a config value given as a string, the way Kafka's ConfigDef does."""
+    text = raw.strip()
+    if type_ in (ConfigType.INT, ConfigType.LONG, ConfigType.SHORT):
+        low, high = {
+            ConfigType.INT: (_INT_MIN, _INT_MAX),
+            ConfigType.LONG: (_LONG_MIN, _LONG_MAX),
+            ConfigType.SHORT: (_SHORT_MIN, _SHORT_MAX),
+        }[type_]
+        try:
+            if not text.lstrip("+-").isdigit() or not text.isascii():
+                raise ValueError
+            value = int(text)
+        except ValueError:
+            raise _invalid(name, raw, f"Not a number of type {type_.name}") from None
+        if not low <= value <= high:
+            raise _invalid(name, raw, f"Not a number of type {type_.name}")
+        return value
+    if type_ is ConfigType.BOOLEAN:
+        if text.lower() in ("true", "false"):
+            return text.lower() == "true"
+        raise _invalid(name, raw, "Expected value to be either true or false")
+    if type_ is ConfigType.LIST:
+        return [item.strip() for item in text.split(",")] if text else []
+    return text
+
+
+def format_value(value: Any) -> str | None:
+    """A config value as DescribeConfigs reports it."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, list | tuple):
+        return ",".join(str(v) for v in value)
+    return str(value)
+
+
+def _invalid(name: str, raw: str | None, why: str) -> InvalidConfigError:
+    return InvalidConfigError(f"Invalid value {raw} for configuration {name}: {why}")
+
+
+def _at_least(low: int) -> Callable[[str, Any], None]:
+    def check(name: str, value: Any) -> None:
+        if value < low:
+            raise _invalid(name, format_value(value), f"Value must be at least {low}")
+
+    return check
+
+
+def _one_of(*allowed: str) -> Callable[[str, Any], None]:
+    def check(name: str, value: Any) -> None:
+        if value not in allowed:
+            raise _invalid(name, value, f"String must be one of: {', '.join(allowed)}")
+
+    return check
+
+
+def _cleanup_policy(name: str, value: Any) -> None:
+    for item in value:
+        if item not in ("delete", "compact"):
+            raise _invalid(
+                name, format_value(value), f"Invalid value {item}; must be one of [compact, delete]"
+            )
+    if "compact" in value:
+        raise _invalid(
+            name, format_value(value), "StoneMQ does not support log compaction yet; use delete"
+        )
+    if not value:
+        raise _invalid(name, "", "Empty list; must be delete")
+
+
+# -- topic configs ------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class TopicConfigKey:
+    """One topic-level config: its Kafka name, type, validation and default's broker synonym."""
+
+    name: str
+    type: ConfigType
+    doc: str
+    synonym: str | None  # the broker config that supplies the default (Kafka name)
+    default: Any = None  # used when no broker setting exists for the synonym
+    validator: Callable[[str, Any], None] | None = None
+    log_field: str | None = None  # the LogConfig attribute it feeds
+
+    def parse(self, raw: str | None) -> Any:
+        """Parse and validate a value given by a client; raises :class:`InvalidConfigError`."""
+        if raw is None:
+            raise InvalidConfigError(f"Null value not supported for topic config {self.name}")
+        value = parse_value(self.name, self.type, raw)
+        if self.validator is not None:
+            self.validator(self.name, value)
+        return value
+
+
+TOPIC_CONFIGS: dict[str, TopicConfigKey] = {
+    key.name: key
+    for key in (
+        TopicConfigKey(
+            "cleanup.policy",
+            ConfigType.LIST,
+            "The retention policy for old log segments. Only 'delete' (discard old segments "
+            "when their retention time or size limit is reached) is supported; StoneMQ has no "
+            "log compaction yet.",
+            synonym="log.cleanup.policy",
+            default=["delete"],
+            validator=_cleanup_policy,
+        ),
+        TopicConfigKey(
+            "retention.ms",
+            ConfigType.LONG,
+            "The longest time a log segment is kept before it is discarded to free space; "
+            "-1 means no time limit.",
+            synonym="log.retention.ms",
+            validator=_at_least(-1),
+            log_field="retention_ms",
+        ),
+        TopicConfigKey(
+            "retention.bytes",
+            ConfigType.LONG,
+            "The largest a partition can grow before old segments are discarded; -1 means no "
+            "size limit.",
+            synonym="log.retention.bytes",
+            log_field="retention_bytes",
+        ),
+        TopicConfigKey(
+            "segment.bytes",
+            ConfigType.INT,
+            "The segment file size of the partition's queue log.",
+            synonym="log.segment.bytes",
+            validator=_at_least(14),
+            log_field="segment_bytes",
+        ),
+        TopicConfigKey(
+            "segment.ms",
+            ConfigType.LONG,
+            "The time after which a queue-log segment is rolled even if it is not full, so "
+            "retention can delete or compact old data.",
+            synonym="log.roll.ms",
+            validator=_at_least(1),
+            log_field="segment_ms",
+        ),
+        TopicConfigKey(
+            "segment.index.bytes",
+            ConfigType.INT,
+            "The size of the index that maps offsets to file positions.",
+            synonym="log.index.size.max.bytes",
+            validator=_at_least(4),
+            log_field="segment_index_bytes",
+        ),
+        TopicConfigKey(
+            "index.interval.bytes",
+            ConfigType.INT,
+            "How often an entry is added to the offset index (bytes of log between entries).",
+            synonym="log.index.interval.bytes",
+            validator=_at_least(0),
+            log_field="index_interval_bytes",
+        ),
+        TopicConfigKey(
+            "max.message.bytes",
+            ConfigType.INT,
+            "The largest record batch size allowed for this topic.",
+            synonym="message.max.bytes",
+            validator=_at_least(0),
+        ),
+        TopicConfigKey(
+            "message.timestamp.type",
+            ConfigType.STRING,
+            "Whether the timestamp in a message is the producer's CreateTime or the broker's "
+            "LogAppendTime.",
+            synonym="log.message.timestamp.type",
+            validator=_one_of("CreateTime", "LogAppendTime"),
+        ),
+    )
+}
+
+
+def topic_config_key(name: str) -> TopicConfigKey:
+    key = TOPIC_CONFIGS.get(name)
+    if key is None:
+        raise InvalidConfigError(f"Unknown topic config name: {name}")
+    return key
+
+
+def validate_topic_configs(configs: Mapping[str, str | None]) -> dict[str, str]:
+    """Check a set of topic overrides; return them with canonical string values."""
+    out: dict[str, str] = {}
+    for name, raw in configs.items():
+        value = topic_config_key(name).parse(raw)
+        out[name] = format_value(value) or ""
+    return out
+
+
+# -- broker configs -----------------------------------------------------------------------------
+DYNAMIC_BROKER_CONFIGS: frozenset[str] = frozenset(
+    {
+        "log.retention.ms",
+        "log.retention.bytes",
+        "log.segment.bytes",
+        "log.roll.ms",
+        "log.index.interval.bytes",
+        "log.index.size.max.bytes",
+        "message.max.bytes",
+        "log.message.timestamp.type",
+        "num.partitions",
+        "auto.create.topics.enable",
+    }
+)
+
+_LONG_SETTINGS = frozenset({"log_retention_bytes", "journal_segment_bytes", "splitter_batch_bytes"})
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerConfigKey:
+    """One broker-level config: a Settings field under its Kafka name (or a fixed value)."""
+
+    name: str
+    type: ConfigType
+    doc: str
+    attribute: str | None  # the Settings field; None for a fixed StoneMQ value
+    default: Any
+    dynamic: bool
+    sensitive: bool = False
+
+    def parse(self, raw: str | None) -> Any:
+        """Parse and validate a dynamic value; raises :class:`InvalidConfigError`."""
+        if raw is None:
+            raise InvalidConfigError(f"Null value not supported for broker config {self.name}")
+        value = parse_value(self.name, self.type, raw)
+        if self.attribute is not None:
+            try:
+                _field_adapter(self.attribute).validate_python(value)
+            except ValidationError as e:
+                why = "; ".join(err["msg"] for err in e.errors())
+                raise _invalid(self.name, raw, why) from None
+        topic_key = _TOPIC_BY_SYNONYM.get(self.name)
+        if topic_key is not None and topic_key.validator is not None:
+            topic_key.validator(self.name, value)
+        return value
+
+
+_ADAPTERS: dict[str, TypeAdapter[Any]] = {}
+
+
+def _field_adapter(attribute: str) -> TypeAdapter[Any]:
+    adapter = _ADAPTERS.get(attribute)
+    if adapter is None:
+        info = Settings.model_fields[attribute]
+        annotation: Any = info.annotation
+        if info.metadata:
+            annotation = Annotated[(annotation, *info.metadata)]
+        adapter = _ADAPTERS[attribute] = TypeAdapter(annotation)
+    return adapter
+
+
+def _broker_name(attribute: str) -> str:
+    return attribute.replace("_", ".")
+
+
+def _setting_type(attribute: str, annotation: Any) -> ConfigType:
+    base = annotation
+    if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
+        base = next(a for a in typing.get_args(annotation) if a is not type(None))
+    if base is bool:
+        return ConfigType.BOOLEAN
+    if base is int:
+        return (
+            ConfigType.LONG
+            if attribute.endswith("_ms") or attribute in _LONG_SETTINGS
+            else ConfigType.INT
+        )
+    return ConfigType.STRING
+
+
+def _build_broker_configs() -> dict[str, BrokerConfigKey]:
+    out: dict[str, BrokerConfigKey] = {}
+    for attribute, info in Settings.model_fields.items():
+        name = _broker_name(attribute)
+        default = info.default
+        if isinstance(default, Path):
+            default = str(default)
+        out[name] = BrokerConfigKey(
+            name=name,
+            type=_setting_type(attribute, info.annotation),
+            doc=info.description or f"StoneMQ setting {name}",
+            attribute=attribute,
+            default=default,
+            dynamic=name in DYNAMIC_BROKER_CONFIGS,
+        )
+    out["log.cleanup.policy"] = BrokerConfigKey(
+        name="log.cleanup.policy",
+        type=ConfigType.LIST,
+        doc="The default cleanup policy for topics; StoneMQ supports only delete.",
+        attribute=None,
+        default=["delete"],
+        dynamic=False,
+    )
+    return dict(sorted(out.items()))
+
+
+BROKER_CONFIGS: dict[str, BrokerConfigKey] = _build_broker_configs()
+_TOPIC_BY_SYNONYM: dict[str, TopicConfigKey] = {
+    k.synonym: k for k in TOPIC_CONFIGS.values() if k.synonym
+}
+
+
+def validate_broker_configs(configs: Mapping[str, str | None]) -> dict[str, str]:
+    """Check a set of dynamic broker configs; return them with canonical string values.
+
+    Unknown names are INVALID_CONFIG; known but not dynamically alterable ones INVALID_REQUEST
+    (as Kafka answers "Cannot update these configs dynamically").
+    """
+    out: dict[str, str] = {}
+    fixed: list[str] = []
+    for name, raw in configs.items():
+        key = BROKER_CONFIGS.get(name)
+        if key is None:
+            raise InvalidConfigError(f"Unknown broker config name: {name}")
+        if not key.dynamic:
+            fixed.append(name)
+            continue
+        out[name] = format_value(key.parse(raw)) or ""
+    if fixed:
+        raise InvalidRequestError(
+            f"Cannot update these configs dynamically: {', '.join(sorted(fixed))}"
+        )
+    return out
+
+
+# -- resolution ---------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Synonym:
+    name: str
+    value: str | None
+    source: ConfigSource
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigEntry:
+    """One config as DescribeConfigs (and CreateTopics v5+) reports it."""
+
+    name: str
+    value: str | None
+    source: ConfigSource
+    type: ConfigType
+    read_only: bool
+    is_sensitive: bool
+    documentation: str
+    synonyms: tuple[Synonym, ...]
+
+
+def _parse_quietly(key: TopicConfigKey | BrokerConfigKey, raw: str) -> tuple[bool, Any]:
+    try:
+        return True, key.parse(raw)
+    except AdminError:
+        return False, None
+
+
+def _broker_levels(
+    settings: Settings, dynamic: Mapping[str, str], name: str
+) -> list[tuple[Synonym, Any]]:
+    """The levels that give broker config ``name`` a value, highest precedence first."""
+    key = BROKER_CONFIGS.get(name)
+    if key is None:
+        return []
+    levels: list[tuple[Synonym, Any]] = []
+    if key.dynamic and name in dynamic:
+        ok, value = _parse_quietly(key, dynamic[name])
+        if ok:
+            levels.append(
+                (Synonym(name, format_value(value), ConfigSource.DYNAMIC_BROKER_CONFIG), value)
+            )
+    if key.attribute is not None and key.attribute in settings.model_fields_set:
+        value = getattr(settings, key.attribute)
+        levels.append(
+            (Synonym(name, format_value(value), ConfigSource.STATIC_BROKER_CONFIG), value)
+        )
+    levels.append(
+        (Synonym(name, format_value(key.default), ConfigSource.DEFAULT_CONFIG), key.default)
+    )
+    return levels
+
+
+def broker_value(settings: Settings, dynamic: Mapping[str, str], name: str) -> Any:
+    """The effective value of broker config ``name`` (dynamic > static setting > default)."""
+    levels = _broker_levels(settings, dynamic, name)
+    if not levels:
+        raise KeyError(name)
+    return levels[0][1]
+
+
+def describe_broker(settings: Settings, dynamic: Mapping[str, str]) -> list[ConfigEntry]:
+    """Every broker config with its effective value, source and synonyms."""
+    entries: list[ConfigEntry] = []
+    for name, key in BROKER_CONFIGS.items():
+        levels = _broker_levels(settings, dynamic, name)
+        top = levels[0][0]
+        entries.append(
+            ConfigEntry(
+                name=name,
+                value=None if key.sensitive else top.value,
+                source=top.source,
+                type=key.type,
+                read_only=not key.dynamic,
+                is_sensitive=key.sensitive,
+                documentation=key.doc,
+                synonyms=tuple(s for s, _ in levels),
+            )
+        )
+    return entries
+
+
+@dataclass(frozen=True, slots=True)
+class TopicConfig:
+    """A topic's effective configuration."""
+
+    values: dict[str, Any]  # typed values by Kafka name
+    entries: tuple[ConfigEntry, ...] = field(repr=False)
+    log_config: LogConfig = field(default_factory=LogConfig)
+
+    @property
+    def max_message_bytes(self) -> int:
+        return int(self.values["max.message.bytes"])
+
+    @property
+    def timestamp_type(self) -> str:
+        return str(self.values["message.timestamp.type"])
+
+    def strings(self) -> dict[str, str | None]:
+        return {e.name: e.value for e in self.entries}
+
+
+def resolve_topic(
+    settings: Settings, dynamic: Mapping[str, str], overrides: Mapping[str, str]
+) -> TopicConfig:
+    """Resolve every topic config: override > dynamic broker config > setting > default."""
+    values: dict[str, Any] = {}
+    entries: list[ConfigEntry] = []
+    for name, key in TOPIC_CONFIGS.items():
+        levels: list[tuple[Synonym, Any]] = []
+        if name in overrides:
+            ok, value = _parse_quietly(key, overrides[name])
+            if ok:
+                levels.append(
+                    (Synonym(name, format_value(value), ConfigSource.DYNAMIC_TOPIC_CONFIG), value)
+                )
+        if key.synonym is not None:
+            levels.extend(_broker_levels(settings, dynamic, key.synonym))
+        if not levels or levels[-1][0].source is not ConfigSource.DEFAULT_CONFIG:
+            levels.append(
+                (
+                    Synonym(
+                        key.synonym or name, format_value(key.default), ConfigSource.DEFAULT_CONFIG
+                    ),
+                    key.default,
+                )
+            )
+        top, value = levels[0]
+        values[name] = value
+        entries.append(
+            ConfigEntry(
+                name=name,
+                value=top.value,
+                source=top.source,
+                type=key.type,
+                read_only=False,
+                is_sensitive=False,
+                documentation=key.doc,
+                synonyms=tuple(s for s, _ in levels),
+            )
+        )
+    log_config = LogConfig(
+        **{
+            key.log_field: int(values[name])
+            for name, key in TOPIC_CONFIGS.items()
+            if key.log_field is not None
+        }
+    )
+    return TopicConfig(values=values, entries=tuple(entries), log_config=log_config)
+
+
+# -- incremental alteration ---------------------------------------------------------------------
+def apply_incremental(
+    current: Mapping[str, str],
+    ops: Sequence[tuple[str, int, str | None]],
+    type_of: Callable[[str], ConfigType],
+    effective: Callable[[str], str | None],
+) -> dict[str, str | None]:
+    """Apply IncrementalAlterConfigs operations ``(name, op, value)`` to an override set.
+
+    ``type_of(name)`` gives a config's type (raising :class:`InvalidConfigError` for unknown
+    names); ``effective(name)`` its current effective value, the base APPEND and SUBTRACT
+    start from when there is no override. Values are not validated here.
+    """
+    names = [name for name, _, _ in ops]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise InvalidRequestError(f"Error due to duplicate config keys: {', '.join(duplicates)}")
+    out: dict[str, str | None] = dict(current)
+    for name, op_code, value in ops:
+        try:
+            op = ConfigOp(op_code)
+        except ValueError:
+            raise InvalidRequestError(f"Unknown alter configs operation {op_code}") from None
+        type_ = type_of(name)
+        if op is ConfigOp.SET:
+            out[name] = value
+        elif op is ConfigOp.DELETE:
+            out.pop(name, None)
+        else:
+            if type_ is not ConfigType.LIST:
+                verb = "append" if op is ConfigOp.APPEND else "subtract"
+                raise InvalidConfigError(
+                    f"Config value {verb} is not allowed for config key: {name}"
+                )
+            base = out.get(name) if name in out else effective(name)
+            items = [i.strip() for i in (base or "").split(",") if i.strip()]
+            given = [i.strip() for i in (value or "").split(",") if i.strip()]
+            if op is ConfigOp.APPEND:
+                items += [i for i in given if i not in items]
+            else:
+                items = [i for i in items if i not in given]
+            out[name] = ",".join(items)
+    return out
+
+
+def topic_config_type(name: str) -> ConfigType:
+    return topic_config_key(name).type
+
+
+def broker_config_type(name: str) -> ConfigType:
+    key = BROKER_CONFIGS.get(name)
+    if key is None:
+        raise InvalidConfigError(f"Unknown broker config name: {name}")
+    return key.type

@@ -1,0 +1,409 @@
+"""The topic lifecycle: name rules, create/ensure/delete, partition growth, config changes.
+
+:class:`TopicManager` is the one place that changes topics. It keeps the metadata store and the
+storage engine in step (the store first, so a crash never leaves storage ahead of what the
+store knows), picks each new partition's journal partition once, and caches every topic's
+resolved configuration so the produce path can read ``max.message.bytes`` and
+``message.timestamp.type`` with one dict lookup. Every error it raises is an
+:class:`~stonemq.topic_configs.AdminError` carrying the Kafka error code to answer with.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+import zlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from kio.schema.errors import ErrorCode
+
+from stonemq.config import Settings
+from stonemq.metadata.store import MetadataStore, TopicExistsError, TopicRecord, UnknownTopicError
+from stonemq.storage.engine import LogConfig
+from stonemq.topic_configs import (
+    AdminError,
+    ConfigEntry,
+    InvalidConfigError,
+    InvalidRequestError,
+    TopicConfig,
+    apply_incremental,
+    broker_config_type,
+    broker_value,
+    describe_broker,
+    resolve_topic,
+    topic_config_type,
+    validate_broker_configs,
+    validate_topic_configs,
+)
+
+__all__ = [
+    "AdminError",
+    "InvalidConfigError",
+    "InvalidPartitionsError",
+    "InvalidReplicationFactorError",
+    "InvalidRequestError",
+    "InvalidTopicError",
+    "ProduceConfig",
+    "TopicAlreadyExistsError",
+    "TopicManager",
+    "UnknownTopicIdError",
+    "UnknownTopicOrPartitionError",
+    "validate_topic_name",
+]
+
+MAX_NAME_LENGTH = 249
+MAX_PARTITIONS = 1_000_000
+"""A sanity bound on one topic's partition count (Kafka has none; a typo should not allocate
+a billion partitions)."""
+
+_LEGAL_NAME = re.compile(r"[a-zA-Z0-9._-]+")
+
+
+class InvalidTopicError(AdminError):
+    error_code = ErrorCode.invalid_topic_exception
+
+
+class TopicAlreadyExistsError(AdminError):
+    error_code = ErrorCode.topic_already_exists
+
+
+class InvalidPartitionsError(AdminError):
+    error_code = ErrorCode.invalid_partitions
+
+
+class InvalidReplicationFactorError(AdminError):
+    error_code = ErrorCode.invalid_replication_factor
+
+
+class UnknownTopicOrPartitionError(AdminError):
+    error_code = ErrorCode.unknown_topic_or_partition
+
+
+class UnknownTopicIdError(AdminError):
+    error_code = ErrorCode.unknown_topic_id
+
+
+def validate_topic_name(name: str) -> None:
+    """Kafka's topic-name rules; raises :class:`InvalidTopicError` with Kafka's message."""
+    if not name:
+        raise InvalidTopicError("Topic name is illegal, it can't be empty")
+    if name in (".", ".."):
+        raise InvalidTopicError('Topic name cannot be "." or ".."')
+    if len(name) > MAX_NAME_LENGTH:
+        raise InvalidTopicError(
+            f"Topic name is illegal, it can't be longer than {MAX_NAME_LENGTH} characters, "
+            f"topic name: {name}"
+        )
+    if not _LEGAL_NAME.fullmatch(name):
+        raise InvalidTopicError(
+            f'Topic name "{name}" is illegal, it contains a character other than ASCII '
+            "alphanumerics, '.', '_' and '-'"
+        )
+
+
+def collision_key(name: str) -> str:
+    """Names that differ only in '.' versus '_' collide (their metric names would clash)."""
+    return name.replace(".", "_")
+
+
+def journal_partition_for(topic: str, partition: int, journal_partitions: int) -> int:
+    """The journal partition a new topic partition is routed to.
+
+    A topic's partitions go round-robin over the journal partitions from a start chosen by the
+    CRC-32 of its name, so one topic spreads evenly and different topics start at different
+    journal partitions. Chosen once, recorded in the store with the partition, never
+    recomputed (so changing ``journal.partitions`` later moves no existing partition).
+    """
+    start = zlib.crc32(topic.encode("utf-8"))
+    return (start + partition) % journal_partitions
+
+
+class StorageTopics(Protocol):
+    """What the topic manager needs from :class:`~stonemq.storage.engine.StorageEngine`."""
+
+    def add_partition(
+        self,
+        topic_id: uuid.UUID,
+        topic: str,
+        partition: int,
+        journal_partition: int,
+        config: LogConfig,
+    ) -> None: ...
+
+    def update_config(self, topic: str, config: LogConfig) -> None: ...
+
+    def remove_topic(self, topic: str) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class ProduceConfig:
+    """What the produce path checks per topic."""
+
+    max_message_bytes: int
+    log_append_time: bool  # message.timestamp.type == LogAppendTime
+
+
+@dataclass(frozen=True, slots=True)
+class CreatedTopic:
+    """The outcome of :meth:`TopicManager.create` (also for validate_only, with a fresh id)."""
+
+    record: TopicRecord
+    config: TopicConfig
+
+
+class TopicManager:
+    """Creates, grows, reconfigures and deletes topics in the store and in storage together."""
+
+    def __init__(self, settings: Settings, store: MetadataStore, storage: StorageTopics) -> None:
+        self.settings = settings
+        self.store = store
+        self.storage = storage
+        self._broker_dynamic: dict[str, str] = store.broker_configs()
+        self._configs: dict[str, TopicConfig] = {}
+        self._produce: dict[str, ProduceConfig] = {}
+        self._collisions: dict[str, str] = {
+            collision_key(t.name): t.name for t in store.list_topics()
+        }
+
+    # -- start-up -----------------------------------------------------------------------------
+    def register_all_with_storage(self) -> int:
+        """Register every stored partition with storage (before recovery). Returns the count."""
+        count = 0
+        for record in self.store.list_topics():
+            log_config = self.effective_config(record.name).log_config
+            for partition, journal in enumerate(record.journal_partitions):
+                self.storage.add_partition(
+                    record.topic_id, record.name, partition, journal, log_config
+                )
+                count += 1
+        return count
+
+    # -- reads --------------------------------------------------------------------------------
+    def get(self, name: str) -> TopicRecord | None:
+        return self.store.get_topic(name)
+
+    def require(self, name: str) -> TopicRecord:
+        record = self.store.get_topic(name)
+        if record is None:
+            raise UnknownTopicOrPartitionError(f"Topic {name} does not exist")
+        return record
+
+    def by_id(self, topic_id: uuid.UUID) -> TopicRecord:
+        for record in self.store.list_topics():
+            if record.topic_id == topic_id:
+                return record
+        raise UnknownTopicIdError(f"Topic id {topic_id} does not exist")
+
+    def effective_config(self, name: str) -> TopicConfig:
+        """The topic's resolved configuration (cached until an alter changes it)."""
+        config = self._configs.get(name)
+        if config is None:
+            record = self.require(name)
+            config = resolve_topic(self.settings, self._broker_dynamic, record.configs)
+            self._configs[name] = config
+        return config
+
+    def produce_config(self, name: str) -> ProduceConfig:
+        """``max.message.bytes`` and the timestamp type for a produce to ``name`` (cached)."""
+        cached = self._produce.get(name)
+        if cached is None:
+            config = self.effective_config(name)
+            cached = ProduceConfig(
+                max_message_bytes=config.max_message_bytes,
+                log_append_time=config.timestamp_type == "LogAppendTime",
+            )
+            self._produce[name] = cached
+        return cached
+
+    def broker_setting(self, name: str) -> object:
+        """A broker config's effective value by Kafka name (dynamic > static > default)."""
+        return broker_value(self.settings, self._broker_dynamic, name)
+
+    def describe_broker(self) -> list[ConfigEntry]:
+        return describe_broker(self.settings, self._broker_dynamic)
+
+    def broker_dynamic_configs(self) -> dict[str, str]:
+        return dict(self._broker_dynamic)
+
+    # -- create -------------------------------------------------------------------------------
+    def default_partitions(self) -> int:
+        return int(self.broker_setting("num.partitions"))  # type: ignore[call-overload]
+
+    def create(
+        self,
+        name: str,
+        num_partitions: int = -1,
+        configs: Mapping[str, str | None] | None = None,
+        *,
+        validate_only: bool = False,
+    ) -> CreatedTopic:
+        """Create a topic (``num_partitions`` -1 means the ``num.partitions`` default)."""
+        validate_topic_name(name)
+        if num_partitions == -1:
+            num_partitions = self.default_partitions()
+        if num_partitions <= 0:
+            raise InvalidPartitionsError(
+                "Number of partitions was set to an invalid non-positive value."
+            )
+        if num_partitions > MAX_PARTITIONS:
+            raise InvalidPartitionsError(
+                f"Number of partitions {num_partitions} exceeds the limit of {MAX_PARTITIONS}."
+            )
+        overrides = validate_topic_configs(configs or {})
+        if self.store.get_topic(name) is not None:
+            raise TopicAlreadyExistsError(f"Topic '{name}' already exists.")
+        other = self._collisions.get(collision_key(name))
+        if other is not None and other != name:
+            raise InvalidTopicError(f"Topic '{name}' collides with existing topic: {other}")
+        config = resolve_topic(self.settings, self._broker_dynamic, overrides)
+        journals = [
+            journal_partition_for(name, p, self.settings.journal_partitions)
+            for p in range(num_partitions)
+        ]
+        if validate_only:
+            record = TopicRecord(
+                name=name,
+                topic_id=uuid.uuid4(),
+                journal_partitions=tuple(journals),
+                configs=overrides,
+            )
+            return CreatedTopic(record, config)
+        try:
+            record = self.store.create_topic(name, journals, overrides)
+        except TopicExistsError:
+            raise TopicAlreadyExistsError(f"Topic '{name}' already exists.") from None
+        self._collisions[collision_key(name)] = name
+        self._configs[name] = config
+        self._produce.pop(name, None)
+        for partition, journal in enumerate(record.journal_partitions):
+            self.storage.add_partition(record.topic_id, name, partition, journal, config.log_config)
+        return CreatedTopic(record, config)
+
+    def ensure(self, name: str) -> TopicRecord:
+        """The topic, auto-created with the broker defaults if ``auto.create.topics.enable``.
+
+        Raises :class:`InvalidTopicError` for an illegal name and
+        :class:`UnknownTopicOrPartitionError` when it does not exist and may not be created.
+        """
+        record = self.store.get_topic(name)
+        if record is not None:
+            return record
+        validate_topic_name(name)
+        if not self.broker_setting("auto.create.topics.enable"):
+            raise UnknownTopicOrPartitionError(f"Topic {name} does not exist")
+        try:
+            return self.create(name).record
+        except TopicAlreadyExistsError:
+            return self.require(name)
+
+    # -- delete -------------------------------------------------------------------------------
+    def delete(self, name: str) -> TopicRecord:
+        """Delete a topic from the store and its data from storage."""
+        try:
+            record = self.store.delete_topic(name)
+        except UnknownTopicError:
+            raise UnknownTopicOrPartitionError(f"Topic {name} does not exist") from None
+        if self._collisions.get(collision_key(name)) == name:
+            del self._collisions[collision_key(name)]
+        self._forget(name)
+        self.storage.remove_topic(name)
+        return record
+
+    def _forget(self, name: str) -> None:
+        self._configs.pop(name, None)
+        self._produce.pop(name, None)
+
+    # -- partitions ---------------------------------------------------------------------------
+    def add_partitions(self, name: str, total: int, *, validate_only: bool = False) -> TopicRecord:
+        """Grow ``name`` to ``total`` partitions; new partitions get journal partitions too."""
+        record = self.require(name)
+        current = record.partitions
+        if total < current:
+            raise InvalidPartitionsError(
+                f"The topic {name} currently has {current} partition(s); {total} would not be "
+                "an increase."
+            )
+        if total == current:
+            raise InvalidPartitionsError(f"Topic already has {current} partition(s).")
+        if total > MAX_PARTITIONS:
+            raise InvalidPartitionsError(
+                f"Number of partitions {total} exceeds the limit of {MAX_PARTITIONS}."
+            )
+        journals = self.settings.journal_partitions
+        new = [journal_partition_for(name, p, journals) for p in range(current, total)]
+        if validate_only:
+            return TopicRecord(
+                name=name,
+                topic_id=record.topic_id,
+                journal_partitions=record.journal_partitions + tuple(new),
+                configs=record.configs,
+            )
+        record = self.store.add_partitions(name, new)
+        log_config = self.effective_config(name).log_config
+        for partition in range(current, total):
+            self.storage.add_partition(
+                record.topic_id, name, partition, record.journal_partitions[partition], log_config
+            )
+        return record
+
+    # -- configs ------------------------------------------------------------------------------
+    def alter_configs(
+        self, name: str, configs: Mapping[str, str | None], *, validate_only: bool = False
+    ) -> TopicConfig:
+        """Replace the topic's whole override set (AlterConfigs)."""
+        self.require(name)
+        overrides = validate_topic_configs(configs)
+        config = resolve_topic(self.settings, self._broker_dynamic, overrides)
+        if validate_only:
+            return config
+        old = self.effective_config(name)
+        self.store.set_topic_configs(name, overrides)
+        self._forget(name)
+        self._configs[name] = config
+        if config.log_config != old.log_config:
+            self.storage.update_config(name, config.log_config)
+        return config
+
+    def incremental_alter_configs(
+        self,
+        name: str,
+        ops: Sequence[tuple[str, int, str | None]],
+        *,
+        validate_only: bool = False,
+    ) -> TopicConfig:
+        """Apply SET/DELETE/APPEND/SUBTRACT operations to the topic's overrides."""
+        record = self.require(name)
+        effective = self.effective_config(name).strings()
+        updated = apply_incremental(record.configs, ops, topic_config_type, effective.get)
+        return self.alter_configs(name, updated, validate_only=validate_only)
+
+    def alter_broker_configs(
+        self, configs: Mapping[str, str | None], *, validate_only: bool = False
+    ) -> dict[str, str]:
+        """Replace the whole set of dynamic broker configs; topics without an override of
+        the affected configs pick up the new values at once."""
+        dynamic = validate_broker_configs(configs)
+        if validate_only:
+            return dynamic
+        old = {name: self.effective_config(name) for name in self._topic_names()}
+        self.store.set_broker_configs(dynamic)
+        self._broker_dynamic = dict(dynamic)
+        self._configs.clear()
+        self._produce.clear()
+        for name, before in old.items():
+            after = self.effective_config(name)
+            if after.log_config != before.log_config:
+                self.storage.update_config(name, after.log_config)
+        return dynamic
+
+    def incremental_alter_broker_configs(
+        self, ops: Sequence[tuple[str, int, str | None]], *, validate_only: bool = False
+    ) -> dict[str, str]:
+        effective = {e.name: e.value for e in self.describe_broker()}
+        updated = apply_incremental(self._broker_dynamic, ops, broker_config_type, effective.get)
+        return self.alter_broker_configs(updated, validate_only=validate_only)
+
+    def _topic_names(self) -> list[str]:
+        return [t.name for t in self.store.list_topics()]

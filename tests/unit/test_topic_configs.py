@@ -1,0 +1,245 @@
+"""Tests of the config registry: parsing, validation, precedence, sources and synonyms."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from stonemq.config import Settings
+from stonemq.storage.engine import LogConfig
+from stonemq.topic_configs import (
+    BROKER_CONFIGS,
+    DYNAMIC_BROKER_CONFIGS,
+    TOPIC_CONFIGS,
+    ConfigOp,
+    ConfigSource,
+    ConfigType,
+    InvalidConfigError,
+    InvalidRequestError,
+    apply_incremental,
+    broker_value,
+    describe_broker,
+    resolve_topic,
+    topic_config_type,
+    validate_broker_configs,
+    validate_topic_configs,
+)
+
+
+def entry(config, name):  # type: ignore[no-untyped-def]
+    return next(e for e in config.entries if e.name == name)
+
+
+def test_registry_names_and_synonyms() -> None:
+    assert {k: v.synonym for k, v in TOPIC_CONFIGS.items()} == {
+        "cleanup.policy": "log.cleanup.policy",
+        "retention.ms": "log.retention.ms",
+        "retention.bytes": "log.retention.bytes",
+        "segment.bytes": "log.segment.bytes",
+        "segment.ms": "log.roll.ms",
+        "segment.index.bytes": "log.index.size.max.bytes",
+        "index.interval.bytes": "log.index.interval.bytes",
+        "max.message.bytes": "message.max.bytes",
+        "message.timestamp.type": "log.message.timestamp.type",
+    }
+    # Every synonym is a broker config, so DescribeConfigs can show it.
+    for key in TOPIC_CONFIGS.values():
+        assert key.synonym in BROKER_CONFIGS
+
+
+def test_defaults_come_from_settings_defaults() -> None:
+    config = resolve_topic(Settings(), {}, {})
+    assert config.log_config == LogConfig()
+    assert config.max_message_bytes == 1_048_588
+    assert config.timestamp_type == "CreateTime"
+    for e in config.entries:
+        assert e.source is ConfigSource.DEFAULT_CONFIG
+        assert len(e.synonyms) == 1
+    assert entry(config, "cleanup.policy").value == "delete"
+    assert entry(config, "cleanup.policy").type is ConfigType.LIST
+    assert entry(config, "retention.ms").synonyms[0].name == "log.retention.ms"
+
+
+def test_precedence_override_dynamic_static_default() -> None:
+    settings = Settings(log_retention_ms=3000)
+    dynamic = {"log.retention.ms": "2000"}
+    overrides = {"retention.ms": "1000"}
+
+    config = resolve_topic(settings, dynamic, overrides)
+    e = entry(config, "retention.ms")
+    assert (e.value, e.source) == ("1000", ConfigSource.DYNAMIC_TOPIC_CONFIG)
+    assert [(s.name, s.value, s.source) for s in e.synonyms] == [
+        ("retention.ms", "1000", ConfigSource.DYNAMIC_TOPIC_CONFIG),
+        ("log.retention.ms", "2000", ConfigSource.DYNAMIC_BROKER_CONFIG),
+        ("log.retention.ms", "3000", ConfigSource.STATIC_BROKER_CONFIG),
+        ("log.retention.ms", "604800000", ConfigSource.DEFAULT_CONFIG),
+    ]
+    assert config.log_config.retention_ms == 1000
+
+    config = resolve_topic(settings, dynamic, {})
+    assert entry(config, "retention.ms").source is ConfigSource.DYNAMIC_BROKER_CONFIG
+    assert config.log_config.retention_ms == 2000
+
+    config = resolve_topic(settings, {}, {})
+    assert entry(config, "retention.ms").source is ConfigSource.STATIC_BROKER_CONFIG
+    assert config.log_config.retention_ms == 3000
+
+
+def test_every_log_config_field_is_fed() -> None:
+    overrides = {
+        "segment.bytes": "1000",
+        "segment.ms": "2000",
+        "retention.ms": "3000",
+        "retention.bytes": "4000",
+        "index.interval.bytes": "5000",
+        "segment.index.bytes": "6000",
+        "max.message.bytes": "7000",
+        "message.timestamp.type": "LogAppendTime",
+    }
+    config = resolve_topic(Settings(), {}, validate_topic_configs(overrides))
+    assert config.log_config == LogConfig(
+        segment_bytes=1000,
+        segment_ms=2000,
+        retention_ms=3000,
+        retention_bytes=4000,
+        index_interval_bytes=5000,
+        segment_index_bytes=6000,
+    )
+    assert config.max_message_bytes == 7000
+    assert config.timestamp_type == "LogAppendTime"
+
+
+@pytest.mark.parametrize(
+    "configs",
+    [
+        {"retention.ms": "-2"},
+        {"retention.ms": "abc"},
+        {"retention.ms": "1.5"},
+        {"segment.bytes": "13"},
+        {"segment.bytes": str(2**31)},
+        {"segment.ms": "0"},
+        {"segment.index.bytes": "3"},
+        {"index.interval.bytes": "-1"},
+        {"max.message.bytes": "-1"},
+        {"message.timestamp.type": "createtime"},
+        {"cleanup.policy": "compact"},
+        {"cleanup.policy": "delete,compact"},
+        {"cleanup.policy": "bogus"},
+        {"cleanup.policy": ""},
+        {"no.such.config": "1"},
+        {"retention.ms": None},
+    ],
+)
+def test_invalid_topic_configs(configs: dict[str, str | None]) -> None:
+    with pytest.raises(InvalidConfigError) as info:
+        validate_topic_configs(configs)
+    assert info.value.error_code == 40
+
+
+def test_valid_topic_configs_are_canonical() -> None:
+    assert validate_topic_configs({"retention.ms": " 100 ", "cleanup.policy": "delete"}) == {
+        "retention.ms": "100",
+        "cleanup.policy": "delete",
+    }
+    assert validate_topic_configs({"retention.ms": "-1", "retention.bytes": "-1"}) == {
+        "retention.ms": "-1",
+        "retention.bytes": "-1",
+    }
+
+
+@given(st.integers(min_value=-1, max_value=2**63 - 1))
+def test_retention_ms_accepts_longs(value: int) -> None:
+    assert validate_topic_configs({"retention.ms": str(value)}) == {"retention.ms": str(value)}
+
+
+def test_broker_configs_listing() -> None:
+    for name in (
+        "num.partitions",
+        "auto.create.topics.enable",
+        "log.retention.ms",
+        "message.max.bytes",
+        "journal.partitions",
+        "broker.id",
+    ):
+        assert name in BROKER_CONFIGS
+    for name in DYNAMIC_BROKER_CONFIGS:
+        assert BROKER_CONFIGS[name].dynamic
+    assert not BROKER_CONFIGS["journal.partitions"].dynamic
+    entries = {e.name: e for e in describe_broker(Settings(num_partitions=2), {})}
+    assert entries["num.partitions"].value == "2"
+    assert entries["num.partitions"].source is ConfigSource.STATIC_BROKER_CONFIG
+    assert entries["auto.create.topics.enable"].value == "true"
+    assert entries["auto.create.topics.enable"].type is ConfigType.BOOLEAN
+    assert entries["log.retention.ms"].type is ConfigType.LONG
+    assert entries["journal.partitions"].read_only
+    assert not entries["log.retention.ms"].read_only
+
+
+def test_broker_dynamic_validation() -> None:
+    assert validate_broker_configs({"auto.create.topics.enable": "FALSE"}) == {
+        "auto.create.topics.enable": "false"
+    }
+    with pytest.raises(InvalidConfigError):
+        validate_broker_configs({"num.partitions": "0"})
+    with pytest.raises(InvalidConfigError):
+        validate_broker_configs({"log.message.timestamp.type": "Nope"})
+    with pytest.raises(InvalidConfigError):
+        validate_broker_configs({"no.such": "1"})
+    with pytest.raises(InvalidRequestError):
+        validate_broker_configs({"journal.partitions": "8"})
+
+
+def test_broker_value_precedence() -> None:
+    settings = Settings(num_partitions=2)
+    assert broker_value(settings, {}, "num.partitions") == 2
+    assert broker_value(settings, {"num.partitions": "5"}, "num.partitions") == 5
+    assert broker_value(Settings(), {}, "num.partitions") == 1
+    assert (
+        broker_value(settings, {"auto.create.topics.enable": "false"}, "auto.create.topics.enable")
+        is False
+    )
+
+
+def test_incremental_set_delete() -> None:
+    current = {"retention.ms": "1", "segment.ms": "5"}
+    out = apply_incremental(
+        current,
+        [("retention.ms", ConfigOp.DELETE, None), ("segment.bytes", ConfigOp.SET, "100")],
+        topic_config_type,
+        lambda _: None,
+    )
+    assert out == {"segment.ms": "5", "segment.bytes": "100"}
+    assert current == {"retention.ms": "1", "segment.ms": "5"}
+
+
+def test_incremental_append_subtract_lists_only() -> None:
+    out = apply_incremental(
+        {}, [("cleanup.policy", ConfigOp.APPEND, "compact")], topic_config_type, lambda _: "delete"
+    )
+    assert out == {"cleanup.policy": "delete,compact"}
+    out = apply_incremental(
+        {"cleanup.policy": "delete,compact"},
+        [("cleanup.policy", ConfigOp.SUBTRACT, "compact")],
+        topic_config_type,
+        lambda _: None,
+    )
+    assert out == {"cleanup.policy": "delete"}
+    with pytest.raises(InvalidConfigError):
+        apply_incremental(
+            {}, [("retention.ms", ConfigOp.APPEND, "1")], topic_config_type, lambda _: "5"
+        )
+
+
+def test_incremental_rejects_duplicates_bad_ops_unknown_names() -> None:
+    with pytest.raises(InvalidRequestError):
+        apply_incremental(
+            {},
+            [("retention.ms", 0, "1"), ("retention.ms", 1, None)],
+            topic_config_type,
+            lambda _: None,
+        )
+    with pytest.raises(InvalidRequestError):
+        apply_incremental({}, [("retention.ms", 9, "1")], topic_config_type, lambda _: None)
+    with pytest.raises(InvalidConfigError):
+        apply_incremental({}, [("nope", 0, "1")], topic_config_type, lambda _: None)

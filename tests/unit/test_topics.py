@@ -1,0 +1,355 @@
+"""Tests of the topic manager against a real SQLite store and a recording storage stand-in."""
+
+from __future__ import annotations
+
+import string
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from stonemq.config import Settings
+from stonemq.metadata.sqlite import SqliteMetadataStore
+from stonemq.storage.engine import LogConfig
+from stonemq.topic_configs import ConfigOp, ConfigSource, InvalidConfigError, InvalidRequestError
+from stonemq.topics import (
+    InvalidPartitionsError,
+    InvalidTopicError,
+    TopicAlreadyExistsError,
+    TopicManager,
+    UnknownTopicIdError,
+    UnknownTopicOrPartitionError,
+    journal_partition_for,
+    validate_topic_name,
+)
+
+LEGAL = string.ascii_letters + string.digits + "._-"
+
+
+class RecordingStorage:
+    """Stands in for the storage engine: records the lifecycle calls made on it."""
+
+    def __init__(self) -> None:
+        self.partitions: dict[tuple[str, int], tuple[uuid.UUID, int, LogConfig]] = {}
+        self.configs: dict[str, LogConfig] = {}
+        self.removed: list[str] = []
+
+    def add_partition(
+        self,
+        topic_id: uuid.UUID,
+        topic: str,
+        partition: int,
+        journal_partition: int,
+        config: LogConfig,
+    ) -> None:
+        self.partitions[(topic, partition)] = (topic_id, journal_partition, config)
+        self.configs[topic] = config
+
+    def update_config(self, topic: str, config: LogConfig) -> None:
+        self.configs[topic] = config
+
+    def remove_topic(self, topic: str) -> None:
+        self.removed.append(topic)
+        self.partitions = {k: v for k, v in self.partitions.items() if k[0] != topic}
+        self.configs.pop(topic, None)
+
+
+@pytest.fixture
+def settings(tmp_path: Path) -> Settings:
+    return Settings(data_dir=tmp_path, journal_partitions=4)
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[SqliteMetadataStore]:
+    s = SqliteMetadataStore(tmp_path / "metadata.db")
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def storage() -> RecordingStorage:
+    return RecordingStorage()
+
+
+@pytest.fixture
+def topics(
+    settings: Settings, store: SqliteMetadataStore, storage: RecordingStorage
+) -> TopicManager:
+    return TopicManager(settings, store, storage)
+
+
+# -- names -----------------------------------------------------------------------------------
+@given(st.text(alphabet=LEGAL, min_size=1, max_size=249).filter(lambda s: s not in (".", "..")))
+def test_legal_names_accepted(name: str) -> None:
+    validate_topic_name(name)
+
+
+@given(
+    st.text(alphabet=LEGAL, max_size=20),
+    st.characters().filter(lambda c: c not in LEGAL),
+    st.text(alphabet=LEGAL, max_size=20),
+)
+def test_names_with_an_illegal_character_rejected(prefix: str, bad: str, suffix: str) -> None:
+    with pytest.raises(InvalidTopicError) as info:
+        validate_topic_name(prefix + bad + suffix)
+    assert info.value.error_code == 17
+
+
+@given(st.text(alphabet=LEGAL, min_size=250, max_size=400))
+def test_long_names_rejected(name: str) -> None:
+    with pytest.raises(InvalidTopicError):
+        validate_topic_name(name)
+
+
+@pytest.mark.parametrize("name", ["", ".", ".."])
+def test_special_names_rejected(name: str) -> None:
+    with pytest.raises(InvalidTopicError):
+        validate_topic_name(name)
+
+
+def test_boundary_names() -> None:
+    validate_topic_name("a" * 249)
+    validate_topic_name("...")
+    validate_topic_name("_-.")
+
+
+def test_dot_underscore_collision(topics: TopicManager) -> None:
+    topics.create("a.b", 1)
+    with pytest.raises(InvalidTopicError, match="collides"):
+        topics.create("a_b", 1)
+    with pytest.raises(TopicAlreadyExistsError):
+        topics.create("a.b", 1)
+    topics.delete("a.b")
+    topics.create("a_b", 1)
+
+
+def test_collision_survives_restart(
+    settings: Settings, store: SqliteMetadataStore, storage: RecordingStorage
+) -> None:
+    TopicManager(settings, store, storage).create("x.y", 1)
+    with pytest.raises(InvalidTopicError):
+        TopicManager(settings, store, storage).create("x_y", 1)
+
+
+# -- create ----------------------------------------------------------------------------------
+def test_create_registers_with_storage(
+    topics: TopicManager, storage: RecordingStorage, store: SqliteMetadataStore
+) -> None:
+    created = topics.create("t", 6, {"retention.ms": "1000"})
+    record = created.record
+    assert record.partitions == 6
+    assert store.get_topic("t") == record
+    assert dict(record.configs) == {"retention.ms": "1000"}
+    for p in range(6):
+        topic_id, journal, config = storage.partitions[("t", p)]
+        assert topic_id == record.topic_id
+        assert journal == record.journal_partitions[p]
+        assert config.retention_ms == 1000
+    # Six partitions over four journal partitions: no journal partition gets more than two.
+    assert max(Counter(record.journal_partitions).values()) == 2
+
+
+def test_journal_spread_is_even_and_stable() -> None:
+    journals = [journal_partition_for("topic", p, 8) for p in range(800)]
+    assert Counter(journals) == {j: 100 for j in range(8)}
+    assert journals == [journal_partition_for("topic", p, 8) for p in range(800)]
+    starts = {journal_partition_for(f"t{i}", 0, 8) for i in range(100)}
+    assert len(starts) > 4
+
+
+def test_create_default_partitions(topics: TopicManager, store: SqliteMetadataStore) -> None:
+    assert topics.create("t").record.partitions == 1
+    topics.alter_broker_configs({"num.partitions": "3"})
+    assert topics.create("u", -1).record.partitions == 3
+
+
+@pytest.mark.parametrize("count", [0, -2])
+def test_create_bad_partition_count(topics: TopicManager, count: int) -> None:
+    with pytest.raises(InvalidPartitionsError):
+        topics.create("t", count)
+
+
+def test_create_bad_config(topics: TopicManager, store: SqliteMetadataStore) -> None:
+    with pytest.raises(InvalidConfigError):
+        topics.create("t", 1, {"cleanup.policy": "compact"})
+    assert store.get_topic("t") is None
+
+
+def test_validate_only_creates_nothing(
+    topics: TopicManager, storage: RecordingStorage, store: SqliteMetadataStore
+) -> None:
+    created = topics.create("t", 3, {"segment.bytes": "1024"}, validate_only=True)
+    assert created.record.partitions == 3
+    assert created.config.log_config.segment_bytes == 1024
+    assert store.get_topic("t") is None
+    assert storage.partitions == {}
+
+
+def test_register_all_with_storage(
+    settings: Settings, store: SqliteMetadataStore, tmp_path: Path
+) -> None:
+    first = RecordingStorage()
+    manager = TopicManager(settings, store, first)
+    manager.create("a", 2, {"retention.bytes": "99"})
+    manager.create("b", 3)
+    store.close()
+
+    reopened = SqliteMetadataStore(tmp_path / "metadata.db")
+    try:
+        second = RecordingStorage()
+        assert TopicManager(settings, reopened, second).register_all_with_storage() == 5
+        assert second.partitions == first.partitions
+        assert second.configs["a"].retention_bytes == 99
+    finally:
+        reopened.close()
+
+
+# -- ensure ----------------------------------------------------------------------------------
+def test_ensure_auto_creates(topics: TopicManager, storage: RecordingStorage) -> None:
+    record = topics.ensure("auto")
+    assert record.partitions == 1
+    assert ("auto", 0) in storage.partitions
+    assert topics.ensure("auto") == record
+
+
+def test_ensure_disabled(topics: TopicManager) -> None:
+    topics.alter_broker_configs({"auto.create.topics.enable": "false"})
+    with pytest.raises(UnknownTopicOrPartitionError):
+        topics.ensure("auto")
+    with pytest.raises(InvalidTopicError):
+        topics.ensure("bad name")
+
+
+def test_ensure_disabled_by_setting(store: SqliteMetadataStore, tmp_path: Path) -> None:
+    settings = Settings(data_dir=tmp_path, auto_create_topics_enable=False)
+    with pytest.raises(UnknownTopicOrPartitionError):
+        TopicManager(settings, store, RecordingStorage()).ensure("auto")
+
+
+# -- delete ----------------------------------------------------------------------------------
+def test_delete(
+    topics: TopicManager, storage: RecordingStorage, store: SqliteMetadataStore
+) -> None:
+    record = topics.create("t", 2).record
+    assert topics.by_id(record.topic_id) == record
+    assert topics.delete("t") == record
+    assert store.get_topic("t") is None
+    assert storage.removed == ["t"]
+    assert storage.partitions == {}
+    with pytest.raises(UnknownTopicOrPartitionError):
+        topics.delete("t")
+    with pytest.raises(UnknownTopicIdError):
+        topics.by_id(record.topic_id)
+    with pytest.raises(UnknownTopicOrPartitionError):
+        topics.produce_config("t")
+    again = topics.create("t", 1).record
+    assert again.topic_id != record.topic_id
+
+
+# -- partitions ------------------------------------------------------------------------------
+def test_add_partitions(topics: TopicManager, storage: RecordingStorage) -> None:
+    record = topics.create("t", 2, {"segment.ms": "777"}).record
+    grown = topics.add_partitions("t", 5)
+    assert grown.partitions == 5
+    assert grown.journal_partitions[:2] == record.journal_partitions
+    assert grown.topic_id == record.topic_id
+    for p in range(5):
+        assert storage.partitions[("t", p)][1] == grown.journal_partitions[p]
+        assert storage.partitions[("t", p)][2].segment_ms == 777
+    with pytest.raises(InvalidPartitionsError):
+        topics.add_partitions("t", 5)
+    with pytest.raises(InvalidPartitionsError):
+        topics.add_partitions("t", 3)
+    with pytest.raises(UnknownTopicOrPartitionError):
+        topics.add_partitions("nope", 3)
+
+
+def test_add_partitions_validate_only(topics: TopicManager, storage: RecordingStorage) -> None:
+    topics.create("t", 1)
+    assert topics.add_partitions("t", 4, validate_only=True).partitions == 4
+    assert topics.require("t").partitions == 1
+    assert ("t", 1) not in storage.partitions
+
+
+# -- configs ---------------------------------------------------------------------------------
+def test_alter_configs_replaces_whole_set(
+    topics: TopicManager, storage: RecordingStorage, store: SqliteMetadataStore
+) -> None:
+    topics.create("t", 1, {"retention.ms": "1000", "segment.ms": "5000"})
+    assert topics.produce_config("t").max_message_bytes == 1_048_588
+    topics.alter_configs(
+        "t", {"max.message.bytes": "100", "message.timestamp.type": "LogAppendTime"}
+    )
+    record = store.get_topic("t")
+    assert record is not None
+    assert dict(record.configs) == {
+        "max.message.bytes": "100",
+        "message.timestamp.type": "LogAppendTime",
+    }
+    produce = topics.produce_config("t")
+    assert produce.max_message_bytes == 100
+    assert produce.log_append_time
+    # retention.ms went back to the broker default and storage heard about it.
+    assert storage.configs["t"].retention_ms == LogConfig().retention_ms
+
+
+def test_alter_configs_validate_only_and_invalid(
+    topics: TopicManager, store: SqliteMetadataStore
+) -> None:
+    topics.create("t", 1, {"retention.ms": "1000"})
+    topics.alter_configs("t", {"retention.ms": "5"}, validate_only=True)
+    with pytest.raises(InvalidConfigError):
+        topics.alter_configs("t", {"retention.ms": "x"})
+    record = store.get_topic("t")
+    assert record is not None and dict(record.configs) == {"retention.ms": "1000"}
+    with pytest.raises(UnknownTopicOrPartitionError):
+        topics.alter_configs("nope", {})
+
+
+def test_incremental_alter(topics: TopicManager, store: SqliteMetadataStore) -> None:
+    topics.create("t", 1, {"retention.ms": "1000"})
+    topics.incremental_alter_configs(
+        "t", [("retention.ms", ConfigOp.DELETE, None), ("segment.bytes", ConfigOp.SET, "2048")]
+    )
+    record = store.get_topic("t")
+    assert record is not None and dict(record.configs) == {"segment.bytes": "2048"}
+    with pytest.raises(InvalidConfigError):
+        topics.incremental_alter_configs("t", [("cleanup.policy", ConfigOp.APPEND, "compact")])
+    with pytest.raises(InvalidConfigError):
+        topics.incremental_alter_configs("t", [("retention.ms", ConfigOp.APPEND, "1")])
+
+
+def test_broker_dynamic_config_reaches_topics_without_override(
+    topics: TopicManager, storage: RecordingStorage
+) -> None:
+    topics.create("plain", 1)
+    topics.create("pinned", 1, {"retention.ms": "1000", "max.message.bytes": "10"})
+    assert topics.produce_config("plain").max_message_bytes == 1_048_588
+    topics.alter_broker_configs({"log.retention.ms": "2000", "message.max.bytes": "500"})
+    assert storage.configs["plain"].retention_ms == 2000
+    assert storage.configs["pinned"].retention_ms == 1000
+    assert topics.produce_config("plain").max_message_bytes == 500
+    assert topics.produce_config("pinned").max_message_bytes == 10
+    entry = next(e for e in topics.effective_config("plain").entries if e.name == "retention.ms")
+    assert entry.source is ConfigSource.DYNAMIC_BROKER_CONFIG
+
+
+def test_broker_dynamic_configs_survive_restart(
+    settings: Settings, store: SqliteMetadataStore, storage: RecordingStorage
+) -> None:
+    TopicManager(settings, store, storage).alter_broker_configs({"num.partitions": "7"})
+    assert TopicManager(settings, store, storage).default_partitions() == 7
+
+
+def test_incremental_broker_configs(topics: TopicManager) -> None:
+    topics.incremental_alter_broker_configs([("num.partitions", ConfigOp.SET, "4")])
+    topics.incremental_alter_broker_configs([("log.retention.ms", ConfigOp.SET, "9")])
+    assert topics.broker_dynamic_configs() == {"num.partitions": "4", "log.retention.ms": "9"}
+    topics.incremental_alter_broker_configs([("num.partitions", ConfigOp.DELETE, None)])
+    assert topics.broker_dynamic_configs() == {"log.retention.ms": "9"}
+    with pytest.raises(InvalidRequestError):
+        topics.incremental_alter_broker_configs([("journal.partitions", ConfigOp.SET, "8")])
