@@ -93,13 +93,21 @@ class FrameDecoder:
                 self._buf = bytearray(_MIN_BUFFER)  # give a big frame's memory back
 
     def _make_room(self, extra: int) -> None:
-        """Ensure room for ``extra`` more bytes after the buffered ones: compact, then grow."""
+        """Ensure room for ``extra`` more bytes after the buffered ones: compact, then grow.
+
+        Growing allocates a new buffer rather than resizing in place: the event loop may
+        still hold a view of the old one.
+        """
         pending = self._end - self._start
-        if self._start:
-            self._buf[:pending] = self._buf[self._start : self._end]
-            self._start, self._end = 0, pending
-        if len(self._buf) - self._end < extra:
-            # Grow to what the pending frame needs (bounded by the frame limit + prefix).
-            wanted = max(len(self._buf) * 2, pending + extra)
-            wanted = min(wanted, max(self._max_frame_bytes + 4, pending + 1))
-            self._buf.extend(bytes(wanted - len(self._buf)))
+        if len(self._buf) - pending >= extra:
+            if self._start:
+                self._buf[:pending] = self._buf[self._start : self._end]
+                self._start, self._end = 0, pending
+            return
+        # Grow to what the pending frame needs (bounded by the frame limit + prefix).
+        wanted = max(len(self._buf) * 2, pending + extra)
+        wanted = min(wanted, max(self._max_frame_bytes + 4, pending + 1))
+        grown = bytearray(wanted)
+        grown[:pending] = self._buf[self._start : self._end]
+        self._buf = grown
+        self._start, self._end = 0, pending

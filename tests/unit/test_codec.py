@@ -1,0 +1,86 @@
+"""Request header parsing (v1 and v2) and response encoding against kio's own schemas."""
+
+import io
+import struct
+
+import pytest
+from kio.schema.api_versions.v0 import response as av0
+from kio.schema.errors import ErrorCode
+from kio.schema.metadata.v1.request import MetadataRequest as MetadataV1
+from kio.schema.metadata.v12.request import MetadataRequest as MetadataV12
+from kio.schema.request_header.v1.header import RequestHeader as Header1
+from kio.schema.request_header.v2.header import RequestHeader as Header2
+from kio.serial import entity_reader, entity_writer
+
+from stonemq.protocol.codec import (
+    RequestDecodeError,
+    decode_request,
+    encode_response,
+    parse_header_prefix,
+)
+
+
+def _encode(header_cls, header, body_cls, body) -> bytes:
+    out = io.BytesIO()
+    entity_writer(header_cls)(out, header)
+    entity_writer(body_cls)(out, body)
+    return out.getvalue()
+
+
+def test_flexible_request_with_header_v2() -> None:
+    frame = _encode(
+        Header2,
+        Header2(request_api_key=3, request_api_version=12, correlation_id=9, client_id="c"),
+        MetadataV12,
+        MetadataV12(
+            topics=None, allow_auto_topic_creation=False, include_topic_authorized_operations=False
+        ),
+    )
+    header, pos = parse_header_prefix(frame)
+    assert (header.api_key, header.api_version, header.correlation_id) == (3, 12, 9)
+    assert header.client_id == "c"
+    body = decode_request(header, frame, pos)
+    assert body.allow_auto_topic_creation is False
+
+
+def test_legacy_request_with_null_client_id() -> None:
+    frame = _encode(
+        Header1,
+        Header1(request_api_key=3, request_api_version=1, correlation_id=1, client_id=None),
+        MetadataV1,
+        MetadataV1(topics=None),
+    )
+    header, pos = parse_header_prefix(frame)
+    assert header.client_id is None
+    assert decode_request(header, frame, pos).topics is None
+
+
+def test_trailing_bytes_are_rejected() -> None:
+    frame = _encode(
+        Header1,
+        Header1(request_api_key=3, request_api_version=1, correlation_id=1, client_id="x"),
+        MetadataV1,
+        MetadataV1(topics=None),
+    )
+    header, pos = parse_header_prefix(frame + b"junk")
+    with pytest.raises(RequestDecodeError):
+        decode_request(header, frame + b"junk", pos)
+
+
+@pytest.mark.parametrize("frame", [b"", b"\x00\x03", b"\x00\x03\x00\x01\x00\x00\x00\x01\x00\x09ab"])
+def test_short_or_lying_headers_are_rejected(frame: bytes) -> None:
+    with pytest.raises(RequestDecodeError):
+        parse_header_prefix(frame)
+
+
+def test_api_versions_response_uses_header_v0_even_when_flexible() -> None:
+    header, _ = parse_header_prefix(struct.pack(">hhih", 18, 3, 77, -1))
+    data = encode_response(
+        header,
+        av0.ApiVersionsResponse(error_code=ErrorCode.unsupported_version, api_keys=()),
+        api_version=0,
+    )
+    (length, correlation_id) = struct.unpack_from(">ii", data)
+    assert length == len(data) - 4 and correlation_id == 77
+    body, _ = entity_reader(av0.ApiVersionsResponse)(data, 8)
+    assert body.error_code == 35
