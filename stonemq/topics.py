@@ -163,9 +163,11 @@ class TopicManager:
         self._broker_dynamic: dict[str, str] = store.broker_configs()
         self._configs: dict[str, TopicConfig] = {}
         self._produce: dict[str, ProduceConfig] = {}
-        self._collisions: dict[str, str] = {
-            collision_key(t.name): t.name for t in store.list_topics()
-        }
+        self._collisions: dict[str, str] = {}
+        self._ids: dict[uuid.UUID, str] = {}
+        for record in store.list_topics():
+            self._collisions[collision_key(record.name)] = record.name
+            self._ids[record.topic_id] = record.name
 
     # -- start-up -----------------------------------------------------------------------------
     def register_all_with_storage(self) -> int:
@@ -191,9 +193,10 @@ class TopicManager:
         return record
 
     def by_id(self, topic_id: uuid.UUID) -> TopicRecord:
-        for record in self.store.list_topics():
-            if record.topic_id == topic_id:
-                return record
+        name = self._ids.get(topic_id)
+        record = self.store.get_topic(name) if name is not None else None
+        if record is not None and record.topic_id == topic_id:
+            return record
         raise UnknownTopicIdError(f"Topic id {topic_id} does not exist")
 
     def effective_config(self, name: str) -> TopicConfig:
@@ -275,6 +278,7 @@ class TopicManager:
         except TopicExistsError:
             raise TopicAlreadyExistsError(f"Topic '{name}' already exists.") from None
         self._collisions[collision_key(name)] = name
+        self._ids[record.topic_id] = name
         self._configs[name] = config
         self._produce.pop(name, None)
         for partition, journal in enumerate(record.journal_partitions):
@@ -307,6 +311,7 @@ class TopicManager:
             raise UnknownTopicOrPartitionError(f"Topic {name} does not exist") from None
         if self._collisions.get(collision_key(name)) == name:
             del self._collisions[collision_key(name)]
+        self._ids.pop(record.topic_id, None)
         self._forget(name)
         self.storage.remove_topic(name)
         return record

@@ -1,0 +1,451 @@
+"""Admin APIs: CreateTopics (19), DeleteTopics (20), DescribeConfigs (32), AlterConfigs (33),
+CreatePartitions (37), IncrementalAlterConfigs (44) and DescribeCluster (60).
+
+One broker is the whole cluster: it is the controller, every replica is on it, and a
+replication factor other than 1 (or -1, the default) cannot be met. The work is done by
+:class:`~stonemq.topics.TopicManager`; this module turns requests into its calls and its
+:class:`~stonemq.topic_configs.AdminError` exceptions into per-resource error codes and messages,
+as Kafka does (one bad topic never fails the others).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Iterable
+from typing import Any
+
+from kio.schema.errors import ErrorCode
+
+from stonemq.handlers.context import RequestContext
+from stonemq.handlers.registry import api
+from stonemq.topic_configs import AdminError, ConfigEntry, InvalidRequestError
+from stonemq.topics import InvalidReplicationFactorError
+
+log = logging.getLogger("stonemq.admin")
+
+RESOURCE_TOPIC = 2
+RESOURCE_BROKER = 4
+RESOURCE_BROKER_LOGGER = 8
+
+UNKNOWN_AUTHORIZED_OPERATIONS = -(2**31)
+# Kafka AclOperation codes a cluster supports: CREATE, ALTER, DESCRIBE, CLUSTER_ACTION,
+# DESCRIBE_CONFIGS, ALTER_CONFIGS, IDEMPOTENT_WRITE, CREATE_TOKENS, DESCRIBE_TOKENS. With no
+# authorizer every one of them is allowed.
+CLUSTER_AUTHORIZED_OPERATIONS = sum(1 << op for op in (5, 7, 8, 9, 10, 11, 12, 13, 14))
+
+
+def _error(exc: AdminError) -> tuple[ErrorCode, str]:
+    return exc.error_code, exc.message
+
+
+def _unexpected(exc: Exception) -> tuple[ErrorCode, str]:
+    log.exception("admin request failed")
+    return ErrorCode.unknown_server_error, f"{type(exc).__name__}: {exc}"
+
+
+def _duplicates(names: Iterable[Any]) -> set[Any]:
+    return {name for name, count in Counter(names).items() if count > 1}
+
+
+# -- CreateTopics ---------------------------------------------------------------------------------
+@api(19, 2, 7)
+async def handle_create_topics(ctx: RequestContext, request: Any) -> Any:
+    topics = ctx.broker.topics
+    broker_id = ctx.broker.settings.broker_id
+    duplicates = _duplicates(t.name for t in request.topics)
+    results = []
+    for topic in request.topics:
+        if topic.name in duplicates:
+            results.append(
+                _create_result(
+                    ctx,
+                    topic.name,
+                    error=ErrorCode.invalid_request,
+                    message=f"Create topics request from client `{ctx.client_id}` contains "
+                    f"multiple entries for the following topics: {topic.name}",
+                )
+            )
+            continue
+        try:
+            num_partitions = _requested_partitions(topic, broker_id)
+            created = topics.create(
+                topic.name,
+                num_partitions,
+                {c.name: c.value for c in topic.configs},
+                validate_only=request.validate_only,
+            )
+        except AdminError as exc:
+            code, message = _error(exc)
+            results.append(_create_result(ctx, topic.name, error=code, message=message))
+        except Exception as exc:
+            code, message = _unexpected(exc)
+            results.append(_create_result(ctx, topic.name, error=code, message=message))
+        else:
+            configs = None
+            if ctx.api_version >= 5:
+                configs = tuple(
+                    ctx.build(
+                        "CreatableTopicConfigs",
+                        name=entry.name,
+                        value=entry.value,
+                        read_only=entry.read_only,
+                        config_source=int(entry.source),
+                        is_sensitive=entry.is_sensitive,
+                    )
+                    for entry in created.config.entries
+                )
+            results.append(
+                _create_result(
+                    ctx,
+                    topic.name,
+                    topic_id=created.record.topic_id,
+                    num_partitions=created.record.partitions,
+                    replication_factor=1,
+                    configs=configs,
+                )
+            )
+    return ctx.build("CreateTopicsResponse", throttle_time=0, topics=tuple(results))
+
+
+def _requested_partitions(topic: Any, broker_id: int) -> int:
+    """The partition count a CreatableTopic asks for, after the one-broker checks."""
+    if topic.assignments:
+        if topic.num_partitions != -1 or topic.replication_factor != -1:
+            raise InvalidRequestError(
+                "Both numPartitions or replicationFactor and replicasAssignments were set. "
+                "Both cannot be used at the same time."
+            )
+        indexes = sorted(a.partition_index for a in topic.assignments)
+        if indexes != list(range(len(indexes))):
+            raise InvalidRequestError(
+                "Partitions in the replica assignment must be numbered consecutively from 0."
+            )
+        for assignment in topic.assignments:
+            if tuple(assignment.broker_ids) != (broker_id,):
+                raise InvalidRequestError(
+                    f"Replica assignment {list(assignment.broker_ids)} for partition "
+                    f"{assignment.partition_index} is not possible: this cluster has one "
+                    f"broker, {broker_id}."
+                )
+        return len(indexes)
+    _check_replication_factor(topic.replication_factor)
+    return int(topic.num_partitions)
+
+
+def _check_replication_factor(replication_factor: int) -> None:
+    if replication_factor in (-1, 1):
+        return
+    if replication_factor <= 0:
+        raise InvalidReplicationFactorError(
+            "Replication factor must be larger than 0, or -1 to use the default value."
+        )
+    raise InvalidReplicationFactorError(
+        f"Unable to replicate the partition {replication_factor} time(s): The target "
+        f"replication factor of {replication_factor} cannot be reached because only 1 "
+        "broker(s) are registered."
+    )
+
+
+def _create_result(
+    ctx: RequestContext,
+    name: str,
+    *,
+    error: ErrorCode = ErrorCode.none,
+    message: str | None = None,
+    topic_id: Any = None,
+    num_partitions: int = -1,
+    replication_factor: int = -1,
+    configs: tuple[Any, ...] | None = None,
+) -> Any:
+    return ctx.build(
+        "CreatableTopicResult",
+        name=name,
+        topic_id=topic_id,
+        error_code=error,
+        error_message=message,
+        topic_config_error_code=0,
+        num_partitions=num_partitions,
+        replication_factor=replication_factor,
+        configs=configs,
+    )
+
+
+# -- DeleteTopics ---------------------------------------------------------------------------------
+@api(20, 1, 6)
+async def handle_delete_topics(ctx: RequestContext, request: Any) -> Any:
+    topics = ctx.broker.topics
+    if ctx.api_version >= 6:
+        wanted = [(t.name, t.topic_id) for t in request.topics]
+    else:
+        wanted = [(name, None) for name in request.topic_names]
+    duplicate_names = _duplicates(name for name, _ in wanted if name is not None)
+    duplicate_ids = _duplicates(tid for name, tid in wanted if name is None and tid is not None)
+    results = []
+    for name, topic_id in wanted:
+        if topic_id is not None and topic_id.int == 0:
+            topic_id = None
+        error, message = ErrorCode.none, None
+        try:
+            if name is not None and topic_id is not None:
+                raise InvalidRequestError("You may not specify both topic name and topic id.")
+            if name in duplicate_names or (name is None and topic_id in duplicate_ids):
+                raise InvalidRequestError("Duplicate topic name.")
+            if name is None:
+                if topic_id is None:
+                    raise InvalidRequestError("Neither topic name nor id were specified.")
+                name = topics.by_id(topic_id).name
+            record = topics.delete(name)
+            topic_id = record.topic_id
+        except AdminError as exc:
+            error, message = _error(exc)
+        except Exception as exc:
+            error, message = _unexpected(exc)
+        results.append(
+            ctx.build(
+                "DeletableTopicResult",
+                name=name,
+                topic_id=topic_id,
+                error_code=error,
+                error_message=message,
+            )
+        )
+    return ctx.build("DeleteTopicsResponse", throttle_time=0, responses=tuple(results))
+
+
+# -- CreatePartitions -----------------------------------------------------------------------------
+@api(37, 0, 3)
+async def handle_create_partitions(ctx: RequestContext, request: Any) -> Any:
+    topics = ctx.broker.topics
+    broker_id = ctx.broker.settings.broker_id
+    duplicates = _duplicates(t.name for t in request.topics)
+    results = []
+    for topic in request.topics:
+        error, message = ErrorCode.none, None
+        try:
+            if topic.name in duplicates:
+                raise InvalidRequestError("Duplicate topic name.")
+            record = topics.require(topic.name)
+            if topic.assignments is not None:
+                added = topic.count - record.partitions
+                if added > 0 and len(topic.assignments) != added:
+                    raise _AssignmentError(
+                        f"Increasing the number of partitions by {added} but "
+                        f"{len(topic.assignments)} assignments provided."
+                    )
+                for assignment in topic.assignments:
+                    if tuple(assignment.broker_ids) != (broker_id,):
+                        raise _AssignmentError(
+                            f"Replica assignment {list(assignment.broker_ids)} is not possible: "
+                            f"this cluster has one broker, {broker_id}."
+                        )
+            topics.add_partitions(topic.name, topic.count, validate_only=request.validate_only)
+        except AdminError as exc:
+            error, message = _error(exc)
+        except Exception as exc:
+            error, message = _unexpected(exc)
+        results.append(
+            ctx.build(
+                "CreatePartitionsTopicResult",
+                name=topic.name,
+                error_code=error,
+                error_message=message,
+            )
+        )
+    return ctx.build("CreatePartitionsResponse", throttle_time=0, results=tuple(results))
+
+
+class _AssignmentError(AdminError):
+    error_code = ErrorCode.invalid_replica_assignment
+
+
+# -- DescribeConfigs ------------------------------------------------------------------------------
+@api(32, 1, 4)
+async def handle_describe_configs(ctx: RequestContext, request: Any) -> Any:
+    results = []
+    for resource in request.resources:
+        error, message = ErrorCode.none, None
+        configs: tuple[Any, ...] = ()
+        try:
+            entries = _describe_resource(ctx, resource.resource_type, resource.resource_name)
+            keys = resource.configuration_keys
+            if keys:  # null or empty: every config (what clients mean by asking for none)
+                wanted = set(keys)
+                entries = [e for e in entries if e.name in wanted]
+            configs = tuple(
+                _config_result(
+                    ctx,
+                    entry,
+                    synonyms=request.include_synonyms,
+                    documentation=getattr(request, "include_documentation", False),
+                )
+                for entry in entries
+            )
+        except AdminError as exc:
+            error, message = _error(exc)
+        except Exception as exc:
+            error, message = _unexpected(exc)
+        results.append(
+            ctx.build(
+                "DescribeConfigsResult",
+                error_code=error,
+                error_message=message,
+                resource_type=resource.resource_type,
+                resource_name=resource.resource_name,
+                configs=configs,
+            )
+        )
+    return ctx.build("DescribeConfigsResponse", throttle_time=0, results=tuple(results))
+
+
+def _describe_resource(ctx: RequestContext, resource_type: int, name: str) -> list[ConfigEntry]:
+    topics = ctx.broker.topics
+    if resource_type == RESOURCE_TOPIC:
+        return list(topics.effective_config(name).entries)
+    if resource_type == RESOURCE_BROKER:
+        _check_broker_name(ctx, name)
+        return topics.describe_broker()
+    raise InvalidRequestError(f"Unsupported resource type {resource_type}")
+
+
+def _check_broker_name(ctx: RequestContext, name: str) -> None:
+    """A broker resource is this broker's id, or "" for the cluster-wide defaults (which on
+    one broker are the same thing)."""
+    broker_id = ctx.broker.settings.broker_id
+    if name not in ("", str(broker_id)):
+        raise InvalidRequestError(f"Unexpected broker id, expected {broker_id} but received {name}")
+
+
+def _config_result(
+    ctx: RequestContext, entry: ConfigEntry, *, synonyms: bool, documentation: bool
+) -> Any:
+    return ctx.build(
+        "DescribeConfigsResourceResult",
+        name=entry.name,
+        value=entry.value,
+        read_only=entry.read_only,
+        config_source=int(entry.source),
+        is_sensitive=entry.is_sensitive,
+        synonyms=tuple(
+            ctx.build("DescribeConfigsSynonym", name=s.name, value=s.value, source=int(s.source))
+            for s in entry.synonyms
+        )
+        if synonyms
+        else (),
+        config_type=int(entry.type),
+        documentation=entry.documentation if documentation else None,
+    )
+
+
+# -- AlterConfigs ---------------------------------------------------------------------------------
+@api(33, 0, 2)
+async def handle_alter_configs(ctx: RequestContext, request: Any) -> Any:
+    topics = ctx.broker.topics
+    results = []
+    for resource in request.resources:
+        error, message = ErrorCode.none, None
+        try:
+            names = [c.name for c in resource.configs]
+            if _duplicates(names):
+                raise InvalidRequestError(
+                    f"Error due to duplicate config keys: {', '.join(sorted(_duplicates(names)))}"
+                )
+            configs = {c.name: c.value for c in resource.configs}
+            if resource.resource_type == RESOURCE_TOPIC:
+                topics.alter_configs(
+                    resource.resource_name, configs, validate_only=request.validate_only
+                )
+            elif resource.resource_type == RESOURCE_BROKER:
+                _check_broker_name(ctx, resource.resource_name)
+                topics.alter_broker_configs(configs, validate_only=request.validate_only)
+            else:
+                raise InvalidRequestError(f"Unsupported resource type {resource.resource_type}")
+        except AdminError as exc:
+            error, message = _error(exc)
+        except Exception as exc:
+            error, message = _unexpected(exc)
+        results.append(_alter_result(ctx, resource, error, message))
+    return ctx.build("AlterConfigsResponse", throttle_time=0, responses=tuple(results))
+
+
+def _alter_result(ctx: RequestContext, resource: Any, error: ErrorCode, message: str | None) -> Any:
+    return ctx.build(
+        "AlterConfigsResourceResponse",
+        error_code=error,
+        error_message=message,
+        resource_type=resource.resource_type,
+        resource_name=resource.resource_name,
+    )
+
+
+# -- IncrementalAlterConfigs ----------------------------------------------------------------------
+@api(44, 0, 1)
+async def handle_incremental_alter_configs(ctx: RequestContext, request: Any) -> Any:
+    topics = ctx.broker.topics
+    results = []
+    for resource in request.resources:
+        error, message = ErrorCode.none, None
+        try:
+            ops = [(c.name, c.config_operation, c.value) for c in resource.configs]
+            if resource.resource_type == RESOURCE_TOPIC:
+                topics.incremental_alter_configs(
+                    resource.resource_name, ops, validate_only=request.validate_only
+                )
+            elif resource.resource_type == RESOURCE_BROKER:
+                _check_broker_name(ctx, resource.resource_name)
+                topics.incremental_alter_broker_configs(ops, validate_only=request.validate_only)
+            else:
+                raise InvalidRequestError(f"Unsupported resource type {resource.resource_type}")
+        except AdminError as exc:
+            error, message = _error(exc)
+        except Exception as exc:
+            error, message = _unexpected(exc)
+        results.append(_alter_result(ctx, resource, error, message))
+    return ctx.build("IncrementalAlterConfigsResponse", throttle_time=0, responses=tuple(results))
+
+
+# -- DescribeCluster ------------------------------------------------------------------------------
+@api(60, 0, 2)
+async def handle_describe_cluster(ctx: RequestContext, request: Any) -> Any:
+    broker = ctx.broker
+    broker_id = broker.settings.broker_id
+    operations = (
+        CLUSTER_AUTHORIZED_OPERATIONS
+        if request.include_cluster_authorized_operations
+        else UNKNOWN_AUTHORIZED_OPERATIONS
+    )
+    endpoint_type = int(getattr(request, "endpoint_type", 1))
+    if endpoint_type != 1:
+        return ctx.build(
+            "DescribeClusterResponse",
+            throttle_time=0,
+            error_code=ErrorCode.unsupported_endpoint_type,
+            error_message="The request was sent to an endpoint of type BROKER, but we wanted "
+            "an endpoint of type CONTROLLER",
+            endpoint_type=endpoint_type,
+            cluster_id=broker.metadata.cluster_id(),
+            controller_id=-1,
+            brokers=(),
+            cluster_authorized_operations=UNKNOWN_AUTHORIZED_OPERATIONS,
+        )
+    host, port = broker.settings.advertised_address
+    return ctx.build(
+        "DescribeClusterResponse",
+        throttle_time=0,
+        error_code=ErrorCode.none,
+        error_message=None,
+        endpoint_type=1,
+        cluster_id=broker.metadata.cluster_id(),
+        controller_id=broker_id,
+        brokers=(
+            ctx.build(
+                "DescribeClusterBroker",
+                broker_id=broker_id,
+                host=host,
+                port=port,
+                rack=None,
+                is_fenced=False,
+            ),
+        ),
+        cluster_authorized_operations=operations,
+    )
