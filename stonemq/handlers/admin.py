@@ -226,7 +226,7 @@ async def handle_create_partitions(ctx: RequestContext, request: Any) -> Any:
             if topic.name in duplicates:
                 raise InvalidRequestError("Duplicate topic name.")
             record = topics.require(topic.name)
-            if topic.assignments is not None:
+            if topic.assignments:  # null or empty: the broker places the new partitions
                 added = topic.count - record.partitions
                 if added > 0 and len(topic.assignments) != added:
                     raise _AssignmentError(

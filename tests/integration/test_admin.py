@@ -1,0 +1,418 @@
+"""Admin APIs against a real broker: confluent-kafka AdminClient, kafka-python KafkaAdminClient,
+and the raw wire client for what neither client sends (DeleteTopics by topic id, odd versions).
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import (
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    ConfigSource,
+    NewPartitions,
+    NewTopic,
+    ResourceType,
+)
+from kafka.admin import ConfigResource as KPConfigResource
+from kafka.admin import ConfigResourceType, KafkaAdminClient
+
+from . import rawclient
+from .helpers import admin, create_topic, unique_topic, wait_for_topic
+
+pytestmark = pytest.mark.timeout(90)
+
+TOPIC_ALREADY_EXISTS = 36
+INVALID_TOPIC_EXCEPTION = 17
+INVALID_PARTITIONS = 37
+INVALID_REPLICATION_FACTOR = 38
+INVALID_CONFIG = 40
+INVALID_REQUEST = 42
+UNKNOWN_TOPIC_OR_PARTITION = 3
+UNKNOWN_TOPIC_ID = 100
+
+
+def _error_code(future) -> int:  # type: ignore[no-untyped-def]
+    with pytest.raises(KafkaException) as info:
+        future.result(timeout=20)
+    return int(info.value.args[0].code())
+
+
+def _create(bootstrap: str, *topics: NewTopic, validate_only: bool = False):  # type: ignore[no-untyped-def]
+    return admin(bootstrap).create_topics(
+        list(topics), validate_only=validate_only, operation_timeout=10, request_timeout=15
+    )
+
+
+def _topic_configs(bootstrap: str, topic: str, **kwargs: object) -> dict[str, ConfigEntry]:
+    resource = ConfigResource(ResourceType.TOPIC, topic)
+    futures = admin(bootstrap).describe_configs([resource], request_timeout=15, **kwargs)
+    return futures[resource].result(timeout=20)
+
+
+def _partition_count(bootstrap: str, topic: str) -> int:
+    md = admin(bootstrap).list_topics(topic, timeout=10)
+    return len(md.topics[topic].partitions)
+
+
+def _topic_exists(bootstrap: str, topic: str) -> bool:
+    md = admin(bootstrap).list_topics(timeout=10)
+    return topic in md.topics
+
+
+# -- CreateTopics (confluent-kafka) ---------------------------------------------------------------
+def test_create_topic_with_configs(module_broker) -> None:
+    b = module_broker.bootstrap
+    topic = unique_topic("create")
+    fs = _create(
+        b,
+        NewTopic(
+            topic,
+            num_partitions=3,
+            replication_factor=1,
+            config={"retention.ms": "3600000", "max.message.bytes": "50000"},
+        ),
+    )
+    fs[topic].result(timeout=20)
+    wait_for_topic(b, topic, 3)
+    configs = _topic_configs(b, topic)
+    assert configs["retention.ms"].value == "3600000"
+    assert configs["retention.ms"].source == ConfigSource.DYNAMIC_TOPIC_CONFIG.value
+    assert configs["max.message.bytes"].value == "50000"
+    assert configs["segment.bytes"].source == ConfigSource.DEFAULT_CONFIG.value
+    assert configs["cleanup.policy"].value == "delete"
+
+
+def test_create_with_broker_defaults(module_broker) -> None:
+    b = module_broker.bootstrap
+    topic = unique_topic("defaults")
+    _create(b, NewTopic(topic))[topic].result(timeout=20)  # num_partitions/rf = -1
+    wait_for_topic(b, topic, 1)
+
+
+def test_create_errors(module_broker) -> None:
+    b = module_broker.bootstrap
+    existing = create_topic(b)
+    bad_rf = unique_topic("rf")
+    bad_cfg = unique_topic("cfg")
+    unknown_cfg = unique_topic("unknowncfg")
+    zero = unique_topic("zero")
+    fs = _create(
+        b,
+        NewTopic(existing, num_partitions=1, replication_factor=1),
+        NewTopic("bad/name", num_partitions=1, replication_factor=1),
+        NewTopic(bad_rf, num_partitions=1, replication_factor=3),
+        NewTopic(
+            bad_cfg, num_partitions=1, replication_factor=1, config={"cleanup.policy": "compact"}
+        ),
+        NewTopic(
+            unknown_cfg, num_partitions=1, replication_factor=1, config={"no.such.config": "1"}
+        ),
+        NewTopic(zero, num_partitions=0, replication_factor=1),
+    )
+    assert _error_code(fs[existing]) == TOPIC_ALREADY_EXISTS
+    assert _error_code(fs["bad/name"]) == INVALID_TOPIC_EXCEPTION
+    assert _error_code(fs[bad_rf]) == INVALID_REPLICATION_FACTOR
+    assert _error_code(fs[bad_cfg]) == INVALID_CONFIG
+    assert _error_code(fs[unknown_cfg]) == INVALID_CONFIG
+    assert _error_code(fs[zero]) == INVALID_PARTITIONS
+    for name in (bad_rf, bad_cfg, unknown_cfg, zero):
+        assert not _topic_exists(b, name)
+
+
+def test_create_colliding_name(module_broker) -> None:
+    b = module_broker.bootstrap
+    base = unique_topic("coll")
+    create_topic(b, f"{base}.x")
+    fs = _create(b, NewTopic(f"{base}_x", num_partitions=1, replication_factor=1))
+    assert _error_code(fs[f"{base}_x"]) == INVALID_TOPIC_EXCEPTION
+
+
+def test_create_validate_only(module_broker) -> None:
+    b = module_broker.bootstrap
+    topic = unique_topic("validate")
+    fs = _create(b, NewTopic(topic, num_partitions=2, replication_factor=1), validate_only=True)
+    fs[topic].result(timeout=20)
+    assert not _topic_exists(b, topic)
+    bad = _create(
+        b,
+        NewTopic(topic, num_partitions=1, replication_factor=1, config={"retention.ms": "x"}),
+        validate_only=True,
+    )
+    assert _error_code(bad[topic]) == INVALID_CONFIG
+
+
+def test_create_with_replica_assignment(module_broker) -> None:
+    b = module_broker.bootstrap
+    good = unique_topic("assign")
+    bad = unique_topic("assignbad")
+    fs = _create(
+        b,
+        NewTopic(good, replica_assignment=[[1], [1]]),
+        NewTopic(bad, replica_assignment=[[2]]),
+    )
+    fs[good].result(timeout=20)
+    wait_for_topic(b, good, 2)
+    assert _error_code(fs[bad]) == INVALID_REQUEST
+
+
+# -- DeleteTopics ---------------------------------------------------------------------------------
+def test_delete_topic(module_broker) -> None:
+    b = module_broker.bootstrap
+    topic = create_topic(b, partitions=2)
+    fs = admin(b).delete_topics([topic, unique_topic("missing")], operation_timeout=10)
+    fs[topic].result(timeout=20)
+    missing = next(name for name in fs if name != topic)
+    assert _error_code(fs[missing]) == UNKNOWN_TOPIC_OR_PARTITION
+    assert not _topic_exists(b, topic)
+    # The name is free again, for a new topic with a new id.
+    create_topic(b, topic, partitions=1)
+
+
+def test_delete_by_topic_id_raw(module_broker) -> None:
+    b = module_broker.bootstrap
+    topic = unique_topic("byid")
+    create_mod = rawclient.schema("create_topics", 7, "request")
+    create_resp = rawclient.schema("create_topics", 7, "response").CreateTopicsResponse
+    delete_mod = rawclient.schema("delete_topics", 6, "request")
+    delete_resp = rawclient.schema("delete_topics", 6, "response").DeleteTopicsResponse
+    host, port = b.rsplit(":", 1)
+    with rawclient.RawConnection(host, int(port)) as conn:
+        created = conn.request(
+            create_mod.CreateTopicsRequest(
+                topics=(
+                    create_mod.CreatableTopic(
+                        name=topic,
+                        num_partitions=2,
+                        replication_factor=-1,
+                        assignments=(),
+                        configs=(),
+                    ),
+                ),
+                timeout=rawclient.ms(10000),
+                validate_only=False,
+            ),
+            create_resp,
+        )
+        (result,) = created.topics
+        assert result.error_code == 0
+        assert result.num_partitions == 2
+        assert result.replication_factor == 1
+        topic_id = result.topic_id
+        assert topic_id is not None and topic_id.int != 0
+        assert {c.name for c in result.configs} >= {"retention.ms", "max.message.bytes"}
+
+        unknown = uuid.uuid4()
+        deleted = conn.request(
+            delete_mod.DeleteTopicsRequest(
+                topics=(
+                    delete_mod.DeleteTopicState(name=None, topic_id=topic_id),
+                    delete_mod.DeleteTopicState(name=None, topic_id=unknown),
+                ),
+                timeout=rawclient.ms(10000),
+            ),
+            delete_resp,
+        )
+        by_id = {r.topic_id: r for r in deleted.responses}
+        assert by_id[topic_id].error_code == 0
+        assert by_id[topic_id].name == topic
+        assert by_id[unknown].error_code == UNKNOWN_TOPIC_ID
+    assert not _topic_exists(b, topic)
+
+
+# -- CreatePartitions -----------------------------------------------------------------------------
+def test_create_partitions(module_broker) -> None:
+    b = module_broker.bootstrap
+    topic = create_topic(b, partitions=2)
+    client = admin(b)
+    fs = client.create_partitions([NewPartitions(topic, 4)], validate_only=True)
+    fs[topic].result(timeout=20)
+    assert _partition_count(b, topic) == 2
+    fs = client.create_partitions([NewPartitions(topic, 5)])
+    fs[topic].result(timeout=20)
+    wait_for_topic(b, topic, 5)
+    fs = client.create_partitions([NewPartitions(topic, 3)])
+    assert _error_code(fs[topic]) == INVALID_PARTITIONS
+    fs = client.create_partitions([NewPartitions(unique_topic("nope"), 3)])
+    (future,) = fs.values()
+    assert _error_code(future) == UNKNOWN_TOPIC_OR_PARTITION
+
+
+# -- DescribeConfigs / AlterConfigs / IncrementalAlterConfigs -------------------------------------
+def test_describe_configs_synonyms(module_broker) -> None:
+    b = module_broker.bootstrap
+    topic = create_topic(b, config={"retention.ms": "1000"})
+    configs = _topic_configs(b, topic, include_synonyms=True)
+    entry = configs["retention.ms"]
+    sources = [(s.name, s.source) for s in entry.synonyms.values()]
+    assert ("retention.ms", ConfigSource.DYNAMIC_TOPIC_CONFIG.value) in sources
+    assert ("log.retention.ms", ConfigSource.DEFAULT_CONFIG.value) in sources
+    assert not entry.is_read_only
+    assert not entry.is_sensitive
+
+
+def test_describe_unknown_topic(module_broker) -> None:
+    b = module_broker.bootstrap
+    resource = ConfigResource(ResourceType.TOPIC, unique_topic("missing"))
+    fs = admin(b).describe_configs([resource], request_timeout=15)
+    assert _error_code(fs[resource]) == UNKNOWN_TOPIC_OR_PARTITION
+
+
+def test_alter_configs_replaces_overrides(module_broker) -> None:
+    b = module_broker.bootstrap
+    topic = create_topic(b, config={"retention.ms": "1000"})
+    resource = ConfigResource(ResourceType.TOPIC, topic, set_config={"segment.ms": "60000"})
+    admin(b).alter_configs([resource])[resource].result(timeout=20)
+    configs = _topic_configs(b, topic)
+    assert configs["segment.ms"].value == "60000"
+    assert configs["segment.ms"].source == ConfigSource.DYNAMIC_TOPIC_CONFIG.value
+    assert configs["retention.ms"].source == ConfigSource.DEFAULT_CONFIG.value
+
+    bad = ConfigResource(ResourceType.TOPIC, topic, set_config={"segment.ms": "0"})
+    assert _error_code(admin(b).alter_configs([bad])[bad]) == INVALID_CONFIG
+
+
+def test_incremental_alter_configs(module_broker) -> None:
+    b = module_broker.bootstrap
+    topic = create_topic(b, config={"retention.ms": "1000"})
+    resource = ConfigResource(
+        ResourceType.TOPIC,
+        topic,
+        incremental_configs=[
+            ConfigEntry("max.message.bytes", "12345", incremental_operation=AlterConfigOpType.SET),
+            ConfigEntry("retention.ms", None, incremental_operation=AlterConfigOpType.DELETE),
+        ],
+    )
+    admin(b).incremental_alter_configs([resource])[resource].result(timeout=20)
+    configs = _topic_configs(b, topic)
+    assert configs["max.message.bytes"].value == "12345"
+    assert configs["retention.ms"].source == ConfigSource.DEFAULT_CONFIG.value
+
+    append = ConfigResource(
+        ResourceType.TOPIC,
+        topic,
+        incremental_configs=[
+            ConfigEntry("retention.ms", "5", incremental_operation=AlterConfigOpType.APPEND)
+        ],
+    )
+    assert _error_code(admin(b).incremental_alter_configs([append])[append]) == INVALID_CONFIG
+
+
+def test_broker_configs(broker) -> None:
+    b = broker.bootstrap
+    client = admin(b)
+    resource = ConfigResource(ResourceType.BROKER, "1")
+    configs = client.describe_configs([resource], request_timeout=15)[resource].result(timeout=20)
+    for name in (
+        "num.partitions",
+        "auto.create.topics.enable",
+        "log.retention.ms",
+        "message.max.bytes",
+        "journal.partitions",
+    ):
+        assert name in configs
+    assert configs["journal.partitions"].is_read_only
+    assert not configs["num.partitions"].is_read_only
+
+    alter = ConfigResource(
+        ResourceType.BROKER,
+        "1",
+        incremental_configs=[
+            ConfigEntry("num.partitions", "3", incremental_operation=AlterConfigOpType.SET)
+        ],
+    )
+    client.incremental_alter_configs([alter])[alter].result(timeout=20)
+    configs = client.describe_configs([resource], request_timeout=15)[resource].result(timeout=20)
+    assert configs["num.partitions"].value == "3"
+    assert configs["num.partitions"].source == ConfigSource.DYNAMIC_BROKER_CONFIG.value
+
+    topic = unique_topic("dyn")
+    _create(b, NewTopic(topic))[topic].result(timeout=20)
+    wait_for_topic(b, topic, 3)
+
+    fixed = ConfigResource(
+        ResourceType.BROKER,
+        "1",
+        incremental_configs=[
+            ConfigEntry("journal.partitions", "8", incremental_operation=AlterConfigOpType.SET)
+        ],
+    )
+    assert _error_code(client.incremental_alter_configs([fixed])[fixed]) == INVALID_REQUEST
+
+
+def test_dynamic_configs_survive_restart(broker) -> None:
+    b = broker.bootstrap
+    topic = create_topic(b, config={"retention.bytes": "1048576"})
+    alter = ConfigResource(
+        ResourceType.BROKER,
+        "1",
+        incremental_configs=[
+            ConfigEntry("log.retention.ms", "7200000", incremental_operation=AlterConfigOpType.SET)
+        ],
+    )
+    admin(b).incremental_alter_configs([alter])[alter].result(timeout=20)
+    broker.restart()
+    configs = _topic_configs(b, topic)
+    assert configs["retention.bytes"].value == "1048576"
+    assert configs["retention.ms"].value == "7200000"
+    assert configs["retention.ms"].source == ConfigSource.DYNAMIC_BROKER_CONFIG.value
+
+
+# -- DescribeCluster ------------------------------------------------------------------------------
+def test_describe_cluster_confluent(module_broker) -> None:
+    b = module_broker.bootstrap
+    result = admin(b).describe_cluster(request_timeout=15).result(timeout=20)
+    assert result.cluster_id
+    assert result.controller.id == 1
+    assert [(n.id, n.host, n.port) for n in result.nodes] == [
+        (1, module_broker.host, module_broker.port)
+    ]
+
+
+# -- kafka-python KafkaAdminClient ----------------------------------------------------------------
+@pytest.fixture
+def kp_admin(module_broker):  # type: ignore[no-untyped-def]
+    client = KafkaAdminClient(bootstrap_servers=module_broker.bootstrap, request_timeout_ms=15000)
+    yield client
+    client.close()
+
+
+def test_kafka_python_topic_lifecycle(module_broker, kp_admin) -> None:
+    b = module_broker.bootstrap
+    topic = unique_topic("kp")
+    kp_admin.create_topics(
+        {
+            topic: {
+                "num_partitions": 2,
+                "replication_factor": 1,
+                "configs": {"retention.ms": "86400000"},
+            }
+        }
+    )
+    wait_for_topic(b, topic, 2)
+    described = kp_admin.describe_configs(
+        [KPConfigResource(ConfigResourceType.TOPIC, topic)], config_filter="all"
+    )
+    flat = str(described)
+    assert "86400000" in flat and "retention.ms" in flat
+
+    kp_admin.alter_configs(
+        [KPConfigResource(ConfigResourceType.TOPIC, topic, {"segment.ms": "120000"})]
+    )
+    assert _topic_configs(b, topic)["segment.ms"].value == "120000"
+
+    kp_admin.create_partitions({topic: 4})
+    wait_for_topic(b, topic, 4)
+
+    kp_admin.delete_topics([topic])
+    assert not _topic_exists(b, topic)
+
+
+def test_kafka_python_describe_cluster(module_broker, kp_admin) -> None:
+    cluster = kp_admin.describe_cluster()
+    assert cluster["controller_id"] == 1
+    assert cluster["cluster_id"]
+    assert [br["broker_id"] for br in cluster["brokers"]] == [1]
