@@ -296,6 +296,31 @@ DYNAMIC_BROKER_CONFIGS: frozenset[str] = frozenset(
     }
 )
 
+_BROKER_DOCS: dict[str, str] = {
+    "auto.create.topics.enable": "Create a topic when a client asks for metadata of a topic "
+    "that does not exist.",
+    "num.partitions": "The default number of partitions of a new topic.",
+    "default.replication.factor": "The default replication factor of a new topic.",
+    "log.message.timestamp.type": "The default message.timestamp.type of a topic.",
+    "log.segment.bytes": "The default segment.bytes of a topic.",
+    "log.roll.ms": "The default segment.ms of a topic.",
+    "log.retention.ms": "The default retention.ms of a topic; -1 keeps data forever.",
+    "log.retention.bytes": "The default retention.bytes of a topic; -1 means no size limit.",
+    "log.retention.check.interval.ms": "How often retention deletes old segments.",
+    "log.index.interval.bytes": "The default index.interval.bytes of a topic.",
+    "log.index.size.max.bytes": "The default segment.index.bytes of a topic.",
+    "message.max.bytes": "The default max.message.bytes of a topic.",
+    "journal.partitions": "How many journal partitions all topic partitions are written "
+    "through (fixed once topics exist).",
+    "journal.segment.bytes": "The segment size of a journal partition.",
+    "journal.flush.policy": "When the journal is fsynced: always (before the ack), interval, "
+    "or never (left to the OS).",
+    "journal.flush.interval.ms": "How often the journal is fsynced under the interval policy.",
+    "queue.checkpoint.interval.ms": "How often queue logs write their recovery checkpoints.",
+    "queue.max.open.files": "The bound on queue-log files kept open.",
+    "log.level": "The broker's log level.",
+}
+
 _LONG_SETTINGS = frozenset({"log_retention_bytes", "journal_segment_bytes", "splitter_batch_bytes"})
 
 
@@ -371,7 +396,7 @@ def _build_broker_configs() -> dict[str, BrokerConfigKey]:
         out[name] = BrokerConfigKey(
             name=name,
             type=_setting_type(attribute, info.annotation),
-            doc=info.description or f"StoneMQ setting {name}",
+            doc=_BROKER_DOCS.get(name) or info.description or f"The {name} setting.",
             attribute=attribute,
             default=default,
             dynamic=name in DYNAMIC_BROKER_CONFIGS,

@@ -45,6 +45,7 @@ __all__ = [
     "InvalidReplicationFactorError",
     "InvalidRequestError",
     "InvalidTopicError",
+    "JournalMappingError",
     "ProduceConfig",
     "TopicAlreadyExistsError",
     "TopicManager",
@@ -83,6 +84,10 @@ class UnknownTopicOrPartitionError(AdminError):
 
 class UnknownTopicIdError(AdminError):
     error_code = ErrorCode.unknown_topic_id
+
+
+class JournalMappingError(Exception):
+    """Stored partitions route to journal partitions that the settings no longer have."""
 
 
 def validate_topic_name(name: str) -> None:
@@ -173,7 +178,15 @@ class TopicManager:
     def register_all_with_storage(self) -> int:
         """Register every stored partition with storage (before recovery). Returns the count."""
         count = 0
+        journals = self.settings.journal_partitions
         for record in self.store.list_topics():
+            highest = max(record.journal_partitions, default=-1)
+            if highest >= journals:
+                raise JournalMappingError(
+                    f"topic {record.name} has a partition routed to journal partition "
+                    f"{highest}, but journal.partitions is {journals}: journal.partitions "
+                    "cannot be lowered once topics exist"
+                )
             log_config = self.effective_config(record.name).log_config
             for partition, journal in enumerate(record.journal_partitions):
                 self.storage.add_partition(

@@ -19,6 +19,7 @@ from stonemq.topic_configs import ConfigOp, ConfigSource, InvalidConfigError, In
 from stonemq.topics import (
     InvalidPartitionsError,
     InvalidTopicError,
+    JournalMappingError,
     TopicAlreadyExistsError,
     TopicManager,
     UnknownTopicIdError,
@@ -206,6 +207,14 @@ def test_register_all_with_storage(
         assert second.configs["a"].retention_bytes == 99
     finally:
         reopened.close()
+
+
+def test_lowering_journal_partitions_is_refused(store: SqliteMetadataStore, tmp_path: Path) -> None:
+    wide = Settings(data_dir=tmp_path, journal_partitions=16)
+    TopicManager(wide, store, RecordingStorage()).create("t", 16)
+    narrow = Settings(data_dir=tmp_path, journal_partitions=4)
+    with pytest.raises(JournalMappingError, match=r"journal\.partitions"):
+        TopicManager(narrow, store, RecordingStorage()).register_all_with_storage()
 
 
 # -- ensure ----------------------------------------------------------------------------------
