@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# Install everything the test suite needs: Debian packages (kcat, node), the Python
+# virtual environment in .venv with the package and its test extras, and kafkajs under
+# tests/js. Idempotent: a second run with nothing changed does nothing and prints nothing.
+# Quiet on success; on failure it prints the failing step's full output and exits non-zero.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+PYTHON="${PYTHON:-python3}"
+VENV="$ROOT/.venv"
+JS_DIR="$ROOT/tests/js"
+
+LOG="$(mktemp -t stonemq-install.XXXXXX)"
+trap 'rm -f "$LOG"' EXIT
+
+# run STEP-NAME CMD...: run CMD with its output captured; show it all if CMD fails.
+run() {
+    local step="$1"
+    shift
+    if ! "$@" >"$LOG" 2>&1; then
+        echo "install-test-deps: FAILED: $step" >&2
+        echo "install-test-deps: command: $*" >&2
+        sed 's/^/    /' "$LOG" >&2
+        exit 1
+    fi
+}
+
+as_root() {
+    if [ "$(id -u)" -eq 0 ]; then
+        "$@"
+    elif command -v sudo >/dev/null 2>&1; then
+        sudo "$@"
+    else
+        echo "install-test-deps: need root (or sudo) to run: $*" >&2
+        return 1
+    fi
+}
+
+# -- Debian packages ------------------------------------------------------------------------
+APT_UPDATED=0
+apt_install() {
+    export DEBIAN_FRONTEND=noninteractive
+    if [ "$APT_UPDATED" -eq 0 ]; then
+        run "apt-get update" as_root apt-get update -qq
+        APT_UPDATED=1
+    fi
+    run "apt-get install $*" as_root apt-get install -y -qq --no-install-recommends "$@"
+}
+
+missing=()
+command -v kcat >/dev/null 2>&1 || missing+=(kcat)
+command -v node >/dev/null 2>&1 || missing+=(nodejs)
+command -v npm >/dev/null 2>&1 || missing+=(npm)
+command -v "$PYTHON" >/dev/null 2>&1 || missing+=(python3)
+if command -v "$PYTHON" >/dev/null 2>&1 && [ ! -x "$VENV/bin/python" ] \
+    && ! "$PYTHON" -c 'import ensurepip, venv' >/dev/null 2>&1; then
+    missing+=(python3-venv)
+fi
+if [ "${#missing[@]}" -gt 0 ]; then
+    apt_install "${missing[@]}"
+fi
+
+if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
+    echo "install-test-deps: $PYTHON is $("$PYTHON" --version 2>&1); StoneMQ needs Python 3.11+" >&2
+    exit 1
+fi
+
+# -- Python virtual environment -------------------------------------------------------------
+if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -c 'import sys' >/dev/null 2>&1; then
+    run "create $VENV" "$PYTHON" -m venv --clear "$VENV"
+fi
+
+# Reinstall only when pyproject.toml changed since the last successful install (or the
+# editable install went missing).
+PY_STAMP="$VENV/.stonemq-test-deps"
+py_want="$(sha256sum "$ROOT/pyproject.toml" | cut -d' ' -f1)"
+py_have="$(cat "$PY_STAMP" 2>/dev/null || true)"
+if [ "$py_want" != "$py_have" ] || [ ! -x "$VENV/bin/stonemq" ] || [ ! -x "$VENV/bin/pytest" ] \
+    || ! "$VENV/bin/python" -c 'import stonemq, confluent_kafka, kafka, aiokafka' >/dev/null 2>&1; then
+    run "pip install -e .[test]" env PIP_DISABLE_PIP_VERSION_CHECK=1 \
+        "$VENV/bin/python" -m pip install --quiet -e "$ROOT[test]"
+    echo "$py_want" >"$PY_STAMP"
+fi
+
+# -- kafkajs ------------------------------------------------------------------------------
+JS_STAMP="$JS_DIR/node_modules/.stonemq-test-deps"
+if [ -f "$JS_DIR/package-lock.json" ]; then
+    js_want="$(cat "$JS_DIR/package.json" "$JS_DIR/package-lock.json" | sha256sum | cut -d' ' -f1)"
+else
+    js_want="$(sha256sum "$JS_DIR/package.json" | cut -d' ' -f1)"
+fi
+js_have="$(cat "$JS_STAMP" 2>/dev/null || true)"
+if [ "$js_want" != "$js_have" ] || [ ! -f "$JS_DIR/node_modules/kafkajs/package.json" ]; then
+    if [ -f "$JS_DIR/package-lock.json" ]; then
+        run "npm ci (tests/js)" npm --prefix "$JS_DIR" ci --no-audit --no-fund --loglevel=error
+    else
+        run "npm install (tests/js)" npm --prefix "$JS_DIR" install --no-audit --no-fund \
+            --loglevel=error
+    fi
+    echo "$js_want" >"$JS_STAMP"
+fi

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Install the test dependencies, lint, and run the whole test suite (every marker: fast,
+# slow, crash, spark). Extra arguments go to pytest, e.g.
+#   ./scripts/test.sh -m 'not slow and not crash and not spark'
+#   ./scripts/test.sh tests/integration/test_kcat.py -x
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+
+"$ROOT/scripts/install-test-deps.sh"
+
+echo "== ruff check stonemq tests"
+"$ROOT/.venv/bin/ruff" check stonemq tests
+
+echo "== pytest $*"
+exec "$ROOT/.venv/bin/pytest" "$@"

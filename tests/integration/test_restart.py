@@ -1,0 +1,129 @@
+"""Data survives a clean stop and start; a data dir in use is locked against a second broker."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+
+import pytest
+from confluent_kafka import TopicPartition
+from confluent_kafka.admin import ConfigResource
+from kafka import KafkaProducer
+
+from .helpers import (
+    CODECS,
+    Msg,
+    admin,
+    assert_same,
+    consume,
+    consumer,
+    create_topic,
+    produce,
+    sample_messages,
+    wait_for_topic,
+)
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def watermarks(bootstrap: str, topic: str, partition: int = 0) -> tuple[int, int]:
+    c = consumer(bootstrap)
+    try:
+        return c.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)
+    finally:
+        c.close()
+
+
+def test_data_survives_restart(broker):
+    b = broker.bootstrap
+    plain = create_topic(b, partitions=3)
+    expected: dict[tuple[str, int], list[Msg]] = {}
+    for p in range(3):
+        expected[(plain, p)] = sample_messages(10 + p, tag=f"p{p}")
+        produce(b, plain, expected[(plain, p)], partition=p, acks="all")
+    for codec in CODECS:
+        topic = create_topic(b)
+        expected[(topic, 0)] = sample_messages(50, tag=codec)
+        produce(b, topic, expected[(topic, 0)], acks="all", **{"compression.type": codec})
+    big_topic = create_topic(b)
+    expected[(big_topic, 0)] = [Msg(b"big", os.urandom(1_000_000), (), int(time.time() * 1000))]
+    produce(b, big_topic, expected[(big_topic, 0)], acks="all", **{"message.max.bytes": 2_000_000})
+
+    broker.restart()
+
+    for (topic, p), msgs in expected.items():
+        if p == 0:
+            wait_for_topic(b, topic, 3 if topic == plain else 1)
+        assert watermarks(b, topic, p) == (0, len(msgs))
+        assert_same(consume(b, topic, len(msgs), partition=p), msgs)
+
+    # appends continue after the last offset
+    more = sample_messages(5, tag="after")
+    assert produce(b, plain, more, partition=1, acks="all") == list(range(11, 16))
+    assert_same(consume(b, plain, 16, partition=1), expected[(plain, 1)] + more)
+
+
+def test_restart_twice_and_idempotent_producer_continues(broker):
+    b = broker.bootstrap
+    topic = create_topic(b)
+    first = sample_messages(8, tag="one")
+    produce(b, topic, first, acks="all")
+    broker.restart()
+    second = sample_messages(4, tag="two")
+    # kafka-python's default (idempotent) producer after a restart: a new producer id works
+    producer = KafkaProducer(bootstrap_servers=b)
+    try:
+        futures = [
+            producer.send(topic, value=m.value, key=m.key, headers=list(m.headers),
+                          partition=0, timestamp_ms=m.timestamp)
+            for m in second
+        ]  # fmt: skip
+        producer.flush(30)
+        assert [f.get(30).offset for f in futures] == [8, 9, 10, 11]
+    finally:
+        producer.close(10)
+    broker.restart()
+    assert_same(consume(b, topic, 12), first + second)
+
+
+def test_created_topics_and_configs_survive_restart(broker):
+    b = broker.bootstrap
+    topic = create_topic(b, partitions=5, config={"retention.ms": "123456789"})
+    broker.restart()
+    wait_for_topic(b, topic, 5)
+    resource = ConfigResource(ConfigResource.Type.TOPIC, topic)
+    configs = admin(b).describe_configs([resource])[resource].result(timeout=15)
+    assert configs["retention.ms"].value == "123456789"
+
+
+def test_second_broker_on_same_data_dir_is_refused(broker, broker_factory):
+    b = broker.bootstrap
+    topic = create_topic(b)
+    msgs = sample_messages(3)
+    produce(b, topic, msgs, acks="all")
+
+    second = broker_factory(data_dir=broker.data_dir, start=False)
+    proc = second.spawn()
+    try:
+        code = proc.wait(20)
+    except subprocess.TimeoutExpired:
+        second.kill()
+        pytest.fail(f"second broker on a locked data dir kept running\n{second.log_tail()}")
+    assert code != 0, f"second broker exited 0\n{second.log_tail()}"
+    assert "lock" in second.log(since_start=True).lower(), second.log_tail()
+    # the first broker is unharmed
+    assert broker.alive
+    assert_same(consume(b, topic, 3), msgs)
+    assert produce(b, topic, msgs, acks="all") == [3, 4, 5]
+
+
+def test_stop_is_clean_and_lock_is_released(broker, broker_factory):
+    b = broker.bootstrap
+    topic = create_topic(b)
+    msgs = sample_messages(4)
+    produce(b, topic, msgs, acks="all")
+    broker.stop()  # asserts exit code 0 within 10 s
+    # the data dir is free again: another broker (new port) takes it and has the data
+    other = broker_factory(data_dir=broker.data_dir)
+    assert_same(consume(other.bootstrap, topic, 4), msgs)
