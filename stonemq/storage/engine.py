@@ -11,9 +11,47 @@ What fetch may read (the high watermark) is what the splitter has split into the
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
+import os
+import shutil
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
+
+from stonemq.protocol.record_batch import set_base_offset
+from stonemq.storage.checkpoint import (
+    JOURNAL_RECOVERY_POINT_FILE,
+    QUEUE_RECOVERY_POINT_FILE,
+    SPLIT_POSITION_FILE,
+    QueueRecoveryPoint,
+    read_positions,
+    read_queue_recovery_points,
+    write_positions,
+    write_queue_recovery_points,
+)
+from stonemq.storage.errors import OffsetOutOfRangeError, StorageError, UnknownPartitionError
+from stonemq.storage.journal import FLUSH_POLICIES, JournalLog, encode_entry_header, fsync_paths
+from stonemq.storage.open_files import OpenFiles
+from stonemq.storage.queue_log import QueueLog, queue_log_dir
+from stonemq.storage.splitter import Splitter
+
+__all__ = [
+    "AppendResult",
+    "BatchHeaderInfo",
+    "LogConfig",
+    "OffsetOutOfRangeError",
+    "ReadResult",
+    "RecoveryReport",
+    "SplitListener",
+    "StorageEngine",
+    "StorageError",
+    "UnknownPartitionError",
+]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,20 +106,25 @@ class RecoveryReport:
     queue_bytes_truncated: int
 
 
-class StorageError(Exception):
-    """An I/O failure (ENOSPC, EIO...) on the journal or a queue log: KAFKA_STORAGE_ERROR."""
-
-
-class OffsetOutOfRangeError(Exception):
-    """Requested offset is below the log start or above the high watermark."""
-
-
-class UnknownPartitionError(Exception):
-    """(topic, partition) was never registered, or its topic was removed."""
-
-
 SplitListener = Callable[[str, int, int], None]
 """Called as ``listener(topic, partition, new_high_watermark)`` after the splitter advances."""
+
+
+class _Partition:
+    """What the engine keeps per registered partition: a few small fields."""
+
+    __slots__ = ("config", "journal", "next_offset", "partition", "queue", "topic", "topic_id")
+
+    def __init__(
+        self, topic_id: bytes, topic: str, partition: int, journal: int, config: LogConfig
+    ) -> None:
+        self.topic_id = topic_id
+        self.topic = topic
+        self.partition = partition
+        self.journal = journal
+        self.config = config
+        self.next_offset = 0  # next offset to assign (log end offset)
+        self.queue: QueueLog | None = None  # opened on first use
 
 
 class StorageEngine:
@@ -101,36 +144,233 @@ class StorageEngine:
         max_open_files: int,
         splitter_batch_bytes: int,
     ) -> None:
-        raise NotImplementedError
+        if flush_policy not in FLUSH_POLICIES:
+            raise ValueError(f"flush_policy must be one of {FLUSH_POLICIES}, not {flush_policy!r}")
+        if journal_partitions < 1:
+            raise ValueError("journal_partitions must be at least 1")
+        self._journal_dir = str(journal_dir)
+        self._queue_dir = str(queue_dir)
+        os.makedirs(self._journal_dir, exist_ok=True)
+        os.makedirs(self._queue_dir, exist_ok=True)
+        self._flush_policy = flush_policy
+        self._flush_interval_ms = flush_interval_ms
+        self._checkpoint_interval_ms = queue_checkpoint_interval_ms
+        self._splitter_batch_bytes = splitter_batch_bytes
+        self._files = OpenFiles(max_open_files)
+        self._journals = [
+            JournalLog(
+                self._journal_partition_dir(j),
+                j,
+                segment_bytes=journal_segment_bytes,
+                flush_policy=flush_policy,
+                on_visible=self._on_journal_visible,
+                on_failed=self._on_journal_failed,
+            )
+            for j in range(journal_partitions)
+        ]
+        self._by_name: dict[tuple[str, int], _Partition] = {}
+        self._by_id: dict[tuple[bytes, int], _Partition] = {}
+        self._topics: dict[str, list[_Partition]] = {}
+        self._queue_rps: dict[tuple[str, int], QueueRecoveryPoint] = {}
+        self._dirty: set[QueueLog] = set()
+        self._splitter: Splitter | None = None
+        self._recovered = False
+        self._closed = False
+        self._listener: SplitListener | None = None
+        self._split_wake: asyncio.Event | None = None
+        self._checkpoint_wake: asyncio.Event | None = None
+        self._checkpoint_lock: asyncio.Lock | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def _journal_partition_dir(self, j: int) -> str:
+        return os.path.join(self._journal_dir, f"journal-{j}")
 
     # -- lifecycle ----------------------------------------------------------------------------
     def add_partition(
-        self, topic_id: uuid.UUID, topic: str, partition: int, journal_partition: int,
+        self,
+        topic_id: uuid.UUID,
+        topic: str,
+        partition: int,
+        journal_partition: int,
         config: LogConfig,
     ) -> None:
         """Register a partition (idempotent). Creates no file until data arrives."""
-        raise NotImplementedError
+        if not 0 <= journal_partition < len(self._journals):
+            raise ValueError(
+                f"journal partition {journal_partition} outside 0..{len(self._journals) - 1}"
+            )
+        key = (topic, partition)
+        tid = topic_id.bytes
+        state = self._by_name.get(key)
+        if state is not None:
+            if state.topic_id == tid:
+                state.config = config
+                if state.queue is not None:
+                    state.queue.config = config
+                return
+            self._forget(state)  # the name now belongs to a new topic
+        state = _Partition(tid, topic, partition, journal_partition, config)
+        self._by_name[key] = state
+        self._by_id[(tid, partition)] = state
+        self._topics.setdefault(topic, []).append(state)
+        if self._recovered and os.path.isdir(self._queue_path(topic, partition)):
+            queue = self._open_queue(state)
+            queue.recover(self._queue_rps.get(key))
+            state.next_offset = queue.next_offset
 
     def update_config(self, topic: str, config: LogConfig) -> None:
-        raise NotImplementedError
+        for state in self._topics.get(topic, ()):
+            state.config = config
+            if state.queue is not None:
+                state.queue.config = config
 
     def remove_topic(self, topic: str) -> None:
         """Forget the topic and delete its queue-log directories; journal entries still
         pending for it are dropped by the splitter."""
-        raise NotImplementedError
+        for state in list(self._topics.get(topic, ())):
+            self._forget(state)
+            shutil.rmtree(self._queue_path(topic, state.partition), ignore_errors=True)
+
+    def _forget(self, state: _Partition) -> None:
+        key = (state.topic, state.partition)
+        self._by_name.pop(key, None)
+        self._by_id.pop((state.topic_id, state.partition), None)
+        self._queue_rps.pop(key, None)
+        states = self._topics.get(state.topic)
+        if states is not None:
+            states.remove(state)
+            if not states:
+                del self._topics[state.topic]
+        if state.queue is not None:
+            self._dirty.discard(state.queue)
+            state.queue.delete()
+            state.queue = None
+
+    def _queue_path(self, topic: str, partition: int) -> str:
+        return queue_log_dir(self._queue_dir, topic, partition)
+
+    def _open_queue(self, state: _Partition) -> QueueLog:
+        queue = state.queue
+        if queue is None:
+            queue = state.queue = QueueLog(
+                self._queue_path(state.topic, state.partition),
+                state.topic,
+                state.partition,
+                state.journal,
+                state.config,
+                self._files,
+            )
+        return queue
+
+    def _resolve(self, topic_id: bytes, partition: int) -> QueueLog | None:
+        state = self._by_id.get((topic_id, partition))
+        if state is None:
+            return None
+        return state.queue or self._open_queue(state)
 
     def recover(self) -> RecoveryReport:
         """Synchronous, before serving: truncate torn journal/queue tails, re-split the journal
         so every queue log holds everything the journal holds, recompute next offsets."""
-        raise NotImplementedError
+        started = time.monotonic()
+        journal_rps = read_positions(os.path.join(self._journal_dir, JOURNAL_RECOVERY_POINT_FILE))
+        split_points = read_positions(os.path.join(self._journal_dir, SPLIT_POSITION_FILE))
+        self._queue_rps = read_queue_recovery_points(
+            os.path.join(self._queue_dir, QUEUE_RECOVERY_POINT_FILE)
+        )
+        journal_cut = 0
+        for j, journal in enumerate(self._journals):
+            journal.close()
+            _, cut = journal.recover(journal_rps.get(j))
+            journal_cut += cut
+        queue_cut = 0
+        for key, state in self._by_name.items():
+            state.queue = None
+            if os.path.isdir(self._queue_path(*key)):
+                queue_cut += self._open_queue(state).recover(self._queue_rps.get(key))
+        starts = []
+        for j, journal in enumerate(self._journals):
+            start = split_points.get(j, journal.start_position)
+            for rp in self._queue_rps.values():
+                if rp.journal_partition == j and rp.journal_position >= 0:
+                    start = min(start, rp.journal_position)
+            starts.append(min(max(start, journal.start_position), journal.written_end))
+        if self._splitter is not None:
+            self._splitter.close()
+        self._splitter = Splitter(
+            [j.directory for j in self._journals], starts, self._resolve, self._splitter_batch_bytes
+        )
+        replayed = 0
+        for j, journal in enumerate(self._journals):
+            advanced: set[QueueLog] = set()
+            replayed += self._splitter.split_to(j, journal.written_end, advanced)
+            self._dirty |= advanced
+        for state in self._by_name.values():
+            state.next_offset = state.queue.next_offset if state.queue is not None else 0
+        self._recovered = True
+        report = RecoveryReport(time.monotonic() - started, replayed, journal_cut, queue_cut)
+        log.info(
+            "storage recovered in %.3f s: %d journal bytes re-split, %d journal bytes and %d "
+            "queue bytes truncated",
+            report.duration_s,
+            replayed,
+            journal_cut,
+            queue_cut,
+        )
+        return report
+
+    def _ensure_recovered(self) -> None:
+        if not self._recovered:
+            self.recover()
 
     def start(self, listener: SplitListener) -> None:
         """Start the journal flusher and the splitter on the running event loop."""
-        raise NotImplementedError
+        self._ensure_recovered()
+        assert self._splitter is not None
+        loop = asyncio.get_running_loop()
+        self._listener = listener
+        self._split_wake = asyncio.Event()
+        self._checkpoint_wake = asyncio.Event()
+        self._checkpoint_lock = asyncio.Lock()
+        journals = self._journals
+        self._tasks = [
+            loop.create_task(
+                self._splitter.run(
+                    lambda j: journals[j].visible_end, self._split_wake, self._on_split
+                ),
+                name="stonemq-splitter",
+            ),
+            loop.create_task(self._checkpoint_loop(), name="stonemq-checkpoint"),
+        ]
+        if self._flush_policy == "interval":
+            self._tasks.append(
+                loop.create_task(self._interval_fsync_loop(), name="stonemq-journal-fsync")
+            )
 
     async def close(self) -> None:
         """Finish pending writes, split what is left, flush and write checkpoints."""
-        raise NotImplementedError
+        if self._closed:
+            return
+        self._closed = True
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks = []
+        if self._recovered and self._splitter is not None:
+            for journal in self._journals:
+                await journal.drain()
+            advanced: set[QueueLog] = set()
+            for j, journal in enumerate(self._journals):
+                self._splitter.split_to(j, journal.visible_end, advanced)
+            self._on_split(advanced)
+            if self._checkpoint_lock is None:
+                self._checkpoint_lock = asyncio.Lock()
+            await self._flush_queues(list(self._dirty), journal_to_end=True)
+            self._splitter.close()
+        for journal in self._journals:
+            journal.close()
+        self._files.close_all()
 
     # -- write path ---------------------------------------------------------------------------
     def append(
@@ -138,37 +378,245 @@ class StorageEngine:
     ) -> AppendResult:
         """Assign offsets to one validated RecordBatch v2, patch its base offset in place and
         queue it on its journal partition (group commit). Raises StorageError /
-        UnknownPartitionError synchronously when it cannot even be queued."""
-        raise NotImplementedError
+        UnknownPartitionError synchronously when it cannot even be queued.
+
+        ``batch`` is written by a later loop iteration: do not reuse it before ``written``."""
+        state = self._by_name.get((topic, partition))
+        if state is None:
+            raise UnknownPartitionError(f"{topic}-{partition}")
+        if self._closed:
+            raise StorageError("storage is closed")
+        self._ensure_recovered()
+        journal = self._journals[state.journal]
+        if journal.failed is not None:
+            raise journal.failed
+        base = state.next_offset
+        set_base_offset(batch, 0, base)
+        header = encode_entry_header(state.topic_id, partition, base, record_count, batch)
+        written: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        journal.enqueue(header, batch, (written, state, base, len(header) + len(batch)))
+        state.next_offset = base + record_count
+        queue = state.queue
+        return AppendResult(base, queue.log_start_offset if queue is not None else 0, written)
+
+    def _on_journal_failed(self, metas: list[tuple[Any, Any, int, int]]) -> None:
+        """A journal write failed: give the failed offsets back so no gap is left."""
+        lowest: dict[_Partition, int] = {}
+        for _, state, base, _ in metas:
+            if base < lowest.get(state, base + 1):
+                lowest[state] = base
+        for state, base in lowest.items():
+            state.next_offset = min(state.next_offset, base)
+
+    def _on_journal_visible(self) -> None:
+        if self._split_wake is not None:
+            self._split_wake.set()
+
+    def _on_split(self, advanced: set[QueueLog]) -> None:
+        self._dirty |= advanced
+        listener = self._listener
+        rolled = False
+        for queue in advanced:
+            if queue.unflushed:
+                rolled = True
+            if listener is not None:
+                try:
+                    listener(queue.topic, queue.partition, queue.next_offset)
+                except Exception:
+                    log.exception("split listener failed")
+        if rolled and self._checkpoint_wake is not None:
+            self._checkpoint_wake.set()
+
+    # -- flushing and checkpoints -------------------------------------------------------------
+    async def _interval_fsync_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(self._flush_interval_ms / 1000)
+            for journal in self._journals:
+                end = journal.written_end
+                paths = journal.sync_paths(end)
+                if not paths:
+                    continue
+                try:
+                    await loop.run_in_executor(None, fsync_paths, paths)
+                except OSError as exc:
+                    log.error("journal-%d: fsync failed, offline: %s", journal.index, exc)
+                    journal.failed = StorageError(f"journal-{journal.index} fsync failed: {exc}")
+                    continue
+                journal.mark_durable(end)
+
+    async def _checkpoint_loop(self) -> None:
+        assert self._checkpoint_wake is not None
+        interval_s = self._checkpoint_interval_ms / 1000
+        deadline = time.monotonic() + interval_s
+        while True:
+            timeout = max(deadline - time.monotonic(), 0)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._checkpoint_wake.wait(), timeout)
+            self._checkpoint_wake.clear()
+            if time.monotonic() >= deadline:
+                deadline = time.monotonic() + interval_s
+                queues = list(self._dirty)  # every dirty queue log
+            else:
+                queues = [q for q in self._dirty if q.unflushed]  # the ones that rolled
+            try:
+                await self._flush_queues(queues)
+            except Exception:
+                log.exception("queue log flush failed")
+                await asyncio.sleep(1.0)
+
+    async def flush(self) -> None:
+        """Flush every dirty queue log and write the checkpoints now."""
+        if self._checkpoint_lock is None:
+            self._checkpoint_lock = asyncio.Lock()
+        await self._flush_queues(list(self._dirty), journal_to_end=True)
+
+    async def _flush_queues(self, queues: list[QueueLog], journal_to_end: bool = False) -> None:
+        """Flush ``queues``: their journals first (single-node rule), then their files, then
+        the checkpoints; then delete journal segments every queue log has flushed past."""
+        assert self._checkpoint_lock is not None and self._splitter is not None
+        async with self._checkpoint_lock:
+            loop = asyncio.get_running_loop()
+            split_positions = list(self._splitter.positions)
+            snapshot: list[tuple[QueueLog, QueueRecoveryPoint, int | None, list[str]]] = []
+            paths: list[str] = []
+            for queue in queues:
+                if queue.segments:
+                    paths.extend(queue.flush_targets())
+                snapshot.append(
+                    (
+                        queue,
+                        queue.recovery_point(),
+                        queue.first_unflushed_journal_position,
+                        queue.unflushed,
+                    )
+                )
+                queue.mark_flushing()
+                self._dirty.discard(queue)
+            try:
+                journal_ends = [
+                    j.written_end if journal_to_end else split_positions[i]
+                    for i, j in enumerate(self._journals)
+                ]
+                journal_paths = []
+                for journal, end in zip(self._journals, journal_ends, strict=True):
+                    journal_paths.extend(journal.sync_paths(end))
+                await loop.run_in_executor(None, fsync_paths, journal_paths)
+                for journal, end in zip(self._journals, journal_ends, strict=True):
+                    journal.mark_durable(end)
+                await loop.run_in_executor(None, fsync_paths, paths)
+            except OSError:
+                for queue, _, first, unflushed in snapshot:  # still dirty: retry next time
+                    if first is not None:
+                        current = queue.first_unflushed_journal_position
+                        queue.first_unflushed_journal_position = (
+                            first if current is None else min(first, current)
+                        )
+                    queue.unflushed = unflushed + queue.unflushed
+                    self._dirty.add(queue)
+                raise
+            for queue, rp, _, _ in snapshot:
+                if queue.segments or rp.offset:
+                    self._queue_rps[(queue.topic, queue.partition)] = rp
+            replay = dict(enumerate(split_positions))
+            for queue in self._dirty:
+                first = queue.first_unflushed_journal_position
+                if first is not None and first < replay[queue.journal_partition]:
+                    replay[queue.journal_partition] = first
+            journal_rps = {j.index: j.durable_end for j in self._journals}
+            queue_rps = {key: rp for key, rp in self._queue_rps.items() if key in self._by_name}
+            await loop.run_in_executor(
+                None, self._write_checkpoints, journal_rps, replay, queue_rps
+            )
+            for journal in self._journals:
+                journal.delete_segments_before(min(replay[journal.index], journal.durable_end))
+
+    def _write_checkpoints(
+        self,
+        journal_rps: dict[int, int],
+        split_positions: dict[int, int],
+        queue_rps: dict[tuple[str, int], QueueRecoveryPoint],
+    ) -> None:
+        write_queue_recovery_points(
+            os.path.join(self._queue_dir, QUEUE_RECOVERY_POINT_FILE), queue_rps
+        )
+        write_positions(os.path.join(self._journal_dir, SPLIT_POSITION_FILE), split_positions)
+        write_positions(os.path.join(self._journal_dir, JOURNAL_RECOVERY_POINT_FILE), journal_rps)
 
     # -- read path ----------------------------------------------------------------------------
+    def _state(self, topic: str, partition: int) -> _Partition:
+        state = self._by_name.get((topic, partition))
+        if state is None:
+            raise UnknownPartitionError(f"{topic}-{partition}")
+        return state
+
     def log_start_offset(self, topic: str, partition: int) -> int:
-        raise NotImplementedError
+        queue = self._state(topic, partition).queue
+        return queue.log_start_offset if queue is not None else 0
 
     def high_watermark(self, topic: str, partition: int) -> int:
         """Next offset past what has been split (what consumers may read)."""
-        raise NotImplementedError
+        queue = self._state(topic, partition).queue
+        return queue.next_offset if queue is not None else 0
 
     def log_end_offset(self, topic: str, partition: int) -> int:
         """Next offset to assign (journal side)."""
-        raise NotImplementedError
+        return self._state(topic, partition).next_offset
 
     def read(self, topic: str, partition: int, offset: int, max_bytes: int) -> ReadResult:
         """Whole batches from the batch containing ``offset``, up to ``max_bytes`` but at least
         one batch; empty data when offset == high watermark. Raises OffsetOutOfRangeError."""
-        raise NotImplementedError
+        queue = self._state(topic, partition).queue
+        if queue is None:
+            if offset != 0:
+                raise OffsetOutOfRangeError(f"{topic}-{partition} offset {offset} (empty log)")
+            return ReadResult(b"", 0, 0)
+        start, hw = queue.log_start_offset, queue.next_offset
+        if offset < start or offset > hw:
+            raise OffsetOutOfRangeError(
+                f"{topic}-{partition} offset {offset} outside [{start}, {hw}]"
+            )
+        data = queue.read(offset, max_bytes) if offset < hw else b""
+        return ReadResult(data, hw, start)
 
     def offset_for_timestamp(
         self, topic: str, partition: int, timestamp_ms: int
     ) -> tuple[int, int] | None:
         """(offset, timestamp) of the first record with timestamp >= timestamp_ms, via the
         time index; None when there is none."""
-        raise NotImplementedError
+        queue = self._state(topic, partition).queue
+        return queue.offset_for_timestamp(timestamp_ms) if queue is not None else None
 
     def max_timestamp(self, topic: str, partition: int) -> tuple[int, int] | None:
         """(offset, timestamp) of the record with the largest timestamp; None if empty."""
-        raise NotImplementedError
+        queue = self._state(topic, partition).queue
+        return queue.max_timestamp() if queue is not None else None
 
     def batch_headers(self, topic: str, partition: int) -> list[BatchHeaderInfo]:
         """Headers of the stored batches that carry a producer id (newest last)."""
-        raise NotImplementedError
+        queue = self._state(topic, partition).queue
+        if queue is None:
+            return []
+        return [
+            BatchHeaderInfo(
+                h.base_offset,
+                h.last_offset,
+                h.producer_id,
+                h.producer_epoch,
+                h.base_sequence,
+                h.max_timestamp,
+            )
+            for h in queue.batch_headers()
+            if h.producer_id >= 0
+        ]
+
+    # -- introspection (tests, metrics) -------------------------------------------------------
+    @property
+    def open_files(self) -> int:
+        return len(self._files)
+
+    def split_positions(self) -> list[int]:
+        return list(self._splitter.positions) if self._splitter is not None else []
+
+    def journal_ends(self) -> list[int]:
+        return [j.written_end for j in self._journals]

@@ -1,0 +1,15 @@
+"""The storage package's exceptions (re-exported by :mod:`stonemq.storage.engine`)."""
+
+from __future__ import annotations
+
+
+class StorageError(Exception):
+    """An I/O failure (ENOSPC, EIO...) on the journal or a queue log: KAFKA_STORAGE_ERROR."""
+
+
+class OffsetOutOfRangeError(Exception):
+    """Requested offset is below the log start or above the high watermark."""
+
+
+class UnknownPartitionError(Exception):
+    """(topic, partition) was never registered, or its topic was removed."""

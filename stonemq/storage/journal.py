@@ -1,0 +1,571 @@
+"""The JournalLog: one journal partition's append-only segments on the write directory.
+
+Every topic partition routed to a journal partition is written here first, in arrival order,
+with group commit: appends queue in memory and one flush per event-loop iteration writes them
+all with one ``os.write`` (and one fsync, in a thread, under ``flush_policy == "always"``).
+
+Segments live in ``<journal_dir>/journal-<j>/`` and are named by the journal *position* (a byte
+position that only grows across the segments of one journal partition) they start at, zero
+padded to 20 digits: ``00000000000000000000.journal``. An entry never spans two segments.
+
+Entry format, version 1 (big-endian; the one place that defines it)::
+
+    0  length        u32   bytes after this field
+    4  crc           u32   CRC-32C of bytes 8..end
+    8  version       u8    ENTRY_VERSION
+    9  topic id      16 B  UUID bytes
+    25 partition     i32
+    29 base offset   i64   equals the RecordBatch's own base offset
+    37 record count  i32
+    41 batch         RecordBatch v2 bytes
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import contextlib
+import logging
+import os
+import struct
+from collections.abc import Callable
+from typing import Any
+
+from crc32c import crc32c
+
+from stonemq.storage.errors import StorageError
+
+log = logging.getLogger(__name__)
+
+ENTRY_VERSION = 1
+_ENTRY_HEADER = struct.Struct(">IIB16siqi")
+_ENTRY_TAIL = struct.Struct(">B16siqi")  # the part of the header the CRC covers
+ENTRY_HEADER_SIZE = _ENTRY_HEADER.size  # 41
+_LENGTH_MIN = ENTRY_HEADER_SIZE - 4  # an entry with an empty batch
+ENTRY_MAX_BYTES = 1 << 30  # a larger length field can only be garbage
+
+SEGMENT_SUFFIX = ".journal"
+
+FLUSH_POLICIES = ("always", "interval", "never")
+
+_OPEN_FLAGS = os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
+
+
+class CorruptEntryError(Exception):
+    """A journal entry whose length, version or CRC is wrong."""
+
+
+def encode_entry_header(
+    topic_id: bytes, partition: int, base_offset: int, record_count: int, batch: Any
+) -> bytes:
+    """The 41-byte entry header for ``batch`` (the batch follows it unchanged)."""
+    tail = _ENTRY_TAIL.pack(ENTRY_VERSION, topic_id, partition, base_offset, record_count)
+    crc = crc32c(batch, crc32c(tail))
+    return struct.pack(">II", len(tail) + 4 + len(batch), crc) + tail
+
+
+def encode_entry(
+    topic_id: bytes, partition: int, base_offset: int, record_count: int, batch: Any
+) -> bytes:
+    return encode_entry_header(topic_id, partition, base_offset, record_count, batch) + bytes(batch)
+
+
+class JournalEntry:
+    """One decoded entry; ``batch`` is a view into the buffer it was read from."""
+
+    __slots__ = (
+        "base_offset",
+        "batch",
+        "partition",
+        "position",
+        "record_count",
+        "size",
+        "topic_id",
+    )
+
+    def __init__(
+        self,
+        position: int,
+        size: int,
+        topic_id: bytes,
+        partition: int,
+        base_offset: int,
+        record_count: int,
+        batch: memoryview,
+    ) -> None:
+        self.position = position
+        self.size = size
+        self.topic_id = topic_id
+        self.partition = partition
+        self.base_offset = base_offset
+        self.record_count = record_count
+        self.batch = batch
+
+    @property
+    def end(self) -> int:
+        return self.position + self.size
+
+
+def entry_size_at(buf: memoryview, pos: int) -> int:
+    """Total size of the entry starting at ``pos`` (needs 4 bytes); checks the length field."""
+    (length,) = struct.unpack_from(">I", buf, pos)
+    if length < _LENGTH_MIN or length > ENTRY_MAX_BYTES:
+        raise CorruptEntryError(f"entry length {length} out of range")
+    return length + 4
+
+
+def decode_entries(
+    buf: memoryview, position: int, verify: bool = True
+) -> tuple[list[JournalEntry], int]:
+    """Whole entries at the start of ``buf`` (which starts at journal ``position``) and the
+    number of bytes they take. Stops at a partial entry; raises CorruptEntryError at a bad
+    one (entries before it are lost to the caller: use :func:`scan_valid` to keep them)."""
+    entries: list[JournalEntry] = []
+    pos = 0
+    n = len(buf)
+    unpack = _ENTRY_HEADER.unpack_from
+    while n - pos >= ENTRY_HEADER_SIZE:
+        length, crc, version, topic_id, partition, base_offset, count = unpack(buf, pos)
+        if length < _LENGTH_MIN or length > ENTRY_MAX_BYTES:
+            raise CorruptEntryError(f"entry length {length} out of range at {position + pos}")
+        end = pos + 4 + length
+        if end > n:
+            break
+        if version != ENTRY_VERSION:
+            raise CorruptEntryError(f"entry version {version} at {position + pos}")
+        if verify and crc32c(buf[pos + 8 : end]) != crc:
+            raise CorruptEntryError(f"entry CRC mismatch at {position + pos}")
+        entries.append(
+            JournalEntry(
+                position + pos,
+                end - pos,
+                topic_id,
+                partition,
+                base_offset,
+                count,
+                buf[pos + ENTRY_HEADER_SIZE : end],
+            )
+        )
+        pos = end
+    return entries, pos
+
+
+def segment_name(position: int) -> str:
+    return f"{position:020d}{SEGMENT_SUFFIX}"
+
+
+def list_segments(directory: str) -> list[int]:
+    """Sorted start positions of the segments in ``directory``."""
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return []
+    bases = []
+    for name in names:
+        if name.endswith(SEGMENT_SUFFIX) and name[: -len(SEGMENT_SUFFIX)].isdigit():
+            bases.append(int(name[: -len(SEGMENT_SUFFIX)]))
+    bases.sort()
+    return bases
+
+
+def fsync_paths(paths: list[str]) -> None:
+    """fsync files by path (thread-safe: own descriptors). A deleted file needs no sync."""
+    for path in paths:
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            continue
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+class JournalReader:
+    """Reads entries of one journal partition from its files, by journal position.
+
+    Independent of :class:`JournalLog` (the files are the hand-off), so the Splitter can run in
+    another process. It keeps one descriptor: the segment it last read.
+    """
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+        self._bases: list[int] = list_segments(directory)
+        self._fd = -1
+        self._fd_base = -1
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+        self._fd = -1
+        self._fd_base = -1
+
+    def first_position(self) -> int:
+        self._bases = list_segments(self.directory)
+        return self._bases[0] if self._bases else 0
+
+    def _pread(self, pos: int, n: int) -> bytes:
+        """Up to ``n`` bytes from journal ``pos``, within the segment holding ``pos``."""
+        for attempt in range(2):
+            i = bisect.bisect_right(self._bases, pos) - 1
+            if i >= 0:
+                base = self._bases[i]
+                if self._fd_base != base:
+                    self.close()
+                    try:
+                        self._fd = os.open(
+                            os.path.join(self.directory, segment_name(base)), os.O_RDONLY
+                        )
+                    except FileNotFoundError:
+                        self._bases = list_segments(self.directory)
+                        continue
+                    self._fd_base = base
+                data = os.pread(self._fd, n, pos - base)
+                if data or attempt:
+                    return data
+            # past the known segments or at a segment's end: a roll may have added one
+            self._bases = list_segments(self.directory)
+        return b""
+
+    def read(
+        self, pos: int, limit: int, max_bytes: int, verify: bool = True
+    ) -> tuple[list[JournalEntry], int]:
+        """Whole entries from ``pos`` up to ``limit`` (roughly ``max_bytes`` of them, at least
+        one entry when one is there) and the position after them."""
+        want = min(max_bytes, limit - pos)
+        if want <= 0:
+            return [], pos
+        data = memoryview(self._pread(pos, want))
+        entries, used = decode_entries(data, pos, verify)
+        if not entries and len(data) >= 4:
+            size = entry_size_at(data, 0)  # one entry bigger than max_bytes
+            if size <= limit - pos:
+                data = memoryview(self._pread(pos, size))
+                entries, used = decode_entries(data, pos, verify)
+        return entries, pos + used
+
+
+_PendingMeta = tuple[asyncio.Future[None], Any, int, int]
+"""(written future, partition state, base offset, entry size) of one queued entry."""
+
+
+class JournalLog:
+    """The append side of one journal partition: segments, group commit, fsync policy."""
+
+    def __init__(
+        self,
+        directory: str,
+        index: int,
+        *,
+        segment_bytes: int,
+        flush_policy: str,
+        on_visible: Callable[[], None] | None = None,
+        on_failed: Callable[[list[_PendingMeta]], None] | None = None,
+    ) -> None:
+        if flush_policy not in FLUSH_POLICIES:
+            raise ValueError(f"flush_policy must be one of {FLUSH_POLICIES}")
+        self.directory = directory
+        self.index = index
+        self.segment_bytes = segment_bytes
+        self.flush_policy = flush_policy
+        self.on_visible = on_visible or (lambda: None)
+        self.on_failed = on_failed or (lambda metas: None)
+        os.makedirs(directory, exist_ok=True)
+        self.segments: list[int] = list_segments(directory)
+        self._fd = -1
+        self.active_size = 0
+        self.written_end = 0  # bytes in the files
+        self.durable_end = 0  # bytes known fsynced
+        self.failed: StorageError | None = None
+        self._pending: list[Any] = []
+        self._pending_meta: list[_PendingMeta] = []
+        self._flush_scheduled = False
+        self._fsync_in_flight: asyncio.Future[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    # -- opening and recovery -------------------------------------------------------------
+    def path(self, base: int) -> str:
+        return os.path.join(self.directory, segment_name(base))
+
+    @property
+    def start_position(self) -> int:
+        return self.segments[0] if self.segments else 0
+
+    def recover(self, recovery_point: int | None) -> tuple[int, int]:
+        """Scan from ``recovery_point`` (None: the first segment) to the end checking every
+        entry's CRC; truncate a torn or garbage tail. Returns (bytes scanned, bytes cut)."""
+        self.segments = list_segments(self.directory)
+        if not self.segments:
+            self._open_active(0)
+            return 0, 0
+        first, last = self.segments[0], self.segments[-1]
+        last_end = last + os.path.getsize(self.path(last))
+        start = first if recovery_point is None else recovery_point
+        if not first <= start <= last_end:
+            log.warning(
+                "journal-%d: recovery point %s outside [%d, %d]; scanning everything",
+                self.index,
+                recovery_point,
+                first,
+                last_end,
+            )
+            start = first
+        reader = JournalReader(self.directory)
+        pos = start
+        reason = ""
+        try:
+            while True:
+                try:
+                    _entries, nxt = reader.read(pos, last_end, 8 << 20, verify=True)
+                except CorruptEntryError as exc:
+                    # keep the valid entries before the bad one
+                    reason = str(exc)
+                    nxt = self._valid_prefix(reader, pos, last_end)
+                    pos = nxt
+                    break
+                if nxt == pos:
+                    break
+                pos = nxt
+        finally:
+            reader.close()
+        end = pos
+        truncated = last_end - end
+        if truncated > 0:
+            for base in self.segments:
+                seg_end = base + os.path.getsize(self.path(base))
+                if base > end:
+                    os.unlink(self.path(base))
+                elif seg_end > end:
+                    os.truncate(self.path(base), end - base)
+            # bytes in segments that start past a hole are counted in last_end - end already
+            log.warning(
+                "journal-%d: truncated %d bytes at position %d (%s)",
+                self.index,
+                truncated,
+                end,
+                reason or "torn entry at the tail, or a hole between segments",
+            )
+            self.segments = [b for b in self.segments if b <= end]
+        self._open_active(self.segments[-1] if self.segments else end)
+        return end - start, max(truncated, 0)
+
+    def _valid_prefix(self, reader: JournalReader, pos: int, limit: int) -> int:
+        """The end of the valid entries from ``pos``, one entry at a time."""
+        while pos < limit:
+            try:
+                _entries, nxt = reader.read(pos, limit, 1, verify=True)
+            except CorruptEntryError:
+                return pos
+            if nxt == pos:
+                return pos
+            pos = nxt
+        return pos
+
+    def _open_active(self, base: int) -> None:
+        if not self.segments or self.segments[-1] != base:
+            self.segments.append(base)
+        self._fd = os.open(self.path(base), _OPEN_FLAGS, 0o644)
+        self.active_size = os.fstat(self._fd).st_size
+        self.written_end = base + self.active_size
+        self.durable_end = self.written_end
+
+    def open(self) -> None:
+        """Open for appending without a recovery scan (a fresh or trusted journal)."""
+        if self._fd < 0:
+            self.segments = list_segments(self.directory)
+            self._open_active(self.segments[-1] if self.segments else 0)
+
+    # -- group commit ---------------------------------------------------------------------
+    @property
+    def visible_end(self) -> int:
+        """How far the splitter may read: fsynced bytes under ``always``, else written ones."""
+        return self.durable_end if self.flush_policy == "always" else self.written_end
+
+    @property
+    def has_pending(self) -> bool:
+        return bool(self._pending_meta) or self._fsync_in_flight is not None
+
+    def enqueue(self, header: bytes, batch: Any, meta: _PendingMeta) -> None:
+        """Queue one entry; the flush runs once per event-loop iteration."""
+        if self.failed is not None:
+            raise self.failed
+        self._pending.append(header)
+        self._pending.append(batch)
+        self._pending_meta.append(meta)
+        if not self._flush_scheduled and self._fsync_in_flight is None:
+            self._flush_scheduled = True
+            loop = self._loop
+            if loop is None:
+                loop = self._loop = asyncio.get_running_loop()
+            loop.call_soon(self._flush)
+
+    def _roll(self, to_sync: list[tuple[int, bool]]) -> None:
+        old_fd, old_base = self._fd, self.segments[-1]
+        base = self.written_end
+        self._fd = os.open(self.path(base), _OPEN_FLAGS, 0o644)
+        self.segments.append(base)
+        self.active_size = 0
+        if self.flush_policy == "always":
+            to_sync.append((old_fd, True))  # fsynced and closed with this flush's fsync
+        else:
+            os.close(old_fd)
+            if self.flush_policy == "interval" and self._loop is not None:
+                paths = [self.path(old_base)]
+                end = base
+
+                def synced(f: asyncio.Future[None]) -> None:
+                    if f.exception() is None:
+                        self.durable_end = max(self.durable_end, end)
+                    else:
+                        log.error("journal-%d: fsync on roll failed: %s", self.index, f.exception())
+
+                self._loop.run_in_executor(None, fsync_paths, paths).add_done_callback(synced)
+
+    def _write(self, buf: bytes) -> None:
+        start = self.active_size
+        view = memoryview(buf)
+        done = 0
+        try:
+            while done < len(view):
+                done += os.pwrite(self._fd, view[done:], start + done)
+        except OSError:
+            try:
+                os.ftruncate(self._fd, start)
+            except OSError as exc:
+                self.failed = StorageError(f"journal-{self.index} cannot truncate: {exc}")
+            raise
+        self.active_size += len(view)
+        self.written_end += len(view)
+
+    def _flush(self) -> None:
+        """Write every queued entry (one write per segment), then fsync or resolve."""
+        self._flush_scheduled = False
+        if self._fsync_in_flight is not None or not self._pending_meta:
+            return
+        pieces, metas = self._pending, self._pending_meta
+        self._pending, self._pending_meta = [], []
+        to_sync: list[tuple[int, bool]] = []
+        n = len(metas)
+        i = 0
+        failed_from = n
+        error: BaseException | None = None
+        while i < n:
+            try:
+                if self.active_size > 0 and self.active_size + metas[i][3] > self.segment_bytes:
+                    self._roll(to_sync)
+                total = self.active_size + metas[i][3]
+                k = i + 1
+                while k < n and total + metas[k][3] <= self.segment_bytes:
+                    total += metas[k][3]
+                    k += 1
+                self._write(b"".join(pieces[2 * i : 2 * k]))
+            except OSError as exc:
+                failed_from, error = i, exc
+                break
+            i = k
+        if failed_from < n:
+            failed = metas[failed_from:]
+            log.error("journal-%d: write of %d entries failed: %s", self.index, len(failed), error)
+            self.on_failed(failed)
+            for meta in failed:
+                if not meta[0].done():
+                    meta[0].set_exception(StorageError(f"journal write failed: {error}"))
+        written = metas[:failed_from]
+        if not written:
+            for fd, _ in to_sync:
+                os.close(fd)
+            return
+        if self.flush_policy == "always":
+            to_sync.append((self._fd, False))
+            end = self.written_end
+            loop = self._loop or asyncio.get_running_loop()
+            fut = loop.run_in_executor(None, _fsync_fds, to_sync)
+            self._fsync_in_flight = fut
+            fut.add_done_callback(lambda f: self._fsynced(f, end, written))
+            return
+        for meta in written:
+            if not meta[0].done():
+                meta[0].set_result(None)
+        self.on_visible()
+
+    def _fsynced(self, fut: asyncio.Future[None], end: int, written: list[_PendingMeta]) -> None:
+        self._fsync_in_flight = None
+        exc = fut.exception()
+        if exc is None:
+            self.durable_end = max(self.durable_end, end)
+            for meta in written:
+                if not meta[0].done():
+                    meta[0].set_result(None)
+            self.on_visible()
+        else:
+            # after a failed fsync the page cache state is unknown: stop taking writes
+            log.error("journal-%d: fsync failed, journal partition offline: %s", self.index, exc)
+            self.failed = StorageError(f"journal-{self.index} fsync failed: {exc}")
+            for meta in written:
+                if not meta[0].done():
+                    meta[0].set_exception(StorageError(f"journal fsync failed: {exc}"))
+        if self._pending_meta and not self._flush_scheduled:
+            self._flush_scheduled = True
+            (self._loop or asyncio.get_running_loop()).call_soon(self._flush)
+
+    async def drain(self) -> None:
+        """Wait until nothing is queued or being fsynced."""
+        while self.has_pending:
+            if self._fsync_in_flight is not None:
+                await asyncio.wait([self._fsync_in_flight])
+            elif self._pending_meta:
+                if self._loop is None:
+                    self._loop = asyncio.get_running_loop()
+                self._flush_scheduled = False
+                self._flush()
+            await asyncio.sleep(0)
+
+    # -- durability and retention ---------------------------------------------------------
+    def sync_paths(self, end: int) -> list[str]:
+        """Segment paths to fsync so that everything before ``end`` is durable."""
+        if self.durable_end >= end:
+            return []
+        paths = []
+        for i, base in enumerate(self.segments):
+            seg_end = self.segments[i + 1] if i + 1 < len(self.segments) else self.written_end
+            if seg_end > self.durable_end and base < end:
+                paths.append(self.path(base))
+        return paths
+
+    def mark_durable(self, end: int) -> None:
+        self.durable_end = max(self.durable_end, end)
+
+    def fsync_now(self) -> None:
+        """Blocking fsync of everything written (recovery and shutdown)."""
+        fsync_paths(self.sync_paths(self.written_end))
+        self.durable_end = self.written_end
+
+    def delete_segments_before(self, position: int) -> int:
+        """Delete whole non-active segments that end at or before ``position``."""
+        deleted = 0
+        while len(self.segments) > 1 and self.segments[1] <= position:
+            base = self.segments.pop(0)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.path(base))
+            deleted += 1
+        return deleted
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
+def _fsync_fds(fds: list[tuple[int, bool]]) -> None:
+    """fsync descriptors in a thread; close the ones flagged (rolled segments)."""
+    error: OSError | None = None
+    for fd, close in fds:
+        try:
+            os.fsync(fd)
+        except OSError as exc:
+            error = error or exc
+        finally:
+            if close:
+                os.close(fd)
+    if error is not None:
+        raise error

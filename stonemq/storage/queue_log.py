@@ -1,0 +1,363 @@
+"""The QueueLog: one topic partition's Kafka-layout log on the read directory.
+
+``<queue_dir>/<topic>-<partition>/`` holds segments ``<base offset>.log`` with their ``.index``
+and ``.timeindex``. Only the Splitter appends (batches that are already in the journal), so
+everything in a QueueLog is split and may be served: its next offset is the high watermark.
+A QueueLog holds a few small fields and its segment list; files are opened through the
+:class:`OpenFiles` cache on use.
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import logging
+import operator
+import os
+import shutil
+import time
+
+from stonemq.protocol.record_batch import (
+    TIMESTAMP_LOG_APPEND_TIME,
+    BatchHeader,
+    iter_records,
+    parse_header,
+)
+from stonemq.storage.checkpoint import QueueRecoveryPoint
+from stonemq.storage.open_files import OpenFiles
+from stonemq.storage.segment import (
+    INDEX_SUFFIX,
+    LOG_SUFFIX,
+    TIME_INDEX_SUFFIX,
+    Segment,
+    segment_file,
+)
+
+log = logging.getLogger(__name__)
+
+_base = operator.attrgetter("base_offset")
+_MAX_RELATIVE_OFFSET = (1 << 31) - 1
+
+
+def queue_log_dir(queue_dir: str, topic: str, partition: int) -> str:
+    return os.path.join(queue_dir, f"{topic}-{partition}")
+
+
+class QueueLog:
+    """Segments of one topic partition, appended by the Splitter, read by fetches."""
+
+    __slots__ = (
+        "config",
+        "created_ms",
+        "directory",
+        "files",
+        "first_unflushed_journal_position",
+        "journal_partition",
+        "last_journal_position",
+        "next_offset",
+        "partition",
+        "segments",
+        "topic",
+        "unflushed",
+    )
+
+    def __init__(
+        self,
+        directory: str,
+        topic: str,
+        partition: int,
+        journal_partition: int,
+        config: object,
+        files: OpenFiles,
+    ) -> None:
+        self.directory = directory
+        self.topic = topic
+        self.partition = partition
+        self.journal_partition = journal_partition
+        self.config = config  # a LogConfig: segment_bytes, segment_ms, index_interval_bytes...
+        self.files = files
+        self.segments: list[Segment] = []
+        self.next_offset = 0
+        self.created_ms = 0  # when the active segment was created (segment.ms fallback)
+        self.last_journal_position = -1  # journal position of the last entry split in
+        # journal position of the first entry split in since the last flush; None when clean
+        self.first_unflushed_journal_position: int | None = None
+        self.unflushed: list[str] = []  # files of segments sealed since the last flush
+
+    # -- state ----------------------------------------------------------------------------
+    @property
+    def dirty(self) -> bool:
+        return self.first_unflushed_journal_position is not None or bool(self.unflushed)
+
+    @property
+    def log_start_offset(self) -> int:
+        return self.segments[0].base_offset if self.segments else self.next_offset
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(s.size for s in self.segments)
+
+    def recovery_point(self) -> QueueRecoveryPoint:
+        active = self.segments[-1] if self.segments else None
+        return QueueRecoveryPoint(
+            self.next_offset,
+            active.base_offset if active else self.next_offset,
+            active.size if active else 0,
+            self.journal_partition,
+            self.last_journal_position,
+        )
+
+    def flush_targets(self) -> list[str]:
+        """Files to fsync for a flush: sealed-since-last-flush ones and the active segment's."""
+        paths = list(self.unflushed)
+        if self.segments:
+            paths.extend(self.segments[-1].paths)
+        return paths
+
+    def mark_flushing(self) -> None:
+        """A flush has taken the current state; later appends make the log dirty again."""
+        self.first_unflushed_journal_position = None
+        self.unflushed = []
+
+    # -- write ----------------------------------------------------------------------------
+    def append(self, batch: memoryview, journal_position: int) -> bool:
+        """Append one batch from the journal entry at ``journal_position``. Returns False
+        (and changes nothing) when the log already holds its offsets: re-splitting is a no-op.
+        """
+        header = parse_header(batch)
+        if header.base_offset < self.next_offset:
+            return False
+        if header.base_offset > self.next_offset and self.segments:
+            log.warning(
+                "%s-%d: offsets %d..%d missing before split batch at %d",
+                self.topic,
+                self.partition,
+                self.next_offset,
+                header.base_offset - 1,
+                header.base_offset,
+            )
+        if not self.segments:
+            os.makedirs(self.directory, exist_ok=True)
+            self._new_segment(header.base_offset)
+        elif self._should_roll(self.segments[-1], header):
+            self.roll(header.base_offset)
+        self.segments[-1].append(self.files, batch, header, self.config.index_interval_bytes)
+        self.next_offset = header.next_offset
+        self.last_journal_position = journal_position
+        if self.first_unflushed_journal_position is None:
+            self.first_unflushed_journal_position = journal_position
+        return True
+
+    def _should_roll(self, seg: Segment, header: BatchHeader) -> bool:
+        if seg.size == 0:
+            return False
+        config = self.config
+        if seg.size + header.size > config.segment_bytes:
+            return True
+        if header.last_offset - seg.base_offset > _MAX_RELATIVE_OFFSET:
+            return True
+        index_bytes = config.segment_index_bytes
+        if (seg.offset_index.entries + 1) * 8 > index_bytes:
+            return True
+        if (seg.time_index.entries + 1) * 12 > index_bytes:
+            return True
+        if seg.first_timestamp is not None and seg.first_timestamp >= 0:
+            waited = header.max_timestamp - seg.first_timestamp
+        else:
+            waited = int(time.time() * 1000) - self.created_ms
+        return waited > config.segment_ms
+
+    def _new_segment(self, base_offset: int) -> None:
+        self.segments.append(Segment(self.directory, base_offset))
+        self.created_ms = int(time.time() * 1000)
+
+    def roll(self, base_offset: int) -> None:
+        """Seal the active segment and start one at ``base_offset``; the sealed files are
+        fsynced by the next flush."""
+        active = self.segments[-1]
+        active.seal(self.files)
+        self.unflushed.extend(active.paths)
+        for path in active.paths:
+            self.files.close(path)
+        self._new_segment(base_offset)
+
+    # -- read -----------------------------------------------------------------------------
+    def _segment_index(self, offset: int) -> int:
+        return max(bisect.bisect_right(self.segments, offset, key=_base) - 1, 0)
+
+    def read(self, offset: int, max_bytes: int) -> bytes:
+        """Whole batches from the one holding ``offset``, up to ``max_bytes`` (at least one),
+        all from one segment as Kafka does."""
+        if offset >= self.next_offset:
+            return b""
+        for seg in self.segments[self._segment_index(offset) :]:
+            found = seg.find_batch(self.files, offset)
+            if found is not None:
+                return seg.read_batches(self.files, found[0], max_bytes)
+        return b""
+
+    def offset_for_timestamp(self, timestamp_ms: int) -> tuple[int, int] | None:
+        """(offset, timestamp) of the first record with timestamp >= ``timestamp_ms``."""
+        files = self.files
+        for seg in self.segments:
+            max_ts, _ = seg.ensure_max_timestamp(files)
+            if max_ts < timestamp_ms:
+                continue
+            start_offset = seg.time_index.lookup_before(files, timestamp_ms)
+            _, start = seg.offset_index.lookup(
+                files, seg.base_offset - 1 if start_offset is None else start_offset - 1
+            )
+            for pos, header in seg.iter_headers(files, start):
+                if header.max_timestamp < timestamp_ms:
+                    continue
+                if header.timestamp_type == TIMESTAMP_LOG_APPEND_TIME:
+                    return header.base_offset, header.max_timestamp
+                for record in iter_records(seg.read(files, pos, header.size)):
+                    if record.timestamp >= timestamp_ms:
+                        return record.offset, record.timestamp
+        return None
+
+    def max_timestamp(self) -> tuple[int, int] | None:
+        """(offset, timestamp) of the first record with the largest timestamp."""
+        best: tuple[int, int, Segment] | None = None
+        for seg in self.segments:
+            ts, offset = seg.ensure_max_timestamp(self.files)
+            if ts >= 0 and (best is None or ts > best[0]):
+                best = (ts, offset, seg)
+        if best is None:
+            return None
+        ts, offset, seg = best
+        found = seg.find_batch(self.files, offset)
+        if found is None:
+            return None
+        pos, header = found
+        if header.timestamp_type == TIMESTAMP_LOG_APPEND_TIME:
+            return header.base_offset, header.max_timestamp
+        for record in iter_records(seg.read(self.files, pos, header.size)):
+            if record.timestamp == header.max_timestamp:
+                return record.offset, record.timestamp
+        return header.last_offset, header.max_timestamp
+
+    def batch_headers(self) -> list[BatchHeader]:
+        """Headers of every stored batch, oldest first (header reads only)."""
+        headers = []
+        for seg in self.segments:
+            headers.extend(h for _, h in seg.iter_headers(self.files))
+        return headers
+
+    # -- recovery and removal -------------------------------------------------------------
+    def recover(self, recovery_point: QueueRecoveryPoint | None) -> int:
+        """Load the segments; keep the flushed part (up to ``recovery_point``), validate the
+        batches after it by CRC and truncate at the first bad one; rebuild the indexes past
+        it. Returns the bytes truncated."""
+        files = self.files
+        bases = _list_bases(self.directory)
+        self.segments = [Segment(self.directory, base) for base in bases]
+        for seg in self.segments:
+            seg.size = os.path.getsize(seg.log_path)
+        if not self.segments:
+            self.next_offset = recovery_point.offset if recovery_point else 0
+            if self.next_offset:
+                log.warning(
+                    "%s-%d: no segments although flushed up to offset %d",
+                    self.topic,
+                    self.partition,
+                    self.next_offset,
+                )
+            return 0
+        start_index = 0
+        start_pos = 0
+        expected = self.segments[0].base_offset
+        if recovery_point is not None:
+            for i, seg in enumerate(self.segments):
+                if seg.base_offset == recovery_point.segment_base:
+                    if seg.size >= recovery_point.position:
+                        start_index = i
+                        start_pos = recovery_point.position
+                        expected = recovery_point.offset
+                    break
+            else:
+                log.warning(
+                    "%s-%d: recovery point segment %d missing; validating every segment",
+                    self.topic,
+                    self.partition,
+                    recovery_point.segment_base,
+                )
+        for seg in self.segments[:start_index]:
+            seg.load_counts()
+        truncated = 0
+        interval = self.config.index_interval_bytes
+        for i in range(start_index, len(self.segments)):
+            seg = self.segments[i]
+            if i > start_index:
+                if seg.base_offset < expected:
+                    truncated += self._drop_from(i, "overlapping offsets")
+                    break
+                expected = seg.base_offset
+                start_pos = 0
+            seg.restore(files, start_pos, expected)
+            expected, cut = seg.recover_tail(files, start_pos, expected, interval)
+            if cut:
+                truncated += cut
+                log.warning(
+                    "%s-%d: truncated %d bytes of %s at position %d (torn or corrupt batch)",
+                    self.topic,
+                    self.partition,
+                    cut,
+                    os.path.basename(seg.log_path),
+                    seg.size,
+                )
+                truncated += self._drop_from(i + 1, "after a truncation")
+                break
+        if self.segments and self.segments[-1].size == 0 and len(self.segments) > 1:
+            self._drop_from(len(self.segments) - 1, "empty")
+        self.next_offset = expected
+        for seg in self.segments[:-1]:
+            for path in seg.paths:
+                files.close(path)
+        if self.segments:
+            self.created_ms = int(time.time() * 1000)
+        return truncated
+
+    def _drop_from(self, index: int, why: str) -> int:
+        dropped = 0
+        for seg in self.segments[index:]:
+            dropped += seg.size
+            for path in seg.paths:
+                self.files.close(path)
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
+            log.warning(
+                "%s-%d: deleted segment %d (%s)", self.topic, self.partition, seg.base_offset, why
+            )
+        del self.segments[index:]
+        return dropped
+
+    def delete(self) -> None:
+        """Remove the directory and everything in it."""
+        self.files.close_under(self.directory)
+        shutil.rmtree(self.directory, ignore_errors=True)
+        self.segments = []
+
+    def close(self) -> None:
+        self.files.close_under(self.directory)
+
+
+def _list_bases(directory: str) -> list[int]:
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return []
+    bases = []
+    for name in names:
+        stem, ext = os.path.splitext(name)
+        if ext == LOG_SUFFIX and stem.isdigit():
+            bases.append(int(stem))
+        elif (
+            ext in (INDEX_SUFFIX, TIME_INDEX_SUFFIX)
+            and stem.isdigit()
+            and not os.path.exists(segment_file(directory, int(stem), LOG_SUFFIX))
+        ):
+            os.unlink(os.path.join(directory, name))  # an index without its log
+    bases.sort()
+    return bases

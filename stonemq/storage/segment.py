@@ -1,0 +1,235 @@
+"""One queue-log segment: the ``<base offset>.log`` file of RecordBatch v2 batches, as Kafka
+stores them, with its offset index and time index.
+
+Batches are opaque bytes here: appends parse only the 61-byte header, reads walk the batch
+length fields. Files are reached through the :class:`OpenFiles` cache and never held open.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from collections.abc import Iterator
+
+from stonemq.protocol.record_batch import (
+    HEADER_SIZE,
+    LOG_OVERHEAD,
+    BatchHeader,
+    RecordBatchError,
+    crc_ok,
+    parse_header,
+)
+from stonemq.storage.offset_index import OffsetIndex
+from stonemq.storage.open_files import OpenFiles
+from stonemq.storage.time_index import TimeIndex
+
+LOG_SUFFIX = ".log"
+INDEX_SUFFIX = ".index"
+TIME_INDEX_SUFFIX = ".timeindex"
+
+_LENGTH = struct.Struct(">i")
+_SCAN_CHUNK_BYTES = 64 * 1024
+_VALIDATE_CHUNK_BYTES = 8 * 1024 * 1024
+
+
+def segment_file(directory: str, base_offset: int, suffix: str) -> str:
+    return os.path.join(directory, f"{base_offset:020d}{suffix}")
+
+
+class Segment:
+    """A ``.log`` file plus its indexes; ``size`` is the bytes of whole batches in it."""
+
+    __slots__ = (
+        "base_offset",
+        "bytes_since_index",
+        "first_timestamp",
+        "log_path",
+        "max_timestamp",
+        "max_timestamp_offset",
+        "offset_index",
+        "size",
+        "time_index",
+    )
+
+    def __init__(self, directory: str, base_offset: int) -> None:
+        self.base_offset = base_offset
+        self.log_path = segment_file(directory, base_offset, LOG_SUFFIX)
+        self.offset_index = OffsetIndex(
+            segment_file(directory, base_offset, INDEX_SUFFIX), base_offset
+        )
+        self.time_index = TimeIndex(
+            segment_file(directory, base_offset, TIME_INDEX_SUFFIX), base_offset
+        )
+        self.size = 0
+        self.bytes_since_index = 0
+        # (max timestamp, base offset of the first batch with it); None until computed for a
+        # segment loaded from disk
+        self.max_timestamp: int | None = -1
+        self.max_timestamp_offset = -1
+        self.first_timestamp: int | None = None  # max timestamp of the first batch (segment.ms)
+
+    @property
+    def paths(self) -> tuple[str, str, str]:
+        return self.log_path, self.offset_index.path, self.time_index.path
+
+    # -- write ----------------------------------------------------------------------------
+    def append(
+        self, files: OpenFiles, batch: memoryview, header: BatchHeader, index_interval_bytes: int
+    ) -> None:
+        """Write one whole batch at the end (a failed write leaves ``size`` unchanged)."""
+        fd = files.get(self.log_path)
+        pos = self.size
+        done = 0
+        n = len(batch)
+        while done < n:
+            done += os.pwrite(fd, batch[done:], pos + done)
+        self.size = pos + n
+        self.track(files, header, pos, index_interval_bytes)
+
+    def track(
+        self, files: OpenFiles, header: BatchHeader, pos: int, index_interval_bytes: int
+    ) -> None:
+        """Index bookkeeping for the batch at ``pos`` (appends and recovery)."""
+        if self.first_timestamp is None:
+            self.first_timestamp = header.max_timestamp
+        if self.max_timestamp is not None and header.max_timestamp > self.max_timestamp:
+            self.max_timestamp = header.max_timestamp
+            self.max_timestamp_offset = header.base_offset
+        if self.bytes_since_index > index_interval_bytes:
+            self.offset_index.append(files, header.last_offset, pos)
+            if self.max_timestamp is not None:
+                self.time_index.maybe_append(files, self.max_timestamp, self.max_timestamp_offset)
+            self.bytes_since_index = 0
+        self.bytes_since_index += header.size
+
+    def seal(self, files: OpenFiles) -> None:
+        """The segment stops being active: record its max timestamp in the time index."""
+        if self.max_timestamp is not None and self.max_timestamp >= 0:
+            self.time_index.maybe_append(files, self.max_timestamp, self.max_timestamp_offset)
+
+    # -- read -----------------------------------------------------------------------------
+    def read(self, files: OpenFiles, pos: int, n: int) -> bytes:
+        return os.pread(files.get(self.log_path), n, pos)
+
+    def iter_headers(
+        self, files: OpenFiles, start: int = 0, end: int | None = None
+    ) -> Iterator[tuple[int, BatchHeader]]:
+        """(position, header) of each batch from ``start`` (a batch boundary) to ``end``."""
+        stop = self.size if end is None else min(end, self.size)
+        pos = start
+        while stop - pos >= HEADER_SIZE:
+            chunk = os.pread(files.get(self.log_path), min(_SCAN_CHUNK_BYTES, stop - pos), pos)
+            at = 0
+            while len(chunk) - at >= HEADER_SIZE:
+                header = parse_header(chunk, at)
+                yield pos + at, header
+                at += header.size
+            if at == 0:
+                return
+            pos += at
+
+    def find_batch(self, files: OpenFiles, offset: int) -> tuple[int, BatchHeader] | None:
+        """(position, header) of the first batch whose last offset is >= ``offset``."""
+        _, start = self.offset_index.lookup(files, offset)
+        for pos, header in self.iter_headers(files, start):
+            if header.last_offset >= offset:
+                return pos, header
+        return None
+
+    def read_batches(self, files: OpenFiles, pos: int, max_bytes: int) -> bytes:
+        """Whole batches from ``pos`` up to ``max_bytes``, at least one batch."""
+        data = os.pread(
+            files.get(self.log_path), min(max(max_bytes, HEADER_SIZE), self.size - pos), pos
+        )
+        n = len(data)
+        at = 0
+        while n - at >= LOG_OVERHEAD:
+            size = _LENGTH.unpack_from(data, at + 8)[0] + LOG_OVERHEAD
+            if at + size > n:
+                break
+            at += size
+        if at == 0 and n >= LOG_OVERHEAD:  # the first batch alone is bigger than max_bytes
+            size = _LENGTH.unpack_from(data, 8)[0] + LOG_OVERHEAD
+            return os.pread(files.get(self.log_path), size, pos)
+        return data if at == n else data[:at]
+
+    def ensure_max_timestamp(self, files: OpenFiles) -> tuple[int, int]:
+        """(max timestamp, its batch's base offset); from the time index for a sealed segment
+        loaded from disk (its last entry was written when it was sealed)."""
+        if self.max_timestamp is None:
+            self.time_index.load(files)
+            self.max_timestamp = self.time_index.last_timestamp
+            self.max_timestamp_offset = self.time_index.last_offset
+        return self.max_timestamp, self.max_timestamp_offset
+
+    # -- recovery -------------------------------------------------------------------------
+    def load_counts(self) -> None:
+        """Index entry counts from the file sizes (no open); for trusted, sealed segments."""
+        self.offset_index.entries = _size(self.offset_index.path) // 8
+        self.time_index.entries = _size(self.time_index.path) // 12
+        self.max_timestamp = None  # computed on demand
+
+    def restore(self, files: OpenFiles, trusted: int, next_offset: int) -> None:
+        """Trust the first ``trusted`` bytes: cut index entries past them and recompute the
+        in-memory stats from the indexes and the batches after the last index entry."""
+        self.offset_index.load(files)
+        self.time_index.load(files)
+        self.offset_index.truncate_to_position(files, trusted)
+        self.time_index.truncate_to_offset(files, next_offset)
+        self.max_timestamp = self.time_index.last_timestamp
+        self.max_timestamp_offset = self.time_index.last_offset
+        start = 0
+        if self.offset_index.entries:
+            start = self.offset_index.entry(files, self.offset_index.entries - 1)[1]
+        self.size = trusted
+        self.first_timestamp = None
+        if trusted >= HEADER_SIZE:
+            self.first_timestamp = parse_header(self.read(files, 0, HEADER_SIZE)).max_timestamp
+        for _, header in self.iter_headers(files, start, trusted):
+            if header.max_timestamp > self.max_timestamp:
+                self.max_timestamp = header.max_timestamp
+                self.max_timestamp_offset = header.base_offset
+        self.bytes_since_index = trusted - start
+
+    def recover_tail(
+        self, files: OpenFiles, start: int, next_offset: int, index_interval_bytes: int
+    ) -> tuple[int, int]:
+        """Validate the batches from ``start`` (CRC, magic, offsets not going backwards),
+        re-index them and cut the file at the first bad one. Returns (next offset, bytes cut)."""
+        fd = files.get(self.log_path)
+        file_size = os.fstat(fd).st_size
+        pos = start
+        while pos < file_size:
+            chunk = os.pread(fd, min(_VALIDATE_CHUNK_BYTES, file_size - pos), pos)
+            at = 0
+            while len(chunk) - at >= HEADER_SIZE:
+                try:
+                    header = parse_header(chunk, at)
+                except RecordBatchError:
+                    break
+                if at + header.size > len(chunk):
+                    if at == 0 and pos + header.size <= file_size:
+                        chunk = os.pread(fd, header.size, pos)  # one batch bigger than a chunk
+                        continue
+                    break
+                if header.base_offset < next_offset or not crc_ok(chunk, at, header):
+                    break
+                self.size = pos + at + header.size
+                self.track(files, header, pos + at, index_interval_bytes)
+                next_offset = header.next_offset
+                at += header.size
+            if pos + at == self.size and at > 0 and pos + at < file_size:
+                pos += at
+                continue
+            break
+        cut = file_size - self.size
+        if cut:
+            os.ftruncate(fd, self.size)
+        return next_offset, cut
+
+
+def _size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except FileNotFoundError:
+        return 0

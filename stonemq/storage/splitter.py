@@ -1,0 +1,112 @@
+"""The Splitter: tails each JournalLog and writes every entry's batch into its QueueLog.
+
+State is plain: a :class:`JournalReader` and a split position per journal partition, and a
+``resolve`` function from (topic id, partition) to a QueueLog (None for a deleted topic, whose
+entries are skipped). The journal files are the hand-off, so the same object can later run in
+its own process. :meth:`Splitter.step` is synchronous and bounded (``batch_bytes`` of journal);
+:meth:`Splitter.run` is the asyncio driver used inside the broker.
+
+Splitting is idempotent: an entry whose offsets the QueueLog already holds is skipped, so the
+journal can be re-split from any earlier position after a crash.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+from stonemq.protocol.record_batch import RecordBatchError
+from stonemq.storage.errors import StorageError
+from stonemq.storage.journal import JournalReader
+from stonemq.storage.queue_log import QueueLog
+
+log = logging.getLogger(__name__)
+
+Resolver = Callable[[bytes, int], "QueueLog | None"]
+
+_RETRY_AFTER_ERROR_S = 1.0
+
+
+class Splitter:
+    """Moves journal entries into QueueLogs, journal partition by journal partition."""
+
+    def __init__(
+        self,
+        journal_dirs: list[str],
+        positions: list[int],
+        resolve: Resolver,
+        batch_bytes: int,
+    ) -> None:
+        self.readers = [JournalReader(d) for d in journal_dirs]
+        self.positions = list(positions)  # split position per journal partition
+        self.resolve = resolve
+        self.batch_bytes = batch_bytes
+        self.bytes_split = 0
+
+    def step(self, j: int, limit: int, advanced: set[QueueLog]) -> int:
+        """Split entries of journal ``j`` from its split position, at most about
+        ``batch_bytes`` of them, never past ``limit`` (the journal's written end). Adds the
+        QueueLogs that grew to ``advanced``; returns the journal bytes consumed."""
+        pos = self.positions[j]
+        if pos >= limit:
+            return 0
+        entries, end = self.readers[j].read(pos, limit, self.batch_bytes, verify=False)
+        resolve = self.resolve
+        for entry in entries:
+            queue = resolve(entry.topic_id, entry.partition)
+            if queue is None:
+                continue  # its topic was deleted
+            try:
+                if queue.append(entry.batch, entry.position):
+                    advanced.add(queue)
+            except RecordBatchError as exc:
+                log.error(
+                    "journal-%d: skipping entry at %d with a bad batch: %s", j, entry.position, exc
+                )
+            except OSError as exc:
+                self.positions[j] = entry.position
+                raise StorageError(
+                    f"cannot write {queue.topic}-{queue.partition} from journal-{j}: {exc}"
+                ) from exc
+        self.positions[j] = end
+        self.bytes_split += end - pos
+        return end - pos
+
+    def split_to(self, j: int, limit: int, advanced: set[QueueLog]) -> int:
+        """Split everything of journal ``j`` below ``limit`` (recovery and shutdown)."""
+        total = 0
+        while True:
+            n = self.step(j, limit, advanced)
+            if n == 0:
+                return total
+            total += n
+
+    async def run(
+        self,
+        limit: Callable[[int], int],
+        wake: asyncio.Event,
+        on_step: Callable[[set[QueueLog]], None],
+    ) -> None:
+        """Split forever: a bounded step per journal partition, then yield to the loop; sleep
+        on ``wake`` (set when a journal flush lands) when every journal is split."""
+        while True:
+            wake.clear()
+            progressed = False
+            for j in range(len(self.readers)):
+                advanced: set[QueueLog] = set()
+                try:
+                    if self.step(j, limit(j), advanced):
+                        progressed = True
+                except StorageError as exc:
+                    log.error("splitter: %s; retrying", exc)
+                    await asyncio.sleep(_RETRY_AFTER_ERROR_S)
+                if advanced:
+                    on_step(advanced)
+                await asyncio.sleep(0)
+            if not progressed:
+                await wake.wait()
+
+    def close(self) -> None:
+        for reader in self.readers:
+            reader.close()
