@@ -111,13 +111,13 @@ class Broker:
         return env
 
     def spawn(self) -> subprocess.Popen[bytes]:
-        """Start the process without waiting for it (see :meth:`start`)."""
+        """Start the process (``self.proc``) without waiting for it (see :meth:`start`)."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("ab") as fh:
             fh.write(f"---- {' '.join(self.command())}\n".encode())
             self._log_start = fh.tell()
-            return subprocess.Popen(
+            self.proc = subprocess.Popen(
                 self.command(),
                 stdin=subprocess.DEVNULL,
                 stdout=fh,
@@ -126,11 +126,13 @@ class Broker:
                 env=self.environment(),
                 preexec_fn=_die_with_parent,
             )
+        return self.proc
 
     def start(self, timeout: float = READY_TIMEOUT_S) -> Broker:
         """Start the broker and wait for its ``ready`` line and an open port."""
         assert self.proc is None or self.proc.poll() is not None, "broker already running"
-        self.proc = self.spawn()
+        self.spawn()
+        assert self.proc is not None
         deadline = time.monotonic() + timeout
         while True:
             if _READY.search(self.log(since_start=True)) and self._accepts_connections():

@@ -1,0 +1,187 @@
+"""Produce and Fetch semantics checked on the wire: batches stored as produced (never
+recompressed), response fields, LogAppendTime, zstd only to Fetch v10+, long polling."""
+
+from __future__ import annotations
+
+import struct
+import threading
+import time
+
+import pytest
+from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, TopicPartition
+from kafka.record.default_records import DefaultRecordBatch
+
+from .helpers import (
+    CODECS,
+    assert_same,
+    consume,
+    consumer,
+    create_topic,
+    produce,
+    sample_messages,
+)
+from .rawclient import RawConnection, build_batch, fetch_batches, fetch_raw, produce_raw
+
+pytestmark = pytest.mark.timeout(90)
+
+CODEC_IDS = {"none": 0, "gzip": 1, "snappy": 2, "lz4": 3, "zstd": 4}
+OFFSET_OUT_OF_RANGE = 1
+UNSUPPORTED_COMPRESSION_TYPE = 76
+
+
+def connect(broker) -> RawConnection:
+    return RawConnection(broker.host, broker.port, timeout=15)
+
+
+@pytest.mark.parametrize("codec", CODECS)
+def test_batches_are_stored_as_produced(module_broker, codec):
+    """The batch bytes a client sent come back unchanged but for the base offset."""
+    topic = create_topic(module_broker.bootstrap)
+    sent = []
+    with connect(module_broker) as conn:
+        for i in range(3):
+            batch = build_batch(
+                [(b"k%d" % j, b"value-%d-%d" % (i, j) * 20) for j in range(10)],
+                timestamp=1_700_000_000_000 + i,
+                compression=CODEC_IDS[codec],
+            )
+            part = produce_raw(conn, topic, 0, bytes(batch))
+            assert part.error_code == 0, part
+            assert part.base_offset == 10 * i
+            assert part.log_start_offset == 0
+            sent.append(bytes(batch))
+    stored = fetch_batches(module_broker, topic, 0, 0)
+    assert len(stored) == 3
+    for i, (want, got) in enumerate(zip(sent, stored, strict=True)):
+        assert struct.unpack_from(">q", got, 0)[0] == 10 * i  # base offset assigned
+        assert got[8:] == want[8:], f"batch {i} changed in storage (recompressed?)"
+        parsed = DefaultRecordBatch(got)
+        assert parsed.compression_type == CODEC_IDS[codec]
+        assert parsed.validate_crc()
+
+
+def test_produce_response_fields_create_time(module_broker):
+    topic = create_topic(module_broker.bootstrap)
+    with connect(module_broker) as conn:
+        part = produce_raw(conn, topic, 0, bytes(build_batch([(b"k", b"v")] * 3)), version=8)
+        assert part.error_code == 0
+        assert part.base_offset == 0
+        assert part.log_append_time is None  # -1: the topic uses CreateTime
+        assert part.log_start_offset == 0
+        fetched = fetch_raw(conn, topic, 0, 0)
+        assert fetched.error_code == 0
+        assert fetched.high_watermark == 3
+        assert fetched.last_stable_offset == 3
+        assert fetched.log_start_offset == 0
+
+
+def test_log_append_time_topic(module_broker):
+    b = module_broker.bootstrap
+    topic = create_topic(b, config={"message.timestamp.type": "LogAppendTime"})
+    msgs = sample_messages(5)  # their CreateTimes are an hour old
+    before = int(time.time() * 1000)
+    produce(b, topic, msgs, acks="all")
+    after = int(time.time() * 1000)
+    c = consumer(b)
+    try:
+        c.assign([TopicPartition(topic, 0, 0)])
+        got = []
+        deadline = time.monotonic() + 20
+        while len(got) < 5 and time.monotonic() < deadline:
+            m = c.poll(0.5)
+            if m is not None and m.error() is None:
+                got.append(m)
+        assert len(got) == 5
+        for m, want in zip(got, msgs, strict=True):
+            ts_type, ts = m.timestamp()
+            assert ts_type == TIMESTAMP_LOG_APPEND_TIME
+            assert before - 1000 <= ts <= after + 1000
+            assert (m.key(), m.value()) == (want.key, want.value)
+    finally:
+        c.close()
+    with connect(module_broker) as conn:
+        part = produce_raw(conn, topic, 0, bytes(build_batch([(b"k", b"v")])), version=8)
+        assert part.error_code == 0
+        assert part.log_append_time is not None  # the broker's append time is returned
+        appended_ms = int(part.log_append_time.timestamp() * 1000)
+        assert abs(appended_ms - time.time() * 1000) < 60_000
+
+
+def test_zstd_needs_fetch_v10(module_broker):
+    topic = create_topic(module_broker.bootstrap)
+    with connect(module_broker) as conn:
+        part = produce_raw(conn, topic, 0, bytes(build_batch([(b"k", b"v")] * 5, compression=4)))
+        assert part.error_code == 0
+        old = fetch_raw(conn, topic, 0, 0, version=9)
+        assert old.error_code == UNSUPPORTED_COMPRESSION_TYPE, old.error_code
+        assert not old.records
+        new = fetch_raw(conn, topic, 0, 0, version=10)
+        assert new.error_code == 0
+        assert new.records
+
+
+def test_fetch_out_of_range(module_broker):
+    topic = create_topic(module_broker.bootstrap)
+    with connect(module_broker) as conn:
+        assert produce_raw(conn, topic, 0, bytes(build_batch([(b"k", b"v")] * 2))).error_code == 0
+        at_end = fetch_raw(conn, topic, 0, 2)  # the log end is a valid position: no records
+        assert at_end.error_code == 0 and not at_end.records and at_end.high_watermark == 2
+        past = fetch_raw(conn, topic, 0, 3)
+        assert past.error_code == OFFSET_OUT_OF_RANGE
+        negative = fetch_raw(conn, topic, 0, -5)
+        assert negative.error_code == OFFSET_OUT_OF_RANGE
+
+
+def test_fetch_inside_a_batch_returns_the_whole_batch(module_broker):
+    topic = create_topic(module_broker.bootstrap)
+    with connect(module_broker) as conn:
+        batch = bytes(build_batch([(b"k%d" % i, b"v") for i in range(10)]))
+        assert produce_raw(conn, topic, 0, batch).error_code == 0
+        part = fetch_raw(conn, topic, 0, 7)
+        assert part.error_code == 0
+        assert part.records and struct.unpack_from(">q", part.records, 0)[0] == 0
+        assert bytes(part.records)[8:] == batch[8:]
+
+
+def test_long_poll_is_woken_by_new_data(module_broker):
+    b = module_broker.bootstrap
+    topic = create_topic(b)
+    produced_at: list[float] = []
+
+    def later() -> None:
+        time.sleep(1.0)
+        produced_at.append(time.monotonic())
+        produce(b, topic, sample_messages(1), acks="all")
+
+    with connect(module_broker) as conn:
+        t = threading.Thread(target=later)
+        start = time.monotonic()
+        t.start()
+        part = fetch_raw(conn, topic, 0, 0, max_wait_ms=10_000)
+        answered = time.monotonic()
+        t.join()
+    assert part.error_code == 0
+    assert part.records, "long poll answered without the new data"
+    assert answered - start >= 0.9, "long poll answered before there was data"
+    assert answered - produced_at[0] < 3.0, "long poll not woken promptly by new data"
+
+
+def test_empty_long_poll_waits_max_wait(module_broker):
+    topic = create_topic(module_broker.bootstrap)
+    with connect(module_broker) as conn:
+        start = time.monotonic()
+        part = fetch_raw(conn, topic, 0, 0, max_wait_ms=800)
+        elapsed = time.monotonic() - start
+    assert part.error_code == 0 and not part.records
+    assert 0.7 <= elapsed < 5.0, elapsed
+
+
+def test_many_partitions_round_trip(module_broker):
+    b = module_broker.bootstrap
+    topic = create_topic(b, partitions=50)
+    expected = {}
+    for p in range(0, 50, 7):
+        expected[p] = sample_messages(3, tag=f"mp{p}")
+        assert produce(b, topic, expected[p], partition=p, acks="all") == [0, 1, 2]
+    for p, msgs in expected.items():
+        assert_same(consume(b, topic, 3, partition=p), msgs)
