@@ -9,6 +9,7 @@ import uuid
 import pytest
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import (
+    AdminClient,
     AlterConfigOpType,
     ConfigEntry,
     ConfigResource,
@@ -21,7 +22,7 @@ from kafka.admin import ConfigResource as KPConfigResource
 from kafka.admin import ConfigResourceType, KafkaAdminClient
 
 from . import rawclient
-from .helpers import admin, create_topic, unique_topic, wait_for_topic
+from .helpers import admin, unique_topic, wait_for_topic
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -35,6 +36,18 @@ UNKNOWN_TOPIC_OR_PARTITION = 3
 UNKNOWN_TOPIC_ID = 100
 
 
+_CLIENTS: dict[str, AdminClient] = {}
+
+
+def _admin(bootstrap: str) -> AdminClient:
+    """One AdminClient per broker, kept alive: futures fail with _DESTROY when the client that
+    made them is garbage collected before they resolve."""
+    client = _CLIENTS.get(bootstrap)
+    if client is None:
+        client = _CLIENTS[bootstrap] = admin(bootstrap)
+    return client
+
+
 def _error_code(future) -> int:  # type: ignore[no-untyped-def]
     with pytest.raises(KafkaException) as info:
         future.result(timeout=20)
@@ -42,25 +55,53 @@ def _error_code(future) -> int:  # type: ignore[no-untyped-def]
 
 
 def _create(bootstrap: str, *topics: NewTopic, validate_only: bool = False):  # type: ignore[no-untyped-def]
-    return admin(bootstrap).create_topics(
+    return _admin(bootstrap).create_topics(
         list(topics), validate_only=validate_only, operation_timeout=10, request_timeout=15
     )
 
 
+def create_topic(
+    bootstrap: str,
+    topic: str | None = None,
+    partitions: int = 1,
+    config: dict[str, str] | None = None,
+) -> str:
+    topic = topic or unique_topic()
+    fs = _create(
+        bootstrap,
+        NewTopic(topic, num_partitions=partitions, replication_factor=1, config=config or {}),
+    )
+    fs[topic].result(timeout=20)
+    wait_for_topic(bootstrap, topic, partitions)
+    return topic
+
+
 def _topic_configs(bootstrap: str, topic: str, **kwargs: object) -> dict[str, ConfigEntry]:
     resource = ConfigResource(ResourceType.TOPIC, topic)
-    futures = admin(bootstrap).describe_configs([resource], request_timeout=15, **kwargs)
+    futures = _admin(bootstrap).describe_configs([resource], request_timeout=15, **kwargs)
     return futures[resource].result(timeout=20)
 
 
 def _partition_count(bootstrap: str, topic: str) -> int:
-    md = admin(bootstrap).list_topics(topic, timeout=10)
+    md = _admin(bootstrap).list_topics(topic, timeout=10)
     return len(md.topics[topic].partitions)
 
 
 def _topic_exists(bootstrap: str, topic: str) -> bool:
-    md = admin(bootstrap).list_topics(timeout=10)
-    return topic in md.topics
+    """Whether an all-topics Metadata request lists ``topic`` (never auto-creates it)."""
+    req = rawclient.schema("metadata", 12, "request")
+    resp = rawclient.schema("metadata", 12, "response")
+    host, port = bootstrap.rsplit(":", 1)
+    with rawclient.RawConnection(host, int(port)) as conn:
+        result = conn.request(
+            req.MetadataRequest(
+                topics=None,
+                allow_auto_topic_creation=False,
+                include_topic_authorized_operations=False,
+            ),
+            resp.MetadataResponse,
+        )
+    return topic in {t.name for t in result.topics}
 
 
 # -- CreateTopics (confluent-kafka) ---------------------------------------------------------------
@@ -151,8 +192,8 @@ def test_create_with_replica_assignment(module_broker) -> None:
     bad = unique_topic("assignbad")
     fs = _create(
         b,
-        NewTopic(good, replica_assignment=[[1], [1]]),
-        NewTopic(bad, replica_assignment=[[2]]),
+        NewTopic(good, num_partitions=2, replica_assignment=[[1], [1]]),
+        NewTopic(bad, num_partitions=1, replica_assignment=[[2]]),
     )
     fs[good].result(timeout=20)
     wait_for_topic(b, good, 2)
@@ -163,7 +204,7 @@ def test_create_with_replica_assignment(module_broker) -> None:
 def test_delete_topic(module_broker) -> None:
     b = module_broker.bootstrap
     topic = create_topic(b, partitions=2)
-    fs = admin(b).delete_topics([topic, unique_topic("missing")], operation_timeout=10)
+    fs = _admin(b).delete_topics([topic, unique_topic("missing")], operation_timeout=10)
     fs[topic].result(timeout=20)
     missing = next(name for name in fs if name != topic)
     assert _error_code(fs[missing]) == UNKNOWN_TOPIC_OR_PARTITION
@@ -227,7 +268,7 @@ def test_delete_by_topic_id_raw(module_broker) -> None:
 def test_create_partitions(module_broker) -> None:
     b = module_broker.bootstrap
     topic = create_topic(b, partitions=2)
-    client = admin(b)
+    client = _admin(b)
     fs = client.create_partitions([NewPartitions(topic, 4)], validate_only=True)
     fs[topic].result(timeout=20)
     assert _partition_count(b, topic) == 2
@@ -242,22 +283,57 @@ def test_create_partitions(module_broker) -> None:
 
 
 # -- DescribeConfigs / AlterConfigs / IncrementalAlterConfigs -------------------------------------
-def test_describe_configs_synonyms(module_broker) -> None:
+def test_describe_configs_raw_all_versions(module_broker) -> None:
+    """Synonyms, documentation and config types, which confluent-kafka does not expose."""
     b = module_broker.bootstrap
     topic = create_topic(b, config={"retention.ms": "1000"})
-    configs = _topic_configs(b, topic, include_synonyms=True)
-    entry = configs["retention.ms"]
-    sources = [(s.name, s.source) for s in entry.synonyms.values()]
-    assert ("retention.ms", ConfigSource.DYNAMIC_TOPIC_CONFIG.value) in sources
-    assert ("log.retention.ms", ConfigSource.DEFAULT_CONFIG.value) in sources
-    assert not entry.is_read_only
-    assert not entry.is_sensitive
+    host, port = b.rsplit(":", 1)
+    with rawclient.RawConnection(host, int(port)) as conn:
+        for version in range(1, 5):
+            req = rawclient.schema("describe_configs", version, "request")
+            resp = rawclient.schema("describe_configs", version, "response")
+            request = rawclient.build(
+                req.DescribeConfigsRequest,
+                resources=(
+                    req.DescribeConfigsResource(
+                        resource_type=2, resource_name=topic, configuration_keys=None
+                    ),
+                    req.DescribeConfigsResource(
+                        resource_type=4,
+                        resource_name="1",
+                        configuration_keys=("num.partitions", "log.retention.ms"),
+                    ),
+                ),
+                include_synonyms=True,
+                include_documentation=True,
+            )
+            result = conn.request(request, resp.DescribeConfigsResponse)
+            topic_result, broker_result = result.results
+            assert topic_result.error_code == 0 and broker_result.error_code == 0
+            entries = {c.name: c for c in topic_result.configs}
+            entry = entries["retention.ms"]
+            assert entry.value == "1000"
+            assert entry.config_source == 1  # DYNAMIC_TOPIC_CONFIG
+            assert not entry.read_only and not entry.is_sensitive
+            assert [(s.name, s.value, s.source) for s in entry.synonyms] == [
+                ("retention.ms", "1000", 1),
+                ("log.retention.ms", "604800000", 5),
+            ]
+            assert entries["cleanup.policy"].value == "delete"
+            if version >= 3:
+                assert entry.config_type == 5  # LONG
+                assert entries["cleanup.policy"].config_type == 7  # LIST
+                assert entry.documentation
+            assert sorted(c.name for c in broker_result.configs) == [
+                "log.retention.ms",
+                "num.partitions",
+            ]
 
 
 def test_describe_unknown_topic(module_broker) -> None:
     b = module_broker.bootstrap
     resource = ConfigResource(ResourceType.TOPIC, unique_topic("missing"))
-    fs = admin(b).describe_configs([resource], request_timeout=15)
+    fs = _admin(b).describe_configs([resource], request_timeout=15)
     assert _error_code(fs[resource]) == UNKNOWN_TOPIC_OR_PARTITION
 
 
@@ -265,14 +341,14 @@ def test_alter_configs_replaces_overrides(module_broker) -> None:
     b = module_broker.bootstrap
     topic = create_topic(b, config={"retention.ms": "1000"})
     resource = ConfigResource(ResourceType.TOPIC, topic, set_config={"segment.ms": "60000"})
-    admin(b).alter_configs([resource])[resource].result(timeout=20)
+    _admin(b).alter_configs([resource])[resource].result(timeout=20)
     configs = _topic_configs(b, topic)
     assert configs["segment.ms"].value == "60000"
     assert configs["segment.ms"].source == ConfigSource.DYNAMIC_TOPIC_CONFIG.value
     assert configs["retention.ms"].source == ConfigSource.DEFAULT_CONFIG.value
 
     bad = ConfigResource(ResourceType.TOPIC, topic, set_config={"segment.ms": "0"})
-    assert _error_code(admin(b).alter_configs([bad])[bad]) == INVALID_CONFIG
+    assert _error_code(_admin(b).alter_configs([bad])[bad]) == INVALID_CONFIG
 
 
 def test_incremental_alter_configs(module_broker) -> None:
@@ -286,7 +362,7 @@ def test_incremental_alter_configs(module_broker) -> None:
             ConfigEntry("retention.ms", None, incremental_operation=AlterConfigOpType.DELETE),
         ],
     )
-    admin(b).incremental_alter_configs([resource])[resource].result(timeout=20)
+    _admin(b).incremental_alter_configs([resource])[resource].result(timeout=20)
     configs = _topic_configs(b, topic)
     assert configs["max.message.bytes"].value == "12345"
     assert configs["retention.ms"].source == ConfigSource.DEFAULT_CONFIG.value
@@ -298,12 +374,12 @@ def test_incremental_alter_configs(module_broker) -> None:
             ConfigEntry("retention.ms", "5", incremental_operation=AlterConfigOpType.APPEND)
         ],
     )
-    assert _error_code(admin(b).incremental_alter_configs([append])[append]) == INVALID_CONFIG
+    assert _error_code(_admin(b).incremental_alter_configs([append])[append]) == INVALID_CONFIG
 
 
 def test_broker_configs(broker) -> None:
     b = broker.bootstrap
-    client = admin(b)
+    client = _admin(b)
     resource = ConfigResource(ResourceType.BROKER, "1")
     configs = client.describe_configs([resource], request_timeout=15)[resource].result(timeout=20)
     for name in (
@@ -353,7 +429,7 @@ def test_dynamic_configs_survive_restart(broker) -> None:
             ConfigEntry("log.retention.ms", "7200000", incremental_operation=AlterConfigOpType.SET)
         ],
     )
-    admin(b).incremental_alter_configs([alter])[alter].result(timeout=20)
+    _admin(b).incremental_alter_configs([alter])[alter].result(timeout=20)
     broker.restart()
     configs = _topic_configs(b, topic)
     assert configs["retention.bytes"].value == "1048576"
@@ -364,7 +440,7 @@ def test_dynamic_configs_survive_restart(broker) -> None:
 # -- DescribeCluster ------------------------------------------------------------------------------
 def test_describe_cluster_confluent(module_broker) -> None:
     b = module_broker.bootstrap
-    result = admin(b).describe_cluster(request_timeout=15).result(timeout=20)
+    result = _admin(b).describe_cluster(request_timeout=15).result(timeout=20)
     assert result.cluster_id
     assert result.controller.id == 1
     assert [(n.id, n.host, n.port) for n in result.nodes] == [
