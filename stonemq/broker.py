@@ -20,7 +20,9 @@ class Broker:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         settings.data_dir.mkdir(parents=True, exist_ok=True)
-        self.metadata = SqliteMetadataStore(settings.data_dir / "metadata.db")
+        self.metadata = SqliteMetadataStore(
+            settings.data_dir / "metadata.db", cluster_id=settings.cluster_id
+        )
         self.storage = StorageEngine(
             str(settings.journal_path),
             str(settings.queue_path),

@@ -28,6 +28,11 @@ def _setup_logging(level: str) -> None:
     )
 
 
+@app.callback()
+def _root() -> None:
+    """StoneMQ: a Kafka-compatible broker on journal -> queue-log storage."""
+
+
 @app.command()
 def serve(
     listen: Annotated[

@@ -55,16 +55,30 @@ def test_legacy_request_with_null_client_id() -> None:
     assert decode_request(header, frame, pos).topics is None
 
 
-def test_trailing_bytes_are_rejected() -> None:
+def test_trailing_bytes_after_a_complete_body_are_ignored_like_kafka() -> None:
+    # librdkafka 2.16 sends Metadata v12 with 3 extra bytes; Kafka's parser ignores them.
     frame = _encode(
         Header1,
         Header1(request_api_key=3, request_api_version=1, correlation_id=1, client_id="x"),
         MetadataV1,
         MetadataV1(topics=None),
     )
-    header, pos = parse_header_prefix(frame + b"junk")
+    header, pos = parse_header_prefix(frame + b"\x01\x00\x00")
+    assert decode_request(header, frame + b"\x01\x00\x00", pos).topics is None
+
+
+def test_truncated_body_is_rejected() -> None:
+    frame = _encode(
+        Header2,
+        Header2(request_api_key=3, request_api_version=12, correlation_id=9, client_id="c"),
+        MetadataV12,
+        MetadataV12(
+            topics=(), allow_auto_topic_creation=False, include_topic_authorized_operations=False
+        ),
+    )
+    header, pos = parse_header_prefix(frame[:-2])
     with pytest.raises(RequestDecodeError):
-        decode_request(header, frame + b"junk", pos)
+        decode_request(header, frame[:-2], pos)
 
 
 @pytest.mark.parametrize("frame", [b"", b"\x00\x03", b"\x00\x03\x00\x01\x00\x00\x00\x01\x00\x09ab"])
