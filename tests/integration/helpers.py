@@ -71,7 +71,8 @@ def create_topic(
     config: dict[str, str] | None = None,
 ) -> str:
     topic = topic or unique_topic()
-    futures = admin(bootstrap).create_topics(
+    client = admin(bootstrap)  # kept referenced until its futures resolve
+    futures = client.create_topics(
         [NewTopic(topic, num_partitions=partitions, replication_factor=1, config=config or {})],
         operation_timeout=10,
         request_timeout=15,

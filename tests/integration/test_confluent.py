@@ -184,8 +184,9 @@ def test_list_offsets_specs(module_broker):
         "max_timestamp": (OffsetSpec.max_timestamp(), 2),
         "for_timestamp": (OffsetSpec.for_timestamp(base + 40), 0),
     }
+    client = admin(b)
     for name, (spec, want) in specs.items():
-        result = admin(b).list_offsets({tp: spec}, request_timeout=10)[tp].result(timeout=15)
+        result = client.list_offsets({tp: spec}, request_timeout=10)[tp].result(timeout=15)
         assert result.offset == want, f"{name}: offset {result.offset} != {want}"
         if name == "max_timestamp":
             assert result.timestamp == base + 90

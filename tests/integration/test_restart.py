@@ -93,7 +93,8 @@ def test_created_topics_and_configs_survive_restart(broker):
     broker.restart()
     wait_for_topic(b, topic, 5)
     resource = ConfigResource(ConfigResource.Type.TOPIC, topic)
-    configs = admin(b).describe_configs([resource])[resource].result(timeout=15)
+    client = admin(b)
+    configs = client.describe_configs([resource])[resource].result(timeout=15)
     assert configs["retention.ms"].value == "123456789"
 
 
