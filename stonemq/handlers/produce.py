@@ -16,6 +16,7 @@ broker, the journal is the whole ISR, so 1 and -1 wait for the same thing.
 from __future__ import annotations
 
 import asyncio
+import datetime
 import logging
 import time
 from typing import Any
@@ -116,7 +117,7 @@ async def handle_produce(ctx: RequestContext, request: Any) -> Any:
                         index=r.index,
                         error_code=r.error,
                         base_offset=r.base_offset if r.error == ErrorCode.none else -1,
-                        log_append_time=r.append_time,
+                        log_append_time=_as_datetime(r.append_time),
                         log_start_offset=_log_start(ctx, name, r),
                         record_errors=(),
                         error_message=r.message,
@@ -209,3 +210,10 @@ def _log_start(ctx: RequestContext, topic: str, result: _PartitionResult) -> int
         return ctx.broker.storage.log_start_offset(topic, result.index)
     except UnknownPartitionError:
         return -1
+
+
+def _as_datetime(timestamp_ms: int) -> datetime.datetime | None:
+    """kio's type for log_append_time: None stands for -1 (CreateTime)."""
+    if timestamp_ms < 0:
+        return None
+    return datetime.datetime.fromtimestamp(timestamp_ms / 1000, tz=datetime.UTC)
