@@ -29,6 +29,7 @@ import pytest
 
 READY_TIMEOUT_S = 20.0
 STOP_TIMEOUT_S = 10.0
+CLEAN_EXIT_CODES = (0, -signal.SIGTERM, 128 + signal.SIGTERM)
 LOG_TAIL_LINES = 200
 
 _READY = re.compile(r"\bready\b", re.IGNORECASE)
@@ -162,7 +163,7 @@ class Broker:
         return self.proc is not None and self.proc.poll() is None
 
     def stop(self, timeout: float = STOP_TIMEOUT_S) -> int:
-        """SIGTERM, then assert the broker exits cleanly (code 0) within ``timeout``."""
+        """SIGTERM, then assert the broker exits cleanly within ``timeout``."""
         assert self.proc is not None, "broker was never started"
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
@@ -174,7 +175,11 @@ class Broker:
                     f"broker did not exit within {timeout:.0f}s of SIGTERM\n{self.log_tail()}"
                 ) from None
         code = self.proc.returncode
-        assert code == 0, f"broker exited with code {code} after SIGTERM\n{self.log_tail()}"
+        # 0, or "terminated by SIGTERM" re-raised after a clean shutdown (what a JVM Kafka
+        # reports as 143); anything else is a crash or an error exit
+        assert code in CLEAN_EXIT_CODES, (
+            f"broker exited with code {code} after SIGTERM\n{self.log_tail()}"
+        )
         return code
 
     def kill(self) -> None:

@@ -194,18 +194,31 @@ def consume(
         c.close()
 
 
-def sample_messages(n: int = 10, base_ts: int | None = None, tag: str = "m") -> list[Msg]:
-    """Records exercising keys, null keys, null values, headers (repeated, null) and timestamps."""
+def sample_messages(
+    n: int = 10,
+    base_ts: int | None = None,
+    tag: str = "m",
+    null_headers: bool = True,
+    null_key_and_value: bool = True,
+) -> list[Msg]:
+    """Records exercising keys, null keys, null values, headers (repeated, null) and timestamps.
+
+    Some clients refuse parts of what Kafka allows: kafka-python a null header value
+    (``null_headers=False``), aiokafka a record with neither key nor value
+    (``null_key_and_value=False``).
+    """
     base_ts = base_ts or (int(time.time() * 1000) - 3_600_000)
     out = []
     for i in range(n):
         key = None if i % 4 == 3 else f"{tag}-key-{i}".encode()
         value = None if i % 5 == 4 else f"{tag}-value-{i}-".encode() + os.urandom(8) * (i + 1)
+        if key is None and value is None and not null_key_and_value:
+            key = f"{tag}-key-{i}".encode()
         headers: tuple[tuple[str, bytes | None], ...] = ()
         if i % 3 == 0:
             headers = (("h1", f"v{i}".encode()), ("h1", b"again"), ("empty", b""))
         elif i % 3 == 1:
-            headers = (("null-header", None), ("bin", bytes(range(256))))
+            headers = (("null-header", None if null_headers else b""), ("bin", bytes(range(256))))
         out.append(Msg(key, value, headers, base_ts + i * 7))
     return out
 

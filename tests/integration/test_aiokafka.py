@@ -78,7 +78,7 @@ async def aio_consume(
 def test_round_trip(module_broker):
     b = module_broker.bootstrap
     topic = create_topic(b)
-    msgs = sample_messages(25, tag="aio")
+    msgs = sample_messages(25, tag="aio", null_key_and_value=False)
     assert asyncio.run(aio_produce(b, topic, msgs)) == list(range(25))
     got = asyncio.run(aio_consume(b, topic, 25))
     assert [m.offset for m in got] == list(range(25))
@@ -93,7 +93,7 @@ def test_null_values_and_keys(module_broker):
     msgs = [
         Msg(b"k", None, (), ts),
         Msg(None, b"v", (("h", b"x"),), ts + 1),
-        Msg(None, None, (), ts + 2),
+        Msg(None, b"", (), ts + 2),  # aiokafka refuses a record with neither key nor value
         Msg(b"", b"", (("", b""),), ts + 3),  # empty is not null
     ]
     assert asyncio.run(aio_produce(b, topic, msgs)) == [0, 1, 2, 3]
@@ -104,13 +104,14 @@ def test_null_values_and_keys(module_broker):
 def test_compression_round_trip(module_broker, codec):
     b = module_broker.bootstrap
     topic = create_topic(b)
-    msgs = sample_messages(120, tag=codec)
+    msgs = sample_messages(120, tag=codec, null_key_and_value=False)
     offsets = asyncio.run(aio_produce(b, topic, msgs, compression_type=codec, linger_ms=20))
     assert offsets == list(range(120))
     assert_same(asyncio.run(aio_consume(b, topic, 120)), msgs)
     assert_same(asyncio.run(aio_consume(b, topic, 20, offset=100)), msgs[100:])
 
 
+@pytest.mark.slow
 def test_one_million_byte_message(module_broker):
     b = module_broker.bootstrap
     topic = create_topic(b)
@@ -122,6 +123,6 @@ def test_one_million_byte_message(module_broker):
 def test_idempotent_producer(module_broker):
     b = module_broker.bootstrap
     topic = create_topic(b)
-    msgs = sample_messages(10, tag="idem")
+    msgs = sample_messages(10, tag="idem", null_key_and_value=False)
     assert asyncio.run(aio_produce(b, topic, msgs, enable_idempotence=True)) == list(range(10))
     assert_same(asyncio.run(aio_consume(b, topic, 10)), msgs)

@@ -240,6 +240,7 @@ def test_produce_to_bad_topic_name(module_broker, healthy, name):
 
 
 # -- connections -----------------------------------------------------------------------------
+@pytest.mark.slow
 def test_thousand_idle_connections(module_broker, healthy):
     socks = []
     try:

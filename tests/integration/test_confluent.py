@@ -95,6 +95,7 @@ def test_message_larger_than_max_message_bytes_is_rejected(module_broker):
         c.close()
 
 
+@pytest.mark.slow
 def test_topic_max_message_bytes_raised(module_broker):
     b = module_broker.bootstrap
     topic = create_topic(b, config={"max.message.bytes": "3000000"})

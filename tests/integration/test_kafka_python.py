@@ -83,7 +83,7 @@ def kp_consume(
 def test_default_idempotent_producer_round_trip(module_broker):
     b = module_broker.bootstrap
     topic = create_topic(b)
-    msgs = sample_messages(30, tag="kp")
+    msgs = sample_messages(30, tag="kp", null_headers=False, null_key_and_value=False)
     assert kp_produce(b, topic, msgs) == list(range(30))
     got = kp_consume(b, topic, 30)
     assert [m.offset for m in got] == list(range(30))
@@ -96,7 +96,7 @@ def test_idempotent_batches_carry_producer_id(module_broker):
     """The stored batches keep the producer id, epoch and sequences the producer wrote."""
     b = module_broker.bootstrap
     topic = create_topic(b)
-    msgs = sample_messages(5, tag="pid")
+    msgs = sample_messages(5, tag="pid", null_headers=False, null_key_and_value=False)
     kp_produce(b, topic, msgs, linger_ms=0)
     batches = fetch_batches(module_broker, topic, 0, 0)
     assert batches, "no batches fetched"
@@ -115,12 +115,13 @@ def test_idempotent_batches_carry_producer_id(module_broker):
 def test_compression_round_trip(module_broker, codec):
     b = module_broker.bootstrap
     topic = create_topic(b)
-    msgs = sample_messages(100, tag=codec)
+    msgs = sample_messages(100, tag=codec, null_headers=False, null_key_and_value=False)
     assert kp_produce(b, topic, msgs, compression_type=codec, linger_ms=20) == list(range(100))
     assert_same(kp_consume(b, topic, 100), msgs)
     assert_same(kp_consume(b, topic, 42, offset=58), msgs[58:])
 
 
+@pytest.mark.slow
 def test_one_million_byte_message(module_broker):
     b = module_broker.bootstrap
     topic = create_topic(b)
@@ -155,6 +156,6 @@ def test_offsets_for_times(module_broker):
 def test_non_idempotent_acks_1(module_broker):
     b = module_broker.bootstrap
     topic = create_topic(b)
-    msgs = sample_messages(10, tag="a1")
+    msgs = sample_messages(10, tag="a1", null_headers=False, null_key_and_value=False)
     assert kp_produce(b, topic, msgs, enable_idempotence=False, acks=1) == list(range(10))
     assert_same(kp_consume(b, topic, 10), msgs)

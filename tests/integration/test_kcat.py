@@ -114,6 +114,7 @@ def test_kcat_reads_what_confluent_wrote(module_broker):
     assert [line[0] for line in kcat_consume_lines(b, topic, "-o", "-1")] == ["2"]
 
 
+@pytest.mark.slow
 def test_kcat_one_million_byte_message(module_broker, tmp_path):
     b = module_broker.bootstrap
     topic = create_topic(b)

@@ -35,6 +35,7 @@ def watermarks(bootstrap: str, topic: str, partition: int = 0) -> tuple[int, int
         c.close()
 
 
+@pytest.mark.slow
 def test_data_survives_restart(broker):
     b = broker.bootstrap
     plain = create_topic(b, partitions=3)
@@ -64,6 +65,7 @@ def test_data_survives_restart(broker):
     assert_same(consume(b, plain, 16, partition=1), expected[(plain, 1)] + more)
 
 
+@pytest.mark.slow
 def test_restart_twice_and_idempotent_producer_continues(broker):
     b = broker.bootstrap
     topic = create_topic(b)
