@@ -430,7 +430,7 @@ class StorageEngine:
     # -- flushing and checkpoints -------------------------------------------------------------
     async def _interval_fsync_loop(self) -> None:
         loop = asyncio.get_running_loop()
-        while True:
+        while not self._closed:
             await asyncio.sleep(self._flush_interval_ms / 1000)
             for journal in self._journals:
                 end = journal.written_end
@@ -451,8 +451,14 @@ class StorageEngine:
         deadline = time.monotonic() + interval_s
         while True:
             timeout = max(deadline - time.monotonic(), 0)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._checkpoint_wake.wait(), timeout)
+            # not wait_for: on 3.11 it can swallow a cancel that races with the event
+            waiter = asyncio.ensure_future(self._checkpoint_wake.wait())
+            try:
+                await asyncio.wait([waiter], timeout=timeout)
+            finally:
+                waiter.cancel()
+            if self._closed:
+                return
             self._checkpoint_wake.clear()
             if time.monotonic() >= deadline:
                 deadline = time.monotonic() + interval_s

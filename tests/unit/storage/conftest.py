@@ -98,3 +98,30 @@ def engine_factory(tmp_path: Path) -> Callable[..., StorageEngine]:
         return new_engine(tmp_path, **overrides)
 
     return make
+
+
+async def wait_split(engine: StorageEngine, timeout_s: float = 5.0) -> None:
+    """Wait until the splitter has split everything the journals made visible."""
+    import asyncio
+
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while True:
+        ends = [j.visible_end for j in engine._journals]
+        if engine.split_positions() == ends and not any(j.has_pending for j in engine._journals):
+            return
+        assert loop.time() < deadline, "splitter did not catch up"
+        await asyncio.sleep(0.001)
+
+
+def abandon(engine: StorageEngine) -> None:
+    """Drop an engine as a crash would: no final split, flush or checkpoint."""
+    for task in engine._tasks:
+        task.cancel()
+    engine._tasks = []
+    engine._closed = True
+    for journal in engine._journals:
+        journal.close()
+    if engine._splitter is not None:
+        engine._splitter.close()
+    engine._files.close_all()

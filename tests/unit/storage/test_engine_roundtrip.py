@@ -1,0 +1,320 @@
+"""Append, split and read through the StorageEngine: offsets, rolls, reads, timestamps."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import resource
+import signal
+import uuid
+from collections.abc import Coroutine
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import SMALL_LOG, add_topic, build_batch, new_engine, read_all, wait_split
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from stonemq.protocol.record_batch import crc_ok, iter_batches, iter_records, parse_header
+from stonemq.storage.engine import (
+    LogConfig,
+    OffsetOutOfRangeError,
+    StorageEngine,
+    StorageError,
+    UnknownPartitionError,
+)
+
+
+def run(coro: Coroutine[Any, Any, None]) -> None:
+    return asyncio.run(asyncio.wait_for(coro, 10))
+
+
+async def _produce(
+    engine: StorageEngine, topic: str, partition: int, batches: list[bytearray]
+) -> list[int]:
+    results = []
+    for batch in batches:
+        count = parse_header(batch).record_count
+        results.append(engine.append(topic, partition, batch, count))
+    await asyncio.gather(*(r.written for r in results))
+    return [r.base_offset for r in results]
+
+
+def test_offsets_are_contiguous_and_batches_come_back_intact(tmp_path: Path) -> None:
+    async def main() -> None:
+        engine = new_engine(tmp_path)
+        add_topic(engine, "t", 2)
+        engine.recover()
+        seen: dict[tuple[str, int], int] = {}
+        engine.start(lambda t, p, hw: seen.__setitem__((t, p), hw))
+        batches = [build_batch([b"x" * (i * 37 % 700)] * (1 + i % 4)) for i in range(200)]
+        bases = await _produce(engine, "t", 1, [bytearray(b) for b in batches])
+        await wait_split(engine)
+        counts = [parse_header(b).record_count for b in batches]
+        assert bases == [sum(counts[:i]) for i in range(len(counts))]
+        assert engine.log_end_offset("t", 1) == sum(counts)
+        assert engine.high_watermark("t", 1) == sum(counts) == seen[("t", 1)]
+        assert engine.high_watermark("t", 0) == 0
+        data = read_all(engine, "t", 1)
+        got = list(iter_batches(data))
+        assert [h.base_offset for _, h in got] == bases
+        for (pos, header), original in zip(got, batches, strict=True):
+            assert crc_ok(data, pos, header)
+            assert data[pos + 8 : pos + header.size] == original[8:]
+        queue_dir = tmp_path / "queues" / "t-1"
+        logs = sorted(p.name for p in queue_dir.iterdir() if p.suffix == ".log")
+        assert len(logs) > 3  # rolled at segment_bytes
+        assert all(len(name) == 24 for name in logs)
+        journal = tmp_path / "journal" / "journal-1"
+        assert len(list(journal.iterdir())) > 1  # journal rolled too
+        await engine.close()
+
+    run(main())
+
+
+@settings(
+    max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    sizes=st.lists(st.tuples(st.integers(1, 5), st.integers(0, 3000)), min_size=1, max_size=40),
+    offset_seed=st.integers(0, 10**6),
+    max_bytes=st.integers(1, 9000),
+)
+def test_read_from_any_offset_returns_the_batch_holding_it(
+    tmp_path_factory: pytest.TempPathFactory,
+    sizes: list[tuple[int, int]],
+    offset_seed: int,
+    max_bytes: int,
+) -> None:
+    root = tmp_path_factory.mktemp("e")
+
+    async def main() -> None:
+        engine = new_engine(root, journal_segment_bytes=8192)
+        add_topic(engine)
+        engine.start(lambda *a: None)
+        batches = [build_batch([b"v" * size] * count) for count, size in sizes]
+        bases = await _produce(engine, "t", 0, batches)
+        await wait_split(engine)
+        hw = engine.high_watermark("t", 0)
+        offset = offset_seed % hw
+        result = engine.read("t", 0, offset, max_bytes)
+        got = list(iter_batches(result.data))
+        assert got, "at least one whole batch"
+        pos_sum = sum(h.size for _, h in got)
+        assert pos_sum == len(result.data)  # whole batches only
+        first = got[0][1]
+        assert first.base_offset <= offset <= first.last_offset
+        assert len(got) == 1 or len(result.data) <= max_bytes
+        assert first.base_offset in bases
+        assert result.high_watermark == hw
+        await engine.close()
+
+    run(main())
+
+
+def test_read_edges(tmp_path: Path) -> None:
+    async def main() -> None:
+        engine = new_engine(tmp_path)
+        add_topic(engine)
+        engine.start(lambda *a: None)
+        assert engine.read("t", 0, 0, 100).data == b""
+        with pytest.raises(OffsetOutOfRangeError):
+            engine.read("t", 0, 1, 100)
+        big = build_batch([b"z" * 5000])
+        await _produce(engine, "t", 0, [big, build_batch([b"a"] * 3)])
+        await wait_split(engine)
+        one = engine.read("t", 0, 0, 10).data  # bigger than max_bytes: still one batch
+        assert parse_header(one).size == len(one) == len(big)
+        assert engine.read("t", 0, 4, 100).data == b""  # offset == high watermark
+        with pytest.raises(OffsetOutOfRangeError):
+            engine.read("t", 0, 5, 100)
+        with pytest.raises(UnknownPartitionError):
+            engine.read("nope", 0, 0, 100)
+        with pytest.raises(UnknownPartitionError):
+            engine.append("nope", 0, build_batch([b"a"]), 1)
+        await engine.close()
+
+    run(main())
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    st.lists(st.lists(st.integers(0, 5000), min_size=1, max_size=6), min_size=1, max_size=30),
+    st.integers(-10, 5100),
+    st.sampled_from(["none", "gzip"]),
+)
+def test_offset_for_timestamp_and_max_timestamp(
+    tmp_path_factory: pytest.TempPathFactory,
+    timestamps: list[list[int]],
+    target: int,
+    compression: str,
+) -> None:
+    root = tmp_path_factory.mktemp("ts")
+    config = LogConfig(segment_bytes=400, index_interval_bytes=100)
+
+    async def main() -> None:
+        engine = new_engine(root)
+        add_topic(engine, config=config)
+        engine.start(lambda *a: None)
+        batches = [build_batch([b"r"] * len(ts), ts, compression=compression) for ts in timestamps]
+        await _produce(engine, "t", 0, batches)
+        await wait_split(engine)
+        flat = [t for ts in timestamps for t in ts]
+        expected = next(((o, t) for o, t in enumerate(flat) if t >= target), None)
+        assert engine.offset_for_timestamp("t", 0, target) == expected
+        top = max(flat)
+        assert engine.max_timestamp("t", 0) == (flat.index(top), top)
+        await engine.close()
+        # the same answers from indexes loaded from disk
+        engine = new_engine(root)
+        add_topic(engine, config=config)
+        engine.recover()
+        assert engine.offset_for_timestamp("t", 0, target) == expected
+        assert engine.max_timestamp("t", 0) == (flat.index(top), top)
+        await engine.close()
+
+    run(main())
+
+
+def test_empty_partition_timestamps(tmp_path: Path) -> None:
+    engine = new_engine(tmp_path)
+    add_topic(engine)
+    engine.recover()
+    assert engine.offset_for_timestamp("t", 0, 0) is None
+    assert engine.max_timestamp("t", 0) is None
+    assert engine.batch_headers("t", 0) == []
+    run(engine.close())
+
+
+def test_batch_headers_for_producer_state(tmp_path: Path) -> None:
+    async def main() -> None:
+        engine = new_engine(tmp_path)
+        add_topic(engine)
+        engine.start(lambda *a: None)
+        await _produce(
+            engine,
+            "t",
+            0,
+            [
+                build_batch([b"a"] * 2, producer_id=7, producer_epoch=1, base_sequence=0),
+                build_batch([b"b"]),
+                build_batch(
+                    [b"c"] * 3, [5, 9, 6], producer_id=7, producer_epoch=1, base_sequence=2
+                ),
+            ],
+        )
+        await wait_split(engine)
+        infos = engine.batch_headers("t", 0)
+        assert [(i.base_offset, i.last_offset, i.base_sequence) for i in infos] == [
+            (0, 1, 0),
+            (3, 5, 2),
+        ]
+        assert infos[1].producer_id == 7 and infos[1].producer_epoch == 1
+        assert infos[1].max_timestamp == 9
+        await engine.close()
+
+    run(main())
+
+
+@pytest.mark.parametrize("policy", ["always", "interval", "never"])
+def test_group_commit_resolves_after_the_write(tmp_path: Path, policy: str) -> None:
+    async def main() -> None:
+        engine = new_engine(tmp_path, flush_policy=policy, flush_interval_ms=10)
+        add_topic(engine, partitions=2)
+        engine.start(lambda *a: None)
+        results = [engine.append("t", i % 2, build_batch([b"x" * 10]), 1) for i in range(50)]
+        journal = engine._journals[0]
+        assert journal.written_end == 0  # queued, not written yet
+        assert not any(r.written.done() for r in results)
+        await asyncio.gather(*(r.written for r in results))
+        assert journal.written_end > 0
+        if policy == "always":
+            assert journal.durable_end == journal.written_end
+        await wait_split(engine)
+        assert engine.high_watermark("t", 0) == 25
+        await engine.close()
+
+    run(main())
+
+
+def test_write_failure_fails_futures_and_leaves_no_gap(tmp_path: Path) -> None:
+    async def main() -> None:
+        engine = new_engine(tmp_path)
+        add_topic(engine)
+        engine.start(lambda *a: None)
+        await _produce(engine, "t", 0, [build_batch([b"a"] * 2)])
+        journal = engine._journals[0]
+        # a file size limit makes the next write short and then fail (EFBIG), like ENOSPC
+        old_handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (journal.active_size + 100, hard))
+        try:
+            failing = [engine.append("t", 0, build_batch([b"b" * 50] * 3), 3) for _ in range(3)]
+            assert engine.log_end_offset("t", 0) == 11
+            for r in failing:
+                with pytest.raises(StorageError):
+                    await r.written
+        finally:
+            resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+            signal.signal(signal.SIGXFSZ, old_handler)
+        assert engine.log_end_offset("t", 0) == 2  # rolled back to the first failed offset
+        assert os.path.getsize(journal.path(0)) == journal.written_end  # short write undone
+        (base,) = await _produce(engine, "t", 0, [build_batch([b"c"])])
+        assert base == 2
+        await wait_split(engine)
+        data = engine.read("t", 0, 0, 10_000).data
+        assert [h.base_offset for _, h in iter_batches(data)] == [0, 2]
+        await engine.close()
+
+    run(main())
+
+
+def test_remove_topic_drops_pending_entries_and_directories(tmp_path: Path) -> None:
+    async def main() -> None:
+        engine = new_engine(tmp_path)
+        add_topic(engine, "gone", 2)
+        add_topic(engine, "kept", 1, topic_id=uuid.uuid4())
+        engine.start(lambda *a: None)
+        await _produce(engine, "gone", 0, [build_batch([b"a"])])
+        await wait_split(engine)
+        assert (tmp_path / "queues" / "gone-0").is_dir()
+        r = engine.append("gone", 1, build_batch([b"b"]), 1)
+        await r.written
+        engine.remove_topic("gone")
+        await _produce(engine, "kept", 0, [build_batch([b"k"])])
+        await wait_split(engine)
+        assert not (tmp_path / "queues" / "gone-0").exists()
+        assert not (tmp_path / "queues" / "gone-1").exists()
+        with pytest.raises(UnknownPartitionError):
+            engine.high_watermark("gone", 0)
+        assert engine.high_watermark("kept", 0) == 1
+        # recreated under the same name: a new topic id, fresh offsets
+        engine.add_partition(uuid.uuid4(), "gone", 0, 0, SMALL_LOG)
+        (base,) = await _produce(engine, "gone", 0, [build_batch([b"new"])])
+        assert base == 0
+        await wait_split(engine)
+        assert engine.high_watermark("gone", 0) == 1
+        await engine.close()
+
+    run(main())
+
+
+def test_records_survive_compression(tmp_path: Path) -> None:
+    async def main() -> None:
+        engine = new_engine(tmp_path)
+        add_topic(engine)
+        engine.start(lambda *a: None)
+        values = [b"value-%d" % i for i in range(20)]
+        await _produce(engine, "t", 0, [build_batch(values[:10], compression="zstd")])
+        await _produce(engine, "t", 0, [build_batch(values[10:], compression="lz4")])
+        await wait_split(engine)
+        data = engine.read("t", 0, 0, 100_000).data
+        records = [
+            r for pos, h in iter_batches(data) for r in iter_records(data[pos : pos + h.size])
+        ]
+        assert [r.value for r in records] == values
+        assert [r.offset for r in records] == list(range(20))
+        await engine.close()
+
+    run(main())
