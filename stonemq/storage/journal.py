@@ -118,23 +118,28 @@ def decode_entries(
     buf: memoryview, position: int, verify: bool = True
 ) -> tuple[list[JournalEntry], int]:
     """Whole entries at the start of ``buf`` (which starts at journal ``position``) and the
-    number of bytes they take. Stops at a partial entry; raises CorruptEntryError at a bad
-    one (entries before it are lost to the caller: use :func:`scan_valid` to keep them)."""
+    number of bytes they take. Stops at a partial entry, and before a bad one; raises
+    CorruptEntryError when the very first entry is bad."""
     entries: list[JournalEntry] = []
     pos = 0
     n = len(buf)
     unpack = _ENTRY_HEADER.unpack_from
     while n - pos >= ENTRY_HEADER_SIZE:
         length, crc, version, topic_id, partition, base_offset, count = unpack(buf, pos)
-        if length < _LENGTH_MIN or length > ENTRY_MAX_BYTES:
-            raise CorruptEntryError(f"entry length {length} out of range at {position + pos}")
         end = pos + 4 + length
-        if end > n:
+        problem = ""
+        if length < _LENGTH_MIN or length > ENTRY_MAX_BYTES:
+            problem = f"entry length {length} out of range"
+        elif end > n:
             break
-        if version != ENTRY_VERSION:
-            raise CorruptEntryError(f"entry version {version} at {position + pos}")
-        if verify and crc32c(buf[pos + 8 : end]) != crc:
-            raise CorruptEntryError(f"entry CRC mismatch at {position + pos}")
+        elif version != ENTRY_VERSION:
+            problem = f"entry version {version}"
+        elif verify and crc32c(buf[pos + 8 : end]) != crc:
+            problem = "entry CRC mismatch"
+        if problem:
+            if entries:
+                break  # hand back the good ones; the next call starts at the bad one
+            raise CorruptEntryError(f"{problem} at {position + pos}")
         entries.append(
             JournalEntry(
                 position + pos,
@@ -318,10 +323,7 @@ class JournalLog:
                 try:
                     _entries, nxt = reader.read(pos, last_end, 8 << 20, verify=True)
                 except CorruptEntryError as exc:
-                    # keep the valid entries before the bad one
                     reason = str(exc)
-                    nxt = self._valid_prefix(reader, pos, last_end)
-                    pos = nxt
                     break
                 if nxt == pos:
                     break
@@ -329,15 +331,16 @@ class JournalLog:
         finally:
             reader.close()
         end = pos
-        truncated = last_end - end
-        if truncated > 0:
+        truncated = 0
+        if end < last_end:
             for base in self.segments:
-                seg_end = base + os.path.getsize(self.path(base))
+                size = os.path.getsize(self.path(base))
                 if base > end:
                     os.unlink(self.path(base))
-                elif seg_end > end:
+                    truncated += size
+                elif base + size > end:
                     os.truncate(self.path(base), end - base)
-            # bytes in segments that start past a hole are counted in last_end - end already
+                    truncated += base + size - end
             log.warning(
                 "journal-%d: truncated %d bytes at position %d (%s)",
                 self.index,
@@ -347,19 +350,7 @@ class JournalLog:
             )
             self.segments = [b for b in self.segments if b <= end]
         self._open_active(self.segments[-1] if self.segments else end)
-        return end - start, max(truncated, 0)
-
-    def _valid_prefix(self, reader: JournalReader, pos: int, limit: int) -> int:
-        """The end of the valid entries from ``pos``, one entry at a time."""
-        while pos < limit:
-            try:
-                _entries, nxt = reader.read(pos, limit, 1, verify=True)
-            except CorruptEntryError:
-                return pos
-            if nxt == pos:
-                return pos
-            pos = nxt
-        return pos
+        return end - start, truncated
 
     def _open_active(self, base: int) -> None:
         if not self.segments or self.segments[-1] != base:

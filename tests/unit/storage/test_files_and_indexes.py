@@ -1,0 +1,161 @@
+"""The open-file LRU cache, the offset and time indexes, and per-partition frugality."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import uuid
+from pathlib import Path
+
+from conftest import build_batch, new_engine, read_all, wait_split
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from stonemq.storage.engine import LogConfig
+from stonemq.storage.offset_index import OffsetIndex
+from stonemq.storage.open_files import OpenFiles
+from stonemq.storage.time_index import TimeIndex
+
+
+def test_open_files_lru_evicts_the_least_recently_used(tmp_path: Path) -> None:
+    files = OpenFiles(3)
+    paths = [str(tmp_path / f"f{i}") for i in range(5)]
+    fds = [files.get(p) for p in paths[:3]]
+    assert files.get(paths[0]) == fds[0]  # a hit refreshes f0
+    files.get(paths[3])  # evicts f1, the least recently used
+    assert len(files) == 3 and files.opens == 4
+    files.get(paths[1])  # reopened: evicts f2
+    assert files.opens == 5
+    files.get(paths[0])
+    assert files.opens == 5
+    files.close_under(str(tmp_path))
+    assert len(files) == 0
+
+
+def test_many_partitions_stay_under_the_open_file_cap(tmp_path: Path) -> None:
+    cap = 16
+    partitions = 300
+
+    async def main() -> None:
+        engine = new_engine(tmp_path, journal_partitions=4, max_open_files=cap)
+        topic_id = uuid.uuid4()
+        config = LogConfig(segment_bytes=600, index_interval_bytes=64)
+        for p in range(partitions):
+            engine.add_partition(topic_id, "many", p, p % 4, config)
+        engine.start(lambda *a: None)
+        for round_ in range(3):
+            results = [
+                engine.append("many", p, build_batch([b"%d" % round_ * 100] * 2), 2)
+                for p in range(partitions)
+            ]
+            await asyncio.gather(*(r.written for r in results))
+            await wait_split(engine)
+            assert engine.open_files <= cap
+        for p in range(0, partitions, 7):
+            assert engine.high_watermark("many", p) == 6
+            assert len(read_all(engine, "many", p)) > 0
+            assert engine.open_files <= cap
+        fd_count = len(os.listdir("/proc/self/fd"))
+        await engine.close()
+        assert fd_count < cap + 64  # journals, readers and the test process itself
+
+    asyncio.run(main())
+
+
+def test_idle_partitions_create_no_files(tmp_path: Path) -> None:
+    engine = new_engine(tmp_path)
+    for p in range(1000):
+        engine.add_partition(uuid.uuid4(), f"idle{p}", 0, 0, LogConfig())
+    engine.recover()
+    assert os.listdir(tmp_path / "queues") == []
+    assert engine.open_files == 0
+    asyncio.run(engine.close())
+
+
+@settings(
+    max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    st.lists(st.integers(1, 50), min_size=0, max_size=60),
+    st.integers(-5, 3000),
+)
+def test_offset_index_lookup_is_the_floor_entry(
+    tmp_path_factory, gaps: list[int], target: int
+) -> None:
+    path = str(tmp_path_factory.mktemp("idx") / "00000000000000000100.index")
+    files = OpenFiles(4)
+    index = OffsetIndex(path, 100)
+    entries = []
+    offset, position = 100, 0
+    for gap in gaps:
+        offset += gap
+        position += gap * 10
+        index.append(files, offset, position)
+        entries.append((offset, position))
+    target += 100
+    floor = [e for e in entries if e[0] <= target]
+    assert index.lookup(files, target) == (floor[-1] if floor else (100, 0))
+    reloaded = OffsetIndex(path, 100)
+    reloaded.load(files)
+    assert reloaded.entries == len(entries)
+    cut = position // 2
+    reloaded.truncate_to_position(files, cut)
+    assert reloaded.entries == len([e for e in entries if e[1] < cut])
+    files.close_all()
+
+
+@settings(
+    max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    st.lists(st.tuples(st.integers(-1, 1000), st.integers(0, 5)), max_size=40), st.integers(0, 1100)
+)
+def test_time_index_keeps_growing_timestamps_only(
+    tmp_path_factory, points: list[tuple[int, int]], target: int
+) -> None:
+    path = str(tmp_path_factory.mktemp("tidx") / "00000000000000000000.timeindex")
+    files = OpenFiles(4)
+    index = TimeIndex(path, 0)
+    kept = []
+    offset = 0
+    for ts, step in points:
+        offset += step
+        before = index.entries
+        index.maybe_append(files, ts, offset)
+        if index.entries > before:
+            kept.append((ts, offset))
+    assert all(a[0] < b[0] and a[1] <= b[1] for a, b in itertools.pairwise(kept))
+    below = [o for ts, o in kept if ts < target]
+    assert index.lookup_before(files, target) == (below[-1] if below else None)
+    with open(path, "ab") as f:
+        f.write(b"\x01\x02\x03")  # a torn entry is dropped on load
+    reloaded = TimeIndex(path, 0)
+    reloaded.load(files)
+    assert reloaded.entries == len(kept)
+    files.close_all()
+
+
+def test_index_files_follow_kafkas_layout(tmp_path: Path) -> None:
+    async def main() -> None:
+        engine = new_engine(tmp_path)
+        engine.add_partition(uuid.uuid4(), "k", 0, 0, LogConfig(index_interval_bytes=100))
+        engine.start(lambda *a: None)
+        results = [
+            engine.append("k", 0, build_batch([b"x" * 150], [5000 + i]), 1) for i in range(20)
+        ]
+        await asyncio.gather(*(r.written for r in results))
+        await wait_split(engine)
+        await engine.close()
+
+    asyncio.run(main())
+    seg = tmp_path / "queues" / "k-0"
+    index = (seg / "00000000000000000000.index").read_bytes()
+    timeindex = (seg / "00000000000000000000.timeindex").read_bytes()
+    assert len(index) % 8 == 0 and len(index) > 8
+    assert len(timeindex) % 12 == 0 and len(timeindex) > 12
+    rel, pos = int.from_bytes(index[:4], "big"), int.from_bytes(index[4:8], "big")
+    log = (seg / "00000000000000000000.log").read_bytes()
+    assert int.from_bytes(log[pos : pos + 8], "big") == rel  # one-record batches
+    ts = int.from_bytes(timeindex[:8], "big")
+    assert 5000 <= ts < 5020
