@@ -281,6 +281,7 @@ class StorageEngine:
         for j, journal in enumerate(self._journals):
             journal.close()
             _, cut = journal.recover(journal_rps.get(j))
+            journal.fsync_now()  # what recovery kept is durable before a checkpoint says so
             journal_cut += cut
         queue_cut = 0
         for key, state in self._by_name.items():

@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 from stonemq.protocol.record_batch import RecordBatchError
 from stonemq.storage.errors import StorageError
-from stonemq.storage.journal import JournalReader
+from stonemq.storage.journal import JournalEntry, JournalReader
 from stonemq.storage.queue_log import QueueLog
 
 log = logging.getLogger(__name__)
@@ -52,23 +52,36 @@ class Splitter:
         if pos >= limit:
             return 0
         entries, end = self.readers[j].read(pos, limit, self.batch_bytes, verify=False)
+        # group by queue log (order within each kept) so each log's files are touched once
+        # per step: fewer open-file cache misses with many partitions
+        groups: dict[QueueLog, list[JournalEntry]] = {}
         resolve = self.resolve
         for entry in entries:
             queue = resolve(entry.topic_id, entry.partition)
             if queue is None:
                 continue  # its topic was deleted
-            try:
-                if queue.append(entry.batch, entry.position):
-                    advanced.add(queue)
-            except RecordBatchError as exc:
-                log.error(
-                    "journal-%d: skipping entry at %d with a bad batch: %s", j, entry.position, exc
-                )
-            except OSError as exc:
-                self.positions[j] = entry.position
-                raise StorageError(
-                    f"cannot write {queue.topic}-{queue.partition} from journal-{j}: {exc}"
-                ) from exc
+            group = groups.get(queue)
+            if group is None:
+                groups[queue] = [entry]
+            else:
+                group.append(entry)
+        for queue, group in groups.items():
+            for entry in group:
+                try:
+                    if queue.append(entry.batch, entry.position):
+                        advanced.add(queue)
+                except RecordBatchError as exc:
+                    log.error(
+                        "journal-%d: skipping entry at %d with a bad batch: %s",
+                        j,
+                        entry.position,
+                        exc,
+                    )
+                except OSError as exc:
+                    # retry the whole step later: what was appended is skipped then
+                    raise StorageError(
+                        f"cannot write {queue.topic}-{queue.partition} from journal-{j}: {exc}"
+                    ) from exc
         self.positions[j] = end
         self.bytes_split += end - pos
         return end - pos
