@@ -9,7 +9,6 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from confluent_kafka import (
-    OFFSET_BEGINNING,
     TIMESTAMP_CREATE_TIME,
     Consumer,
     KafkaError,
@@ -153,11 +152,14 @@ def consume(
     topic: str,
     count: int,
     partition: int = 0,
-    offset: int = OFFSET_BEGINNING,
+    offset: int = 0,
     timeout: float = 30.0,
     **conf: object,
 ) -> list[Msg]:
-    """Read exactly ``count`` records from ``offset`` by assignment, then expect the end."""
+    """Read exactly ``count`` records from ``offset`` by assignment, then expect the end.
+
+    ``offset`` may be a logical one (``OFFSET_BEGINNING``, resolved through ListOffsets).
+    """
     c = consumer(bootstrap, **conf)
     try:
         c.assign([TopicPartition(topic, partition, offset)])
@@ -190,6 +192,26 @@ def consume(
         assert len(out) >= count, f"consumed {len(out)} of {count} records within {timeout}s"
         assert at_eof, "no end-of-partition after the expected records"
         return out
+    finally:
+        c.close()
+
+
+def wait_high_watermark(
+    bootstrap: str, topic: str, end: int, partition: int = 0, timeout: float = 10.0
+) -> tuple[int, int]:
+    """Watermarks once the high watermark reaches ``end``.
+
+    An acknowledged record becomes visible once the splitter has moved it from the journal
+    to its queue log, which may be a moment after the ack.
+    """
+    c = consumer(bootstrap)
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            marks = c.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)
+            if marks[1] >= end or time.monotonic() > deadline:
+                return marks
+            time.sleep(0.05)
     finally:
         c.close()
 

@@ -301,10 +301,27 @@ def split_batches(records: bytes | None) -> list[bytes]:
     return out
 
 
-def fetch_batches(broker: Any, topic: str, partition: int, offset: int) -> list[bytes]:
-    """Every whole batch from ``offset`` to the high watermark, as stored bytes."""
+def wait_visible(
+    conn: RawConnection, topic: str, partition: int, end: int, timeout: float = 10.0
+) -> Any:
+    """Fetch from offset 0 until the high watermark reaches ``end`` (records are visible once
+    split, a moment after the ack); returns that fetch's partition data."""
+    deadline = time.monotonic() + timeout
+    while True:
+        part = fetch_raw(conn, topic, partition, 0, max_wait_ms=100)
+        if part.error_code != 0 or part.high_watermark >= end or time.monotonic() > deadline:
+            return part
+        time.sleep(0.02)
+
+
+def fetch_batches(
+    broker: Any, topic: str, partition: int, offset: int, end: int | None = None
+) -> list[bytes]:
+    """Every whole batch from ``offset`` up to ``end`` (default: the high watermark)."""
     batches: list[bytes] = []
     with RawConnection(broker.host, broker.port) as conn:
+        if end is not None:
+            wait_visible(conn, topic, partition, end)
         while True:
             part = fetch_raw(conn, topic, partition, offset)
             assert part.error_code == 0, part.error_code
@@ -316,5 +333,5 @@ def fetch_batches(broker: Any, topic: str, partition: int, offset: int) -> list[
             (base,) = struct.unpack_from(">q", last, 0)
             (last_delta,) = struct.unpack_from(">i", last, 23)
             offset = base + last_delta + 1
-            if offset >= part.high_watermark:
+            if offset >= (part.high_watermark if end is None else end):
                 return batches

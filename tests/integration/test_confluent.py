@@ -6,7 +6,7 @@ import os
 import time
 
 import pytest
-from confluent_kafka import KafkaError, Producer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import OffsetSpec
 
 from .helpers import (
@@ -22,6 +22,7 @@ from .helpers import (
     sample_messages,
     unique_topic,
     wait_for_topic,
+    wait_high_watermark,
 )
 
 pytestmark = pytest.mark.timeout(90)
@@ -34,7 +35,7 @@ def test_round_trip_with_acks(module_broker, acks):
     msgs = sample_messages(20)
     offsets = produce(b, topic, msgs, acks=acks)
     assert offsets == list(range(20))
-    assert_same(consume(b, topic, 20), msgs)
+    assert_same(consume(b, topic, 20, offset=OFFSET_BEGINNING), msgs)
 
 
 def test_round_trip_acks_zero(module_broker):
@@ -143,6 +144,7 @@ def test_offsets_for_times(module_broker):
     # many small batches of ~600-byte records so the sparse time index has many entries
     msgs = [Msg(b"k%d" % i, os.urandom(600), (), base + 10 * i) for i in range(n)]
     produce(b, topic, msgs, acks="all", **{"linger.ms": 0, "batch.num.messages": 7})
+    assert wait_high_watermark(b, topic, n) == (0, n)
     c = consumer(b)
     try:
         cases = {
@@ -178,6 +180,7 @@ def test_list_offsets_specs(module_broker):
     stamps = [base + 50, base + 10, base + 90, base + 30]  # max timestamp at offset 2
     msgs = [Msg(b"k", b"v%d" % i, (), ts) for i, ts in enumerate(stamps)]
     produce(b, topic, msgs, acks="all", **{"linger.ms": 0})
+    assert wait_high_watermark(b, topic, 4) == (0, 4)
     tp = TopicPartition(topic, 0)
     specs = {
         "earliest": (OffsetSpec.earliest(), 0),
@@ -198,6 +201,8 @@ def test_watermarks_and_list_topics(module_broker):
     topic = create_topic(b, partitions=3)
     produce(b, topic, sample_messages(5), partition=0, acks="all")
     produce(b, topic, sample_messages(2), partition=2, acks="all")
+    wait_high_watermark(b, topic, 5, partition=0)
+    wait_high_watermark(b, topic, 2, partition=2)
     c = consumer(b)
     try:
         marks = [c.get_watermark_offsets(TopicPartition(topic, p), timeout=10) for p in range(3)]

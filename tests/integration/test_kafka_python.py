@@ -9,7 +9,15 @@ import pytest
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.record.default_records import DefaultRecordBatch
 
-from .helpers import CODECS, Msg, assert_same, consume, create_topic, sample_messages
+from .helpers import (
+    CODECS,
+    Msg,
+    assert_same,
+    consume,
+    create_topic,
+    sample_messages,
+    wait_high_watermark,
+)
 from .rawclient import fetch_batches
 
 pytestmark = pytest.mark.timeout(90)
@@ -98,7 +106,7 @@ def test_idempotent_batches_carry_producer_id(module_broker):
     topic = create_topic(b)
     msgs = sample_messages(5, tag="pid", null_headers=False, null_key_and_value=False)
     kp_produce(b, topic, msgs, linger_ms=0)
-    batches = fetch_batches(module_broker, topic, 0, 0)
+    batches = fetch_batches(module_broker, topic, 0, 0, end=5)
     assert batches, "no batches fetched"
     parsed = [DefaultRecordBatch(bytes(raw)) for raw in batches]
     pids = {batch.producer_id for batch in parsed}
@@ -136,6 +144,7 @@ def test_offsets_for_times(module_broker):
     base = int(time.time() * 1000) - 5_000_000
     msgs = [Msg(b"k%d" % i, b"v" * 300, (), base + 100 * i) for i in range(300)]
     kp_produce(b, topic, msgs, linger_ms=0, batch_size=2000)
+    assert wait_high_watermark(b, topic, 300) == (0, 300)
     consumer = KafkaConsumer(bootstrap_servers=b, group_id=None, enable_auto_commit=False)
     try:
         tp = TopicPartition(topic, 0)

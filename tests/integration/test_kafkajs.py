@@ -153,7 +153,7 @@ def test_idempotent_producer_and_offsets(module_broker):
             "chunk": 4,
             "messages": [js_message(m, partition=1) for m in msgs],
         },
-        {"op": "fetchTopicOffsets", "topic": topic},
+        {"op": "fetchTopicOffsets", "topic": topic, "waitHigh": {"1": 12}},
         {"op": "fetchTopicOffsetsByTimestamp", "topic": topic, "timestamp": msgs[5].timestamp},
     )
     assert [int(r["baseOffset"]) for r in results] == [0, 4, 8]

@@ -20,7 +20,14 @@ from .helpers import (
     produce,
     sample_messages,
 )
-from .rawclient import RawConnection, build_batch, fetch_batches, fetch_raw, produce_raw
+from .rawclient import (
+    RawConnection,
+    build_batch,
+    fetch_batches,
+    fetch_raw,
+    produce_raw,
+    wait_visible,
+)
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -50,7 +57,7 @@ def test_batches_are_stored_as_produced(module_broker, codec):
             assert part.base_offset == 10 * i
             assert part.log_start_offset == 0
             sent.append(bytes(batch))
-    stored = fetch_batches(module_broker, topic, 0, 0)
+    stored = fetch_batches(module_broker, topic, 0, 0, end=30)
     assert len(stored) == 3
     for i, (want, got) in enumerate(zip(sent, stored, strict=True)):
         assert struct.unpack_from(">q", got, 0)[0] == 10 * i  # base offset assigned
@@ -68,7 +75,7 @@ def test_produce_response_fields_create_time(module_broker):
         assert part.base_offset == 0
         assert part.log_append_time is None  # -1: the topic uses CreateTime
         assert part.log_start_offset == 0
-        fetched = fetch_raw(conn, topic, 0, 0)
+        fetched = wait_visible(conn, topic, 0, 3)
         assert fetched.error_code == 0
         assert fetched.high_watermark == 3
         assert fetched.last_stable_offset == 3
@@ -112,6 +119,7 @@ def test_zstd_needs_fetch_v10(module_broker):
     with connect(module_broker) as conn:
         part = produce_raw(conn, topic, 0, bytes(build_batch([(b"k", b"v")] * 5, compression=4)))
         assert part.error_code == 0
+        assert wait_visible(conn, topic, 0, 5).high_watermark == 5
         old = fetch_raw(conn, topic, 0, 0, version=9)
         assert old.error_code == UNSUPPORTED_COMPRESSION_TYPE, old.error_code
         assert not old.records
@@ -124,6 +132,7 @@ def test_fetch_out_of_range(module_broker):
     topic = create_topic(module_broker.bootstrap)
     with connect(module_broker) as conn:
         assert produce_raw(conn, topic, 0, bytes(build_batch([(b"k", b"v")] * 2))).error_code == 0
+        assert wait_visible(conn, topic, 0, 2).high_watermark == 2
         at_end = fetch_raw(conn, topic, 0, 2)  # the log end is a valid position: no records
         assert at_end.error_code == 0 and not at_end.records and at_end.high_watermark == 2
         past = fetch_raw(conn, topic, 0, 3)
@@ -137,6 +146,7 @@ def test_fetch_inside_a_batch_returns_the_whole_batch(module_broker):
     with connect(module_broker) as conn:
         batch = bytes(build_batch([(b"k%d" % i, b"v") for i in range(10)]))
         assert produce_raw(conn, topic, 0, batch).error_code == 0
+        assert wait_visible(conn, topic, 0, 10).high_watermark == 10
         part = fetch_raw(conn, topic, 0, 7)
         assert part.error_code == 0
         assert part.records and struct.unpack_from(">q", part.records, 0)[0] == 0

@@ -65,8 +65,18 @@ async function step(kafka, admin, s) {
           .sort((a, b) => a.partitionId - b.partitionId),
       }));
     }
-    case 'fetchTopicOffsets':
-      return await admin.fetchTopicOffsets(s.topic);
+    case 'fetchTopicOffsets': {
+      // waitHigh {partition: offset}: records show once split, a moment after the ack
+      const deadline = Date.now() + 10000;
+      for (;;) {
+        const offsets = await admin.fetchTopicOffsets(s.topic);
+        const ready = Object.entries(s.waitHigh || {}).every(([p, high]) =>
+          offsets.some((o) => o.partition === Number(p) && Number(o.high) >= high),
+        );
+        if (ready || Date.now() > deadline) return offsets;
+        await new Promise((r) => setTimeout(r, 50));
+      }
+    }
     case 'fetchTopicOffsetsByTimestamp':
       return await admin.fetchTopicOffsetsByTimestamp(s.topic, s.timestamp);
     case 'describeCluster':
