@@ -18,7 +18,15 @@ SHUTDOWN_GRACE_S = 5.0
 
 
 async def serve(settings: Settings) -> None:
-    """Run the broker until SIGTERM/SIGINT."""
+    """Run the broker until SIGTERM/SIGINT.
+
+    The signal handlers go in first, so a SIGTERM that arrives during recovery still ends in
+    a clean shutdown (right after recovery) rather than the default kill.
+    """
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
     locks = [DirectoryLock(settings.data_dir)]
     for extra in (settings.journal_path, settings.queue_path):
         if not extra.resolve().is_relative_to(settings.data_dir.resolve()):
@@ -28,25 +36,26 @@ async def serve(settings: Settings) -> None:
         for lock in locks:
             lock.acquire()
             acquired.append(lock)
-        await _serve_locked(settings)
+        await _serve_locked(settings, stop)
     finally:
         for lock in acquired:
             lock.release()
 
 
-async def _serve_locked(settings: Settings) -> None:
+async def _serve_locked(settings: Settings, stop: asyncio.Event) -> None:
     loop = asyncio.get_running_loop()
     broker = Broker(settings)
     broker.recover()
     broker.start()
     connections: set[Connection] = set()
     host, port = settings.listen_address
-    server = await loop.create_server(
-        lambda: Connection(broker, connections), host, port, reuse_address=True, backlog=1024
-    )
-    stop = asyncio.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+    try:
+        server = await loop.create_server(
+            lambda: Connection(broker, connections), host, port, reuse_address=True, backlog=1024
+        )
+    except OSError:
+        await broker.close()  # recovery already ran: leave flushed checkpoints behind
+        raise
     reaper = loop.create_task(_close_idle(connections, settings.connections_max_idle_ms))
     adv_host, adv_port = settings.advertised_address
     log.info(
