@@ -39,6 +39,13 @@ UNKNOWN_TOPIC_ID = 100
 _CLIENTS: dict[str, AdminClient] = {}
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _drop_admin_clients():
+    """Let the clients go with this module's brokers, not at interpreter exit."""
+    yield
+    _CLIENTS.clear()
+
+
 def _admin(bootstrap: str) -> AdminClient:
     """One AdminClient per broker, kept alive: futures fail with _DESTROY when the client that
     made them is garbage collected before they resolve."""

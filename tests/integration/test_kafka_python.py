@@ -119,6 +119,7 @@ def test_idempotent_batches_carry_producer_id(module_broker):
     assert sequences == list(range(5))
 
 
+@pytest.mark.slow  # one broker round trip per codec; confluent and kcat cover codecs fast
 @pytest.mark.parametrize("codec", CODECS)
 def test_compression_round_trip(module_broker, codec):
     b = module_broker.bootstrap

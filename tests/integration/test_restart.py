@@ -23,7 +23,8 @@ from .helpers import (
     wait_high_watermark,
 )
 
-pytestmark = pytest.mark.timeout(120)
+# Each test restarts a broker at least once: part of the slow set (CI runs every marker).
+pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]
 
 
 def test_data_survives_restart(broker):
