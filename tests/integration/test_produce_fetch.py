@@ -9,7 +9,7 @@ import time
 
 import pytest
 from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, TopicPartition
-from kafka.record.default_records import DefaultRecordBatch
+from kafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
 
 from .helpers import (
     CODECS,
@@ -22,10 +22,13 @@ from .helpers import (
 )
 from .rawclient import (
     RawConnection,
+    build,
     build_batch,
     fetch_batches,
     fetch_raw,
+    ms,
     produce_raw,
+    schema,
     wait_visible,
 )
 
@@ -34,6 +37,8 @@ pytestmark = pytest.mark.timeout(90)
 CODEC_IDS = {"none": 0, "gzip": 1, "snappy": 2, "lz4": 3, "zstd": 4}
 OFFSET_OUT_OF_RANGE = 1
 UNSUPPORTED_COMPRESSION_TYPE = 76
+OUT_OF_ORDER_SEQUENCE_NUMBER = 45
+INVALID_PRODUCER_EPOCH = 47
 
 
 def connect(broker) -> RawConnection:
@@ -195,3 +200,57 @@ def test_many_partitions_round_trip(module_broker):
         assert produce(b, topic, expected[p], partition=p, acks="all") == [0, 1, 2]
     for p, msgs in expected.items():
         assert_same(consume(b, topic, 3, partition=p), msgs)
+
+
+def _idempotent_batch(producer_id: int, epoch: int, sequence: int, count: int) -> bytes:
+    builder = DefaultRecordBatchBuilder(
+        magic=2,
+        compression_type=0,
+        is_transactional=False,
+        producer_id=producer_id,
+        producer_epoch=epoch,
+        base_sequence=sequence,
+        batch_size=1 << 20,
+    )
+    for i in range(count):
+        builder.append(
+            i, timestamp=1_700_000_000_000, key=None, value=b"seq-%d" % (sequence + i), headers=[]
+        )
+    return bytes(builder.build())
+
+
+def test_idempotent_sequences_on_the_wire(module_broker):
+    """Kafka's sequence rules: a duplicate is success with the original offset (and is not
+    stored twice), a gap is OUT_OF_ORDER_SEQUENCE_NUMBER, an older epoch is fenced."""
+    topic = create_topic(module_broker.bootstrap)
+    init_mod = schema("init_producer_id", 4, "request")
+    with connect(module_broker) as conn:
+        init = conn.request(
+            build(
+                init_mod.InitProducerIdRequest,
+                transactional_id=None,
+                transaction_timeout=ms(60000),
+                producer_id=-1,
+                producer_epoch=-1,
+            ),
+            schema("init_producer_id", 4, "response").InitProducerIdResponse,
+        )
+        assert init.error_code == 0 and init.producer_id >= 0 and init.producer_epoch == 0
+        pid = init.producer_id
+
+        first = produce_raw(conn, topic, 0, _idempotent_batch(pid, 0, 0, 3))
+        assert (first.error_code, first.base_offset) == (0, 0)
+        again = produce_raw(conn, topic, 0, _idempotent_batch(pid, 0, 0, 3))
+        assert (again.error_code, again.base_offset) == (0, 0)
+        gap = produce_raw(conn, topic, 0, _idempotent_batch(pid, 0, 5, 1))
+        assert gap.error_code == OUT_OF_ORDER_SEQUENCE_NUMBER
+        second = produce_raw(conn, topic, 0, _idempotent_batch(pid, 0, 3, 2))
+        assert (second.error_code, second.base_offset) == (0, 3)
+        bumped = produce_raw(conn, topic, 0, _idempotent_batch(pid, 1, 0, 1))
+        assert (bumped.error_code, bumped.base_offset) == (0, 5)
+        fenced = produce_raw(conn, topic, 0, _idempotent_batch(pid, 0, 5, 1))
+        assert fenced.error_code == INVALID_PRODUCER_EPOCH
+        part = wait_visible(conn, topic, 0, 6)
+        assert part.high_watermark == 6
+    values = [m.value for m in consume(module_broker.bootstrap, topic, 6)]
+    assert values == [b"seq-0", b"seq-1", b"seq-2", b"seq-3", b"seq-4", b"seq-0"]
