@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from kio.schema.errors import ErrorCode
@@ -337,71 +337,75 @@ def _config_result(
     )
 
 
-# -- AlterConfigs ---------------------------------------------------------------------------------
+# -- AlterConfigs and IncrementalAlterConfigs -----------------------------------------------------
 @api(33, 0, 2)
 async def handle_alter_configs(ctx: RequestContext, request: Any) -> Any:
-    topics = ctx.broker.topics
-    results = []
-    for resource in request.resources:
-        error, message = ErrorCode.none, None
-        try:
-            names = [c.name for c in resource.configs]
-            if _duplicates(names):
-                raise InvalidRequestError(
-                    f"Error due to duplicate config keys: {', '.join(sorted(_duplicates(names)))}"
-                )
-            configs = {c.name: c.value for c in resource.configs}
-            if resource.resource_type == RESOURCE_TOPIC:
-                topics.alter_configs(
-                    resource.resource_name, configs, validate_only=request.validate_only
-                )
-            elif resource.resource_type == RESOURCE_BROKER:
-                _check_broker_name(ctx, resource.resource_name)
-                topics.alter_broker_configs(configs, validate_only=request.validate_only)
-            else:
-                raise InvalidRequestError(f"Unsupported resource type {resource.resource_type}")
-        except AdminError as exc:
-            error, message = _error(exc)
-        except Exception as exc:
-            error, message = _unexpected(exc)
-        results.append(_alter_result(ctx, resource, error, message))
-    return ctx.build("AlterConfigsResponse", throttle_time=0, responses=tuple(results))
+    """Replace the whole override set of each resource (Kafka's legacy semantics)."""
 
+    def apply(resource: Any, topics: Any, validate_only: bool) -> None:
+        names = [c.name for c in resource.configs]
+        if _duplicates(names):
+            raise InvalidRequestError(
+                f"Error due to duplicate config keys: {', '.join(sorted(_duplicates(names)))}"
+            )
+        configs = {c.name: c.value for c in resource.configs}
+        if resource.resource_type == RESOURCE_TOPIC:
+            topics.alter_configs(resource.resource_name, configs, validate_only=validate_only)
+        else:
+            topics.alter_broker_configs(configs, validate_only=validate_only)
 
-def _alter_result(ctx: RequestContext, resource: Any, error: ErrorCode, message: str | None) -> Any:
     return ctx.build(
-        "AlterConfigsResourceResponse",
-        error_code=error,
-        error_message=message,
-        resource_type=resource.resource_type,
-        resource_name=resource.resource_name,
+        "AlterConfigsResponse", throttle_time=0, responses=_alter_each(ctx, request, apply)
     )
 
 
-# -- IncrementalAlterConfigs ----------------------------------------------------------------------
 @api(44, 0, 1)
 async def handle_incremental_alter_configs(ctx: RequestContext, request: Any) -> Any:
-    topics = ctx.broker.topics
+    """SET / DELETE / APPEND / SUBTRACT individual configs of each resource."""
+
+    def apply(resource: Any, topics: Any, validate_only: bool) -> None:
+        ops = [(c.name, c.config_operation, c.value) for c in resource.configs]
+        if resource.resource_type == RESOURCE_TOPIC:
+            topics.incremental_alter_configs(
+                resource.resource_name, ops, validate_only=validate_only
+            )
+        else:
+            topics.incremental_alter_broker_configs(ops, validate_only=validate_only)
+
+    return ctx.build(
+        "IncrementalAlterConfigsResponse",
+        throttle_time=0,
+        responses=_alter_each(ctx, request, apply),
+    )
+
+
+def _alter_each(
+    ctx: RequestContext, request: Any, apply: Callable[[Any, Any, bool], None]
+) -> tuple[Any, ...]:
+    """Run ``apply`` for each topic or broker resource; one result (with its error) each."""
     results = []
     for resource in request.resources:
         error, message = ErrorCode.none, None
         try:
-            ops = [(c.name, c.config_operation, c.value) for c in resource.configs]
-            if resource.resource_type == RESOURCE_TOPIC:
-                topics.incremental_alter_configs(
-                    resource.resource_name, ops, validate_only=request.validate_only
-                )
-            elif resource.resource_type == RESOURCE_BROKER:
+            if resource.resource_type == RESOURCE_BROKER:
                 _check_broker_name(ctx, resource.resource_name)
-                topics.incremental_alter_broker_configs(ops, validate_only=request.validate_only)
-            else:
+            elif resource.resource_type != RESOURCE_TOPIC:
                 raise InvalidRequestError(f"Unsupported resource type {resource.resource_type}")
+            apply(resource, ctx.broker.topics, request.validate_only)
         except AdminError as exc:
             error, message = _error(exc)
         except Exception as exc:
             error, message = _unexpected(exc)
-        results.append(_alter_result(ctx, resource, error, message))
-    return ctx.build("IncrementalAlterConfigsResponse", throttle_time=0, responses=tuple(results))
+        results.append(
+            ctx.build(
+                "AlterConfigsResourceResponse",
+                error_code=error,
+                error_message=message,
+                resource_type=resource.resource_type,
+                resource_name=resource.resource_name,
+            )
+        )
+    return tuple(results)
 
 
 # -- DescribeCluster ------------------------------------------------------------------------------
