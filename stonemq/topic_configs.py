@@ -145,6 +145,16 @@ def _one_of(*allowed: str) -> Callable[[str, Any], None]:
     return check
 
 
+def _only(allowed: Any, why: str) -> Callable[[str, Any], None]:
+    """For a Kafka config whose only value StoneMQ can honour is ``allowed``."""
+
+    def check(name: str, value: Any) -> None:
+        if value != allowed:
+            raise _invalid(name, format_value(value), why)
+
+    return check
+
+
 def _cleanup_policy(name: str, value: Any) -> None:
     for item in value:
         if item not in ("delete", "compact"):
@@ -251,6 +261,24 @@ TOPIC_CONFIGS: dict[str, TopicConfigKey] = {
             "The largest record batch size allowed for this topic.",
             synonym="message.max.bytes",
             validator=_at_least(0),
+        ),
+        TopicConfigKey(
+            "compression.type",
+            ConfigType.STRING,
+            "The compression of stored batches. StoneMQ stores and serves every batch exactly "
+            "as the producer compressed it, Kafka's 'producer' setting; it never recompresses.",
+            synonym=None,
+            default="producer",
+            validator=_only("producer", "StoneMQ stores batches as produced; only 'producer'"),
+        ),
+        TopicConfigKey(
+            "min.insync.replicas",
+            ConfigType.INT,
+            "The replicas that must hold a batch before acks=all is answered. A single-node "
+            "StoneMQ broker is the whole in-sync replica set, so the only value is 1.",
+            synonym=None,
+            default=1,
+            validator=_only(1, "a single-node broker has one in-sync replica; only 1"),
         ),
         TopicConfigKey(
             "message.timestamp.type",

@@ -42,10 +42,21 @@ def test_registry_names_and_synonyms() -> None:
         "index.interval.bytes": "log.index.interval.bytes",
         "max.message.bytes": "message.max.bytes",
         "message.timestamp.type": "log.message.timestamp.type",
+        "compression.type": None,
+        "min.insync.replicas": None,
     }
     # Every synonym is a broker config, so DescribeConfigs can show it.
     for key in TOPIC_CONFIGS.values():
-        assert key.synonym in BROKER_CONFIGS
+        assert key.synonym is None or key.synonym in BROKER_CONFIGS
+
+
+def test_single_valued_kafka_configs_accept_only_what_stonemq_does() -> None:
+    ok = validate_topic_configs({"compression.type": "producer", "min.insync.replicas": "1"})
+    assert ok == {"compression.type": "producer", "min.insync.replicas": "1"}
+    with pytest.raises(InvalidConfigError, match="as produced"):
+        validate_topic_configs({"compression.type": "gzip"})
+    with pytest.raises(InvalidConfigError, match="one in-sync replica"):
+        validate_topic_configs({"min.insync.replicas": "2"})
 
 
 def test_defaults_come_from_settings_defaults() -> None:
