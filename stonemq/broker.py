@@ -33,6 +33,7 @@ class Broker:
             queue_checkpoint_interval_ms=settings.queue_checkpoint_interval_ms,
             max_open_files=settings.queue_max_open_files,
             splitter_batch_bytes=settings.splitter_batch_bytes,
+            log_retention_check_interval_ms=settings.log_retention_check_interval_ms,
         )
         self.topics = TopicManager(settings, self.metadata, self.storage)
         self.producers = ProducerStateManager(self.storage)

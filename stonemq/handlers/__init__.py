@@ -3,6 +3,7 @@
 from stonemq.handlers import (  # noqa: F401  (imported for registration)
     admin,
     api_versions,
+    delete_records,
     fetch,
     list_offsets,
     metadata,

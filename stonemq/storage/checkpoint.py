@@ -11,6 +11,8 @@ Three kinds are kept (see :mod:`stonemq.storage.engine`):
   <journal position>``, how far each JournalLog is known durable;
 * ``split-position-checkpoint`` in the journal directory: ``<journal partition> <journal
   position>``, where a re-split must start so every queue log gets what it has not flushed;
+* ``log-start-offset-checkpoint`` in the queue directory: ``<topic> <partition> <offset>``, the
+  log start offset of each queue log that retention or DeleteRecords advanced (Kafka's file);
 * ``recovery-point-offset-checkpoint`` in the queue directory: ``<topic> <partition> <offset>
   <segment base offset> <file position> <journal partition> <journal position>``, each queue
   log's state at its last flush (the journal position is that of the last entry included).
@@ -30,6 +32,7 @@ CHECKPOINT_VERSION = 0
 JOURNAL_RECOVERY_POINT_FILE = "journal-recovery-point-checkpoint"
 SPLIT_POSITION_FILE = "split-position-checkpoint"
 QUEUE_RECOVERY_POINT_FILE = "recovery-point-offset-checkpoint"
+LOG_START_OFFSET_FILE = "log-start-offset-checkpoint"
 
 
 def fsync_dir(directory: str) -> None:
@@ -136,4 +139,20 @@ def write_queue_recovery_points(
             p.journal_position,
         )
         for (topic, partition), p in sorted(points.items())
+    )
+
+
+def read_offsets(path: str) -> dict[tuple[str, int], int]:
+    """A ``<topic> <partition> <offset>`` checkpoint as a dict (empty if none)."""
+    entries = CheckpointFile(path, 3).read() or []
+    try:
+        return {(topic, int(partition)): int(offset) for topic, partition, offset in entries}
+    except ValueError:
+        log.warning("ignoring malformed checkpoint %s", path)
+        return {}
+
+
+def write_offsets(path: str, offsets: dict[tuple[str, int], int]) -> None:
+    CheckpointFile(path, 3).write(
+        (topic, partition, offset) for (topic, partition), offset in sorted(offsets.items())
     )

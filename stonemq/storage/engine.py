@@ -24,11 +24,14 @@ from typing import Any
 from stonemq.protocol.record_batch import set_base_offset
 from stonemq.storage.checkpoint import (
     JOURNAL_RECOVERY_POINT_FILE,
+    LOG_START_OFFSET_FILE,
     QUEUE_RECOVERY_POINT_FILE,
     SPLIT_POSITION_FILE,
     QueueRecoveryPoint,
+    read_offsets,
     read_positions,
     read_queue_recovery_points,
+    write_offsets,
     write_positions,
     write_queue_recovery_points,
 )
@@ -143,6 +146,7 @@ class StorageEngine:
         queue_checkpoint_interval_ms: int,
         max_open_files: int,
         splitter_batch_bytes: int,
+        log_retention_check_interval_ms: int = 300_000,
     ) -> None:
         if flush_policy not in FLUSH_POLICIES:
             raise ValueError(f"flush_policy must be one of {FLUSH_POLICIES}, not {flush_policy!r}")
@@ -155,6 +159,7 @@ class StorageEngine:
         self._flush_policy = flush_policy
         self._flush_interval_ms = flush_interval_ms
         self._checkpoint_interval_ms = queue_checkpoint_interval_ms
+        self._retention_check_interval_ms = log_retention_check_interval_ms
         self._splitter_batch_bytes = splitter_batch_bytes
         self._files = OpenFiles(max_open_files)
         self._journals = [
@@ -172,6 +177,10 @@ class StorageEngine:
         self._by_id: dict[tuple[bytes, int], _Partition] = {}
         self._topics: dict[str, list[_Partition]] = {}
         self._queue_rps: dict[tuple[str, int], QueueRecoveryPoint] = {}
+        # log start offsets that retention or DeleteRecords advanced (checkpointed)
+        self._log_starts: dict[tuple[str, int], int] = {}
+        self._log_starts_changed = False
+        self._last_checkpoint: tuple[object, ...] | None = None
         self._dirty: set[QueueLog] = set()
         self._splitter: Splitter | None = None
         self._recovered = False
@@ -215,7 +224,7 @@ class StorageEngine:
         self._topics.setdefault(topic, []).append(state)
         if self._recovered and os.path.isdir(self._queue_path(topic, partition)):
             queue = self._open_queue(state)
-            queue.recover(self._queue_rps.get(key))
+            queue.recover(self._queue_rps.get(key), self._log_starts.get(key, 0))
             state.next_offset = queue.next_offset
 
     def update_config(self, topic: str, config: LogConfig) -> None:
@@ -236,6 +245,8 @@ class StorageEngine:
         self._by_name.pop(key, None)
         self._by_id.pop((state.topic_id, state.partition), None)
         self._queue_rps.pop(key, None)
+        if self._log_starts.pop(key, None) is not None:
+            self._log_starts_changed = True
         states = self._topics.get(state.topic)
         if states is not None:
             states.remove(state)
@@ -277,6 +288,7 @@ class StorageEngine:
         self._queue_rps = read_queue_recovery_points(
             os.path.join(self._queue_dir, QUEUE_RECOVERY_POINT_FILE)
         )
+        self._log_starts = read_offsets(os.path.join(self._queue_dir, LOG_START_OFFSET_FILE))
         journal_cut = 0
         for j, journal in enumerate(self._journals):
             journal.close()
@@ -287,7 +299,9 @@ class StorageEngine:
         for key, state in self._by_name.items():
             state.queue = None
             if os.path.isdir(self._queue_path(*key)):
-                queue_cut += self._open_queue(state).recover(self._queue_rps.get(key))
+                queue_cut += self._open_queue(state).recover(
+                    self._queue_rps.get(key), self._log_starts.get(key, 0)
+                )
         starts = []
         for j, journal in enumerate(self._journals):
             start = split_points.get(j, journal.start_position)
@@ -341,6 +355,7 @@ class StorageEngine:
                 name="stonemq-splitter",
             ),
             loop.create_task(self._checkpoint_loop(), name="stonemq-checkpoint"),
+            loop.create_task(self._retention_loop(), name="stonemq-retention"),
         ]
         if self._flush_policy == "interval":
             self._tasks.append(
@@ -531,10 +546,20 @@ class StorageEngine:
                 if first is not None and first < replay[queue.journal_partition]:
                     replay[queue.journal_partition] = first
             journal_rps = {j.index: j.durable_end for j in self._journals}
-            queue_rps = {key: rp for key, rp in self._queue_rps.items() if key in self._by_name}
-            await loop.run_in_executor(
-                None, self._write_checkpoints, journal_rps, replay, queue_rps
-            )
+            queue_rps: dict[tuple[str, int], QueueRecoveryPoint] | None = None
+            if snapshot or self._last_checkpoint is None:
+                queue_rps = {key: rp for key, rp in self._queue_rps.items() if key in self._by_name}
+            log_starts = None
+            if self._log_starts_changed or self._last_checkpoint is None:
+                self._log_starts_changed = False
+                log_starts = dict(self._log_starts)
+            positions = (tuple(journal_rps.items()), tuple(replay.items()))
+            changed = positions != self._last_checkpoint
+            if queue_rps is not None or log_starts is not None or changed:
+                await loop.run_in_executor(
+                    None, self._write_checkpoints, journal_rps, replay, queue_rps, log_starts
+                )
+                self._last_checkpoint = positions
             for journal in self._journals:
                 journal.delete_segments_before(min(replay[journal.index], journal.durable_end))
 
@@ -542,13 +567,90 @@ class StorageEngine:
         self,
         journal_rps: dict[int, int],
         split_positions: dict[int, int],
-        queue_rps: dict[tuple[str, int], QueueRecoveryPoint],
+        queue_rps: dict[tuple[str, int], QueueRecoveryPoint] | None,
+        log_starts: dict[tuple[str, int], int] | None,
     ) -> None:
-        write_queue_recovery_points(
-            os.path.join(self._queue_dir, QUEUE_RECOVERY_POINT_FILE), queue_rps
-        )
+        """Queue-side files first: the journal-side positions that let journal segments go
+        are written only once the queue logs' recovery points that justify them are."""
+        if log_starts is not None:
+            write_offsets(os.path.join(self._queue_dir, LOG_START_OFFSET_FILE), log_starts)
+        if queue_rps is not None:
+            write_queue_recovery_points(
+                os.path.join(self._queue_dir, QUEUE_RECOVERY_POINT_FILE), queue_rps
+            )
         write_positions(os.path.join(self._journal_dir, SPLIT_POSITION_FILE), split_positions)
         write_positions(os.path.join(self._journal_dir, JOURNAL_RECOVERY_POINT_FILE), journal_rps)
+
+    # -- retention and DeleteRecords -----------------------------------------------------------
+    def delete_records(self, topic: str, partition: int, offset: int) -> int:
+        """Advance the log start offset to ``offset`` (-1: the high watermark), deleting the
+        queue-log segments wholly below it; returns the new log start offset. A lower offset
+        than the current log start changes nothing. Raises OffsetOutOfRangeError when
+        ``offset`` is above the high watermark (or below -1), UnknownPartitionError.
+
+        The new log start is checkpointed by the next checkpoint round (as Kafka does); a
+        crash before it can only bring back records, never lose any."""
+        state = self._state(topic, partition)
+        queue = state.queue
+        hw = queue.next_offset if queue is not None else 0
+        if offset == -1:
+            offset = hw
+        if offset < 0 or offset > hw:
+            raise OffsetOutOfRangeError(
+                f"{topic}-{partition}: delete-records offset {offset} outside [0, {hw}]"
+            )
+        if queue is None:
+            return 0
+        self._advance_log_start(queue, offset, "DeleteRecords")
+        return queue.log_start_offset
+
+    def _advance_log_start(self, queue: QueueLog, offset: int, why: str) -> None:
+        before = queue.log_start_offset
+        if offset <= before:
+            return
+        deleted = queue.advance_log_start(offset)
+        if queue.dirty:
+            self._dirty.add(queue)
+        self._log_starts[(queue.topic, queue.partition)] = queue.log_start_offset
+        self._log_starts_changed = True
+        if self._checkpoint_wake is not None:
+            self._checkpoint_wake.set()
+        log.info(
+            "%s-%d: log start offset %d -> %d (%s, %d segments deleted)",
+            queue.topic,
+            queue.partition,
+            before,
+            queue.log_start_offset,
+            why,
+            deleted,
+        )
+
+    def apply_retention(self, now_ms: int | None = None) -> int:
+        """Apply retention.ms and retention.bytes to every queue log with sealed data; returns
+        how many queue logs had their log start advanced."""
+        now = int(time.time() * 1000) if now_ms is None else now_ms
+        advanced = 0
+        for state in list(self._by_name.values()):
+            queue = state.queue
+            if queue is None or not queue.segments:
+                continue
+            cutoff = queue.retention_cutoff(now)
+            if cutoff > queue.log_start_offset:
+                try:
+                    self._advance_log_start(queue, cutoff, "retention")
+                except OSError as exc:
+                    log.error("%s-%d: retention failed: %s", queue.topic, queue.partition, exc)
+                    continue
+                advanced += 1
+        return advanced
+
+    async def _retention_loop(self) -> None:
+        while not self._closed:
+            await asyncio.sleep(self._retention_check_interval_ms / 1000)
+            try:
+                self.apply_retention()
+            except Exception:
+                log.exception("retention check failed")
 
     # -- read path ----------------------------------------------------------------------------
     def _state(self, topic: str, partition: int) -> _Partition:

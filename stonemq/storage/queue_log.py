@@ -54,6 +54,7 @@ class QueueLog:
         "first_unflushed_journal_position",
         "journal_partition",
         "last_journal_position",
+        "log_start",
         "next_offset",
         "partition",
         "segments",
@@ -78,6 +79,7 @@ class QueueLog:
         self.files = files
         self.segments: list[Segment] = []
         self.next_offset = 0
+        self.log_start = 0  # raised by retention and DeleteRecords; see log_start_offset
         self.created_ms = 0  # when the active segment was created (segment.ms fallback)
         self.last_journal_position = -1  # journal position of the last entry split in
         # journal position of the first entry split in since the last flush; None when clean
@@ -91,7 +93,11 @@ class QueueLog:
 
     @property
     def log_start_offset(self) -> int:
-        return self.segments[0].base_offset if self.segments else self.next_offset
+        """The first offset a fetch may ask for: the stored log start, never below the first
+        segment's base offset nor above the log end."""
+        if not self.segments:
+            return self.next_offset
+        return min(max(self.log_start, self.segments[0].base_offset), self.next_offset)
 
     @property
     def size_bytes(self) -> int:
@@ -168,7 +174,9 @@ class QueueLog:
         return waited > config.segment_ms
 
     def _new_segment(self, base_offset: int) -> None:
-        self.segments.append(Segment(self.directory, base_offset))
+        seg = Segment(self.directory, base_offset)
+        self.segments.append(seg)
+        self.files.get(seg.log_path)  # the file exists from now on: it holds the log end
         self.created_ms = int(time.time() * 1000)
 
     def roll(self, base_offset: int) -> None:
@@ -180,6 +188,76 @@ class QueueLog:
         for path in active.paths:
             self.files.close(path)
         self._new_segment(base_offset)
+
+    # -- retention ------------------------------------------------------------------------
+    def advance_log_start(self, offset: int) -> int:
+        """Raise the log start to ``offset`` (at most the log end) and delete the segments
+        wholly below it. Returns the number of segments deleted."""
+        offset = min(offset, self.next_offset)
+        if offset <= self.log_start_offset:
+            return 0
+        self.log_start = offset
+        count = 0
+        for seg in self.segments[1:]:
+            if seg.base_offset > offset:
+                break
+            count += 1
+        whole = count == len(self.segments) - 1 and offset >= self.next_offset
+        if whole and self.segments[-1].size:
+            self.roll(self.next_offset)  # the active segment is wholly below: seal it too
+            count += 1
+        return self._delete_oldest(count, "below the log start offset")
+
+    def retention_cutoff(self, now_ms: int) -> int:
+        """The offset retention.ms and retention.bytes let the log start advance to (Kafka's
+        rules: whole segments, oldest first; a segment expires when its largest timestamp is
+        older than retention.ms; size counts every segment)."""
+        config = self.config
+        segments = self.segments
+        if not segments or (segments[-1].size == 0 and len(segments) == 1):
+            return self.log_start_offset
+        keep_from = 0
+        retention_ms = config.retention_ms
+        if retention_ms >= 0:
+            for i, seg in enumerate(segments):
+                if seg.size == 0:
+                    break
+                max_ts, _ = seg.ensure_max_timestamp(self.files)
+                if now_ms - max_ts <= retention_ms:
+                    break
+                keep_from = i + 1
+        retention_bytes = config.retention_bytes
+        if retention_bytes >= 0:
+            excess = self.size_bytes - retention_bytes
+            i = 0
+            while i < len(segments) and excess - segments[i].size >= 0 and segments[i].size:
+                excess -= segments[i].size
+                i += 1
+            keep_from = max(keep_from, i)
+        if keep_from == 0:
+            return self.log_start_offset
+        if keep_from >= len(segments):
+            return self.next_offset
+        return segments[keep_from].base_offset
+
+    def _delete_oldest(self, count: int, why: str) -> int:
+        """Delete the ``count`` oldest segments (never the active one)."""
+        count = min(count, len(self.segments) - 1)
+        if count <= 0:
+            return 0
+        gone = self.segments[:count]
+        del self.segments[:count]
+        for seg in gone:
+            for path in seg.paths:
+                self.files.close(path)
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
+                if path in self.unflushed:
+                    self.unflushed.remove(path)
+            log.info(
+                "%s-%d: deleted segment %d (%s)", self.topic, self.partition, seg.base_offset, why
+            )
+        return count
 
     # -- read -----------------------------------------------------------------------------
     def _segment_index(self, offset: int) -> int:
@@ -246,7 +324,7 @@ class QueueLog:
         return headers
 
     # -- recovery and removal -------------------------------------------------------------
-    def recover(self, recovery_point: QueueRecoveryPoint | None) -> int:
+    def recover(self, recovery_point: QueueRecoveryPoint | None, log_start: int = 0) -> int:
         """Load the segments; keep the flushed part (up to ``recovery_point``), validate the
         batches after it by CRC and truncate at the first bad one; rebuild the indexes past
         it. Returns the bytes truncated."""
@@ -255,8 +333,9 @@ class QueueLog:
         self.segments = [Segment(self.directory, base) for base in bases]
         for seg in self.segments:
             seg.size = os.path.getsize(seg.log_path)
+        self.log_start = log_start
         if not self.segments:
-            self.next_offset = recovery_point.offset if recovery_point else 0
+            self.next_offset = max(recovery_point.offset if recovery_point else 0, log_start)
             if self.next_offset:
                 log.warning(
                     "%s-%d: no segments although flushed up to offset %d",

@@ -7,6 +7,8 @@ length fields. Files are reached through the :class:`OpenFiles` cache and never 
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import struct
 from collections.abc import Iterator
@@ -22,6 +24,8 @@ from stonemq.protocol.record_batch import (
 from stonemq.storage.offset_index import OffsetIndex
 from stonemq.storage.open_files import OpenFiles
 from stonemq.storage.time_index import TimeIndex
+
+log = logging.getLogger(__name__)
 
 LOG_SUFFIX = ".log"
 INDEX_SUFFIX = ".index"
@@ -81,10 +85,18 @@ class Segment:
         pos = self.size
         done = 0
         n = len(batch)
-        while done < n:
-            done += os.pwrite(fd, batch[done:], pos + done)
+        try:
+            while done < n:
+                done += os.pwrite(fd, batch[done:], pos + done)
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, pos)  # leave no partial batch behind (ENOSPC, EFBIG)
+            raise
         self.size = pos + n
-        self.track(files, header, pos, index_interval_bytes)
+        try:
+            self.track(files, header, pos, index_interval_bytes)
+        except OSError as exc:  # the batch is in: a missing sparse-index entry only costs a scan
+            log.warning("%s: index entry skipped: %s", self.log_path, exc)
 
     def track(
         self, files: OpenFiles, header: BatchHeader, pos: int, index_interval_bytes: int

@@ -1,0 +1,54 @@
+"""DeleteRecords (21): advance partitions' log start offsets on request.
+
+Per partition, as Kafka answers: an unknown topic or partition is UNKNOWN_TOPIC_OR_PARTITION;
+an offset of -1 means the high watermark; an offset above the high watermark (or below -1) is
+OFFSET_OUT_OF_RANGE; otherwise the log start offset becomes max(current, offset), whole
+queue-log segments below it are deleted, and ``low_watermark`` is the new log start offset.
+A storage failure is KAFKA_STORAGE_ERROR. The work is synchronous, so ``timeout`` never
+expires.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kio.schema.errors import ErrorCode
+
+from stonemq.handlers.context import RequestContext
+from stonemq.handlers.registry import api
+from stonemq.storage.engine import OffsetOutOfRangeError, StorageError, UnknownPartitionError
+
+
+@api(21, 0, 2)
+async def handle_delete_records(ctx: RequestContext, request: Any) -> Any:
+    topics = []
+    for topic in request.topics:
+        record = ctx.broker.topics.get(topic.name)
+        partitions = []
+        for p in topic.partitions:
+            low_watermark, error = -1, ErrorCode.none
+            if record is None or not 0 <= p.partition_index < record.partitions:
+                error = ErrorCode.unknown_topic_or_partition
+            else:
+                try:
+                    low_watermark = ctx.broker.storage.delete_records(
+                        topic.name, p.partition_index, p.offset
+                    )
+                except UnknownPartitionError:
+                    error = ErrorCode.unknown_topic_or_partition
+                except OffsetOutOfRangeError:
+                    error = ErrorCode.offset_out_of_range
+                except (StorageError, OSError):
+                    error = ErrorCode.kafka_storage_error
+            partitions.append(
+                ctx.build(
+                    "DeleteRecordsPartitionResult",
+                    partition_index=p.partition_index,
+                    low_watermark=low_watermark,
+                    error_code=error,
+                )
+            )
+        topics.append(
+            ctx.build("DeleteRecordsTopicResult", name=topic.name, partitions=tuple(partitions))
+        )
+    return ctx.build("DeleteRecordsResponse", throttle_time=0, topics=tuple(topics))

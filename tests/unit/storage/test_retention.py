@@ -1,0 +1,145 @@
+"""Retention and DeleteRecords: the log start offset advances over whole segments, survives
+restarts and crashes, and never lets a re-split bring deleted offsets back."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+from conftest import abandon, add_topic, build_batch, new_engine, read_all, wait_split
+
+from stonemq.protocol.record_batch import iter_batches
+from stonemq.storage.engine import LogConfig, OffsetOutOfRangeError, StorageEngine
+
+SMALL = LogConfig(segment_bytes=2048, index_interval_bytes=256)
+
+
+async def fill(engine: StorageEngine, batches: int, timestamp: int = 1000) -> None:
+    results = []
+    for i in range(batches):
+        batch = build_batch([b"v%04d" % i * 20, b"w" * 50], [timestamp, timestamp])
+        results.append(engine.append("t", 0, batch, 2))
+    await asyncio.gather(*(r.written for r in results))
+    await wait_split(engine)
+
+
+def offsets(engine: StorageEngine) -> list[int]:
+    start = engine.log_start_offset("t", 0)
+    data = read_all(engine, "t", 0, start) if start < engine.high_watermark("t", 0) else b""
+    return [h.base_offset for _, h in iter_batches(data)]
+
+
+def segment_files(root: Path) -> list[str]:
+    return sorted(p.name for p in (root / "queues" / "t-0").glob("*.log"))
+
+
+def test_delete_records_advances_log_start_and_survives_restart(tmp_path: Path) -> None:
+    async def run() -> None:
+        engine = new_engine(tmp_path)
+        add_topic(engine, config=SMALL)
+        engine.start(lambda *a: None)
+        assert engine.delete_records("t", 0, -1) == 0  # empty log
+        with pytest.raises(OffsetOutOfRangeError):
+            engine.delete_records("t", 0, 1)
+        await fill(engine, 60)
+        hw = engine.high_watermark("t", 0)
+        assert hw == 120
+        before = len(segment_files(tmp_path))
+        assert before > 3
+        assert engine.delete_records("t", 0, 51) == 51
+        assert engine.log_start_offset("t", 0) == 51
+        assert len(segment_files(tmp_path)) < before  # whole segments below 51 are gone
+        assert engine.delete_records("t", 0, 10) == 51  # lower: no change
+        with pytest.raises(OffsetOutOfRangeError):
+            engine.delete_records("t", 0, hw + 1)
+        with pytest.raises(OffsetOutOfRangeError):
+            engine.read("t", 0, 50, 1000)
+        first = parse_first(engine.read("t", 0, 51, 1000).data)
+        assert first <= 51  # the batch holding offset 51
+        await engine.close()
+
+        engine = new_engine(tmp_path)
+        add_topic(engine, config=SMALL)
+        engine.recover()
+        assert engine.log_start_offset("t", 0) == 51
+        assert engine.high_watermark("t", 0) == 120
+        engine.start(lambda *a: None)
+        assert engine.delete_records("t", 0, -1) == 120  # everything, the active segment too
+        assert engine.high_watermark("t", 0) == 120
+        await fill(engine, 1)  # appends continue at the log end
+        assert offsets(engine) == [120]
+        assert engine.log_start_offset("t", 0) == 120
+        await engine.flush()
+        abandon(engine)  # crash after the checkpoint: the journal still holds 0..119
+
+        engine = new_engine(tmp_path)
+        add_topic(engine, config=SMALL)
+        engine.recover()
+        assert engine.log_start_offset("t", 0) == 120
+        assert offsets(engine) == [120]  # re-split brought nothing below the log start back
+        await engine.close()
+
+    asyncio.run(run())
+
+
+def parse_first(data: bytes) -> int:
+    return next(iter_batches(data))[1].base_offset
+
+
+def test_delete_records_then_crash_before_checkpoint_keeps_offsets(tmp_path: Path) -> None:
+    async def run() -> None:
+        engine = new_engine(tmp_path)
+        add_topic(engine, config=SMALL)
+        engine.start(lambda *a: None)
+        await fill(engine, 30)
+        engine.delete_records("t", 0, -1)
+        abandon(engine)  # no checkpoint: the journal is re-split from the start
+
+        engine = new_engine(tmp_path)
+        add_topic(engine, config=SMALL)
+        engine.recover()
+        # the log end never goes back, whatever start recovery settles on
+        assert engine.high_watermark("t", 0) == 60
+        assert engine.log_end_offset("t", 0) == 60
+        engine.start(lambda *a: None)
+        await fill(engine, 1)
+        assert offsets(engine)[-1] == 60
+        await engine.close()
+
+    asyncio.run(run())
+
+
+def test_retention_bytes_and_ms(tmp_path: Path) -> None:
+    async def run() -> None:
+        engine = new_engine(tmp_path)
+        add_topic(engine, config=LogConfig(segment_bytes=2048, retention_bytes=4096))
+        engine.start(lambda *a: None)
+        await fill(engine, 60)
+        total = sum(p.stat().st_size for p in (tmp_path / "queues" / "t-0").glob("*.log"))
+        assert total > 8192
+        assert engine.apply_retention(now_ms=2000) == 1
+        kept = sum(p.stat().st_size for p in (tmp_path / "queues" / "t-0").glob("*.log"))
+        assert 4096 - 2048 <= kept <= 4096 + 2048
+        start = engine.log_start_offset("t", 0)
+        assert start > 0 and offsets(engine)[0] == start
+        assert engine.apply_retention(now_ms=2000) == 0  # nothing more to do
+
+        # retention.ms: every segment's largest timestamp (1000) is older than 500 ms at 2000
+        engine.update_config("t", LogConfig(segment_bytes=2048, retention_ms=500))
+        assert engine.apply_retention(now_ms=1400) == 0
+        assert engine.apply_retention(now_ms=2000) == 1
+        assert engine.log_start_offset("t", 0) == engine.high_watermark("t", 0) == 120
+        assert len(segment_files(tmp_path)) == 1  # an empty active segment at the log end
+        await fill(engine, 2, timestamp=5000)
+        assert offsets(engine) == [120, 122]
+        await engine.close()
+
+        engine = new_engine(tmp_path)
+        add_topic(engine, config=SMALL)
+        engine.recover()
+        assert engine.log_start_offset("t", 0) == 120
+        assert offsets(engine) == [120, 122]
+        await engine.close()
+
+    asyncio.run(run())
