@@ -88,6 +88,11 @@ def serve(
         pass
 
 
+from stonemq.cli.storage import storage_app  # noqa: E402
+
+app.add_typer(storage_app)
+
+
 def main() -> None:
     app()
 

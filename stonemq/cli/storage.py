@@ -1,0 +1,98 @@
+"""``stonemq storage``: offline storage tools, ``check`` (verify a data directory) and ``dump``
+(print a journal or queue-log file, like kafka-dump-log). The logic is
+:mod:`stonemq.storage.check`; this module only parses arguments and prints."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from stonemq.config import load_settings
+from stonemq.storage.check import check_storage, dump_file
+
+storage_app = typer.Typer(
+    name="storage",
+    help="Offline storage tools: check a data directory, dump a journal or queue-log file.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+
+
+@storage_app.command()
+def check(
+    data_dir: Annotated[
+        Path | None, typer.Option(help="root of all broker state [default: ./data]")
+    ] = None,
+    journal_dir: Annotated[
+        Path | None, typer.Option(help="write directory [default: DATA_DIR/journal]")
+    ] = None,
+    queue_dir: Annotated[
+        Path | None, typer.Option(help="read directory [default: DATA_DIR/queues]")
+    ] = None,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="one row per queue log")] = False,
+) -> None:
+    """Verify every journal entry and queue-log batch (checksums, offset contiguity, index
+    consistency) and print a summary; exit 1 on any defect. Changes no file."""
+    settings = load_settings(None, data_dir=data_dir, journal_dir=journal_dir, queue_dir=queue_dir)
+    report = check_storage(str(settings.journal_path), str(settings.queue_path))
+    console = Console()
+    journals = Table(title=f"journal ({settings.journal_path})")
+    for column in ("partition", "segments", "entries", "bytes", "start", "end"):
+        journals.add_column(column, justify="right" if column != "partition" else "left")
+    for j in report.journals:
+        journals.add_row(
+            j.name,
+            str(j.segments),
+            str(j.entries),
+            str(j.bytes),
+            str(j.start_position),
+            str(j.end_position),
+        )
+    console.print(journals)
+    logs = report.queue_logs
+    if verbose:
+        queues = Table(title=f"queue logs ({settings.queue_path})")
+        for column in ("queue log", "segments", "batches", "records", "bytes", "start", "end"):
+            queues.add_column(column, justify="right" if column != "queue log" else "left")
+        for q in logs:
+            queues.add_row(
+                q.name,
+                str(q.segments),
+                str(q.batches),
+                str(q.records),
+                str(q.bytes),
+                str(q.log_start_offset),
+                str(q.next_offset),
+            )
+        console.print(queues)
+    console.print(
+        f"queue logs: {len(logs)}, segments: {sum(q.segments for q in logs)}, "
+        f"batches: {sum(q.batches for q in logs)}, records: {sum(q.records for q in logs)}, "
+        f"bytes: {sum(q.bytes for q in logs)}"
+    )
+    if report.ok:
+        console.print("[green]storage check passed: no defect[/green]")
+        return
+    for defect in report.defects:
+        console.print(f"[red]DEFECT[/red] {defect}", highlight=False, soft_wrap=True)
+    console.print(f"[red]storage check failed: {len(report.defects)} defect(s)[/red]")
+    raise typer.Exit(1)
+
+
+@storage_app.command()
+def dump(
+    file: Annotated[Path, typer.Argument(help="a .journal, .log, .index or .timeindex file")],
+    records: Annotated[bool, typer.Option("--records", help="decode each batch's records")] = False,
+) -> None:
+    """Print every entry of a journal segment or batch of a queue-log segment (or the entries
+    of an index file)."""
+    try:
+        for line in dump_file(str(file), records):
+            typer.echo(line)
+    except (ValueError, OSError) as exc:
+        typer.echo(f"stonemq storage dump: {exc}", err=True)
+        raise typer.Exit(2) from None
