@@ -1,0 +1,576 @@
+"""The bench report: machine facts, py-spy summary, targets, Markdown, charts, JSON.
+
+Owns everything written to ``docs/benchmarks/`` besides ``results.json`` (written by
+:mod:`bench.run`) and ``docs/benchmarks.md``. Every figure comes from the results of the run;
+the issue's targets are the only constants here.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import importlib.metadata
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def command(quick: bool) -> str:
+    return "./scripts/bench.sh" + (" --quick" if quick else "")
+
+
+def _run(cmd: list[str]) -> str:
+    with contextlib.suppress(Exception):
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=10).stdout.strip()
+    return ""
+
+
+def machine(workdir: Path) -> dict[str, Any]:
+    """What the run ran on, gathered now."""
+    import psutil
+
+    mem = f"{psutil.virtual_memory().total / 2**30:.1f} GiB"
+    cpu = ""
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as fh:
+        for line in fh:
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    source = _run(["df", "--output=source", str(workdir)]).splitlines()[-1:]
+    device = source[0] if source else ""
+    disk = _run(["lsblk", "-ndPo", "SIZE,ROTA,MODEL", device]) if device else ""
+    versions = {}
+    for dist in ("confluent-kafka", "redis", "uvloop", "matplotlib", "psutil", "py-spy", "kio"):
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            versions[dist] = importlib.metadata.version(dist)
+    with contextlib.suppress(Exception):
+        import confluent_kafka
+
+        versions["librdkafka"] = confluent_kafka.libversion()[0]
+    versions["redis-server"] = _run(["redis-server", "--version"])
+    return {
+        "nproc": os.cpu_count(),
+        "physical_cores": psutil.cpu_count(logical=False),
+        "cpu": cpu,
+        "memory": mem,
+        "kernel": platform.release(),
+        "os": _run(["sh", "-c", ". /etc/os-release && echo $PRETTY_NAME"]),
+        "disk": f"{device} {disk}".strip(),
+        "python": sys.version.split()[0],
+        "versions": versions,
+        "stonemq_commit": _run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"]),
+        "loadavg_start": os.getloadavg(),
+    }
+
+
+# -- profile --------------------------------------------------------------------------------
+
+
+def _stonemq_files() -> list[str]:
+    return sorted(str(f.relative_to(ROOT)) for f in (ROOT / "stonemq").rglob("*.py"))
+
+
+def _short(frame: str, files: list[str]) -> str:
+    """``func (path:line)`` -> ``func (stonemq/x/y.py)``; py-spy shortens some paths to a
+    suffix (``journal.py``), resolved here against the StoneMQ source tree when unique."""
+    name, _, where = frame.partition(" (")
+    path = where.rstrip(")").rsplit(":", 1)[0]
+    for marker in ("/stonemq/", "/site-packages/", "/lib/python3"):
+        if marker in path:
+            path = path.split(marker, 1)[1]
+            path = "stonemq/" + path if marker == "/stonemq/" else path
+            break
+    if not path.startswith("stonemq/"):
+        matches = [f for f in files if f.endswith("/" + path)]
+        if len(matches) == 1:
+            path = matches[0]
+    return f"{name} ({path})" if path else name
+
+
+def _area(short: str) -> str:
+    if "(stonemq/" in short:
+        rest = short.split("(stonemq/", 1)[1].rstrip(")")
+        return "stonemq/" + (rest.split("/")[0] if "/" in rest else rest)
+    return "outside StoneMQ"
+
+
+def summarize_profile(raw: Path, rate: int, duration: float) -> dict[str, Any]:
+    """Top self and inclusive frames, and the share by StoneMQ package, of py-spy raw output
+    (``frame;frame;... count`` per line, root first)."""
+    self_counts: collections.Counter[str] = collections.Counter()
+    incl: collections.Counter[str] = collections.Counter()
+    areas: collections.Counter[str] = collections.Counter()
+    total = 0
+    files = _stonemq_files()
+    with contextlib.suppress(OSError), raw.open() as fh:
+        for line in fh:
+            stack, _, count = line.rstrip("\n").rpartition(" ")
+            if not stack or not count.isdigit():
+                continue
+            n = int(count)
+            frames = [f for f in stack.split(";") if f and not f.startswith("process ")]
+            frames = [f for f in frames if not f.startswith("thread ")]
+            if not frames:
+                continue
+            total += n
+            short = [_short(f, files) for f in frames]
+            self_counts[short[-1]] += n
+            for f in set(short):
+                incl[f] += n
+            # the innermost StoneMQ frame below the CLI decides the area
+            inner = next(
+                (
+                    f
+                    for f in reversed(short)
+                    if "(stonemq/" in f and "(stonemq/cli" not in f and "(stonemq/__main__" not in f
+                ),
+                short[-1],
+            )
+            areas[_area(inner)] += n
+    possible = rate * duration
+    return {
+        "file": raw.name,
+        "samples": total,
+        "busy_fraction": round(total / possible, 3) if possible else None,
+        "top_self": [(f, round(100 * c / total, 1)) for f, c in self_counts.most_common(12)]
+        if total
+        else [],
+        "top_inclusive": [(f, round(100 * c / total, 1)) for f, c in incl.most_common(25)]
+        if total
+        else [],
+        "areas": [(a, round(100 * c / total, 1)) for a, c in areas.most_common()] if total else [],
+    }
+
+
+# -- targets ----------------------------------------------------------------------------------
+
+
+def _find(rows: list[dict[str, Any]], **match: Any) -> dict[str, Any] | None:
+    return next((r for r in rows if all(r.get(k) == v for k, v in match.items())), None)
+
+
+def targets(res: dict[str, Any]) -> list[dict[str, Any]]:
+    """The issue's targets next to this run's ratios."""
+    out: list[dict[str, Any]] = []
+
+    def add(name: str, measured: float | None, goal: float, higher: bool, detail: str) -> None:
+        if measured is None:
+            reached: bool | None = None
+        else:
+            reached = measured >= goal if higher else measured <= goal
+        out.append(
+            {
+                "target": name,
+                "measured": measured,
+                "goal": goal,
+                "reached": reached,
+                "detail": detail,
+            }
+        )
+
+    produce = res.get("produce", [])
+    p = _find(produce, size=1120, acks="1", policy="interval")
+    ceiling = res.get("ceiling")
+    rp = _find(res.get("redis_produce", []), size=1120)
+    add(
+        "1,120 B acks=1 interval: MB/s ÷ bare ingest ceiling",
+        round(p["mb_s"] / ceiling["mb_s"], 3) if p and ceiling else None,
+        0.5,
+        True,
+        f"{p['mb_s']} / {ceiling['mb_s']} MB/s" if p and ceiling else "missing",
+    )
+    add(
+        "1,120 B acks=1 interval: msg/s ÷ Redis Streams XADD msg/s",
+        round(p["msg_s"] / rp["msg_s"], 3) if p and rp else None,
+        2.0,
+        True,
+        f"{p['msg_s']:.0f} / {rp['msg_s']:.0f} msg/s" if p and rp else "missing",
+    )
+    scaling = res.get("scaling", [])
+    s1, s10k = _find(scaling, partitions=1), _find(scaling, partitions=10_000)
+    add(
+        "throughput at 10,000 partitions ÷ at 1 partition",
+        round(s10k["msg_s"] / s1["msg_s"], 3) if s1 and s10k else None,
+        0.9,
+        True,
+        f"{s10k['msg_s']:.0f} / {s1['msg_s']:.0f} msg/s" if s1 and s10k else "missing",
+    )
+    s1k = _find(scaling, partitions=1000)
+    add(
+        "broker PSS (peak) with 1,000 partitions under load, MB",
+        s1k["pss_peak_mb"] if s1k else None,
+        60,
+        False,
+        f"steady {s1k['pss_steady_mb']} MB" if s1k else "missing",
+    )
+    idle = res.get("idle")
+    add(
+        f"broker PSS idle with {idle['partitions']:,} partitions, MB"
+        if idle
+        else "broker PSS idle with 100,000 partitions, MB",
+        idle["pss_idle_mb"] if idle else None,
+        200,
+        False,
+        f"{idle['open_files']} open files" if idle else "missing",
+    )
+    c = res.get("consume")
+    add(
+        "consume MB/s ÷ produce MB/s (1 KiB, catch-up from 0)",
+        round(c["mb_s"] / c["produce_mb_s"], 3) if c else None,
+        1.0,
+        True,
+        f"{c['mb_s']} / {c['produce_mb_s']} MB/s" if c else "missing",
+    )
+    lat = res.get("latency")
+    add(
+        "end-to-end p99 at 5,000 msg/s of 1 KiB, ms",
+        lat["p99_ms"] if lat else None,
+        20,
+        False,
+        f"p50 {lat['p50_ms']} ms, p99.9 {lat['p999_ms']} ms" if lat else "missing",
+    )
+    rec = res.get("recovery")
+    add(
+        f"time to ready after SIGKILL with {rec['unsplit_bytes'] / 2**30:.2f} GiB unsplit, s"
+        if rec
+        else "time to ready after SIGKILL with 1 GiB unsplit, s",
+        rec["ready_s"] if rec else None,
+        10,
+        False,
+        f"{rec['broker_resplit_bytes']} bytes re-split" if rec else "missing",
+    )
+    return out
+
+
+# -- Markdown and charts ----------------------------------------------------------------------
+
+
+def tables(res: dict[str, Any]) -> str:
+    lines: list[str] = []
+    ceiling = res.get("ceiling")
+    redis = {r["size"]: r for r in res.get("redis_produce", [])}
+    if res.get("produce"):
+        lines += [
+            "### Produce by record size",
+            "",
+            "| size B | acks | flush | msg/s | MB/s | ÷ ceiling MB/s | ÷ Redis msg/s"
+            " | broker CPU s/GB | PSS peak MB | PSS steady MB |",
+            "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        for r in res["produce"]:
+            rr = redis.get(r["size"])
+            vs_ceiling = f"{r['mb_s'] / ceiling['mb_s']:.3f}" if ceiling else "n/a"
+            vs_redis = f"{r['msg_s'] / rr['msg_s']:.2f}" if rr else "n/a"
+            lines.append(
+                f"| {r['size']:,} | {r['acks']} | {r['policy']} | {r['msg_s']:,.0f} | "
+                f"{r['mb_s']:,.2f} | {vs_ceiling} | {vs_redis} | {r['cpu_s_per_gb']:,.1f} | "
+                f"{r['pss_peak_mb']} | {r['pss_steady_mb']} |"
+            )
+        lines.append("")
+    if redis:
+        lines += [
+            "### Baselines",
+            "",
+            "| baseline | size B | msg/s | MB/s | server CPU s/GB | server PSS peak MB |",
+            "|---|---:|---:|---:|---:|---:|",
+        ]
+        if ceiling:
+            lines.append(
+                f"| (a) bare uvloop ingest, 1 MiB frames | 1,048,576 | "
+                f"{ceiling['msg_s']:,.1f} | {ceiling['mb_s']:,.1f} | "
+                f"{ceiling['cpu_s_per_gb']} | {ceiling['pss_peak_mb']} |"
+            )
+        for r in redis.values():
+            lines.append(
+                f"| (b) Redis Streams XADD (pipelined) | {r['size']:,} | "
+                f"{r['msg_s']:,.0f} | {r['mb_s']:,.2f} | {r['cpu_s_per_gb']} | "
+                f"{r['pss_peak_mb']} |"
+            )
+        rc = res.get("redis_consume")
+        if rc:
+            lines.append(
+                f"| (b) Redis Streams XREAD COUNT 10000 | {rc['size']:,} | "
+                f"{rc['msg_s']:,.0f} | {rc['mb_s']:,.2f} | {rc['cpu_s_per_gb']} | "
+                f"{rc['pss_peak_mb']} |"
+            )
+        lines.append("")
+    if res.get("scaling"):
+        lines += [
+            "### Partition scaling (1 KiB, keyed, acks=1, interval)",
+            "",
+            "| partitions | msg/s | MB/s | ÷ 1 partition | CPU s/GB | PSS peak MB |"
+            " PSS steady MB | open files | topic create s |",
+            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        base = res["scaling"][0]["msg_s"]
+        for r in res["scaling"]:
+            lines.append(
+                f"| {r['partitions']:,} | {r['msg_s']:,.0f} | {r['mb_s']:,.2f} | "
+                f"{r['msg_s'] / base:.2f} | {r['cpu_s_per_gb']} | {r['pss_peak_mb']} |"
+                f" {r['pss_steady_mb']} | {r['open_files']} | {r['create_s']} |"
+            )
+        lines.append("")
+    c = res.get("consume")
+    if c:
+        rc = res.get("redis_consume")
+        lines += [
+            "### Consume catch-up from offset 0 (1 KiB records, 4 partitions)",
+            "",
+            "| records | msg/s | MB/s | produce MB/s (same data) | CPU s/GB | PSS peak MB"
+            " | page cache dropped | ÷ Redis XREAD MB/s |",
+            "|---:|---:|---:|---:|---:|---:|---|---:|",
+            f"| {c['msgs']:,} | {c['msg_s']:,.0f} | {c['mb_s']:,.2f} | "
+            f"{c['produce_mb_s']} | {c['cpu_s_per_gb']} | {c['pss_peak_mb']} | "
+            f"{'yes' if c['cache_dropped'] else 'no (not permitted)'} | "
+            + (f"{c['mb_s'] / rc['mb_s']:.2f} |" if rc else "n/a |"),
+            "",
+        ]
+    lat = res.get("latency")
+    if lat:
+        lines += [
+            "### End-to-end latency (1 KiB at a fixed rate, produce to consume)",
+            "",
+            "| rate msg/s | achieved | received | p50 ms | p99 ms | p99.9 ms | max ms |",
+            "|---:|---:|---:|---:|---:|---:|---:|",
+            f"| {lat['rate']:,} | {lat['achieved_msg_s']:,.0f} | {lat['received']:,} | "
+            f"{lat['p50_ms']} | {lat['p99_ms']} | {lat['p999_ms']} | {lat['max_ms']} |",
+            "",
+        ]
+    idle = res.get("idle")
+    if idle:
+        lines += [
+            "### Idle cost",
+            "",
+            "| partitions | topics | create s | write-once s | PSS empty MB |"
+            " PSS peak while writing MB | PSS idle MB | open files |",
+            "|---:|---:|---:|---:|---:|---:|---:|---:|",
+            f"| {idle['partitions']:,} | {idle['topics']} | {idle['create_s']} | "
+            f"{idle['write_s']} | {idle['pss_empty_mb']} | {idle['pss_peak_write_mb']} | "
+            f"{idle['pss_idle_mb']} | {idle['open_files']} |",
+            "",
+        ]
+    rec = res.get("recovery")
+    if rec:
+        lines += [
+            "### Recovery after SIGKILL",
+            "",
+            "| journal bytes | unsplit at kill (vs split checkpoint) | page cache dropped |"
+            " time to ready s | broker's own recovery s | bytes re-split (broker log) |",
+            "|---:|---:|---|---:|---:|---:|",
+            f"| {rec['journal_bytes']:,} | {rec['unsplit_bytes']:,} | "
+            f"{'yes' if rec['cache_dropped'] else 'no'} | {rec['ready_s']} | "
+            f"{rec['broker_recover_s']} | {rec['broker_resplit_bytes']} |",
+            "",
+        ]
+    return "\n".join(lines)
+
+
+def targets_table(res: dict[str, Any]) -> str:
+    lines = ["| target (issue 5) | goal | measured | reached | detail |", "|---|---:|---:|---|---|"]
+    for t in targets(res):
+        op = "≥" if "÷" in t["target"] else "≤"
+        mark = {True: "reached", False: "not reached", None: "not measured"}[t["reached"]]
+        lines.append(
+            f"| {t['target']} | {op} {t['goal']} | {t['measured']} | {mark} | {t['detail']} |"
+        )
+    return "\n".join(lines)
+
+
+def charts(res: dict[str, Any], out: Path) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    made: list[str] = []
+    if res.get("produce"):
+        fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
+        for policy in ("interval", "always"):
+            for acks in ("1", "all"):
+                rows = [r for r in res["produce"] if r["policy"] == policy and r["acks"] == acks]
+                if rows:
+                    label = f"StoneMQ acks={acks} {policy}"
+                    ax1.plot(
+                        [r["size"] for r in rows], [r["mb_s"] for r in rows], "o-", label=label
+                    )
+                    ax2.plot(
+                        [r["size"] for r in rows], [r["msg_s"] for r in rows], "o-", label=label
+                    )
+        redis = res.get("redis_produce", [])
+        if redis:
+            ax1.plot(
+                [r["size"] for r in redis],
+                [r["mb_s"] for r in redis],
+                "s--",
+                label="Redis Streams XADD",
+            )
+            ax2.plot(
+                [r["size"] for r in redis],
+                [r["msg_s"] for r in redis],
+                "s--",
+                label="Redis Streams XADD",
+            )
+        if res.get("ceiling"):
+            ax1.axhline(res["ceiling"]["mb_s"], color="k", ls=":", label="bare ingest ceiling")
+        for ax, unit in ((ax1, "MB/s"), (ax2, "msg/s")):
+            ax.set_xscale("log")
+            ax.set_yscale("log")
+            ax.set_xlabel("record size (bytes)")
+            ax.set_ylabel(unit)
+            ax.grid(True, which="both", alpha=0.3)
+        ax1.legend(fontsize=7)
+        fig.suptitle("Produce throughput by record size")
+        fig.tight_layout()
+        fig.savefig(out / "produce_by_size.png", dpi=100)
+        plt.close(fig)
+        made.append("produce_by_size.png")
+    if res.get("scaling"):
+        rows = res["scaling"]
+        fig, ax1 = plt.subplots(figsize=(7, 4.5))
+        xs = [r["partitions"] for r in rows]
+        ax1.plot(xs, [r["msg_s"] for r in rows], "o-", color="tab:blue", label="msg/s")
+        ax1.set_xscale("log")
+        ax1.set_xlabel("partitions")
+        ax1.set_ylabel("msg/s (1 KiB)", color="tab:blue")
+        ax1.set_ylim(bottom=0)
+        ax2 = ax1.twinx()
+        ax2.plot(xs, [r["pss_peak_mb"] for r in rows], "s--", color="tab:red", label="PSS peak")
+        ax2.plot(
+            xs, [r["pss_steady_mb"] for r in rows], "^:", color="tab:orange", label="PSS steady"
+        )
+        ax2.set_ylabel("broker PSS (MB)", color="tab:red")
+        ax2.set_ylim(bottom=0)
+        ax2.legend(loc="lower left", fontsize=8)
+        ax1.grid(True, alpha=0.3)
+        fig.suptitle("Partition scaling: throughput and memory")
+        fig.tight_layout()
+        fig.savefig(out / "partition_scaling.png", dpi=100)
+        plt.close(fig)
+        made.append("partition_scaling.png")
+    return made
+
+
+def write(res: dict[str, Any], out: Path) -> None:
+    """Write results.md, the charts and docs/benchmarks.md from ``res``."""
+    made = charts(res, out)
+    body = tables(res)
+    (out / "results.md").write_text(
+        "# StoneMQ benchmark results\n\n" + targets_table(res) + "\n\n" + body + "\n"
+    )
+    doc = out.parent / "benchmarks.md"
+    doc.write_text(document(res, body, made))
+
+
+def document(res: dict[str, Any], body: str, made: list[str]) -> str:
+    m = res.get("machine", {})
+    run = res.get("run", {})
+    v = m.get("versions", {})
+    scale = res.get("scale", {})
+    parts = [
+        "# Benchmarks",
+        "",
+        "Generated by the bench suite (`bench/`) from the run recorded in "
+        "[benchmarks/results.json](benchmarks/results.json); do not edit by hand, re-run "
+        "instead. Every figure below was measured in that one run, baselines side by side.",
+        "",
+        "## Command",
+        "",
+        "```sh",
+        run.get("command", "./scripts/bench.sh"),
+        "```",
+        "",
+        f"Scale: **{scale.get('name')}** (`./scripts/bench.sh --quick` runs every workload at a "
+        "small scale for development). The run took "
+        f"{run.get('seconds')} s, started {run.get('started')}.",
+        "",
+        "## Machine",
+        "",
+        f"- CPUs: {m.get('nproc')} ({m.get('cpu')}); memory {m.get('memory')}",
+        f"- kernel {m.get('kernel')}; {m.get('os')}; disk: {m.get('disk')}",
+        f"- Python {m.get('python')}; StoneMQ commit {m.get('stonemq_commit')}",
+        "- " + ", ".join(f"{k} {val}" for k, val in v.items()),
+        f"- load average at start {tuple(round(x, 2) for x in m.get('loadavg_start', ()))}, at"
+        f" end {tuple(round(x, 2) for x in run.get('loadavg_end', ()))} (other work on the "
+        "machine makes figures noisy: compare ratios, and re-run on a quiet machine)",
+        "",
+        "## Targets",
+        "",
+        targets_table(res),
+        "",
+        "## Results",
+        "",
+        "Throughput counts payload bytes (record values). Broker CPU s/GB is utime+stime of "
+        "the broker and its children over the workload per GB of payload; PSS is summed over "
+        "the broker and its children from `/proc/<pid>/smaps_rollup`, sampled every 0.25 s "
+        "(peak: largest sample; steady: median of the second half of the workload).",
+        "",
+        body,
+    ]
+    for name in made:
+        parts += [f"![{name}](benchmarks/{name})", ""]
+    parts += ["## Where the time goes", "", profile_text(res.get("profile")), ""]
+    parts += ["## How each workload is run", "", METHOD.strip(), ""]
+    return "\n".join(parts)
+
+
+def profile_text(prof: dict[str, Any] | None) -> str:
+    if not prof or not prof.get("samples"):
+        return f"No profile in this run ({(prof or {}).get('error', 'py-spy gave no samples')})."
+    w = prof["workload"]
+    areas = ", ".join(f"{a} {p}%" for a, p in prof["areas"][:8])
+    top_self = "\n".join(f"| {f} | {p}% |" for f, p in prof["top_self"])
+    top_incl = "\n".join(f"| {f} | {p}% |" for f, p in prof["top_inclusive"][:15])
+    return (
+        f"py-spy sampled the broker ({prof['samples']} samples at 200 Hz, non-blocking, "
+        f"subprocesses included) during a separate repeat of the 1,120-byte acks=1 interval "
+        f"produce workload ({w['msg_s']:,.0f} msg/s, {w['mb_s']} MB/s while sampled). The "
+        f"broker's Python threads were on CPU in {100 * (prof['busy_fraction'] or 0):.0f}% of "
+        f"the possible samples (100% = one core busy all the time; the GIL caps the event "
+        f"loop at one core). By the innermost StoneMQ frame of each sample: {areas}. "
+        f"The raw stacks are in [benchmarks/{prof['file']}](benchmarks/{prof['file']}) "
+        "(collapsed format; load into speedscope or flamegraph.pl).\n\n"
+        "Top frames by own time:\n\n| frame | share of samples |\n|---|---:|\n"
+        f"{top_self}\n\nTop frames including callees:\n\n| frame | share of samples |\n"
+        f"|---|---:|\n{top_incl}"
+    )
+
+
+METHOD = """
+- **Clients**: confluent-kafka (librdkafka) producers and consumers, each in its own process
+  (multiprocessing, spawn). Producers: `linger.ms=5`, no compression, no idempotence, one
+  producer process per workload, payload of random bytes; consumers `assign()` every partition
+  at offset 0 (no group membership).
+- **Produce by size**: one broker per `journal.flush.policy`, a 4-partition topic per
+  (size, acks); each configuration produces for a fixed time or a byte cap (see `bench/run.py`,
+  `Scale`), the broker left to go quiet between configurations.
+- **Partition scaling**: a fresh broker per step, one topic of N partitions, 1 KiB records keyed
+  over max(4N, 1000) keys, acks=1.
+- **Consume**: a 4-partition topic is filled with 1 KiB records (its produce rate is the
+  comparison), the broker is stopped cleanly, the page cache dropped
+  (`sync; echo 3 > /proc/sys/vm/drop_caches`, where permitted), the broker started again and
+  one consumer reads everything from offset 0.
+- **Latency**: one consumer process reading from offset 0, then a producer paced at 5,000 msg/s
+  (`linger.ms=1`) stamping `CLOCK_MONOTONIC` ns in the first 8 bytes of each 1 KiB record; the
+  consumer subtracts on receipt. The first 0.5 s of records are dropped as warm-up.
+- **Idle cost**: a fresh broker, topics of 10,000 partitions up to the total, one 100-byte
+  record written to every partition, then PSS (median of 5 samples) and `/proc/<pid>/fd`
+  counts once the broker is quiet.
+- **Recovery**: a broker with `queue.checkpoint.interval.ms=3600000`, so no queue-log flush and
+  no split-position checkpoint is written during the run: all the journal written is unsplit
+  as far as a restart is concerned (the splitter's in-memory progress dies with the process).
+  11,760-byte records fill 8 partitions up to the size, then SIGKILL; "unsplit" compares each
+  journal partition's end with `split-position-checkpoint` (absent means its start). Time to
+  ready is from spawning the restarted broker to its `ready` line with the port open; the
+  page cache is dropped first where permitted.
+- **Baselines**: (a) `python -m bench.baselines ceiling-server`: uvloop, `BufferedProtocol`
+  into a preallocated buffer, `os.write` of each length-prefixed 1 MiB frame to a file (no
+  fsync), fed by one client process with blocking `sendall`; (b) Debian `redis-server`
+  (`appendonly yes`, `appendfsync everysec`, temp dir, free loopback port), redis-py pipelines
+  of XADD (up to 1,000 commands or 1 MiB per pipeline) at the same sizes, XREAD COUNT 10000 for
+  consume.
+"""

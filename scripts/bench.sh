@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Run the benchmark suite (bench/): installs what it needs (Debian's redis-server; the package
+# with its `bench` extra in .venv), then runs every workload and both baselines in one run and
+# writes docs/benchmarks.md and docs/benchmarks/ (JSON, Markdown, PNG charts, py-spy profile).
+#   ./scripts/bench.sh            full run (well under 30 minutes on 2 cores)
+#   ./scripts/bench.sh --quick    every workload at a small scale (a minute or two)
+# Other arguments go to `python -m bench` (see --help). Needs root (or sudo) for apt-get the
+# first time, and to drop the page cache (skipped, and said so in the report, otherwise).
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+PYTHON="${PYTHON:-python3}"
+VENV="$ROOT/.venv"
+LOG="$(mktemp -t stonemq-bench-install.XXXXXX)"
+trap 'rm -f "$LOG"' EXIT
+
+run() {
+    local step="$1"
+    shift
+    if ! "$@" >"$LOG" 2>&1; then
+        echo "bench: FAILED: $step" >&2
+        sed 's/^/    /' "$LOG" >&2
+        exit 1
+    fi
+}
+
+as_root() {
+    if [ "$(id -u)" -eq 0 ]; then
+        "$@"
+    elif command -v sudo >/dev/null 2>&1; then
+        sudo "$@"
+    else
+        echo "bench: need root (or sudo) to run: $*" >&2
+        return 1
+    fi
+}
+
+missing=()
+command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+command -v "$PYTHON" >/dev/null 2>&1 || missing+=(python3)
+if [ ! -x "$VENV/bin/python" ] && ! "$PYTHON" -c 'import ensurepip, venv' >/dev/null 2>&1; then
+    missing+=(python3-venv)
+fi
+if [ "${#missing[@]}" -gt 0 ]; then
+    export DEBIAN_FRONTEND=noninteractive
+    run "apt-get update" as_root apt-get update -qq
+    run "apt-get install ${missing[*]}" as_root apt-get install -y -qq --no-install-recommends \
+        "${missing[@]}"
+fi
+
+if [ ! -x "$VENV/bin/python" ]; then
+    run "create $VENV" "$PYTHON" -m venv "$VENV"
+fi
+STAMP="$VENV/.stonemq-bench-deps"
+want="$(sha256sum "$ROOT/pyproject.toml" | cut -d' ' -f1)"
+if [ "$want" != "$(cat "$STAMP" 2>/dev/null || true)" ] \
+    || ! "$VENV/bin/python" -c 'import stonemq, confluent_kafka, redis, matplotlib, psutil' \
+        >/dev/null 2>&1 || [ ! -x "$VENV/bin/py-spy" ]; then
+    run "pip install -e .[bench]" env PIP_DISABLE_PIP_VERSION_CHECK=1 \
+        "$VENV/bin/python" -m pip install --quiet -e "$ROOT[bench]"
+    echo "$want" >"$STAMP"
+fi
+
+exec "$VENV/bin/python" -m bench "$@"
