@@ -23,6 +23,7 @@ from pydantic_settings import (
 
 FlushPolicy = Literal["always", "interval", "never"]
 TimestampType = Literal["CreateTime", "LogAppendTime"]
+TierReadPolicy = Literal["disable", "not_in_local", "force"]
 
 MIB = 1024 * 1024
 
@@ -71,6 +72,35 @@ class Settings(BaseSettings):
     queue_checkpoint_interval_ms: int = Field(60_000, gt=0)
     queue_max_open_files: int = Field(1024, ge=8)
     splitter_batch_bytes: int = Field(8 * MIB, gt=0, description="journal bytes split per pass")
+
+    # -- tiered storage (KIP-405 names; see stonemq/tiering) ----------------------------------
+    log_local_retention_ms: int = Field(
+        -2, ge=-2, description="default local.retention.ms; -2 means use retention.ms"
+    )
+    log_local_retention_bytes: int = Field(
+        -2, ge=-2, description="default local.retention.bytes; -2 means use retention.bytes"
+    )
+    tier_store_url: str | None = Field(
+        None, description="cold store: file:///path or s3://bucket/prefix (default DATA/tier)"
+    )
+    tier_s3_endpoint_url: str | None = Field(None, description="S3 endpoint (S3-compatible)")
+    tier_s3_region: str | None = Field(None, description="S3 region")
+    tier_s3_access_key_id: str | None = Field(None, description="S3 access key id")
+    tier_s3_secret_access_key: str | None = Field(None, description="S3 secret access key")
+    tier_interval_ms: int = Field(
+        0, ge=0, description="run the archive job every N ms as a separate process; 0 = off"
+    )
+    tier_spark_master: str = Field("local[*]", description="Spark master of the archive job")
+    tier_parquet_zstd_level: int = Field(1, ge=1, le=22, description="Parquet zstd level")
+    tier_read_policy: TierReadPolicy = Field(
+        "not_in_local", description="cold reads: disable | not_in_local | force"
+    )
+    tier_read_ahead_max_bytes: int = Field(
+        16 * MIB, gt=0, description="largest read-ahead window of one cold reader"
+    )
+    tier_read_cache_expire_ms: int = Field(
+        30_000, gt=0, description="read-ahead data unused this long expires (window halves)"
+    )
 
     # -- logging ---------------------------------------------------------------------------------
     log_level: str = "INFO"

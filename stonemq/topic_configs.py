@@ -281,6 +281,30 @@ TOPIC_CONFIGS: dict[str, TopicConfigKey] = {
             validator=_only(1, "a single-node broker has one in-sync replica; only 1"),
         ),
         TopicConfigKey(
+            "remote.storage.enable",
+            ConfigType.BOOLEAN,
+            "Archive this topic's sealed segments to the cold store as Parquet (tiered "
+            "storage); consumers keep reading archived offsets through the Kafka protocol.",
+            synonym=None,
+            default=False,
+        ),
+        TopicConfigKey(
+            "local.retention.ms",
+            ConfigType.LONG,
+            "How long a tiered topic keeps a segment on local disk once it is archived; -2 "
+            "means retention.ms. Local segments are deleted only once wholly archived.",
+            synonym="log.local.retention.ms",
+            validator=_at_least(-2),
+        ),
+        TopicConfigKey(
+            "local.retention.bytes",
+            ConfigType.LONG,
+            "The most a tiered topic keeps on local disk per partition; -2 means "
+            "retention.bytes. Local segments are deleted only once wholly archived.",
+            synonym="log.local.retention.bytes",
+            validator=_at_least(-2),
+        ),
+        TopicConfigKey(
             "message.timestamp.type",
             ConfigType.STRING,
             "Whether the timestamp in a message is the producer's CreateTime or the broker's "
@@ -349,7 +373,14 @@ _BROKER_DOCS: dict[str, str] = {
     "log.level": "The broker's log level.",
 }
 
-_LONG_SETTINGS = frozenset({"log_retention_bytes", "journal_segment_bytes", "splitter_batch_bytes"})
+_LONG_SETTINGS = frozenset(
+    {
+        "log_retention_bytes",
+        "journal_segment_bytes",
+        "splitter_batch_bytes",
+        "log_local_retention_bytes",
+    }
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -428,6 +459,7 @@ def _build_broker_configs() -> dict[str, BrokerConfigKey]:
             attribute=attribute,
             default=default,
             dynamic=name in DYNAMIC_BROKER_CONFIGS,
+            sensitive=attribute.endswith(("_secret_access_key", "_password")),
         )
     out["log.cleanup.policy"] = BrokerConfigKey(
         name="log.cleanup.policy",

@@ -44,6 +44,9 @@ def test_registry_names_and_synonyms() -> None:
         "message.timestamp.type": "log.message.timestamp.type",
         "compression.type": None,
         "min.insync.replicas": None,
+        "remote.storage.enable": None,
+        "local.retention.ms": "log.local.retention.ms",
+        "local.retention.bytes": "log.local.retention.bytes",
     }
     # Every synonym is a broker config, so DescribeConfigs can show it.
     for key in TOPIC_CONFIGS.values():

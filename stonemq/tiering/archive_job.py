@@ -1,0 +1,336 @@
+"""The PySpark archive job: uploaded sealed segments in, committed Parquet tables out.
+
+Two Spark Python data sources carry it, so the same job runs on ``local[*]`` or any cluster
+(executors import this module from the installed package and need only the cold store):
+
+- ``stonemq_segments`` (reader): one input partition per :class:`ArchiveTask` (an uploaded
+  segment's not-yet-archived offsets); it reads the segment from the cold store and yields
+  Arrow batches of data records (control batches skipped), plus the task's range.
+- ``stonemq_archive`` (a ``DataSourceArrowWriter``): each task writes its rows as one zstd
+  Parquet file to ``_staging/``; the driver-side ``commit()`` moves every file to
+  ``topics/<topic>/partition=<p>/<first>-<last>.parquet`` and then commits the partition's
+  manifest (:mod:`stonemq.tiering.manifest`). A range enters the archive exactly once: a
+  rerun after a kill re-plans from the manifest, and ``merge`` drops ranges already in it.
+
+:func:`prepare` clears what a killed run left (staged files, Parquet files no manifest lists)
+before planning; only one run at a time does so (the CLI holds a lock).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+import uuid
+from collections import defaultdict
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceArrowWriter,
+    DataSourceReader,
+    InputPartition,
+    WriterCommitMessage,
+)
+
+from stonemq.tiering import manifest as mf
+from stonemq.tiering.cold_store import ColdStore, StoreSpec
+from stonemq.tiering.rows import ARROW_SCHEMA, SPARK_SCHEMA, decode_segment
+
+log = logging.getLogger(__name__)
+
+DEFAULT_ZSTD_LEVEL = 1
+RANGE_COLUMNS = "_range_first long, _range_last long"
+_READER_SCHEMA = pa.schema(
+    [*ARROW_SCHEMA, pa.field("_range_first", pa.int64()), pa.field("_range_last", pa.int64())]
+)
+COMMIT_RETRIES = 5
+
+
+def _spec(options: Any) -> StoreSpec:
+    return StoreSpec(**json.loads(options["store"]))
+
+
+# -- reader ---------------------------------------------------------------------------------
+class _TaskPartition(InputPartition):
+    def __init__(self, task: dict[str, Any]) -> None:
+        super().__init__(task)
+        self.task = task
+
+
+class SegmentDataSource(DataSource):
+    """Reads uploaded sealed segments (``options: store, tasks``) as archive rows."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "stonemq_segments"
+
+    def schema(self) -> str:
+        return f"{SPARK_SCHEMA}, {RANGE_COLUMNS}"
+
+    def reader(self, schema: Any) -> DataSourceReader:
+        return _SegmentReader(dict(self.options))
+
+
+class _SegmentReader(DataSourceReader):
+    def __init__(self, options: dict[str, str]) -> None:
+        self.options = options
+
+    def partitions(self) -> Sequence[InputPartition]:
+        return [_TaskPartition(t) for t in json.loads(self.options["tasks"])]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        task = partition.task  # type: ignore[attr-defined]
+        store = _spec(self.options).open()
+        data = store.get(task["segment_key"])
+        table = decode_segment(data, task["topic"], task["partition"], task["first"], task["last"])
+        n = table.num_rows
+        if n == 0:  # a range of control batches only: one marker row carries the range
+            table = pa.Table.from_pydict(
+                {"topic": [task["topic"]], "partition": [task["partition"]]}, schema=ARROW_SCHEMA
+            )
+            n = 1
+        table = table.append_column(
+            "_range_first", pa.array([task["first"]] * n, pa.int64())
+        ).append_column("_range_last", pa.array([task["last"]] * n, pa.int64()))
+        yield from table.cast(_READER_SCHEMA).to_batches(max_chunksize=8192)
+
+
+# -- writer ---------------------------------------------------------------------------------
+@dataclass
+class StagedFile(WriterCommitMessage):
+    topic: str
+    partition: int
+    first: int
+    last: int
+    staging_key: str | None
+    records: int
+    bytes: int
+    max_timestamp_ms: int
+
+
+class ArchiveDataSource(DataSource):
+    """Writes archive rows as Parquet and commits them (``options: store, zstd_level``)."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "stonemq_archive"
+
+    def schema(self) -> str:
+        return f"{SPARK_SCHEMA}, {RANGE_COLUMNS}"
+
+    def writer(self, schema: Any, overwrite: bool) -> DataSourceArrowWriter:
+        return _ArchiveWriter(dict(self.options))
+
+
+class _ArchiveWriter(DataSourceArrowWriter):
+    def __init__(self, options: dict[str, str]) -> None:
+        self.options = options
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> StagedFile:
+        batches = list(iterator)
+        if not batches:
+            raise RuntimeError("an archive task produced no rows (not even its range marker)")
+        table = pa.Table.from_batches(batches)
+        topic = table.column("topic")[0].as_py()
+        partition = table.column("partition")[0].as_py()
+        first = table.column("_range_first")[0].as_py()
+        last = table.column("_range_last")[0].as_py()
+        table = table.drop_columns(["_range_first", "_range_last"])
+        table = table.filter(pc.is_valid(table.column("offset"))).cast(ARROW_SCHEMA)
+        if table.num_rows == 0:
+            return StagedFile(topic, partition, first, last, None, 0, 0, -1)
+        store = _spec(self.options).open()
+        level = int(self.options.get("zstd_level", DEFAULT_ZSTD_LEVEL))
+        name = f"{first:020d}-{last:020d}.{uuid.uuid4().hex}.parquet"
+        key = f"{mf.staging_dir(topic, partition)}/{name}"
+        size = write_parquet(store, key, table, level)
+        max_ts = pc.max(table.column("timestamp").cast(pa.int64())).as_py() // 1000
+        return StagedFile(topic, partition, first, last, key, table.num_rows, size, max_ts)
+
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        store = _spec(self.options).open()
+        by_partition: dict[tuple[str, int], list[StagedFile]] = defaultdict(list)
+        for m in messages:
+            if isinstance(m, StagedFile):
+                by_partition[(m.topic, m.partition)].append(m)
+        for (topic, partition), staged in sorted(by_partition.items()):
+            commit_partition(store, topic, partition, staged)
+
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        store = _spec(self.options).open()
+        for m in messages:
+            if isinstance(m, StagedFile) and m.staging_key:
+                store.delete(m.staging_key)
+
+
+def write_parquet(store: ColdStore, key: str, table: pa.Table, zstd_level: int) -> int:
+    """Write ``table`` as one zstd Parquet object at ``key``; returns its size."""
+    with tempfile.NamedTemporaryFile(suffix=".parquet") as tmp:
+        pq.write_table(table, tmp.name, compression="zstd", compression_level=zstd_level)
+        with open(tmp.name, "rb") as fh:
+            return store.put_atomic(key, iter(lambda: fh.read(8 * 1024 * 1024), b""))
+
+
+def commit_partition(
+    store: ColdStore, topic: str, partition: int, staged: Sequence[StagedFile]
+) -> mf.Manifest:
+    """Make ``staged`` files part of the archive: final keys first, then the manifest.
+
+    A file lands at its final key before any manifest lists it; a file whose range the
+    manifest already covers is discarded (exactly once)."""
+    for _ in range(COMMIT_RETRIES):
+        current = mf.load(store, topic, partition)
+        entries = [
+            mf.ArchivedFile(
+                s.first,
+                s.last,
+                mf.parquet_key(topic, partition, s.first, s.last) if s.staging_key else None,
+                s.records,
+                s.bytes,
+                s.max_timestamp_ms,
+            )
+            for s in staged
+        ]
+        merged, dropped = mf.merge(current, entries)
+        dropped_ranges = {(d.first, d.last) for d in dropped}
+        for s in staged:
+            if s.staging_key is None or not store.exists(s.staging_key):
+                continue
+            if (s.first, s.last) in dropped_ranges:
+                store.delete(s.staging_key)
+            else:
+                store.move(s.staging_key, mf.parquet_key(topic, partition, s.first, s.last))
+        try:
+            committed = mf.commit(store, merged)
+        except mf.ConcurrentCommitError:
+            continue
+        from stonemq.tiering.uploader import delete_archived
+
+        delete_archived(store, topic, partition, committed.next_offset)
+        return committed
+    raise mf.ConcurrentCommitError(f"{topic}-{partition}: gave up after {COMMIT_RETRIES} tries")
+
+
+# -- driver ---------------------------------------------------------------------------------
+def prepare(store: ColdStore, topic: str, partition: int) -> mf.Manifest:
+    """Clear what a killed run left for this partition; returns its manifest."""
+    for key in store.list(mf.staging_dir(topic, partition)):
+        store.delete(key)
+    current = mf.load(store, topic, partition)
+    listed = {f.key for f in current.files if f.key}
+    for key in store.list(mf.partition_dir(topic, partition)):
+        if key.endswith(".parquet") and key not in listed:
+            log.info("removing %s: written by a run that did not commit it", key)
+            store.delete(key)
+    return current
+
+
+def plan(
+    store: ColdStore, topic: str, partition: int, current: mf.Manifest
+) -> list[mf.ArchiveTask]:
+    return mf.plan_ranges(
+        topic, partition, current.next_offset, mf.list_segments(store, topic, partition)
+    )
+
+
+def run_tasks(
+    spark: Any, spec: StoreSpec, tasks: Sequence[mf.ArchiveTask], zstd_level: int
+) -> None:
+    """Run one Spark job archiving ``tasks`` (commit included)."""
+    if not tasks:
+        return
+    spark.dataSource.register(SegmentDataSource)
+    spark.dataSource.register(ArchiveDataSource)
+    store_json = json.dumps(asdict(spec))
+    df = (
+        spark.read.format(SegmentDataSource.name())
+        .option("store", store_json)
+        .option("tasks", json.dumps([asdict(t) for t in tasks]))
+        .load()
+    )
+    (
+        df.write.format(ArchiveDataSource.name())
+        .option("store", store_json)
+        .option("zstd_level", str(zstd_level))
+        .mode("append")
+        .save()
+    )
+
+
+def spark_session(master: str, log_path: str | None = None, app_name: str = "stonemq-tier") -> Any:
+    """A quiet SparkSession: loopback address, log4j2 at error level, no console progress,
+    UTC session time zone, workers on this interpreter. The JVM's own output (start-up
+    notices, errors) goes to ``log_path`` when given, not the user's terminal."""
+    import sys
+    import warnings
+
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    warnings.filterwarnings("ignore", message=".*pandas >= 3.0.0.*", category=FutureWarning)
+    log4j = _log4j_config()
+    java_opts = f"-Dlog4j2.configurationFile=file:{log4j}"
+    from pyspark.sql import SparkSession
+
+    builder = (
+        SparkSession.builder.master(master)
+        .appName(app_name)
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.driver.host", os.environ["SPARK_LOCAL_IP"])
+        .config("spark.driver.bindAddress", os.environ["SPARK_LOCAL_IP"])
+        .config("spark.driver.extraJavaOptions", java_opts)
+        .config("spark.executor.extraJavaOptions", java_opts)
+        .config("spark.sql.shuffle.partitions", "4")
+        .config("spark.python.worker.reuse", "true")
+    )
+    if log_path is None:
+        return builder.getOrCreate()
+    os.makedirs(os.path.dirname(log_path) or ".", exist_ok=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(2), os.dup(1)
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:  # the JVM inherits these descriptors for its whole life
+        os.dup2(fd, 2)
+        os.dup2(fd, 1)
+        return builder.getOrCreate()
+    finally:
+        os.dup2(saved[0], 2)
+        os.dup2(saved[1], 1)
+        for f in (fd, *saved):
+            os.close(f)
+
+
+_LOG4J2 = """\
+status = error
+rootLogger.level = error
+rootLogger.appenderRef.stderr.ref = console
+appender.console.type = Console
+appender.console.name = console
+appender.console.target = SYSTEM_ERR
+appender.console.layout.type = PatternLayout
+appender.console.layout.pattern = %d{HH:mm:ss} %p %c{1}: %m%n
+"""
+
+
+def _log4j_config() -> str:
+    path = os.path.join(tempfile.gettempdir(), "stonemq-log4j2.properties")
+    try:
+        with open(path) as fh:
+            current = fh.read()
+    except OSError:
+        current = ""
+    if current != _LOG4J2:
+        with open(path + ".tmp", "w") as fh:
+            fh.write(_LOG4J2)
+        os.replace(path + ".tmp", path)
+    return path
