@@ -7,6 +7,7 @@ import logging
 import time
 
 from stonemq.config import Settings
+from stonemq.coordinator.group_store import GroupRuntime
 from stonemq.coordinator.producer_state import ProducerStateManager
 from stonemq.handlers.fetch_waiters import FetchWaiters
 from stonemq.metadata.sqlite import SqliteMetadataStore
@@ -38,6 +39,7 @@ class Broker:
         self.topics = TopicManager(settings, self.metadata, self.storage)
         self.producers = ProducerStateManager(self.storage)
         self.fetch_waiters = FetchWaiters()
+        self.groups = GroupRuntime(settings, self.storage, self.topics)
         self.started_at = time.time()
 
     @property
@@ -56,12 +58,15 @@ class Broker:
             report.journal_bytes_truncated,
             report.queue_bytes_truncated,
         )
+        self.groups.load()  # committed offsets and groups, before the broker reports ready
 
     def start(self) -> None:
         """Start background work on the running loop (journal flusher, splitter)."""
         self.storage.start(self.fetch_waiters.notify)
+        self.groups.start()
 
     async def close(self) -> None:
         self.fetch_waiters.wake_all()
+        self.groups.stop()
         await self.storage.close()
         self.metadata.close()

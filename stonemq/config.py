@@ -73,6 +73,20 @@ class Settings(BaseSettings):
     queue_max_open_files: int = Field(1024, ge=8)
     splitter_batch_bytes: int = Field(8 * MIB, gt=0, description="journal bytes split per pass")
 
+    # -- consumer groups and committed offsets -----------------------------------------------
+    group_initial_rebalance_delay_ms: int = Field(
+        3000, ge=0, description="wait for more members before an empty group's first rebalance"
+    )
+    group_min_session_timeout_ms: int = Field(6000, ge=0)
+    group_max_session_timeout_ms: int = Field(1_800_000, gt=0)
+    offsets_topic_num_partitions: int = Field(50, gt=0, description="__consumer_offsets size")
+    offsets_topic_segment_bytes: int = Field(100 * MIB, ge=1024)
+    offsets_retention_minutes: int = Field(10080, gt=0, description="empty groups' offsets kept")
+    offsets_retention_check_interval_ms: int = Field(600_000, gt=0)
+    offsets_snapshot_min_records: int = Field(
+        10_000, gt=0, description="records since the last snapshot before a partition snapshots"
+    )
+
     # -- tiered storage (KIP-405 names; see stonemq/tiering) ----------------------------------
     log_local_retention_ms: int = Field(
         -2, ge=-2, description="default local.retention.ms; -2 means use retention.ms"

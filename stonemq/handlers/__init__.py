@@ -5,8 +5,10 @@ from stonemq.handlers import (  # noqa: F401  (imported for registration)
     api_versions,
     delete_records,
     fetch,
+    groups,
     list_offsets,
     metadata,
+    offsets,
     produce,
     producer_ids,
 )

@@ -11,6 +11,7 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 
+from stonemq.coordinator.group_log import OFFSETS_TOPIC
 from stonemq.handlers.context import RequestContext
 from stonemq.handlers.registry import api
 from stonemq.metadata.store import TopicRecord
@@ -84,7 +85,7 @@ def _topic(
         error_code=error,
         name=name,
         topic_id=record.topic_id if record is not None else None,
-        is_internal=False,
+        is_internal=record is not None and record.name == OFFSETS_TOPIC,
         partitions=partitions,
         topic_authorized_operations=UNKNOWN_AUTHORIZED_OPERATIONS,
     )

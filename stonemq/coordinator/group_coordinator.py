@@ -1,0 +1,1024 @@
+"""The group coordinator (classic protocol): members, generations, rebalances, committed offsets.
+
+Sans-IO: no sockets, no event loop, no files. Requests that wait (JoinGroup until the rebalance
+completes, SyncGroup until the leader's assignment) take a ``respond`` callback; everything to
+be made durable goes to a :class:`GroupLogSink` with a ``done`` callback; every timeout is an
+entry in one :class:`~stonemq.coordinator.group_timers.TimerQueue` on an injected clock. The
+states and their transitions are the tables of :mod:`stonemq.coordinator.group_state`.
+
+Kafka's rules followed here: JoinGroup v4+ from an unknown dynamic member gets
+MEMBER_ID_REQUIRED with its new id; the first rebalance of an empty group waits
+``group.initial.rebalance.delay.ms`` (extended while members keep arriving, bounded by the
+rebalance timeout); a rebalance completes when every member rejoined or at the rebalance
+timeout, dropping dynamic members that did not; the protocol is the one all members support
+that most members prefer; members that do not SyncGroup within the rebalance timeout are
+removed; a member silent for its session timeout is removed (not while it waits on us); a
+static member (group.instance.id) that rejoins with the same protocols replaces its old id
+without a rebalance, and an old id still using that instance is FENCED_INSTANCE_ID.
+"""
+
+from __future__ import annotations
+
+import struct
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from kio.schema.errors import ErrorCode
+
+from stonemq.coordinator import group_log as glog
+from stonemq.coordinator.group_log import CommittedOffset, GroupKey, OffsetKey, StoredGroup
+from stonemq.coordinator.group_state import (
+    COMMIT_ANSWER,
+    DESCRIBE_WITH_METADATA,
+    HEARTBEAT_ANSWER,
+    JOIN_WITHOUT_REBALANCE,
+    SYNC_ANSWER,
+    Clock,
+    GroupEvent,
+    GroupState,
+    next_state,
+)
+from stonemq.coordinator.group_timers import Timer, TimerQueue
+
+CONSUMER_PROTOCOL_TYPE = "consumer"
+OFFSET_METADATA_MAX_BYTES = 4096  # Kafka's offset.metadata.max.bytes
+
+TopicPartition = tuple[str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class GroupConfig:
+    """Kafka's group.* and offsets.* settings, in ms."""
+
+    initial_rebalance_delay_ms: int = 3000
+    min_session_timeout_ms: int = 6000
+    max_session_timeout_ms: int = 1_800_000
+    offsets_retention_ms: int = 10080 * 60_000
+    offsets_retention_check_interval_ms: int = 600_000
+
+
+class GroupLogSink(Protocol):
+    """Where durable group changes go (the ``__consumer_offsets`` writer in the broker)."""
+
+    def write(
+        self,
+        group_id: str,
+        entries: list[tuple[glog.Key, glog.Value]],
+        done: Callable[[BaseException | None], None],
+    ) -> None: ...
+
+
+# -- requests and answers --------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class JoinRequest:
+    group_id: str
+    member_id: str
+    group_instance_id: str | None
+    client_id: str
+    client_host: str
+    session_timeout_ms: int
+    rebalance_timeout_ms: int
+    protocol_type: str
+    protocols: tuple[tuple[str, bytes], ...]
+    require_known_member_id: bool  # JoinGroup v4+
+
+
+@dataclass(frozen=True, slots=True)
+class JoinResult:
+    error: ErrorCode
+    member_id: str = ""
+    generation: int = -1
+    protocol_type: str | None = None
+    protocol_name: str | None = None
+    leader: str = ""
+    members: tuple[tuple[str, str | None, bytes], ...] = ()  # only for the leader
+    skip_assignment: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class SyncResult:
+    error: ErrorCode
+    assignment: bytes = b""
+    protocol_type: str | None = None
+    protocol_name: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetCommit:
+    topic: str
+    partition: int
+    offset: int
+    leader_epoch: int
+    metadata: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class MemberSummary:
+    member_id: str
+    group_instance_id: str | None
+    client_id: str
+    client_host: str
+    metadata: bytes
+    assignment: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class GroupSummary:
+    group_id: str
+    state: GroupState
+    protocol_type: str
+    protocol: str
+    members: tuple[MemberSummary, ...]
+
+
+# -- state -----------------------------------------------------------------------------------
+@dataclass(slots=True)
+class Member:
+    member_id: str
+    group_instance_id: str | None
+    client_id: str
+    client_host: str
+    session_timeout_ms: int
+    rebalance_timeout_ms: int
+    protocol_type: str
+    protocols: tuple[tuple[str, bytes], ...]
+    assignment: bytes = b""
+    join_respond: Callable[[JoinResult], None] | None = None
+    sync_respond: Callable[[SyncResult], None] | None = None
+    session_timer: Timer | None = None
+
+    def metadata(self, protocol: str | None) -> bytes:
+        for name, meta in self.protocols:
+            if name == protocol:
+                return meta
+        return b""
+
+
+@dataclass(slots=True)
+class Group:
+    group_id: str
+    state: GroupState = GroupState.EMPTY
+    generation: int = 0
+    protocol_type: str | None = None
+    protocol: str | None = None
+    leader: str | None = None
+    state_timestamp_ms: int = -1
+    members: dict[str, Member] = field(default_factory=dict)
+    static_members: dict[str, str] = field(default_factory=dict)  # instance id -> member id
+    pending_members: dict[str, Timer] = field(default_factory=dict)  # MEMBER_ID_REQUIRED given
+    pending_sync: set[str] = field(default_factory=set)
+    offsets: dict[TopicPartition, CommittedOffset] = field(default_factory=dict)
+    join_timer: Timer | None = None
+    sync_timer: Timer | None = None
+    initial_delay_until_ms: int = -1  # >= 0 while the initial rebalance delay runs
+    new_member_added: bool = False
+
+    def transition(self, event: GroupEvent, now_ms: int) -> None:
+        self.state = next_state(self.state, event)
+        self.state_timestamp_ms = now_ms
+
+    def all_joined(self) -> bool:
+        return not self.pending_members and all(
+            m.join_respond is not None for m in self.members.values()
+        )
+
+    def max_rebalance_timeout_ms(self) -> int:
+        return max((m.rebalance_timeout_ms for m in self.members.values()), default=0)
+
+    def supports(self, protocol_type: str, protocols: Iterable[str]) -> bool:
+        if not self.members:
+            return True
+        if protocol_type != self.protocol_type:
+            return False
+        return bool(set(protocols) & self.common_protocols())
+
+    def common_protocols(self) -> set[str]:
+        sets = [{name for name, _ in m.protocols} for m in self.members.values()]
+        return set.intersection(*sets) if sets else set()
+
+    def select_protocol(self) -> str:
+        """The protocol all members support that most members list first among those."""
+        candidates = self.common_protocols()
+        votes: dict[str, int] = {}
+        order: list[str] = []
+        for m in self.members.values():
+            for name, _ in m.protocols:
+                if name not in order:
+                    order.append(name)
+            choice = next(name for name, _ in m.protocols if name in candidates)
+            votes[choice] = votes.get(choice, 0) + 1
+        return max(votes, key=lambda name: (votes[name], -order.index(name)))
+
+
+class GroupCoordinator:
+    def __init__(
+        self,
+        clock: Clock,
+        timers: TimerQueue,
+        sink: GroupLogSink,
+        config: GroupConfig,
+        partitions_of: Callable[[str], int | None],
+    ) -> None:
+        self.clock = clock
+        self.timers = timers
+        self.sink = sink
+        self.config = config
+        self.partitions_of = partitions_of  # a topic's partition count, None when it is unknown
+        self.groups: dict[str, Group] = {}
+        self._retention_timer: Timer | None = None
+
+    # -- JoinGroup -----------------------------------------------------------------------------
+    def join(self, req: JoinRequest, respond: Callable[[JoinResult], None]) -> None:
+        error = self._join_error(req)
+        if error is not None:
+            respond(JoinResult(error, member_id=req.member_id))
+            return
+        group = self.groups.get(req.group_id)
+        if group is None:
+            if req.member_id:
+                respond(JoinResult(ErrorCode.unknown_member_id, member_id=req.member_id))
+                return
+            group = self.groups[req.group_id] = Group(req.group_id)
+        if not group.supports(req.protocol_type, (name for name, _ in req.protocols)):
+            respond(JoinResult(ErrorCode.inconsistent_group_protocol, member_id=req.member_id))
+        elif not req.member_id:
+            self._join_unknown(group, req, respond)
+        else:
+            self._join_known(group, req, respond)
+
+    def _join_error(self, req: JoinRequest) -> ErrorCode | None:
+        if not req.group_id:
+            return ErrorCode.invalid_group_id
+        cfg = self.config
+        if not cfg.min_session_timeout_ms <= req.session_timeout_ms <= cfg.max_session_timeout_ms:
+            return ErrorCode.invalid_session_timeout
+        if not req.protocol_type or not req.protocols:
+            return ErrorCode.inconsistent_group_protocol
+        return None
+
+    def _join_unknown(
+        self, group: Group, req: JoinRequest, respond: Callable[[JoinResult], None]
+    ) -> None:
+        member_id = f"{req.client_id or 'member'}-{uuid.uuid4()}"
+        instance = req.group_instance_id
+        if instance is not None and instance in group.static_members:
+            self._replace_static_member(
+                group, group.static_members[instance], member_id, req, respond
+            )
+        elif instance is None and req.require_known_member_id:
+            # KIP-394: hand out the id first; the member joins with it in its next request.
+            timer = self.timers.after(
+                req.session_timeout_ms, lambda: self._expire_pending(group, member_id)
+            )
+            group.pending_members[member_id] = timer
+            respond(JoinResult(ErrorCode.member_id_required, member_id=member_id))
+        else:
+            self._add_member(group, member_id, req, respond)
+
+    def _join_known(
+        self, group: Group, req: JoinRequest, respond: Callable[[JoinResult], None]
+    ) -> None:
+        member_id = req.member_id
+        if member_id in group.pending_members:
+            group.pending_members.pop(member_id).cancel()
+            self._add_member(group, member_id, req, respond)
+            return
+        fenced = self._fenced(group, member_id, req.group_instance_id)
+        if fenced is not None:
+            respond(JoinResult(fenced, member_id=member_id))
+            return
+        member = group.members[member_id]
+        if group.state in (GroupState.EMPTY, GroupState.DEAD):
+            respond(JoinResult(ErrorCode.unknown_member_id, member_id=member_id))
+        elif group.state == GroupState.PREPARING_REBALANCE:
+            self._update_member(group, member, req, respond)
+            self._try_complete_join(group)
+        elif (
+            group.state in JOIN_WITHOUT_REBALANCE
+            and member.protocols == req.protocols
+            and not (group.state == GroupState.STABLE and member_id == group.leader)
+        ):
+            self._refresh_session(group, member)
+            respond(self._join_result(group, member, skip_assignment=False))
+        else:
+            self._update_member(group, member, req, respond)
+            self._prepare_rebalance(group, GroupEvent.MEMBER_JOINED)
+
+    def _fenced(self, group: Group, member_id: str, instance: str | None) -> ErrorCode | None:
+        """FENCED_INSTANCE_ID / UNKNOWN_MEMBER_ID for a member id that is not (or no longer)
+        this group's; None when it is a current member."""
+        if instance is not None:
+            current = group.static_members.get(instance)
+            if current is not None and current != member_id:
+                return ErrorCode.fenced_instance_id
+        if member_id not in group.members:
+            return ErrorCode.unknown_member_id
+        return None
+
+    def _add_member(
+        self,
+        group: Group,
+        member_id: str,
+        req: JoinRequest,
+        respond: Callable[[JoinResult], None],
+    ) -> None:
+        member = Member(
+            member_id,
+            req.group_instance_id,
+            req.client_id,
+            req.client_host,
+            req.session_timeout_ms,
+            req.rebalance_timeout_ms,
+            req.protocol_type,
+            req.protocols,
+            join_respond=respond,
+        )
+        if not group.members:
+            group.protocol_type = req.protocol_type
+        group.members[member_id] = member
+        if member.group_instance_id is not None:
+            group.static_members[member.group_instance_id] = member_id
+        if group.leader is None:
+            group.leader = member_id
+        group.new_member_added = True
+        self._refresh_session(group, member)
+        if group.state == GroupState.PREPARING_REBALANCE:
+            self._try_complete_join(group)
+        else:
+            self._prepare_rebalance(group, GroupEvent.MEMBER_JOINED)
+
+    def _update_member(
+        self,
+        group: Group,
+        member: Member,
+        req: JoinRequest,
+        respond: Callable[[JoinResult], None],
+    ) -> None:
+        member.protocols = req.protocols
+        member.session_timeout_ms = req.session_timeout_ms
+        member.rebalance_timeout_ms = req.rebalance_timeout_ms
+        member.client_id, member.client_host = req.client_id, req.client_host
+        if member.join_respond is not None:  # a duplicate join: the older request loses
+            member.join_respond(JoinResult(ErrorCode.rebalance_in_progress, member.member_id))
+        member.join_respond = respond
+
+    def _replace_static_member(
+        self,
+        group: Group,
+        old_id: str,
+        new_id: str,
+        req: JoinRequest,
+        respond: Callable[[JoinResult], None],
+    ) -> None:
+        """KIP-345: a known group.instance.id rejoining with a fresh member id."""
+        member = group.members.pop(old_id)
+        if member.join_respond is not None:
+            member.join_respond(JoinResult(ErrorCode.fenced_instance_id, member_id=old_id))
+        if member.sync_respond is not None:
+            member.sync_respond(SyncResult(ErrorCode.fenced_instance_id))
+        member.join_respond = member.sync_respond = None
+        unchanged = member.protocols == req.protocols
+        member.member_id = new_id
+        group.members[new_id] = member
+        group.static_members[req.group_instance_id or ""] = new_id
+        if group.leader == old_id:
+            group.leader = new_id
+        if old_id in group.pending_sync:
+            group.pending_sync.discard(old_id)
+            group.pending_sync.add(new_id)
+        member.client_id, member.client_host = req.client_id, req.client_host
+        member.session_timeout_ms = req.session_timeout_ms
+        member.rebalance_timeout_ms = req.rebalance_timeout_ms
+        self._refresh_session(group, member)
+        if group.state == GroupState.STABLE and unchanged:
+            self._persist_group(group)
+            respond(self._join_result(group, member, skip_assignment=new_id == group.leader))
+            return
+        member.protocols = req.protocols
+        member.join_respond = respond
+        if group.state == GroupState.PREPARING_REBALANCE:
+            self._try_complete_join(group)
+        else:
+            self._prepare_rebalance(group, GroupEvent.MEMBER_JOINED)
+
+    def _join_result(self, group: Group, member: Member, skip_assignment: bool) -> JoinResult:
+        is_leader = member.member_id == group.leader
+        members: tuple[tuple[str, str | None, bytes], ...] = ()
+        if is_leader:
+            members = tuple(
+                (m.member_id, m.group_instance_id, m.metadata(group.protocol))
+                for m in group.members.values()
+            )
+        return JoinResult(
+            ErrorCode.none,
+            member_id=member.member_id,
+            generation=group.generation,
+            protocol_type=group.protocol_type,
+            protocol_name=group.protocol,
+            leader=group.leader or "",
+            members=members,
+            skip_assignment=skip_assignment,
+        )
+
+    # -- rebalance -----------------------------------------------------------------------------
+    def _prepare_rebalance(self, group: Group, event: GroupEvent) -> None:
+        now = self.clock.now_ms()
+        if group.state == GroupState.COMPLETING_REBALANCE:
+            for m in group.members.values():
+                m.assignment = b""
+                if m.sync_respond is not None:
+                    m.sync_respond(SyncResult(ErrorCode.rebalance_in_progress))
+                    m.sync_respond = None
+        if group.sync_timer is not None:
+            group.sync_timer.cancel()
+        group.pending_sync.clear()
+        was_empty = group.state == GroupState.EMPTY
+        group.transition(event, now)
+        rebalance_timeout = group.max_rebalance_timeout_ms()
+        delay = self.config.initial_rebalance_delay_ms
+        if was_empty and delay > 0:
+            group.initial_delay_until_ms = now + rebalance_timeout
+            group.new_member_added = False
+            self._arm_join_timer(group, now + min(delay, rebalance_timeout))
+        else:
+            group.initial_delay_until_ms = -1
+            self._arm_join_timer(group, now + rebalance_timeout)
+            self._try_complete_join(group)
+
+    def _arm_join_timer(self, group: Group, deadline_ms: int) -> None:
+        if group.join_timer is not None:
+            group.join_timer.cancel()
+        group.join_timer = self.timers.schedule(deadline_ms, lambda: self._join_deadline(group))
+
+    def _join_deadline(self, group: Group) -> None:
+        group.join_timer = None
+        if group.state != GroupState.PREPARING_REBALANCE:
+            return
+        now = self.clock.now_ms()
+        if group.initial_delay_until_ms >= 0:
+            remaining = group.initial_delay_until_ms - now
+            if group.new_member_added and remaining > 0:
+                group.new_member_added = False
+                delay = min(self.config.initial_rebalance_delay_ms, remaining)
+                self._arm_join_timer(group, now + delay)
+                return
+            group.initial_delay_until_ms = -1
+        self._complete_join(group)
+
+    def _try_complete_join(self, group: Group) -> None:
+        if (
+            group.state == GroupState.PREPARING_REBALANCE
+            and group.initial_delay_until_ms < 0
+            and group.all_joined()
+        ):
+            self._complete_join(group)
+
+    def _complete_join(self, group: Group) -> None:
+        if group.join_timer is not None:
+            group.join_timer.cancel()
+            group.join_timer = None
+        for m in list(group.members.values()):
+            if m.join_respond is None and m.group_instance_id is None:
+                self._remove_member(group, m)
+        now = self.clock.now_ms()
+        group.generation += 1
+        if not group.members:
+            group.transition(GroupEvent.JOIN_COMPLETE_EMPTY, now)
+            group.protocol = None
+            group.leader = None
+            self._persist_group(group)
+            return
+        if group.leader not in group.members or group.members[group.leader].join_respond is None:
+            joined = [m.member_id for m in group.members.values() if m.join_respond is not None]
+            group.leader = joined[0] if joined else next(iter(group.members))
+        group.protocol = group.select_protocol()
+        group.transition(GroupEvent.JOIN_COMPLETE, now)
+        group.pending_sync = set(group.members)
+        for m in group.members.values():
+            respond, m.join_respond = m.join_respond, None
+            self._refresh_session(group, m)
+            if respond is not None:
+                respond(self._join_result(group, m, skip_assignment=False))
+        generation = group.generation
+        group.sync_timer = self.timers.after(
+            group.max_rebalance_timeout_ms(), lambda: self._sync_deadline(group, generation)
+        )
+
+    def _sync_deadline(self, group: Group, generation: int) -> None:
+        """Members that never sent SyncGroup within the rebalance timeout are removed."""
+        group.sync_timer = None
+        if group.generation != generation or not group.pending_sync:
+            return
+        if group.state not in (GroupState.COMPLETING_REBALANCE, GroupState.STABLE):
+            return
+        for member_id in list(group.pending_sync):
+            member = group.members.get(member_id)
+            if member is not None:
+                self._remove_member(group, member)
+        self._member_left(group)
+
+    # -- SyncGroup -----------------------------------------------------------------------------
+    def sync(
+        self,
+        group_id: str,
+        generation: int,
+        member_id: str,
+        group_instance_id: str | None,
+        protocol_type: str | None,
+        protocol_name: str | None,
+        assignments: dict[str, bytes],
+        respond: Callable[[SyncResult], None],
+    ) -> None:
+        group = self.groups.get(group_id)
+        if group is None:
+            respond(SyncResult(ErrorCode.unknown_member_id))
+            return
+        error = self._fenced(group, member_id, group_instance_id)
+        if error is None and generation != group.generation:
+            error = ErrorCode.illegal_generation
+        if error is None and (
+            (protocol_type is not None and protocol_type != group.protocol_type)
+            or (protocol_name is not None and protocol_name != group.protocol)
+        ):
+            error = ErrorCode.inconsistent_group_protocol
+        if error is None:
+            error = SYNC_ANSWER[group.state]
+        if error is not None:
+            respond(SyncResult(error))
+            return
+        member = group.members[member_id]
+        group.pending_sync.discard(member_id)
+        self._refresh_session(group, member)
+        if group.state == GroupState.STABLE:
+            respond(self._sync_result(group, member))
+            return
+        if member.sync_respond is not None:
+            member.sync_respond(SyncResult(ErrorCode.rebalance_in_progress))
+        member.sync_respond = respond
+        if member_id == group.leader:
+            for m in group.members.values():
+                m.assignment = assignments.get(m.member_id, b"")
+            group.transition(GroupEvent.LEADER_SYNCED, self.clock.now_ms())
+            self._persist_group(group)
+            for m in group.members.values():
+                respond_m, m.sync_respond = m.sync_respond, None
+                if respond_m is not None:
+                    respond_m(self._sync_result(group, m))
+
+    def _sync_result(self, group: Group, member: Member) -> SyncResult:
+        return SyncResult(ErrorCode.none, member.assignment, group.protocol_type, group.protocol)
+
+    # -- Heartbeat and LeaveGroup --------------------------------------------------------------
+    def heartbeat(
+        self, group_id: str, generation: int, member_id: str, group_instance_id: str | None
+    ) -> ErrorCode:
+        group = self.groups.get(group_id)
+        if group is None:
+            return ErrorCode.unknown_member_id
+        error = self._fenced(group, member_id, group_instance_id)
+        if error is not None:
+            return error
+        if generation != group.generation:
+            return ErrorCode.illegal_generation
+        answer = HEARTBEAT_ANSWER[group.state]
+        if answer in (ErrorCode.none, ErrorCode.rebalance_in_progress):
+            self._refresh_session(group, group.members[member_id])
+        return answer
+
+    def leave(
+        self, group_id: str, leaving: list[tuple[str, str | None]]
+    ) -> list[tuple[str, str | None, ErrorCode]]:
+        """Remove each (member id, instance id); the per-member errors, in order."""
+        group = self.groups.get(group_id)
+        results = []
+        removed = False
+        for member_id, instance in leaving:
+            error = ErrorCode.unknown_member_id
+            if group is None:
+                results.append((member_id, instance, error))
+                continue
+            if instance is not None:
+                current = group.static_members.get(instance)
+                if current is not None and member_id and member_id != current:
+                    error = ErrorCode.fenced_instance_id
+                elif current is not None:
+                    member_id, error = current, ErrorCode.none
+            elif member_id in group.pending_members:
+                group.pending_members.pop(member_id).cancel()
+                error = ErrorCode.none
+            elif member_id in group.members:
+                error = ErrorCode.none
+            if error == ErrorCode.none and member_id in group.members:
+                self._remove_member(group, group.members[member_id])
+                removed = True
+            results.append((member_id, instance, error))
+        if group is not None and (removed or group.state == GroupState.PREPARING_REBALANCE):
+            self._member_left(group)
+        return results
+
+    def _remove_member(self, group: Group, member: Member) -> None:
+        group.members.pop(member.member_id, None)
+        group.pending_sync.discard(member.member_id)
+        instance = member.group_instance_id
+        if instance is not None and group.static_members.get(instance) == member.member_id:
+            del group.static_members[instance]
+        if member.session_timer is not None:
+            member.session_timer.cancel()
+        if member.join_respond is not None:
+            member.join_respond(JoinResult(ErrorCode.unknown_member_id, member.member_id))
+            member.join_respond = None
+        if member.sync_respond is not None:
+            member.sync_respond(SyncResult(ErrorCode.unknown_member_id))
+            member.sync_respond = None
+        if group.leader == member.member_id:
+            group.leader = next(iter(group.members), None)
+
+    def _member_left(self, group: Group) -> None:
+        if group.state in (GroupState.STABLE, GroupState.COMPLETING_REBALANCE):
+            self._prepare_rebalance(group, GroupEvent.MEMBER_LEFT)
+        elif group.state == GroupState.PREPARING_REBALANCE:
+            self._try_complete_join(group)
+
+    # -- sessions ------------------------------------------------------------------------------
+    def _refresh_session(self, group: Group, member: Member) -> None:
+        if member.session_timer is not None:
+            member.session_timer.cancel()
+        member.session_timer = self.timers.after(
+            member.session_timeout_ms, lambda: self._session_expired(group, member)
+        )
+
+    def _session_expired(self, group: Group, member: Member) -> None:
+        if group.members.get(member.member_id) is not member:
+            return
+        if member.join_respond is not None or member.sync_respond is not None:
+            self._refresh_session(group, member)  # it is waiting on us, not silent
+            return
+        self._remove_member(group, member)
+        self._member_left(group)
+
+    def _expire_pending(self, group: Group, member_id: str) -> None:
+        if group.pending_members.pop(member_id, None) is not None:
+            self._try_complete_join(group)
+
+    # -- committed offsets ---------------------------------------------------------------------
+    def validate_commit(
+        self, group_id: str, generation: int, member_id: str, group_instance_id: str | None
+    ) -> ErrorCode:
+        """Whether this member may commit now (Kafka's checks, in Kafka's order)."""
+        if not group_id:
+            return ErrorCode.invalid_group_id
+        group = self.groups.get(group_id)
+        if group is None:
+            return ErrorCode.none if generation < 0 else ErrorCode.illegal_generation
+        if generation < 0 and group.state == GroupState.EMPTY:
+            return ErrorCode.none  # a group that only stores offsets
+        error = self._fenced(group, member_id, group_instance_id)
+        if error is not None:
+            return error
+        if generation != group.generation:
+            return ErrorCode.illegal_generation
+        answer = COMMIT_ANSWER[group.state]
+        if answer == ErrorCode.none:
+            self._refresh_session(group, group.members[member_id])
+        return answer
+
+    def partition_error(self, topic: str, partition: int, metadata: str | None) -> ErrorCode:
+        if metadata is not None and len(metadata.encode("utf-8")) > OFFSET_METADATA_MAX_BYTES:
+            return ErrorCode.offset_metadata_too_large
+        count = self.partitions_of(topic)
+        if count is None or not 0 <= partition < count:
+            return ErrorCode.unknown_topic_or_partition
+        return ErrorCode.none
+
+    def commit(
+        self,
+        group_id: str,
+        commits: list[OffsetCommit],
+        done: Callable[[ErrorCode], None],
+    ) -> None:
+        """Write validated commits; ``done`` gets NONE once they are durable and visible."""
+        now = self.clock.now_ms()
+        values = {
+            (c.topic, c.partition): CommittedOffset(c.offset, c.leader_epoch, c.metadata or "", now)
+            for c in commits
+        }
+        if not values:
+            done(ErrorCode.none)
+            return
+        if group_id not in self.groups:
+            self.groups[group_id] = Group(group_id, state_timestamp_ms=now)
+        entries: list[tuple[glog.Key, glog.Value]] = [
+            (OffsetKey(group_id, t, p), v) for (t, p), v in values.items()
+        ]
+
+        def written(error: BaseException | None) -> None:
+            if error is not None:
+                done(ErrorCode.coordinator_not_available)
+                return
+            group = self.groups.get(group_id)
+            if group is None:  # deleted meanwhile; Kafka answers the commit all the same
+                group = self.groups[group_id] = Group(group_id, state_timestamp_ms=now)
+            group.offsets.update(values)
+            done(ErrorCode.none)
+
+        self.sink.write(group_id, entries, written)
+
+    def fetch_offsets(
+        self, group_id: str, partitions: list[TopicPartition] | None
+    ) -> dict[TopicPartition, CommittedOffset | None]:
+        """Committed offsets for ``partitions`` (None for all the group has)."""
+        group = self.groups.get(group_id)
+        offsets = group.offsets if group is not None else {}
+        if partitions is None:
+            return dict(sorted(offsets.items()))
+        return {tp: offsets.get(tp) for tp in partitions}
+
+    def delete_offsets(
+        self,
+        group_id: str,
+        partitions: list[TopicPartition],
+        done: Callable[[ErrorCode, dict[TopicPartition, ErrorCode]], None],
+    ) -> None:
+        """OffsetDelete: only offsets of topics no current member subscribes to."""
+        group = self.groups.get(group_id)
+        if group is None or group.state == GroupState.DEAD:
+            done(ErrorCode.group_id_not_found, {})
+            return
+        subscribed: set[str] = set()
+        if group.state != GroupState.EMPTY:
+            if group.protocol_type != CONSUMER_PROTOCOL_TYPE:
+                done(ErrorCode.non_empty_group, {})
+                return
+            subscribed = self.subscribed_topics(group)
+        errors = {
+            tp: ErrorCode.group_subscribed_to_topic if tp[0] in subscribed else ErrorCode.none
+            for tp in partitions
+        }
+        gone = [tp for tp, e in errors.items() if e == ErrorCode.none and tp in group.offsets]
+
+        def written(error: ErrorCode) -> None:
+            done(
+                ErrorCode.none,
+                {tp: error if e == ErrorCode.none else e for tp, e in errors.items()},
+            )
+
+        self._write_tombstones(group, gone, written)
+
+    def subscribed_topics(self, group: Group) -> set[str]:
+        topics: set[str] = set()
+        for m in group.members.values():
+            topics |= consumer_subscription(m.metadata(group.protocol))
+        return topics
+
+    def _write_tombstones(
+        self, group: Group, partitions: list[TopicPartition], done: Callable[[ErrorCode], None]
+    ) -> None:
+        if not partitions:
+            done(ErrorCode.none)
+            return
+        entries: list[tuple[glog.Key, glog.Value]] = [
+            (OffsetKey(group.group_id, t, p), None) for t, p in partitions
+        ]
+
+        def written(error: BaseException | None) -> None:
+            if error is not None:
+                done(ErrorCode.coordinator_not_available)
+                return
+            for tp in partitions:
+                group.offsets.pop(tp, None)
+            done(ErrorCode.none)
+
+        self.sink.write(group.group_id, entries, written)
+
+    # -- DescribeGroups, ListGroups, DeleteGroups ----------------------------------------------
+    def describe(self, group_id: str) -> GroupSummary:
+        group = self.groups.get(group_id)
+        if group is None:
+            return GroupSummary(group_id, GroupState.DEAD, "", "", ())
+        full = group.state in DESCRIBE_WITH_METADATA
+        members = tuple(
+            MemberSummary(
+                m.member_id,
+                m.group_instance_id,
+                m.client_id,
+                m.client_host,
+                m.metadata(group.protocol) if full else b"",
+                m.assignment if full else b"",
+            )
+            for m in group.members.values()
+        )
+        return GroupSummary(
+            group_id,
+            group.state,
+            group.protocol_type or "",
+            (group.protocol or "") if full else "",
+            members,
+        )
+
+    def list_groups(self, states: set[str] | None = None) -> list[tuple[str, str, GroupState]]:
+        """(group id, protocol type, state); ``states`` filters by name, case-insensitively."""
+        wanted = {s.lower() for s in states} if states else None
+        return [
+            (g.group_id, g.protocol_type or "", g.state)
+            for g in self.groups.values()
+            if wanted is None or g.state.value.lower() in wanted
+        ]
+
+    def delete_group(self, group_id: str, done: Callable[[ErrorCode], None]) -> None:
+        if not group_id:
+            done(ErrorCode.invalid_group_id)
+            return
+        group = self.groups.get(group_id)
+        if group is None or group.state == GroupState.DEAD:
+            done(ErrorCode.group_id_not_found)
+            return
+        if group.state != GroupState.EMPTY:
+            done(ErrorCode.non_empty_group)
+            return
+        self._remove_group(group, done)
+
+    def _remove_group(self, group: Group, done: Callable[[ErrorCode], None]) -> None:
+        entries: list[tuple[glog.Key, glog.Value]] = [
+            (OffsetKey(group.group_id, t, p), None) for t, p in group.offsets
+        ]
+        entries.append((GroupKey(group.group_id), None))
+        group.transition(GroupEvent.REMOVED, self.clock.now_ms())
+        if self.groups.get(group.group_id) is group:
+            del self.groups[group.group_id]
+
+        def written(error: BaseException | None) -> None:
+            done(ErrorCode.none if error is None else ErrorCode.coordinator_not_available)
+
+        self.sink.write(group.group_id, entries, written)
+
+    # -- retention -----------------------------------------------------------------------------
+    def start_retention(self) -> None:
+        """Run the offsets expiry every ``offsets.retention.check.interval.ms``."""
+        self._retention_timer = self.timers.after(
+            self.config.offsets_retention_check_interval_ms, self._retention_tick
+        )
+
+    def _retention_tick(self) -> None:
+        self.expire_offsets()
+        self.start_retention()
+
+    def expire_offsets(self) -> int:
+        """Kafka's offsets.retention.minutes (KIP-211): an empty consumer group's offsets go
+        once it has been empty that long; a group without group management, or topics no
+        member subscribes to, lose each offset that long after its commit. A group left
+        empty with no offsets is deleted. Returns the number of offsets expired."""
+        now = self.clock.now_ms()
+        retention = self.config.offsets_retention_ms
+        expired = 0
+        for group in list(self.groups.values()):
+            if group.state == GroupState.EMPTY and group.protocol_type:
+                old = group.state_timestamp_ms + retention <= now
+                gone = list(group.offsets) if old else []
+            else:
+                if group.state != GroupState.EMPTY and group.protocol_type != "consumer":
+                    continue
+                subscribed = self.subscribed_topics(group) if group.members else set()
+                gone = [
+                    tp
+                    for tp, c in group.offsets.items()
+                    if tp[0] not in subscribed and c.commit_timestamp_ms + retention <= now
+                ]
+            expired += len(gone)
+            for tp in gone:
+                group.offsets.pop(tp)
+            if gone:
+                tombstones: list[tuple[glog.Key, glog.Value]] = [
+                    (OffsetKey(group.group_id, t, p), None) for t, p in gone
+                ]
+                self.sink.write(group.group_id, tombstones, _ignore_error)
+            if group.state == GroupState.EMPTY and not group.offsets and not group.pending_members:
+                self._remove_group(group, _ignore)
+        return expired
+
+    # -- durability ----------------------------------------------------------------------------
+    def _persist_group(self, group: Group) -> None:
+        self.sink.write(
+            group.group_id, [(GroupKey(group.group_id), self.stored(group))], _ignore_error
+        )
+
+    def stored(self, group: Group) -> StoredGroup:
+        members = tuple(
+            glog.StoredMember(
+                m.member_id,
+                m.group_instance_id,
+                m.client_id,
+                m.client_host,
+                m.rebalance_timeout_ms,
+                m.session_timeout_ms,
+                m.metadata(group.protocol),
+                m.assignment,
+            )
+            for m in group.members.values()
+        )
+        if group.state != GroupState.STABLE:
+            members = ()
+        return StoredGroup(
+            group.protocol_type or "",
+            group.generation,
+            group.protocol,
+            group.leader if members else None,
+            group.state_timestamp_ms,
+            members,
+        )
+
+    def snapshot(self, group_ids: Iterable[str]) -> list[tuple[glog.Key, glog.Value]]:
+        """The live records of these groups: replaying them alone rebuilds their state."""
+        out: list[tuple[glog.Key, glog.Value]] = []
+        for gid in group_ids:
+            group = self.groups.get(gid)
+            if group is None:
+                continue
+            if group.protocol_type:
+                out.append((GroupKey(gid), self.stored(group)))
+            out += [(OffsetKey(gid, t, p), v) for (t, p), v in group.offsets.items()]
+        return out
+
+    def replay(self, key: glog.Key, value: glog.Value) -> None:
+        """Apply one record read back from the offsets log (at start, before serving)."""
+        group = self.groups.get(key.group_id)
+        if isinstance(key, OffsetKey):
+            if value is None:
+                if group is not None:
+                    group.offsets.pop((key.topic, key.partition), None)
+                return
+            assert isinstance(value, CommittedOffset)
+            if group is None:
+                group = self.groups[key.group_id] = Group(
+                    key.group_id, state_timestamp_ms=value.commit_timestamp_ms
+                )
+            group.offsets[(key.topic, key.partition)] = value
+            return
+        if value is None:
+            self.groups.pop(key.group_id, None)
+            return
+        assert isinstance(value, StoredGroup)
+        offsets = group.offsets if group is not None else {}
+        self.groups[key.group_id] = self._restore(key.group_id, value, offsets)
+
+    def _restore(
+        self, group_id: str, stored: StoredGroup, offsets: dict[TopicPartition, CommittedOffset]
+    ) -> Group:
+        group = Group(
+            group_id,
+            generation=stored.generation,
+            protocol_type=stored.protocol_type or None,
+            protocol=stored.protocol,
+            leader=stored.leader,
+            state_timestamp_ms=stored.state_timestamp_ms,
+            offsets=offsets,
+        )
+        for sm in stored.members:
+            group.members[sm.member_id] = Member(
+                sm.member_id,
+                sm.group_instance_id,
+                sm.client_id,
+                sm.client_host,
+                sm.session_timeout_ms,
+                sm.rebalance_timeout_ms,
+                stored.protocol_type,
+                ((stored.protocol or "", sm.subscription),),
+                assignment=sm.assignment,
+            )
+            if sm.group_instance_id is not None:
+                group.static_members[sm.group_instance_id] = sm.member_id
+        if group.members:
+            group.transition(GroupEvent.LOADED, stored.state_timestamp_ms)
+        return group
+
+    def finish_loading(self) -> None:
+        """After replay: start the loaded members' session clocks, and the retention timer."""
+        for group in self.groups.values():
+            for member in group.members.values():
+                self._refresh_session(group, member)
+        self.start_retention()
+
+
+def _ignore(_: ErrorCode) -> None:
+    pass
+
+
+def _ignore_error(_: BaseException | None) -> None:
+    pass
+
+
+def consumer_subscription(metadata: bytes) -> set[str]:
+    """Topics of a ConsumerProtocolSubscription (every version starts: int16 version, then
+    an int32-counted array of int16-length topic names); empty for anything else."""
+    try:
+        (count,) = struct.unpack_from(">i", metadata, 2)
+        pos = 6
+        topics = set()
+        for _ in range(max(count, 0)):
+            (length,) = struct.unpack_from(">h", metadata, pos)
+            topics.add(metadata[pos + 2 : pos + 2 + length].decode("utf-8"))
+            pos += 2 + length
+        return topics
+    except (struct.error, UnicodeDecodeError):
+        return set()

@@ -1,0 +1,341 @@
+"""Groups made durable: the ``__consumer_offsets`` writer, loader and snapshots; the timer driver.
+
+:class:`OffsetsLog` is the coordinator's :class:`~stonemq.coordinator.group_coordinator.
+GroupLogSink`. Each write is one RecordBatch v2 (built by :mod:`group_log`) appended with
+:meth:`StorageEngine.append` to the group's partition of ``__consumer_offsets``; its ``done``
+callback runs when the append's ``written`` future resolves, so an OffsetCommit is answered
+only once its record is in the journal file (and fsynced under ``journal.flush.policy =
+always``), which is what survives a SIGKILL.
+
+The log does not grow without bound: when a partition has taken more records since its last
+snapshot than it has live ones (and at least ``offsets.snapshot.min.records``), and no write
+to it is in flight, the live state of its groups is appended again as a snapshot, and once
+that is written and split the log start is advanced to the snapshot's first offset with
+``StorageEngine.delete_records``. Replaying from the log start therefore always rebuilds the
+full state. On start, :meth:`OffsetsLog.load` replays every partition through
+``StorageEngine.read`` before the broker reports ready.
+
+:class:`GroupRuntime` wires coordinator, log, clock and the single timer handle on the event
+loop (no task per member or group).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from stonemq.coordinator import group_log as glog
+from stonemq.coordinator.group_coordinator import GroupConfig, GroupCoordinator
+from stonemq.coordinator.group_log import OFFSETS_TOPIC, LogFormatError, partition_for
+from stonemq.coordinator.group_state import Clock, SystemClock
+from stonemq.coordinator.group_timers import TimerQueue
+from stonemq.protocol.record_batch import RecordBatchError, iter_batches, iter_records
+from stonemq.storage.engine import OffsetOutOfRangeError, StorageError, UnknownPartitionError
+
+if TYPE_CHECKING:
+    from stonemq.config import Settings
+    from stonemq.storage.engine import StorageEngine
+    from stonemq.topics import TopicManager
+
+log = logging.getLogger("stonemq.groups")
+
+SNAPSHOT_BATCH_RECORDS = 500
+LOAD_READ_BYTES = 1024 * 1024
+TRUNCATE_RETRY_MS = 500
+
+
+class OffsetsLog:
+    """Appends group records to ``__consumer_offsets``, replays them, snapshots and truncates."""
+
+    def __init__(
+        self,
+        storage: StorageEngine,
+        topics: TopicManager,
+        settings: Settings,
+        timers: TimerQueue,
+    ) -> None:
+        self.storage = storage
+        self.topics = topics
+        self.settings = settings
+        self.timers = timers
+        self.coordinator: GroupCoordinator | None = None
+        self._in_flight: dict[int, int] = {}
+        self._since_snapshot: dict[int, int] = {}
+        self._truncate_to: dict[int, int] = {}
+        self._partitions: int | None = None
+
+    # -- the topic -----------------------------------------------------------------------------
+    def ensure_topic(self) -> int:
+        """Create ``__consumer_offsets`` if missing (as Kafka does on first use); its size."""
+        if self._partitions is not None:
+            return self._partitions
+        record = self.topics.get(OFFSETS_TOPIC)
+        if record is None:
+            record = self.topics.create(
+                OFFSETS_TOPIC,
+                self.settings.offsets_topic_num_partitions,
+                {
+                    "retention.ms": "-1",  # only snapshots truncate it
+                    "segment.bytes": str(self.settings.offsets_topic_segment_bytes),
+                },
+            ).record
+            log.info("created %s with %d partitions", OFFSETS_TOPIC, record.partitions)
+        self._partitions = record.partitions
+        return record.partitions
+
+    def partition(self, group_id: str) -> int:
+        return partition_for(group_id, self.ensure_topic())
+
+    # -- writing -------------------------------------------------------------------------------
+    def write(
+        self,
+        group_id: str,
+        entries: list[tuple[glog.Key, glog.Value]],
+        done: Callable[[BaseException | None], None],
+    ) -> None:
+        try:
+            partition = self.partition(group_id)
+        except Exception as exc:  # the topic could not be created
+            log.error("cannot create %s: %s", OFFSETS_TOPIC, exc)
+            done(exc)
+            return
+        self._append(partition, glog.encode_records(entries), done)
+
+    def _append(
+        self,
+        partition: int,
+        records: list[tuple[bytes, bytes | None]],
+        done: Callable[[BaseException | None], None],
+    ) -> None:
+        batch = glog.build_batch(records)
+        try:
+            appended = self.storage.append(OFFSETS_TOPIC, partition, batch, len(records))
+        except (StorageError, UnknownPartitionError) as exc:
+            done(exc)
+            return
+        self._in_flight[partition] = self._in_flight.get(partition, 0) + 1
+
+        def written(future: asyncio.Future[None]) -> None:
+            self._in_flight[partition] -= 1
+            error = None if future.cancelled() else future.exception()
+            if future.cancelled():
+                error = StorageError("write cancelled")
+            if error is None:
+                count = self._since_snapshot.get(partition, 0) + len(records)
+                self._since_snapshot[partition] = count
+            done(error)
+            if error is None:
+                self._maybe_snapshot(partition)
+
+        appended.written.add_done_callback(written)
+
+    # -- snapshots -----------------------------------------------------------------------------
+    def _maybe_snapshot(self, partition: int) -> None:
+        since = self._since_snapshot.get(partition, 0)
+        if since < self.settings.offsets_snapshot_min_records or self._in_flight.get(partition):
+            return
+        coordinator = self.coordinator
+        if coordinator is None:
+            return
+        n = self.ensure_topic()
+        groups = [g for g in coordinator.groups if partition_for(g, n) == partition]
+        live = coordinator.snapshot(groups)
+        if since < len(live):
+            return
+        self._since_snapshot[partition] = 0
+        if not live:
+            self._schedule_truncate(
+                partition, self.storage.log_end_offset(OFFSETS_TOPIC, partition)
+            )
+            return
+        records = glog.encode_records(live)
+        chunks = [
+            records[i : i + SNAPSHOT_BATCH_RECORDS]
+            for i in range(0, len(records), SNAPSHOT_BATCH_RECORDS)
+        ]
+        first = self.storage.log_end_offset(OFFSETS_TOPIC, partition)
+        remaining = [len(chunks)]
+
+        def chunk_written(error: BaseException | None) -> None:
+            if error is not None:
+                log.warning("snapshot of %s-%d failed: %s", OFFSETS_TOPIC, partition, error)
+                remaining[0] = -1
+                return
+            remaining[0] -= 1
+            if remaining[0] == 0:
+                self._schedule_truncate(partition, first)
+
+        for chunk in chunks:
+            self._append(partition, chunk, chunk_written)
+        log.info(
+            "snapshot of %s-%d: %d live records from offset %d",
+            OFFSETS_TOPIC,
+            partition,
+            len(records),
+            first,
+        )
+
+    def _schedule_truncate(self, partition: int, offset: int) -> None:
+        self._truncate_to[partition] = max(offset, self._truncate_to.get(partition, 0))
+        self._try_truncate(partition)
+
+    def _try_truncate(self, partition: int) -> None:
+        """Advance the log start once the snapshot is split (delete_records needs offset <=
+        high watermark); retried on a timer until then."""
+        offset = self._truncate_to.get(partition)
+        if offset is None:
+            return
+        delete_records = getattr(self.storage, "delete_records", None)
+        if delete_records is None:
+            return  # storage without DeleteRecords yet: snapshots still bound the replay
+        try:
+            if self.storage.high_watermark(OFFSETS_TOPIC, partition) < offset:
+                self.timers.after(TRUNCATE_RETRY_MS, lambda: self._try_truncate(partition))
+                return
+            if self.storage.log_start_offset(OFFSETS_TOPIC, partition) < offset:
+                delete_records(OFFSETS_TOPIC, partition, offset)
+        except (StorageError, UnknownPartitionError, OffsetOutOfRangeError) as exc:
+            log.warning("truncating %s-%d failed: %s", OFFSETS_TOPIC, partition, exc)
+        self._truncate_to.pop(partition, None)
+
+    # -- loading -------------------------------------------------------------------------------
+    def load(self, coordinator: GroupCoordinator) -> int:
+        """Replay every partition into ``coordinator``; the number of records applied."""
+        self.coordinator = coordinator
+        record = self.topics.get(OFFSETS_TOPIC)
+        if record is None:
+            return 0
+        self._partitions = record.partitions
+        applied = 0
+        for partition in range(record.partitions):
+            applied += self._load_partition(coordinator, partition)
+        return applied
+
+    def _load_partition(self, coordinator: GroupCoordinator, partition: int) -> int:
+        storage = self.storage
+        offset = storage.log_start_offset(OFFSETS_TOPIC, partition)
+        end = storage.high_watermark(OFFSETS_TOPIC, partition)
+        applied = skipped = 0
+        while offset < end:
+            data = storage.read(OFFSETS_TOPIC, partition, offset, LOAD_READ_BYTES).data
+            if not data:
+                break
+            for pos, header in iter_batches(data):
+                batch = memoryview(data)[pos : pos + header.size]
+                try:
+                    records = list(iter_records(batch))
+                except RecordBatchError:
+                    records = []
+                    skipped += header.record_count
+                for rec in records:
+                    if rec.offset < offset:
+                        continue
+                    try:
+                        key, value = glog.decode(rec.key, rec.value)
+                    except (LogFormatError, UnicodeDecodeError):
+                        skipped += 1
+                        continue
+                    coordinator.replay(key, value)
+                    applied += 1
+                offset = max(offset, header.next_offset)
+        self._since_snapshot[partition] = applied
+        if skipped:
+            log.warning("%s-%d: skipped %d unreadable records", OFFSETS_TOPIC, partition, skipped)
+        return applied
+
+
+class LoopTimerDriver:
+    """Fires the timer queue from one ``loop.call_later`` handle, re-armed for the next
+    deadline whenever that changes."""
+
+    def __init__(self, timers: TimerQueue, clock: Clock) -> None:
+        self.timers = timers
+        self.clock = clock
+        self._handle: asyncio.TimerHandle | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self.arm()
+
+    def arm(self) -> None:
+        if self._loop is None:
+            return
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+        deadline = self.timers.next_deadline()
+        if deadline is not None:
+            delay = max(0.0, (deadline - self.clock.now_ms()) / 1000)
+            self._handle = self._loop.call_later(delay, self._fire)
+
+    def _fire(self) -> None:
+        self._handle = None
+        try:
+            self.timers.fire_due()
+        except Exception:
+            log.exception("group timer failed")
+        self.arm()
+
+    def stop(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+        self._handle = None
+        self._loop = None
+
+
+class GroupRuntime:
+    """The broker's group coordinator with its clock, timers and offsets log."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        storage: StorageEngine,
+        topics: TopicManager,
+        clock: Clock | None = None,
+    ) -> None:
+        self.clock = clock or SystemClock()
+        self.driver: LoopTimerDriver | None = None
+        self.timers = TimerQueue(self.clock, on_earlier=self._on_earlier)
+        self.log = OffsetsLog(storage, topics, settings, self.timers)
+        self.driver = LoopTimerDriver(self.timers, self.clock)
+        config = GroupConfig(
+            initial_rebalance_delay_ms=settings.group_initial_rebalance_delay_ms,
+            min_session_timeout_ms=settings.group_min_session_timeout_ms,
+            max_session_timeout_ms=settings.group_max_session_timeout_ms,
+            offsets_retention_ms=settings.offsets_retention_minutes * 60_000,
+            offsets_retention_check_interval_ms=settings.offsets_retention_check_interval_ms,
+        )
+
+        def partitions_of(topic: str) -> int | None:
+            record = topics.get(topic)
+            return record.partitions if record is not None else None
+
+        self.coordinator = GroupCoordinator(
+            self.clock, self.timers, self.log, config, partitions_of
+        )
+
+    def _on_earlier(self) -> None:
+        if self.driver is not None:
+            self.driver.arm()
+
+    def load(self) -> None:
+        """Before serving: replay ``__consumer_offsets``."""
+        applied = self.log.load(self.coordinator)
+        self.coordinator.finish_loading()
+        log.info(
+            "loaded %d groups from %d %s records",
+            len(self.coordinator.groups),
+            applied,
+            OFFSETS_TOPIC,
+        )
+
+    def start(self) -> None:
+        assert self.driver is not None
+        self.driver.start()
+
+    def stop(self) -> None:
+        if self.driver is not None:
+            self.driver.stop()

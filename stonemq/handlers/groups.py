@@ -1,0 +1,301 @@
+"""Group APIs (classic protocol): FindCoordinator (10), JoinGroup (11), Heartbeat (12),
+LeaveGroup (13), SyncGroup (14), DescribeGroups (15), ListGroups (16), DeleteGroups (42).
+
+With one broker, this broker coordinates every group: FindCoordinator answers with itself
+(for v4+ per coordinator key), after creating ``__consumer_offsets`` if it is missing, as Kafka
+does on first use. Transaction coordinators are not offered (COORDINATOR_NOT_AVAILABLE). The
+group semantics live in :mod:`stonemq.coordinator.group_coordinator`; this module turns
+requests into its calls and its results into version-specific responses. JoinGroup and
+SyncGroup wait (without blocking other requests) until the coordinator answers them.
+The new consumer protocol (KIP-848, ConsumerGroupHeartbeat) is not offered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from kio.schema.errors import ErrorCode
+
+from stonemq.coordinator.group_coordinator import (
+    GroupCoordinator,
+    JoinRequest,
+    JoinResult,
+    SyncResult,
+)
+from stonemq.handlers.context import RequestContext
+from stonemq.handlers.registry import api
+
+KEY_TYPE_GROUP = 0
+KEY_TYPE_TRANSACTION = 1
+CLASSIC_GROUP_TYPE = "classic"
+UNKNOWN_AUTHORIZED_OPERATIONS = -(2**31)
+# Kafka AclOperation codes a group supports (READ, DELETE, DESCRIBE); no authorizer: all allowed.
+GROUP_AUTHORIZED_OPERATIONS = sum(1 << op for op in (3, 6, 8))
+
+T = TypeVar("T")
+
+
+def coordinator(ctx: RequestContext) -> GroupCoordinator:
+    return ctx.broker.groups.coordinator
+
+
+def waiter() -> tuple[asyncio.Future[Any], Callable[[Any], None]]:
+    """A future and the callback that resolves it (once; later calls are ignored)."""
+    future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+
+    def resolve(value: Any) -> None:
+        if not future.done():
+            future.set_result(value)
+
+    return future, resolve
+
+
+def millis(value: datetime.timedelta | None, default: int) -> int:
+    if value is None:
+        return default
+    ms = int(value / datetime.timedelta(milliseconds=1))
+    return default if ms < 0 else ms
+
+
+def client_host(ctx: RequestContext) -> str:
+    return "/" + ctx.client_host  # Kafka reports the InetAddress string, with its slash
+
+
+# -- FindCoordinator -----------------------------------------------------------------------------
+@api(10, 0, 4)
+async def handle_find_coordinator(ctx: RequestContext, request: Any) -> Any:
+    key_type = getattr(request, "key_type", KEY_TYPE_GROUP)
+    if ctx.api_version >= 4:
+        coordinators = []
+        for key in request.coordinator_keys:
+            error, message = _coordinator_error(ctx, key_type, key)
+            coordinators.append(ctx.build("Coordinator", key=key, **_node(ctx, error, message)))
+        return ctx.build(
+            "FindCoordinatorResponse", throttle_time=0, coordinators=tuple(coordinators)
+        )
+    error, message = _coordinator_error(ctx, key_type, request.key)
+    return ctx.build("FindCoordinatorResponse", throttle_time=0, **_node(ctx, error, message))
+
+
+def _coordinator_error(
+    ctx: RequestContext, key_type: int, key: str
+) -> tuple[ErrorCode, str | None]:
+    if key_type == KEY_TYPE_TRANSACTION:
+        return ErrorCode.coordinator_not_available, "transactions are not supported"
+    if key_type != KEY_TYPE_GROUP:
+        return ErrorCode.invalid_request, f"unknown coordinator key type {key_type}"
+    if not key:
+        return ErrorCode.invalid_request, "empty group id"
+    try:
+        ctx.broker.groups.log.ensure_topic()
+    except Exception as exc:
+        return ErrorCode.coordinator_not_available, str(exc)
+    return ErrorCode.none, None
+
+
+def _node(ctx: RequestContext, error: ErrorCode, message: str | None) -> dict[str, Any]:
+    if error != ErrorCode.none:
+        return {
+            "error_code": error,
+            "error_message": message,
+            "node_id": -1,
+            "host": "",
+            "port": -1,
+        }
+    host, port = ctx.broker.settings.advertised_address
+    return {
+        "error_code": error,
+        "error_message": None,
+        "node_id": ctx.broker.broker_id,
+        "host": host,
+        "port": port,
+    }
+
+
+# -- JoinGroup -------------------------------------------------------------------------------
+@api(11, 0, 9)
+async def handle_join_group(ctx: RequestContext, request: Any) -> Any:
+    session_ms = millis(request.session_timeout, 0)
+    join = JoinRequest(
+        group_id=request.group_id,
+        member_id=request.member_id,
+        group_instance_id=getattr(request, "group_instance_id", None),
+        client_id=ctx.client_id or "",
+        client_host=client_host(ctx),
+        session_timeout_ms=session_ms,
+        rebalance_timeout_ms=millis(getattr(request, "rebalance_timeout", None), session_ms),
+        protocol_type=request.protocol_type,
+        protocols=tuple((p.name, p.metadata) for p in request.protocols),
+        require_known_member_id=ctx.api_version >= 4,
+    )
+    future, respond = waiter()
+    coordinator(ctx).join(join, respond)
+    result: JoinResult = await future
+    protocol_name = result.protocol_name
+    if protocol_name is None and ctx.api_version < 7:
+        protocol_name = ""  # nullable only from v7
+    return ctx.build(
+        "JoinGroupResponse",
+        throttle_time=0,
+        error_code=result.error,
+        generation_id=result.generation,
+        protocol_type=result.protocol_type,
+        protocol_name=protocol_name,
+        leader=result.leader,
+        skip_assignment=result.skip_assignment,
+        member_id=result.member_id,
+        members=tuple(
+            ctx.build(
+                "JoinGroupResponseMember",
+                member_id=member_id,
+                group_instance_id=instance,
+                metadata=metadata,
+            )
+            for member_id, instance, metadata in result.members
+        ),
+    )
+
+
+# -- SyncGroup -------------------------------------------------------------------------------
+@api(14, 0, 5)
+async def handle_sync_group(ctx: RequestContext, request: Any) -> Any:
+    future, respond = waiter()
+    coordinator(ctx).sync(
+        request.group_id,
+        request.generation_id,
+        request.member_id,
+        getattr(request, "group_instance_id", None),
+        getattr(request, "protocol_type", None),
+        getattr(request, "protocol_name", None),
+        {a.member_id: a.assignment for a in request.assignments},
+        respond,
+    )
+    result: SyncResult = await future
+    return ctx.build(
+        "SyncGroupResponse",
+        throttle_time=0,
+        error_code=result.error,
+        protocol_type=result.protocol_type,
+        protocol_name=result.protocol_name,
+        assignment=result.assignment,
+    )
+
+
+# -- Heartbeat -------------------------------------------------------------------------------
+@api(12, 0, 4)
+async def handle_heartbeat(ctx: RequestContext, request: Any) -> Any:
+    error = coordinator(ctx).heartbeat(
+        request.group_id,
+        request.generation_id,
+        request.member_id,
+        getattr(request, "group_instance_id", None),
+    )
+    return ctx.build("HeartbeatResponse", throttle_time=0, error_code=error)
+
+
+# -- LeaveGroup ------------------------------------------------------------------------------
+@api(13, 0, 5)
+async def handle_leave_group(ctx: RequestContext, request: Any) -> Any:
+    if ctx.api_version < 3:
+        leaving = [(request.member_id, None)]
+    else:
+        leaving = [(m.member_id, m.group_instance_id) for m in request.members]
+    results = coordinator(ctx).leave(request.group_id, leaving)
+    if ctx.api_version < 3:
+        return ctx.build("LeaveGroupResponse", throttle_time=0, error_code=results[0][2])
+    return ctx.build(
+        "LeaveGroupResponse",
+        throttle_time=0,
+        error_code=ErrorCode.none,
+        members=tuple(
+            ctx.build(
+                "MemberResponse", member_id=member_id, group_instance_id=instance, error_code=error
+            )
+            for member_id, instance, error in results
+        ),
+    )
+
+
+# -- DescribeGroups --------------------------------------------------------------------------
+@api(15, 0, 5)
+async def handle_describe_groups(ctx: RequestContext, request: Any) -> Any:
+    coord = coordinator(ctx)
+    operations = UNKNOWN_AUTHORIZED_OPERATIONS
+    if getattr(request, "include_authorized_operations", False):
+        operations = GROUP_AUTHORIZED_OPERATIONS
+    groups = []
+    for group_id in request.groups:
+        summary = coord.describe(group_id)
+        error = ErrorCode.none if group_id else ErrorCode.invalid_group_id
+        groups.append(
+            ctx.build(
+                "DescribedGroup",
+                error_code=error,
+                group_id=group_id,
+                group_state=summary.state.value,
+                protocol_type=summary.protocol_type,
+                protocol_data=summary.protocol,
+                members=tuple(
+                    ctx.build(
+                        "DescribedGroupMember",
+                        member_id=m.member_id,
+                        group_instance_id=m.group_instance_id,
+                        client_id=m.client_id,
+                        client_host=m.client_host,
+                        member_metadata=m.metadata,
+                        member_assignment=m.assignment,
+                    )
+                    for m in summary.members
+                ),
+                authorized_operations=operations,
+            )
+        )
+    return ctx.build("DescribeGroupsResponse", throttle_time=0, groups=tuple(groups))
+
+
+# -- ListGroups ------------------------------------------------------------------------------
+@api(16, 0, 5)
+async def handle_list_groups(ctx: RequestContext, request: Any) -> Any:
+    states = set(getattr(request, "states_filter", ()) or ())
+    types = {t.lower() for t in getattr(request, "types_filter", ()) or ()}
+    listed = (
+        [] if types and CLASSIC_GROUP_TYPE not in types else coordinator(ctx).list_groups(states)
+    )
+    return ctx.build(
+        "ListGroupsResponse",
+        throttle_time=0,
+        error_code=ErrorCode.none,
+        groups=tuple(
+            ctx.build(
+                "ListedGroup",
+                group_id=group_id,
+                protocol_type=protocol_type,
+                group_state=state.value,
+                group_type=CLASSIC_GROUP_TYPE,
+            )
+            for group_id, protocol_type, state in sorted(listed, key=lambda g: g[0])
+        ),
+    )
+
+
+# -- DeleteGroups ----------------------------------------------------------------------------
+@api(42, 0, 2)
+async def handle_delete_groups(ctx: RequestContext, request: Any) -> Any:
+    coord = coordinator(ctx)
+    pending = []
+    for group_id in request.groups_names:
+        future, respond = waiter()
+        coord.delete_group(group_id, respond)
+        pending.append((group_id, future))
+    results = [(group_id, await future) for group_id, future in pending]
+    return ctx.build(
+        "DeleteGroupsResponse",
+        throttle_time=0,
+        results=tuple(
+            ctx.build("DeletableGroupResult", group_id=group_id, error_code=error)
+            for group_id, error in results
+        ),
+    )

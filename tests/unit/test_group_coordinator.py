@@ -1,0 +1,416 @@
+"""The group coordinator on a driven clock: no sockets, no event loop, no sleeping."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from kio.schema.errors import ErrorCode
+
+from stonemq.coordinator import group_log as glog
+from stonemq.coordinator.group_coordinator import (
+    GroupConfig,
+    GroupCoordinator,
+    JoinRequest,
+    JoinResult,
+    OffsetCommit,
+    SyncResult,
+)
+from stonemq.coordinator.group_state import (
+    TRANSITIONS,
+    GroupEvent,
+    GroupState,
+    IllegalTransition,
+    ManualClock,
+    next_state,
+)
+from stonemq.coordinator.group_timers import TimerQueue
+
+SESSION_MS = 10_000
+REBALANCE_MS = 30_000
+DELAY_MS = 3_000
+
+
+class ListSink:
+    """Keeps what would be written; answers at once (or holds answers when ``hold``)."""
+
+    def __init__(self) -> None:
+        self.entries: list[tuple[glog.Key, glog.Value]] = []
+        self.hold = False
+        self.held: list[Callable[[BaseException | None], None]] = []
+
+    def write(self, group_id, entries, done) -> None:  # type: ignore[no-untyped-def]
+        self.entries += entries
+        if self.hold:
+            self.held.append(done)
+        else:
+            done(None)
+
+
+class Harness:
+    def __init__(self, delay_ms: int = DELAY_MS) -> None:
+        self.clock = ManualClock()
+        self.timers = TimerQueue(self.clock)
+        self.sink = ListSink()
+        self.coord = GroupCoordinator(
+            self.clock,
+            self.timers,
+            self.sink,
+            GroupConfig(initial_rebalance_delay_ms=delay_ms),
+            lambda topic: 6 if topic == "t" else None,
+        )
+
+    def advance(self, ms: int) -> None:
+        self.clock.advance(ms)
+        self.timers.fire_due()
+
+    def join(
+        self,
+        member_id: str = "",
+        instance: str | None = None,
+        protocols: tuple[tuple[str, bytes], ...] = (("range", b"m"),),
+        v4: bool = True,
+        group: str = "g",
+    ) -> list[JoinResult]:
+        out: list[JoinResult] = []
+        req = JoinRequest(
+            group, member_id, instance, "client", "/127.0.0.1", SESSION_MS, REBALANCE_MS,
+            "consumer", protocols, v4,
+        )  # fmt: skip
+        self.coord.join(req, out.append)
+        return out
+
+    def join_new(self, **kw) -> list[JoinResult]:  # type: ignore[no-untyped-def]
+        """A dynamic member's two-step v4+ join (MEMBER_ID_REQUIRED first)."""
+        first = self.join(**kw)
+        assert first[0].error == ErrorCode.member_id_required
+        return self.join(member_id=first[0].member_id, **kw)
+
+    def sync(
+        self, member_id: str, generation: int, assignments: dict[str, bytes] | None = None
+    ) -> list[SyncResult]:
+        out: list[SyncResult] = []
+        self.coord.sync("g", generation, member_id, None, None, None, assignments or {}, out.append)
+        return out
+
+    def state(self) -> GroupState:
+        return self.coord.groups["g"].state
+
+
+def stable_group(h: Harness, n: int) -> list[str]:
+    """n members through one rebalance and the leader's sync; their ids, leader first."""
+    joins = [h.join_new() for _ in range(n)]
+    assert all(not j for j in joins)  # parked during the initial delay
+    h.advance(DELAY_MS)  # members arrived during the delay: it runs once more
+    assert all(not j for j in joins) or n == 1
+    h.advance(DELAY_MS)
+    results = [j[0] for j in joins]
+    assert {r.error for r in results} == {ErrorCode.none}
+    leader = results[0].leader
+    ids = [r.member_id for r in results]
+    gen = results[0].generation
+    followers = [h.sync(m, gen) for m in ids if m != leader]
+    assert all(not f for f in followers)
+    h.sync(leader, gen, {m: m.encode() for m in ids})
+    assert h.state() == GroupState.STABLE
+    assert [f[0].assignment for f in followers] == [m.encode() for m in ids if m != leader]
+    return [leader] + [m for m in ids if m != leader]
+
+
+def test_transition_table_is_kafkas() -> None:
+    assert next_state(GroupState.EMPTY, GroupEvent.MEMBER_JOINED) == GroupState.PREPARING_REBALANCE
+    assert next_state(GroupState.COMPLETING_REBALANCE, GroupEvent.LEADER_SYNCED) == (
+        GroupState.STABLE
+    )
+    with pytest.raises(IllegalTransition):
+        next_state(GroupState.EMPTY, GroupEvent.LEADER_SYNCED)
+    with pytest.raises(IllegalTransition):
+        next_state(GroupState.DEAD, GroupEvent.MEMBER_JOINED)
+    # Dead is final except for being removed again
+    assert {nxt for (s, _), nxt in TRANSITIONS.items() if s == GroupState.DEAD} == {GroupState.DEAD}
+
+
+def test_member_id_required_then_initial_delay_then_join() -> None:
+    h = Harness()
+    first = h.join()
+    assert first[0].error == ErrorCode.member_id_required and first[0].member_id
+    second = h.join(member_id=first[0].member_id)
+    assert not second and h.state() == GroupState.PREPARING_REBALANCE
+    h.advance(DELAY_MS - 1)
+    assert not second
+    h.advance(1)
+    r = second[0]
+    assert (r.error, r.generation, r.leader, r.protocol_name) == (
+        ErrorCode.none, 1, r.member_id, "range",
+    )  # fmt: skip
+    assert [m[0] for m in r.members] == [r.member_id]
+    assert h.state() == GroupState.COMPLETING_REBALANCE
+
+
+def test_old_join_versions_get_an_id_at_once() -> None:
+    h = Harness(delay_ms=0)
+    out = h.join(v4=False)
+    assert out[0].error == ErrorCode.none and out[0].member_id
+
+
+def test_initial_delay_extends_while_members_arrive_bounded_by_rebalance_timeout() -> None:
+    h = Harness()
+    a = h.join_new()
+    h.advance(DELAY_MS - 100)
+    b = h.join_new()
+    h.advance(100)  # first delay over, but b arrived: wait another delay
+    assert not a and not b
+    h.advance(DELAY_MS)
+    assert a[0].error == b[0].error == ErrorCode.none
+    assert a[0].generation == b[0].generation == 1
+
+
+def test_three_members_stable_with_distinct_assignments() -> None:
+    h = Harness()
+    ids = stable_group(h, 3)
+    assert len(set(ids)) == 3
+    for m in ids:
+        assert h.coord.heartbeat("g", 1, m, None) == ErrorCode.none
+
+
+def test_generation_and_member_checks() -> None:
+    h = Harness()
+    leader, follower = stable_group(h, 2)
+    assert h.coord.heartbeat("g", 0, leader, None) == ErrorCode.illegal_generation
+    assert h.coord.heartbeat("g", 1, "nobody", None) == ErrorCode.unknown_member_id
+    assert h.coord.heartbeat("nogroup", 1, leader, None) == ErrorCode.unknown_member_id
+    assert h.coord.validate_commit("g", 0, leader, None) == ErrorCode.illegal_generation
+    assert h.coord.validate_commit("g", -1, "", None) == ErrorCode.unknown_member_id
+    assert h.coord.validate_commit("g", 1, follower, None) == ErrorCode.none
+    assert h.sync("nobody", 1)[0].error == ErrorCode.unknown_member_id
+
+
+def test_leave_rebalances_and_heartbeat_says_rebalance_in_progress() -> None:
+    h = Harness()
+    leader, f1, f2 = stable_group(h, 3)
+    [(mid, _, error)] = h.coord.leave("g", [(f2, None)])
+    assert (mid, error) == (f2, ErrorCode.none)
+    assert h.state() == GroupState.PREPARING_REBALANCE
+    assert h.coord.heartbeat("g", 1, leader, None) == ErrorCode.rebalance_in_progress
+    # commits are still accepted while preparing (a revoke callback commits before rejoining)
+    assert h.coord.validate_commit("g", 1, f1, None) == ErrorCode.none
+    j1, j2 = h.join(member_id=leader), h.join(member_id=f1)
+    assert j1[0].generation == j2[0].generation == 2
+    assert h.state() == GroupState.COMPLETING_REBALANCE
+    assert h.coord.validate_commit("g", 2, f1, None) == ErrorCode.rebalance_in_progress
+    assert h.coord.leave("g", [("ghost", None)])[0][2] == ErrorCode.unknown_member_id
+
+
+def test_session_expiry_removes_silent_member_only() -> None:
+    h = Harness()
+    a, b = stable_group(h, 2)
+    h.advance(SESSION_MS // 2)
+    assert h.coord.heartbeat("g", 1, a, None) == ErrorCode.none
+    h.advance(SESSION_MS // 2 - 1)
+    assert b in h.coord.groups["g"].members
+    h.advance(1)
+    assert h.coord.heartbeat("g", 1, a, None) == ErrorCode.rebalance_in_progress
+    assert b not in h.coord.groups["g"].members
+    assert h.state() == GroupState.PREPARING_REBALANCE
+    rejoin = h.join(member_id=a)
+    assert rejoin[0].generation == 2 and [m[0] for m in rejoin[0].members] == [a]
+
+
+def test_rebalance_timeout_drops_members_that_do_not_rejoin() -> None:
+    h = Harness()
+    a, b = stable_group(h, 2)
+    ja = h.join(member_id=a, protocols=(("range", b"changed"),))
+    assert not ja
+    for _ in range(REBALANCE_MS // 5000):
+        h.advance(5000)
+        h.coord.heartbeat("g", 1, b, None)  # alive, but never rejoins
+    assert ja[0].error == ErrorCode.none and ja[0].generation == 2
+    assert list(h.coord.groups["g"].members) == [a]
+
+
+def test_missing_sync_removes_member_after_rebalance_timeout() -> None:
+    h = Harness()
+    a, b = stable_group(h, 2)
+    h.coord.leave("g", [(b, None)])
+    h.join(member_id=a)
+    assert h.state() == GroupState.COMPLETING_REBALANCE
+    h.advance(REBALANCE_MS)
+    assert a not in h.coord.groups["g"].members
+    assert h.state() == GroupState.EMPTY
+
+
+def test_last_member_leaving_empties_the_group() -> None:
+    h = Harness()
+    (a,) = stable_group(h, 1)
+    h.coord.leave("g", [(a, None)])
+    assert h.state() == GroupState.EMPTY
+    assert h.coord.groups["g"].generation == 2
+
+
+def test_protocol_selection_and_inconsistent_protocol() -> None:
+    h = Harness(delay_ms=0)
+    a = h.join(protocols=(("roundrobin", b""), ("range", b"")), v4=False)
+    assert a[0].protocol_name == "roundrobin"
+    b = h.join(protocols=(("range", b""), ("roundrobin", b"")), v4=False)
+    c = h.join(protocols=(("range", b""),), v4=False)
+    assert not b and not c  # rebalancing: a must rejoin
+    h.join(member_id=a[0].member_id, protocols=(("roundrobin", b""), ("range", b"")))
+    assert b[0].protocol_name == c[0].protocol_name == "range"
+    bad = h.join(protocols=(("sticky", b""),), v4=False)
+    assert bad[0].error == ErrorCode.inconsistent_group_protocol
+
+
+def test_static_member_rejoins_without_rebalance_and_old_id_is_fenced() -> None:
+    h = Harness()
+    first = h.join(instance="i-1")
+    assert not first  # static members get no MEMBER_ID_REQUIRED
+    h.advance(DELAY_MS)
+    old = first[0].member_id
+    h.sync(old, 1, {old: b"assigned"})
+    again = h.join(instance="i-1")  # restarted: no member id
+    new = again[0].member_id
+    assert again[0].error == ErrorCode.none and new != old
+    assert again[0].generation == 1 and h.state() == GroupState.STABLE
+    assert h.sync(new, 1)[0].assignment == b"assigned"
+    assert h.coord.heartbeat("g", 1, old, "i-1") == ErrorCode.fenced_instance_id
+    assert h.coord.validate_commit("g", 1, old, "i-1") == ErrorCode.fenced_instance_id
+    assert h.coord.heartbeat("g", 1, new, "i-1") == ErrorCode.none
+
+
+def test_commit_waits_for_the_write_and_fetch_sees_it() -> None:
+    h = Harness()
+    h.sink.hold = True
+    answers: list[ErrorCode] = []
+    h.coord.commit("g", [OffsetCommit("t", 0, 42, 3, "meta")], answers.append)
+    assert not answers and h.coord.fetch_offsets("g", [("t", 0)]) == {("t", 0): None}
+    h.sink.held.pop()(None)
+    assert answers == [ErrorCode.none]
+    committed = h.coord.fetch_offsets("g", [("t", 0)])[("t", 0)]
+    assert committed is not None and (committed.offset, committed.leader_epoch) == (42, 3)
+    h.coord.commit("g", [OffsetCommit("t", 0, 50, 3, None)], answers.append)
+    h.sink.held.pop()(OSError("disk"))
+    assert answers[-1] == ErrorCode.coordinator_not_available
+    assert h.coord.fetch_offsets("g", None)[("t", 0)].offset == 42  # type: ignore[union-attr]
+
+
+def test_partition_errors() -> None:
+    h = Harness()
+    assert h.coord.partition_error("t", 5, None) == ErrorCode.none
+    assert h.coord.partition_error("t", 6, None) == ErrorCode.unknown_topic_or_partition
+    assert h.coord.partition_error("gone", 0, None) == ErrorCode.unknown_topic_or_partition
+    assert h.coord.partition_error("t", 0, "x" * 5000) == ErrorCode.offset_metadata_too_large
+
+
+def test_retention_expires_empty_groups_offsets_then_the_group() -> None:
+    h = Harness()
+    h.coord.commit("g", [OffsetCommit("t", 1, 7, -1, "")], lambda e: None)
+    h.coord.start_retention()
+    retention = h.coord.config.offsets_retention_ms
+    h.advance(retention - 1)
+    assert h.coord.fetch_offsets("g", None)
+    h.advance(h.coord.config.offsets_retention_check_interval_ms)
+    assert "g" not in h.coord.groups
+    assert (glog.OffsetKey("g", "t", 1), None) in h.sink.entries
+
+
+def test_delete_group_and_offset_delete_rules() -> None:
+    h = Harness()
+    (a,) = stable_group(h, 1)
+    out: list[ErrorCode] = []
+    h.coord.delete_group("g", out.append)
+    assert out == [ErrorCode.non_empty_group]
+    h.coord.delete_group("none", out.append)
+    assert out[-1] == ErrorCode.group_id_not_found
+    h.coord.leave("g", [(a, None)])
+    h.coord.commit("g", [OffsetCommit("t", 0, 1, -1, "")], lambda e: None)
+    h.coord.delete_group("g", out.append)
+    assert out[-1] == ErrorCode.none and "g" not in h.coord.groups
+
+
+def test_offset_delete_refuses_subscribed_topics() -> None:
+    h = Harness(delay_ms=0)
+    subscription = b"\x00\x01" + b"\x00\x00\x00\x01" + b"\x00\x01t" + b"\xff\xff\xff\xff"
+    j = h.join(protocols=(("range", subscription),), v4=False)
+    h.sync(j[0].member_id, 1, {})
+    h.coord.commit("g", [OffsetCommit("t", 0, 1, -1, ""), OffsetCommit("u", 0, 1, -1, "")], print)
+    got: list[tuple[ErrorCode, dict[tuple[str, int], ErrorCode]]] = []
+    h.coord.delete_offsets("g", [("t", 0), ("u", 0)], lambda e, errs: got.append((e, errs)))
+    assert got[0][1] == {("t", 0): ErrorCode.group_subscribed_to_topic, ("u", 0): ErrorCode.none}
+    assert set(h.coord.fetch_offsets("g", None)) == {("t", 0)}
+
+
+def test_replay_of_the_written_records_rebuilds_the_state() -> None:
+    h = Harness()
+    ids = stable_group(h, 2)
+    h.coord.commit("g", [OffsetCommit("t", 2, 9, 1, "m")], lambda e: None)
+    h.coord.commit("simple", [OffsetCommit("t", 3, 4, -1, "")], lambda e: None)
+    encoded = glog.encode_records(h.sink.entries)
+    batch = glog.build_batch(encoded)
+    from stonemq.protocol.record_batch import iter_records
+
+    fresh = Harness()
+    for rec in iter_records(batch):
+        fresh.coord.replay(*glog.decode(rec.key, rec.value))
+    fresh.coord.finish_loading()
+    g = fresh.coord.groups["g"]
+    assert g.state == GroupState.STABLE and list(g.members) == ids and g.generation == 1
+    assert g.offsets == h.coord.groups["g"].offsets
+    assert fresh.coord.fetch_offsets("simple", None)[("t", 3)].offset == 4  # type: ignore[union-attr]
+    assert fresh.coord.heartbeat("g", 1, ids[1], None) == ErrorCode.none
+    fresh.advance(SESSION_MS)  # nobody heartbeats after the restart: all expire
+    assert fresh.coord.groups["g"].state == GroupState.EMPTY
+
+
+def test_partition_for_matches_java_hash_code() -> None:
+    # "abc".hashCode() == 96354; Java's hash of a non-ASCII id uses UTF-16 code units
+    assert glog.partition_for("abc", 50) == 96354 % 50
+    assert glog.partition_for("", 50) == 0
+    assert glog.partition_for("é", 50) == 0xE9 % 50
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["join", "rejoin", "leave", "heartbeat", "sync", "tick"]),
+            st.integers(0, 3),
+            st.integers(0, 12_000),
+        ),
+        max_size=60,
+    )
+)
+def test_random_operations_keep_the_invariants(ops: list[tuple[str, int, int]]) -> None:
+    """Whatever members do, the group stays in a state reachable through the table, the
+    leader is a member, and Empty means no members."""
+    h = Harness()
+    known: list[str] = []
+    for op, who, ms in ops:
+        member = known[who % len(known)] if known else ""
+        group = h.coord.groups.get("g")
+        gen = group.generation if group else 0
+        if op == "join":
+            out = h.join()
+            if out and out[0].error == ErrorCode.member_id_required:
+                known.append(out[0].member_id)
+                h.join(member_id=out[0].member_id)
+        elif op == "rejoin" and member:
+            h.join(member_id=member)
+        elif op == "leave" and member:
+            h.coord.leave("g", [(member, None)])
+        elif op == "heartbeat" and member:
+            h.coord.heartbeat("g", gen, member, None)
+        elif op == "sync" and member:
+            h.sync(member, gen, {m: b"x" for m in known})
+        else:
+            h.advance(ms)
+        group = h.coord.groups.get("g")
+        if group is None:
+            continue
+        if group.leader is not None:
+            assert group.leader in group.members
+        if group.state == GroupState.EMPTY:
+            assert not group.members
+        if group.members:
+            assert group.leader is not None
