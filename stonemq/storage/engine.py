@@ -378,11 +378,18 @@ class StorageEngine:
                 await journal.drain()
             advanced: set[QueueLog] = set()
             for j, journal in enumerate(self._journals):
-                self._splitter.split_to(j, journal.visible_end, advanced)
+                try:
+                    self._splitter.split_to(j, journal.visible_end, advanced)
+                except StorageError as exc:
+                    log.error("final split of journal-%d failed: %s", j, exc)
             self._on_split(advanced)
             if self._checkpoint_lock is None:
                 self._checkpoint_lock = asyncio.Lock()
-            await self._flush_queues(list(self._dirty), journal_to_end=True)
+            try:
+                await self._flush_queues(list(self._dirty), journal_to_end=True)
+            except (OSError, StorageError) as exc:
+                # the journal still holds everything: the next start re-splits it
+                log.error("final flush failed, recovery will re-split the journal: %s", exc)
             self._splitter.close()
         for journal in self._journals:
             journal.close()
@@ -406,6 +413,9 @@ class StorageEngine:
         journal = self._journals[state.journal]
         if journal.failed is not None:
             raise journal.failed
+        split_failed = self._splitter.failed.get(state.journal) if self._splitter else None
+        if split_failed is not None:  # its queue logs cannot be written: do not pile up
+            raise StorageError(f"queue log write failing: {split_failed}")
         base = state.next_offset
         set_base_offset(batch, 0, base)
         header = encode_entry_header(state.topic_id, partition, base, record_count, batch)
@@ -556,9 +566,14 @@ class StorageEngine:
             positions = (tuple(journal_rps.items()), tuple(replay.items()))
             changed = positions != self._last_checkpoint
             if queue_rps is not None or log_starts is not None or changed:
-                await loop.run_in_executor(
-                    None, self._write_checkpoints, journal_rps, replay, queue_rps, log_starts
-                )
+                try:
+                    await loop.run_in_executor(
+                        None, self._write_checkpoints, journal_rps, replay, queue_rps, log_starts
+                    )
+                except OSError:
+                    self._last_checkpoint = None  # rewrite every file next time
+                    self._log_starts_changed = True
+                    raise
                 self._last_checkpoint = positions
             for journal in self._journals:
                 journal.delete_segments_before(min(replay[journal.index], journal.durable_end))

@@ -175,8 +175,8 @@ class QueueLog:
 
     def _new_segment(self, base_offset: int) -> None:
         seg = Segment(self.directory, base_offset)
-        self.segments.append(seg)
         self.files.get(seg.log_path)  # the file exists from now on: it holds the log end
+        self.segments.append(seg)
         self.created_ms = int(time.time() * 1000)
 
     def roll(self, base_offset: int) -> None:

@@ -43,6 +43,9 @@ class Splitter:
         self.resolve = resolve
         self.batch_bytes = batch_bytes
         self.bytes_split = 0
+        # journal partitions whose last step failed to write a queue log (ENOSPC, EIO...):
+        # produces routed to them are refused until a step succeeds again
+        self.failed: dict[int, StorageError] = {}
 
     def step(self, j: int, limit: int, advanced: set[QueueLog]) -> int:
         """Split entries of journal ``j`` from its split position, at most about
@@ -111,8 +114,12 @@ class Splitter:
                 try:
                     if self.step(j, limit(j), advanced):
                         progressed = True
+                        if self.failed.pop(j, None) is not None:
+                            log.info("splitter: journal-%d splits again", j)
                 except StorageError as exc:
                     log.error("splitter: %s; retrying", exc)
+                    self.failed[j] = exc
+                    progressed = True  # retry without waiting for a journal write
                     await asyncio.sleep(_RETRY_AFTER_ERROR_S)
                 if advanced:
                     on_step(advanced)

@@ -1,0 +1,270 @@
+"""The crash suite: a confluent-kafka producer (acks=all, delivery reports) writes to several
+topics and partitions while the real broker process is killed with SIGKILL at random moments.
+
+Some cycles also damage the newest files before the restart, as a torn write or a disk could:
+random garbage appended to the newest journal segment or queue-log segment, or bytes cut from
+their unacknowledged / unflushed tails (the newest journal segment after its last acknowledged
+entry; the newest queue segment after the recovery point its checkpoint records: what a power
+loss could take back). Some cycles kill the broker while it is still recovering.
+
+After every restart: each acknowledged message is at its acknowledged offset with its exact
+bytes, offsets are contiguous from the log start, the log end is past every acknowledged
+offset, and ``stonemq storage check`` passes on the data directory.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from stonemq.storage.checkpoint import QUEUE_RECOVERY_POINT_FILE, read_queue_recovery_points
+from stonemq.storage.journal import decode_entries
+
+pytestmark = [pytest.mark.crash, pytest.mark.timeout(900)]
+
+TOPICS = {"crash-a": 3, "crash-b": 2, "crash-c": 1}
+CYCLES = int(os.environ.get("STONEMQ_CRASH_CYCLES", "24"))
+POLICIES = ("interval", "always", "never")
+
+Key = tuple[str, int]
+
+
+def broker_settings(policy: str) -> dict[str, object]:
+    return {
+        "journal.flush.policy": policy,
+        "journal.flush.interval.ms": 50,
+        "journal.partitions": 2,
+        "journal.segment.bytes": 96 * 1024,  # rolls and journal retention within a cycle
+        "log.segment.bytes": 24 * 1024,
+        "queue.checkpoint.interval.ms": 150,
+        "queue.max.open.files": 8,  # the LRU evicts all the time
+        "auto.create.topics.enable": False,
+    }
+
+
+def create_topics(bootstrap: str) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    futures = admin.create_topics(
+        [NewTopic(t, num_partitions=n, replication_factor=1) for t, n in TOPICS.items()]
+    )
+    for f in futures.values():
+        f.result(timeout=20)
+
+
+def produce_until_killed(
+    broker, acked: dict[Key, dict[int, bytes]], rng: random.Random, cycle: int
+) -> None:
+    """Produce continuously; SIGKILL the broker after a random delay; keep the acks."""
+    producer = Producer(
+        {
+            "bootstrap.servers": broker.bootstrap,
+            "acks": "all",
+            "enable.idempotence": False,
+            "linger.ms": rng.choice([0, 1, 5]),
+            "batch.num.messages": rng.choice([1, 10, 200]),
+            "message.timeout.ms": 30000,
+            "socket.timeout.ms": 5000,
+            "reconnect.backoff.max.ms": 200,
+        }
+    )
+
+    def on_delivery(err: KafkaError | None, msg) -> None:
+        if err is None:
+            key = (msg.topic(), msg.partition())
+            previous = acked[key].setdefault(msg.offset(), msg.value())
+            assert previous == msg.value(), f"offset {key} {msg.offset()} acknowledged twice"
+
+    targets = [(t, p) for t, n in TOPICS.items() for p in range(n)]
+    kill_at = time.monotonic() + rng.uniform(0.2, 1.5)
+    seq = 0
+    budget = rng.randint(300, 3000)  # messages this cycle: keeps each verification cheap
+    while time.monotonic() < kill_at and seq < budget:
+        for _ in range(rng.randint(1, 40)):
+            topic, partition = rng.choice(targets)
+            value = b"c%d-s%d-" % (cycle, seq) + rng.randbytes(rng.randint(0, 300))
+            try:
+                producer.produce(topic, value, partition=partition, on_delivery=on_delivery)
+            except BufferError:
+                break
+            seq += 1
+        producer.poll(0.002)
+    broker.kill()  # SIGKILL while requests are in flight
+    producer.poll(0.2)  # acks that arrived before the kill
+    producer.purge(in_queue=True, in_flight=True)
+    producer.flush(5)
+
+
+def consume_all(bootstrap: str, topic: str, partition: int) -> tuple[int, list[tuple[int, bytes]]]:
+    """(log start offset, [(offset, value)...]) of the whole partition up to its high mark."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": "crash-check",
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+            "fetch.max.bytes": 4 << 20,
+        }
+    )
+    try:
+        tp = TopicPartition(topic, partition)
+        low, high = consumer.get_watermark_offsets(tp, timeout=10)
+        out: list[tuple[int, bytes]] = []
+        if high == low:
+            return low, out
+        consumer.assign([TopicPartition(topic, partition, OFFSET_BEGINNING)])
+        deadline = time.monotonic() + 30
+        while (not out or out[-1][0] < high - 1) and time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is None or msg.error() is not None:
+                continue
+            out.append((msg.offset(), msg.value()))
+        return low, out
+    finally:
+        consumer.close()
+
+
+def verify(broker, acked: dict[Key, dict[int, bytes]]) -> int:
+    total = 0
+    for (topic, partition), expected in acked.items():
+        low, records = consume_all(broker.bootstrap, topic, partition)
+        where = f"{topic}-{partition}"
+        assert low == 0, f"{where}: log start {low} (nothing was deleted)"
+        offsets = [o for o, _ in records]
+        assert offsets == list(range(low, low + len(offsets))), f"{where}: offsets not contiguous"
+        stored = dict(records)
+        if expected:
+            assert len(offsets) > max(expected), (
+                f"{where}: log ends at {len(offsets)}, acknowledged up to {max(expected)}"
+            )
+        for offset, value in expected.items():
+            assert stored.get(offset) == value, f"{where}: acknowledged offset {offset} changed"
+        total += len(expected)
+    return total
+
+
+def storage_check(data_dir: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STONEMQ_")}
+    result = subprocess.run(
+        [sys.executable, "-m", "stonemq", "storage", "check", "--data-dir", str(data_dir)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert result.returncode == 0, f"storage check failed:\n{result.stdout}\n{result.stderr}"
+
+
+# -- damage ---------------------------------------------------------------------------------
+def newest(directory: Path, suffix: str) -> Path | None:
+    files = sorted(p for p in directory.glob(f"*{suffix}") if p.is_file())
+    return files[-1] if files else None
+
+
+def append_garbage(path: Path, rng: random.Random) -> str:
+    junk = rng.choice([b"\x00" * rng.randint(1, 64), rng.randbytes(rng.randint(1, 4096))])
+    with path.open("ab") as f:
+        f.write(junk)
+    return f"+{len(junk)} garbage on {path.name}"
+
+
+def cut_journal_tail(path: Path, acked: dict[Key, dict[int, bytes]], rng: random.Random) -> str:
+    """Cut somewhere after the last entry that holds an acknowledged offset (of any topic
+    with that partition number: conservative)."""
+    data = memoryview(path.read_bytes())
+    entries, _ = decode_entries(data, 0, verify=False)
+    acked_by_partition: dict[int, set[int]] = {}
+    for (_, partition), offsets in acked.items():
+        acked_by_partition.setdefault(partition, set()).update(offsets)
+    keep = 0
+    for e in entries:
+        offsets = acked_by_partition.get(e.partition, set())
+        if any(o in offsets for o in range(e.base_offset, e.base_offset + e.record_count)):
+            keep = e.end
+    if keep >= len(data):
+        return f"nothing unacknowledged to cut in {path.name}"
+    at = rng.randint(keep, len(data) - 1)
+    os.truncate(path, at)
+    return f"cut {len(data) - at} bytes of {path.name}"
+
+
+def cut_queue_tail(queue_dir: Path, log_dir: Path, rng: random.Random) -> str:
+    path = newest(log_dir, ".log")
+    if path is None:
+        return "no queue segment"
+    topic, _, partition = log_dir.name.rpartition("-")
+    rp = read_queue_recovery_points(str(queue_dir / QUEUE_RECOVERY_POINT_FILE)).get(
+        (topic, int(partition))
+    )
+    base = int(path.stem)
+    flushed = 0
+    if rp is not None and rp.segment_base == base:
+        flushed = rp.position
+    elif rp is not None and rp.segment_base > base:
+        return f"{path.name} is flushed"
+    size = path.stat().st_size
+    if size <= flushed:
+        return f"nothing unflushed in {log_dir.name}/{path.name}"
+    at = rng.randint(flushed, size - 1)
+    os.truncate(path, at)
+    return f"cut {size - at} unflushed bytes of {log_dir.name}/{path.name}"
+
+
+def damage(data_dir: Path, acked: dict[Key, dict[int, bytes]], rng: random.Random) -> list[str]:
+    done = []
+    journals = [d for d in sorted((data_dir / "journal").glob("journal-*")) if d.is_dir()]
+    queue_dir = data_dir / "queues"
+    queues = [d for d in sorted(queue_dir.iterdir()) if d.is_dir()]
+    for _ in range(rng.randint(1, 3)):
+        kind = rng.choice(["journal-garbage", "journal-cut", "queue-garbage", "queue-cut"])
+        if kind.startswith("journal"):
+            path = newest(rng.choice(journals), ".journal")
+            if path is None:
+                continue
+            if kind == "journal-garbage":
+                done.append(append_garbage(path, rng))
+            else:
+                done.append(cut_journal_tail(path, acked, rng))
+        elif queues:
+            log_dir = rng.choice(queues)
+            if kind == "queue-garbage":
+                path = newest(log_dir, ".log")
+                if path is not None:
+                    done.append(append_garbage(path, rng))
+            else:
+                done.append(cut_queue_tail(queue_dir, log_dir, rng))
+    return done
+
+
+def test_acknowledged_messages_survive_sigkill(broker_factory, tmp_path: Path) -> None:
+    seed = int(os.environ.get("STONEMQ_CRASH_SEED", str(random.randrange(1 << 30))))
+    rng = random.Random(seed)
+    print(f"crash suite seed {seed} ({CYCLES} cycles)")
+    broker = broker_factory(**broker_settings("interval"))
+    data_dir = broker.data_dir
+    create_topics(broker.bootstrap)
+    acked: dict[Key, dict[int, bytes]] = {(t, p): {} for t, n in TOPICS.items() for p in range(n)}
+    kills = 0
+    for cycle in range(CYCLES):
+        produce_until_killed(broker, acked, rng, cycle)
+        kills += 1
+        notes = damage(data_dir, acked, rng) if rng.random() < 0.6 else []
+        broker.settings = {**broker.settings, **broker_settings(POLICIES[cycle % 3])}
+        if cycle % 5 == 4:  # a kill while recovering: recovery must survive its own crash
+            broker.spawn()
+            time.sleep(rng.uniform(0.05, 0.8))
+            broker.kill()
+            kills += 1
+        broker.start()
+        checked = verify(broker, acked)
+        storage_check(data_dir)
+        print(f"cycle {cycle}: {checked} acknowledged messages verified; damage: {notes}")
+    assert kills >= min(CYCLES, 20)
+    assert sum(len(v) for v in acked.values()) > 1000, "too few acknowledged messages"
