@@ -91,6 +91,11 @@ def serve(
 from stonemq.cli.storage import storage_app  # noqa: E402
 
 app.add_typer(storage_app)
+from stonemq.cli.groups import groups_app  # noqa: E402
+from stonemq.cli.topics import topics_app  # noqa: E402
+
+app.add_typer(groups_app)
+app.add_typer(topics_app)
 
 
 def main() -> None:

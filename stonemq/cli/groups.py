@@ -1,0 +1,278 @@
+"""``stonemq groups``: list, describe, reset the offsets of, and delete consumer groups.
+
+Kafka's ``kafka-consumer-groups.sh`` habits over the Kafka protocol (confluent-kafka's
+AdminClient): ``describe`` shows each partition's committed offset, log end offset and lag next
+to the member that owns it; ``reset-offsets`` prints the plan and changes nothing unless
+``--execute``, and only for a group with no active members (Empty or Dead), as Kafka requires;
+``--to-offset`` is clamped to the partition's [earliest, latest] range, also as Kafka does.
+"""
+
+from __future__ import annotations
+
+import datetime
+from typing import Annotated, Any
+
+import typer
+from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
+from confluent_kafka.admin import AdminClient, OffsetSpec
+
+from stonemq.cli.topics import (
+    DEFAULT_BOOTSTRAP,
+    BootstrapOption,
+    JsonOption,
+    admin_client,
+    emit_json,
+    fail,
+    print_table,
+    result,
+    topic_metadata,
+)
+
+INACTIVE_STATES = {"EMPTY", "DEAD"}
+
+groups_app = typer.Typer(
+    name="groups",
+    help="List, describe, reset offsets of and delete consumer groups on a running broker.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+
+
+def _state_name(state: Any) -> str:
+    return str(getattr(state, "name", state)).upper()
+
+
+def _describe(client: AdminClient, group: str) -> Any:
+    return result(client.describe_consumer_groups([group])[group], f"describe {group}")
+
+
+def _committed(client: AdminClient, group: str) -> dict[tuple[str, int], int]:
+    request = [ConsumerGroupTopicPartitions(group)]
+    answer = result(client.list_consumer_group_offsets(request)[group], f"offsets of {group}")
+    return {
+        (tp.topic, tp.partition): tp.offset
+        for tp in answer.topic_partitions or []
+        if tp.offset >= 0
+    }
+
+
+def _offsets(
+    client: AdminClient, partitions: list[tuple[str, int]], spec: OffsetSpec
+) -> dict[tuple[str, int], int]:
+    if not partitions:
+        return {}
+    futures = client.list_offsets({TopicPartition(t, p): spec for t, p in partitions})
+    return {
+        (tp.topic, tp.partition): result(f, f"offsets of {tp.topic}-{tp.partition}").offset
+        for tp, f in futures.items()
+    }
+
+
+@groups_app.command("list")
+def list_groups(
+    bootstrap_server: BootstrapOption = DEFAULT_BOOTSTRAP,
+    state: Annotated[
+        list[str] | None, typer.Option(help="only groups in this state (repeatable)")
+    ] = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Every group the broker knows, with its state."""
+    client = admin_client(bootstrap_server)
+    listed = result(client.list_consumer_groups(), "list groups")
+    wanted = {s.upper() for s in state or []}
+    rows = sorted(
+        (g.group_id, _state_name(g.state), "simple" if g.is_simple_consumer_group else "consumer")
+        for g in listed.valid
+        if not wanted or _state_name(g.state) in wanted
+    )
+    if as_json:
+        emit_json([{"group": g, "state": s, "kind": k} for g, s, k in rows])
+    else:
+        print_table("consumer groups", ("group", "state", "kind"), rows)
+
+
+@groups_app.command()
+def describe(
+    group: Annotated[str, typer.Argument(help="group id")],
+    bootstrap_server: BootstrapOption = DEFAULT_BOOTSTRAP,
+    as_json: JsonOption = False,
+) -> None:
+    """Members, their assignments, and committed offset, log end offset and lag per partition."""
+    client = admin_client(bootstrap_server)
+    desc = _describe(client, group)
+    committed = _committed(client, group)
+    owner: dict[tuple[str, int], Any] = {}
+    members = []
+    for m in desc.members:
+        assigned = [(tp.topic, tp.partition) for tp in m.assignment.topic_partitions]
+        for tp in assigned:
+            owner[tp] = m
+        members.append(
+            {
+                "member_id": m.member_id,
+                "group_instance_id": m.group_instance_id,
+                "client_id": m.client_id,
+                "host": m.host,
+                "assignment": [f"{t}-{p}" for t, p in sorted(assigned)],
+            }
+        )
+    partitions = sorted(set(committed) | set(owner))
+    ends = _offsets(client, partitions, OffsetSpec.latest())
+    rows = []
+    for tp in partitions:
+        m = owner.get(tp)
+        offset, end = committed.get(tp), ends.get(tp)
+        lag = end - offset if offset is not None and end is not None else None
+        rows.append(
+            {
+                "topic": tp[0],
+                "partition": tp[1],
+                "committed_offset": offset,
+                "log_end_offset": end,
+                "lag": lag,
+                "member_id": m.member_id if m else None,
+                "client_id": m.client_id if m else None,
+                "host": m.host if m else None,
+            }
+        )
+    document = {
+        "group": group,
+        "state": _state_name(desc.state),
+        "assignor": desc.partition_assignor,
+        "members": members,
+        "partitions": rows,
+    }
+    if as_json:
+        emit_json(document)
+        return
+    typer.echo(f"Group {group}: {document['state']}, assignor {desc.partition_assignor or '-'}")
+    columns = ("topic", "partition", "committed_offset", "log_end_offset", "lag")
+    print_table(
+        "offsets",
+        (*columns, "member_id", "client_id", "host"),
+        ([r[c] for c in (*columns, "member_id", "client_id", "host")] for r in rows),
+    )
+    print_table(
+        "members",
+        ("member_id", "group_instance_id", "client_id", "host", "assignment"),
+        (
+            (
+                m["member_id"],
+                m["group_instance_id"],
+                m["client_id"],
+                m["host"],
+                ", ".join(m["assignment"]),
+            )
+            for m in members
+        ),
+    )
+
+
+def _target_spec(
+    to_earliest: bool, to_latest: bool, to_datetime: str | None, to_offset: int | None
+) -> tuple[str, OffsetSpec | int]:
+    chosen = [
+        name
+        for name, given in (
+            ("earliest", to_earliest),
+            ("latest", to_latest),
+            ("datetime", to_datetime is not None),
+            ("offset", to_offset is not None),
+        )
+        if given
+    ]
+    if len(chosen) != 1:
+        fail("give exactly one of --to-earliest, --to-latest, --to-datetime, --to-offset", 2)
+    if to_earliest:
+        return "earliest", OffsetSpec.earliest()
+    if to_latest:
+        return "latest", OffsetSpec.latest()
+    if to_offset is not None:
+        return "offset", to_offset
+    try:
+        when = datetime.datetime.fromisoformat(to_datetime or "")
+    except ValueError:
+        fail(f"--to-datetime: not an ISO-8601 date-time: {to_datetime!r}", 2)
+    if when.tzinfo is None:
+        when = when.astimezone()  # local time, as Kafka's tool reads it
+    return "datetime", OffsetSpec.for_timestamp(int(when.timestamp() * 1000))
+
+
+@groups_app.command("reset-offsets")
+def reset_offsets(
+    group: Annotated[str, typer.Argument(help="group id")],
+    topic: Annotated[str, typer.Option(help="TOPIC or TOPIC:P1,P2 (partitions to reset)")],
+    to_earliest: Annotated[bool, typer.Option("--to-earliest")] = False,
+    to_latest: Annotated[bool, typer.Option("--to-latest")] = False,
+    to_datetime: Annotated[
+        str | None, typer.Option("--to-datetime", help="ISO-8601, e.g. 2024-05-01T12:00:00")
+    ] = None,
+    to_offset: Annotated[int | None, typer.Option("--to-offset")] = None,
+    execute: Annotated[bool, typer.Option("--execute", help="apply (default: dry run)")] = False,
+    bootstrap_server: BootstrapOption = DEFAULT_BOOTSTRAP,
+    as_json: JsonOption = False,
+) -> None:
+    """Move an inactive group's committed offsets; prints the plan, applies it with --execute."""
+    kind, spec = _target_spec(to_earliest, to_latest, to_datetime, to_offset)
+    client = admin_client(bootstrap_server)
+    name, _, wanted = topic.partition(":")
+    tmd = topic_metadata(client, name)[name]
+    partitions = sorted(tmd.partitions)
+    if wanted:
+        partitions = [int(p) for p in wanted.split(",")]
+    tps = [(name, p) for p in partitions]
+    state = _state_name(_describe(client, group).state)
+    if state not in INACTIVE_STATES:
+        fail(
+            f"group {group} is {state}: offsets can be reset only when the group is inactive "
+            "(stop its consumers first)"
+        )
+    targets = _targets(client, tps, kind, spec)
+    committed = _committed(client, group)
+    plan = [
+        {"topic": t, "partition": p, "current_offset": committed.get((t, p)), "new_offset": o}
+        for (t, p), o in sorted(targets.items())
+    ]
+    if execute:
+        request = [
+            ConsumerGroupTopicPartitions(
+                group, [TopicPartition(t, p, o) for (t, p), o in targets.items()]
+            )
+        ]
+        answer = result(client.alter_consumer_group_offsets(request)[group], "reset offsets")
+        errors = [tp for tp in answer.topic_partitions if tp.error is not None]
+        if errors:
+            fail(f"some partitions were not reset: {errors}")
+    if as_json:
+        emit_json({"group": group, "executed": execute, "offsets": plan})
+        return
+    print_table(
+        f"{'new' if execute else 'planned (dry run; --execute applies)'} offsets of {group}",
+        ("topic", "partition", "current_offset", "new_offset"),
+        ((r["topic"], r["partition"], r["current_offset"], r["new_offset"]) for r in plan),
+    )
+
+
+def _targets(
+    client: AdminClient, tps: list[tuple[str, int]], kind: str, spec: OffsetSpec | int
+) -> dict[tuple[str, int], int]:
+    if isinstance(spec, OffsetSpec):
+        targets = _offsets(client, tps, spec)
+        if kind == "datetime":  # no record at or after the time: the log end, like Kafka
+            latest = _offsets(client, tps, OffsetSpec.latest())
+            targets = {tp: o if o >= 0 else latest[tp] for tp, o in targets.items()}
+        return targets
+    earliest = _offsets(client, tps, OffsetSpec.earliest())
+    latest = _offsets(client, tps, OffsetSpec.latest())
+    return {tp: min(max(spec, earliest[tp]), latest[tp]) for tp in tps}
+
+
+@groups_app.command()
+def delete(
+    group: Annotated[str, typer.Argument(help="group id")],
+    bootstrap_server: BootstrapOption = DEFAULT_BOOTSTRAP,
+) -> None:
+    """Delete an inactive group and its committed offsets."""
+    client = admin_client(bootstrap_server)
+    result(client.delete_consumer_groups([group], request_timeout=15)[group], f"delete {group}")
+    typer.echo(f"Deleted group {group}.")
