@@ -488,7 +488,9 @@ class StorageEngine:
             self._checkpoint_wake.clear()
             if time.monotonic() >= deadline:
                 deadline = time.monotonic() + interval_s
-                queues = list(self._dirty)  # every dirty queue log
+                # only the dirty queue logs that pin a sealed journal segment: the others'
+                # data is in the active journal segment, which no flush could delete yet
+                queues = [q for q in self._dirty if self._pins_journal(q)]
             else:
                 queues = [q for q in self._dirty if q.unflushed]  # the ones that rolled
             try:
@@ -496,6 +498,12 @@ class StorageEngine:
             except Exception:
                 log.exception("queue log flush failed")
                 await asyncio.sleep(1.0)
+
+    def _pins_journal(self, queue: QueueLog) -> bool:
+        first = queue.first_unflushed_journal_position
+        if queue.unflushed:
+            return True
+        return first is not None and first < self._journals[queue.journal_partition].segments[-1]
 
     async def flush(self) -> None:
         """Flush every dirty queue log and write the checkpoints now."""

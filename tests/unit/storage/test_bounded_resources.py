@@ -1,0 +1,85 @@
+"""Bounded resources: 100,000 partitions written once each and left idle keep open files under
+``queue.max.open.files``, cost a small constant of memory each, and the journal shrinks back
+below a bound once the idle queue logs are flushed by the periodic checkpoint round."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+import tracemalloc
+import uuid
+from pathlib import Path
+
+import pytest
+from conftest import build_batch, new_engine, wait_split
+
+from stonemq.storage.engine import LogConfig
+
+PARTITIONS = 100_000
+MAX_OPEN_FILES = 64
+JOURNAL_SEGMENT_BYTES = 256 * 1024
+
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def journal_bytes(root: Path) -> int:
+    return sum(p.stat().st_size for p in (root / "journal").rglob("*.journal"))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_100k_idle_partitions_bounded_files_memory_and_journal(tmp_path: Path) -> None:
+    async def run() -> None:
+        fds_before = open_fds()
+        tracemalloc.start()
+        engine = new_engine(
+            tmp_path,
+            journal_partitions=4,
+            journal_segment_bytes=JOURNAL_SEGMENT_BYTES,
+            max_open_files=MAX_OPEN_FILES,
+            queue_checkpoint_interval_ms=300,
+        )
+        config = LogConfig()
+        topic_id = uuid.uuid4()
+        base_mem = tracemalloc.get_traced_memory()[0]
+        for p in range(PARTITIONS):
+            engine.add_partition(topic_id, "many", p, p % 4, config)
+        registered_mem = tracemalloc.get_traced_memory()[0] - base_mem
+        engine.start(lambda *a: None)
+        batch = bytes(build_batch([b"x" * 40]))
+        pending = []
+        for p in range(PARTITIONS):
+            pending.append(engine.append("many", p, bytearray(batch), 1).written)
+            if len(pending) >= 5000:
+                await asyncio.gather(*pending)
+                pending = []
+                assert open_fds() - fds_before <= MAX_OPEN_FILES + 16
+        await asyncio.gather(*pending)
+        await wait_split(engine, timeout_s=300)
+        assert engine.open_files <= MAX_OPEN_FILES
+        assert open_fds() - fds_before <= MAX_OPEN_FILES + 16
+        written = journal_bytes(tmp_path)
+        assert written > 20 * JOURNAL_SEGMENT_BYTES
+        used_mem = tracemalloc.get_traced_memory()[0] - base_mem
+        tracemalloc.stop()
+        per_partition = used_mem / PARTITIONS
+        print(
+            f"{PARTITIONS} partitions: {registered_mem / PARTITIONS:.0f} B each registered, "
+            f"{per_partition:.0f} B each after one write; journal {written} B"
+        )
+        assert per_partition < 4096, f"{per_partition:.0f} bytes per idle partition"
+
+        # idle: the checkpoint round flushes the queue logs that pin sealed journal
+        # segments, and those segments go
+        deadline = time.monotonic() + 240
+        while journal_bytes(tmp_path) > 2 * 4 * JOURNAL_SEGMENT_BYTES:
+            assert time.monotonic() < deadline, f"journal still {journal_bytes(tmp_path)} B"
+            await asyncio.sleep(0.2)
+        print(f"journal after idle flushes: {journal_bytes(tmp_path)} B")
+        assert open_fds() - fds_before <= MAX_OPEN_FILES + 16
+        await engine.close()
+
+    asyncio.run(run())
