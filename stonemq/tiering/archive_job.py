@@ -46,6 +46,7 @@ from stonemq.tiering.rows import ARROW_SCHEMA, SPARK_SCHEMA, decode_segment
 log = logging.getLogger(__name__)
 
 DEFAULT_ZSTD_LEVEL = 1
+ROW_GROUP_RECORDS = 16384  # cold reads skip whole row groups by their offset statistics
 RANGE_COLUMNS = "_range_first long, _range_last long"
 _READER_SCHEMA = pa.schema(
     [*ARROW_SCHEMA, pa.field("_range_first", pa.int64()), pa.field("_range_last", pa.int64())]
@@ -173,7 +174,13 @@ class _ArchiveWriter(DataSourceArrowWriter):
 def write_parquet(store: ColdStore, key: str, table: pa.Table, zstd_level: int) -> int:
     """Write ``table`` as one zstd Parquet object at ``key``; returns its size."""
     with tempfile.NamedTemporaryFile(suffix=".parquet") as tmp:
-        pq.write_table(table, tmp.name, compression="zstd", compression_level=zstd_level)
+        pq.write_table(
+            table,
+            tmp.name,
+            compression="zstd",
+            compression_level=zstd_level,
+            row_group_size=ROW_GROUP_RECORDS,
+        )
         with open(tmp.name, "rb") as fh:
             return store.put_atomic(key, iter(lambda: fh.read(8 * 1024 * 1024), b""))
 

@@ -174,6 +174,7 @@ def encode_rows(table: pa.Table, max_bytes: int | None = None) -> Iterator[tuple
     produced = 0
     i = 0
     n = len(offsets)
+    target = TARGET_BATCH_BYTES if max_bytes is None else min(TARGET_BATCH_BYTES, max_bytes)
     while i < n:
         start = i
         size = 0
@@ -185,7 +186,7 @@ def encode_rows(table: pa.Table, max_bytes: int | None = None) -> Iterator[tuple
                 or pids[i] != pids[start]
                 or (types[start] == LOG_APPEND_TIME and stamps[i] != stamps[start])
                 or i - start >= MAX_BATCH_RECORDS
-                or size >= TARGET_BATCH_BYTES
+                or size >= target
             ):
                 break
             group.append((offsets[i], stamps[i] // 1000, keys[i], values[i], headers[i] or ()))

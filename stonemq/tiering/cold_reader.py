@@ -1,0 +1,259 @@
+"""The cold reader: serves fetches of archived offsets from the Parquet tables, re-encoded as
+RecordBatch v2 with exact offsets, keys, values, headers and timestamps.
+
+Reads are blocking (object store, Parquet decode): the fetch handler runs them in an executor,
+never on the event loop. Each partition has a read-ahead cache (RocketMQ 5's tiered fetcher):
+a miss reads a window of rows from the offset on; the window grows additively (by the rows a
+fetch took) while the cached rows are being consumed, and halves when a cache expires with
+rows nobody read (the consumer fell behind or went away): AIMD. Only files the manifest lists
+are ever read; the manifest is re-read at most every ``manifest_ttl_s``, or at once when a
+fetch asks past what the cached version covers.
+"""
+
+from __future__ import annotations
+
+import bisect
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from stonemq.tiering import manifest as mf
+from stonemq.tiering.cold_store import ColdStore, StoreSpec
+from stonemq.tiering.rows import ARROW_SCHEMA, encode_rows
+
+READ_POLICIES = ("disable", "not_in_local", "force")
+MIN_WINDOW_RECORDS = 256
+MAX_WINDOW_RECORDS = 1 << 20
+
+
+class ReadAheadWindow:
+    """How many records the next cold read fetches: additive increase while read-ahead is
+    used, multiplicative decrease when it expires unread."""
+
+    __slots__ = ("max_records", "min_records", "records")
+
+    def __init__(
+        self, min_records: int = MIN_WINDOW_RECORDS, max_records: int = MAX_WINDOW_RECORDS
+    ) -> None:
+        self.min_records = min_records
+        self.max_records = max_records
+        self.records = min_records
+
+    def grow(self, by: int) -> None:
+        self.records = min(self.records + max(by, 1), self.max_records)
+
+    def shrink(self) -> None:
+        self.records = max(self.records // 2, self.min_records)
+
+
+@dataclass(slots=True)
+class _Cache:
+    """Rows read ahead for one partition: offsets ``offsets[0]..last`` (the last offset the
+    read covered, which may lie past the last row when a range ends in control records)."""
+
+    window: ReadAheadWindow = field(default_factory=ReadAheadWindow)
+    table: pa.Table | None = None
+    offsets: list[int] = field(default_factory=list)
+    first: int = 0
+    last: int = -1
+    consumed_to: int = 0  # rows handed out so far
+    used_at: float = 0.0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def covers(self, offset: int) -> bool:
+        return self.table is not None and self.first <= offset <= self.last
+
+
+@dataclass(slots=True)
+class ColdReadStats:
+    hits: int = 0
+    misses: int = 0
+    expired_unread: int = 0
+    bytes_served: int = 0
+
+
+class ColdReader:
+    """Archived offsets of every partition, served as record batches (thread-safe)."""
+
+    def __init__(
+        self,
+        spec: StoreSpec,
+        *,
+        read_ahead_max_bytes: int = 16 * 1024 * 1024,
+        cache_expire_ms: int = 30_000,
+        manifest_ttl_s: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.spec = spec
+        self._store: ColdStore | None = None
+        self.read_ahead_max_bytes = read_ahead_max_bytes
+        self.cache_expire_s = cache_expire_ms / 1000
+        self.manifest_ttl_s = manifest_ttl_s
+        self.clock = clock
+        self.stats = ColdReadStats()
+        self._manifests: dict[tuple[str, int], tuple[float, mf.Manifest]] = {}
+        self._caches: dict[tuple[str, int], _Cache] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def store(self) -> ColdStore:
+        if self._store is None:
+            self._store = self.spec.open()
+        return self._store
+
+    # -- manifest -------------------------------------------------------------------------
+    def manifest(self, topic: str, partition: int, *, fresh: bool = False) -> mf.Manifest:
+        key = (topic, partition)
+        now = self.clock()
+        with self._lock:
+            cached = self._manifests.get(key)
+        if cached is not None and not fresh and now - cached[0] < self.manifest_ttl_s:
+            return cached[1]
+        current = mf.load(self.store, topic, partition)
+        with self._lock:
+            self._manifests[key] = (now, current)
+        return current
+
+    def cached_manifest(self, topic: str, partition: int) -> mf.Manifest | None:
+        """The last manifest read (no I/O): for the event loop's cheap checks."""
+        with self._lock:
+            cached = self._manifests.get((topic, partition))
+        return cached[1] if cached else None
+
+    def forget(self, topic: str) -> None:
+        with self._lock:
+            for key in [k for k in self._manifests if k[0] == topic]:
+                del self._manifests[key]
+            for key in [k for k in self._caches if k[0] == topic]:
+                del self._caches[key]
+
+    # -- reads ----------------------------------------------------------------------------
+    def read(self, topic: str, partition: int, offset: int, max_bytes: int) -> bytes:
+        """Whole re-encoded batches from the first archived record at or after ``offset``,
+        up to ``max_bytes`` (at least one batch); b"" when nothing archived is at or after it.
+        Blocking: call from an executor."""
+        self.expire()
+        cache = self._cache(topic, partition)
+        while True:
+            with cache.lock:
+                if cache.covers(offset):
+                    self.stats.hits += 1
+                else:
+                    self.stats.misses += 1
+                    if not self._fill(cache, topic, partition, offset):
+                        return b""
+                assert cache.table is not None
+                start = bisect.bisect_left(cache.offsets, offset)
+                out = bytearray()
+                rows = 0
+                for _, batch in encode_rows(cache.table.slice(start), max_bytes):
+                    out += batch
+                    rows += _record_count(batch)
+                cache.used_at = self.clock()
+                if rows:
+                    cache.consumed_to = max(cache.consumed_to, start + rows)
+                    cache.window.grow(rows)
+                    self.stats.bytes_served += len(out)
+                    return bytes(out)
+                # only control records (no rows) left in this range: go on after it
+                offset = cache.last + 1
+                cache.table = None
+
+    def expire(self) -> None:
+        """Drop read-ahead unused for ``cache_expire_ms``; halve the window of a cache that
+        still held unread rows (multiplicative decrease)."""
+        now = self.clock()
+        with self._lock:
+            caches = list(self._caches.values())
+        for cache in caches:
+            if cache.table is None or now - cache.used_at < self.cache_expire_s:
+                continue
+            with cache.lock:
+                if cache.table is None or now - cache.used_at < self.cache_expire_s:
+                    continue
+                if cache.consumed_to < len(cache.offsets):
+                    cache.window.shrink()
+                    self.stats.expired_unread += 1
+                cache.table = None
+                cache.offsets = []
+
+    def window_records(self, topic: str, partition: int) -> int:
+        return self._cache(topic, partition).window.records
+
+    def _cache(self, topic: str, partition: int) -> _Cache:
+        key = (topic, partition)
+        with self._lock:
+            cache = self._caches.get(key)
+            if cache is None:
+                cache = self._caches[key] = _Cache()
+            return cache
+
+    def _fill(self, cache: _Cache, topic: str, partition: int, offset: int) -> bool:
+        """Read a window of rows from ``offset`` on into ``cache``; False if none exist."""
+        current = self.manifest(topic, partition)
+        if offset >= current.next_offset or cache.table is not None:
+            current = self.manifest(topic, partition, fresh=True)
+        offset = max(offset, current.start_offset)
+        want = cache.window.records
+        tables: list[pa.Table] = []
+        got = 0
+        got_bytes = 0
+        last = -1
+        for entry in current.files:
+            if entry.last < offset:
+                continue
+            if got >= want or got_bytes >= self.read_ahead_max_bytes:
+                break
+            last = entry.last
+            if entry.key is None:
+                continue
+            table, size = self._read_file(entry.key, offset, want - got)
+            if table.num_rows and table.num_rows >= want - got:
+                last = table.column("offset")[-1].as_py()
+            tables.append(table)
+            got += table.num_rows
+            got_bytes += size
+        if last < offset:
+            return False
+        cache.table = pa.concat_tables(tables) if tables else ARROW_SCHEMA.empty_table()
+        cache.offsets = cache.table.column("offset").to_pylist()
+        cache.first = offset
+        cache.last = last
+        cache.consumed_to = 0
+        cache.used_at = self.clock()
+        return True
+
+    def _read_file(self, key: str, offset: int, limit_rows: int) -> tuple[pa.Table, int]:
+        """Rows with offset >= ``offset`` of one Parquet file, at most about ``limit_rows``
+        (whole row groups), skipping row groups wholly below ``offset`` by their statistics."""
+        with self.store.open_read(key) as fh:
+            pf = pq.ParquetFile(fh)
+            meta = pf.metadata
+            col = meta.schema.names.index("offset")
+            parts = []
+            got = 0
+            size = 0
+            for rg in range(meta.num_row_groups):
+                stats = meta.row_group(rg).column(col).statistics
+                if stats is not None and stats.has_min_max and stats.max < offset:
+                    continue
+                table = pf.read_row_group(rg)
+                mask = pc.greater_equal(table.column("offset"), offset)
+                table = table.filter(mask)
+                parts.append(table)
+                got += table.num_rows
+                size += meta.row_group(rg).total_byte_size
+                if got >= limit_rows or size >= self.read_ahead_max_bytes:
+                    break
+        if not parts:
+            return ARROW_SCHEMA.empty_table(), 0
+        return pa.concat_tables(parts).cast(ARROW_SCHEMA), size
+
+
+def _record_count(batch: bytes) -> int:
+    return int.from_bytes(batch[57:61], "big")
