@@ -56,7 +56,10 @@ def result(future: Future[Any], what: str) -> Any:
     try:
         return future.result(timeout=TIMEOUT_S)
     except KafkaException as exc:
-        fail(f"{what}: {exc.args[0].str() if exc.args else exc}")
+        error = exc.args[0] if exc.args else None
+        if error is None or not hasattr(error, "name"):
+            fail(f"{what}: {exc}")
+        fail(f"{what}: {error.name()}: {error.str()}")
     except TimeoutError:
         fail(f"{what}: no answer within {TIMEOUT_S:.0f} s (is the broker running?)")
 

@@ -1,0 +1,447 @@
+"""Consumer groups against a real broker: every client consumes a 6-partition topic in a group
+and commits; members share partitions disjointly; handoffs lose nothing and repeat nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, Producer, TopicPartition
+
+from .helpers import admin, create_topic, unique_topic, wait_high_watermark
+
+PARTITIONS = 6
+PER_PARTITION = 10
+TOTAL = PARTITIONS * PER_PARTITION
+JS_DIR = Path(__file__).resolve().parents[1] / "js"
+
+pytestmark = [
+    pytest.mark.timeout(120),
+    pytest.mark.broker_settings(
+        group_initial_rebalance_delay_ms=0, group_min_session_timeout_ms=1000
+    ),
+]
+
+
+# -- helpers ---------------------------------------------------------------------------------
+def group_id() -> str:
+    return f"g-{uuid.uuid4().hex[:8]}"
+
+
+def filled_topic(bootstrap: str, partitions: int = PARTITIONS, per: int = PER_PARTITION) -> str:
+    topic = create_topic(bootstrap, unique_topic("grp"), partitions)
+    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
+    for i in range(partitions * per):
+        p.produce(topic, f"v{i}".encode(), partition=i % partitions)
+    assert p.flush(20) == 0
+    for partition in range(partitions):
+        wait_high_watermark(bootstrap, topic, per, partition)
+    return topic
+
+
+def committed(bootstrap: str, group: str) -> dict[int, int]:
+    client = admin(bootstrap)
+    future = client.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group)])[group]
+    return {tp.partition: tp.offset for tp in future.result(timeout=20).topic_partitions}
+
+
+def confluent_consumer(bootstrap: str, group: str, **extra: object) -> Consumer:
+    conf: dict[str, object] = {
+        "bootstrap.servers": bootstrap,
+        "group.id": group,
+        "auto.offset.reset": "earliest",
+        "enable.auto.commit": False,
+        "session.timeout.ms": 6000,
+        "heartbeat.interval.ms": 500,
+        "fetch.wait.max.ms": 100,
+    }
+    conf.update(extra)
+    return Consumer(conf)
+
+
+class Tracked:
+    """A confluent-kafka member that records its assignment changes and what it consumed."""
+
+    def __init__(self, bootstrap: str, group: str, topic: str, **extra: object) -> None:
+        self.consumer = confluent_consumer(bootstrap, group, **extra)
+        self.assigned: set[int] = set()
+        self.revokes = 0
+        self.assigns = 0
+        self.records: list[tuple[int, int]] = []
+        self.consumer.subscribe([topic], on_assign=self._on_assign, on_revoke=self._on_revoke)
+
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self.assigns += 1
+        self.assigned = {tp.partition for tp in partitions}
+
+    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self.revokes += 1
+        self.assigned = set()
+
+    def poll(self, timeout: float = 0.1, commit: bool = True) -> None:
+        msg = self.consumer.poll(timeout)
+        if msg is None or msg.error() is not None:
+            return
+        self.records.append((msg.partition(), msg.offset()))
+        if commit:
+            self.consumer.commit(message=msg, asynchronous=False)
+
+
+def poll_until(members: list[Tracked], done, timeout: float = 30.0, commit: bool = True) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not done():
+        assert time.monotonic() < deadline, "condition not reached in time: " + ", ".join(
+            f"{sorted(m.assigned)}/{len(m.records)}" for m in members
+        )
+        for m in members:
+            m.poll(0.05, commit)
+
+
+def assert_all_committed(bootstrap: str, group: str) -> None:
+    assert committed(bootstrap, group) == dict.fromkeys(range(PARTITIONS), PER_PARTITION)
+
+
+# -- one client at a time --------------------------------------------------------------------
+def test_confluent_consumes_in_a_group_and_commits(module_broker) -> None:
+    b = module_broker.bootstrap
+    topic, group = filled_topic(b), group_id()
+    m = Tracked(b, group, topic)
+    try:
+        poll_until([m], lambda: len(m.records) >= TOTAL)
+        assert m.assigned == set(range(PARTITIONS))
+        assert sorted(m.records) == sorted((p, o) for p in range(6) for o in range(10))
+    finally:
+        m.consumer.close()
+    assert_all_committed(b, group)
+
+
+def test_kafka_python_consumes_in_a_group_and_commits(module_broker) -> None:
+    from kafka import KafkaConsumer
+
+    b = module_broker.bootstrap
+    topic, group = filled_topic(b), group_id()
+    c = KafkaConsumer(
+        topic,
+        bootstrap_servers=b,
+        group_id=group,
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+        consumer_timeout_ms=15000,
+    )
+    seen = []
+    try:
+        for msg in c:
+            seen.append((msg.partition, msg.offset))
+            if len(seen) >= TOTAL:
+                break
+        c.commit()
+    finally:
+        c.close()
+    assert sorted(seen) == sorted((p, o) for p in range(6) for o in range(10))
+    assert_all_committed(b, group)
+
+
+def test_aiokafka_consumes_in_a_group_and_commits(module_broker) -> None:
+    from aiokafka import AIOKafkaConsumer
+
+    b = module_broker.bootstrap
+    topic, group = filled_topic(b), group_id()
+
+    async def run() -> list[tuple[int, int]]:
+        c = AIOKafkaConsumer(
+            topic,
+            bootstrap_servers=b,
+            group_id=group,
+            auto_offset_reset="earliest",
+            enable_auto_commit=False,
+        )
+        await c.start()
+        seen = []
+        try:
+            async with asyncio.timeout(40):
+                async for msg in c:
+                    seen.append((msg.partition, msg.offset))
+                    if len(seen) >= TOTAL:
+                        break
+            await c.commit()
+        finally:
+            await c.stop()
+        return seen
+
+    seen = asyncio.run(run())
+    assert sorted(seen) == sorted((p, o) for p in range(6) for o in range(10))
+    assert_all_committed(b, group)
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="node not installed")
+def test_kafkajs_consumes_in_a_group_and_commits(module_broker) -> None:
+    b = module_broker.bootstrap
+    topic, group = filled_topic(b), group_id()
+    spec = {"brokers": [b], "topic": topic, "groupId": group, "expect": TOTAL}
+    proc = subprocess.run(
+        ["node", str(JS_DIR / "kafkajs_groups.js"), json.dumps(spec)],
+        capture_output=True,
+        timeout=90,
+        cwd=JS_DIR,
+    )
+    assert proc.returncode == 0, proc.stderr.decode(errors="replace")
+    out = json.loads(proc.stdout)
+    assert sorted((p, o) for p, o, _ in out["records"]) == sorted(
+        (p, o) for p in range(6) for o in range(10)
+    )
+    assert_all_committed(b, group)
+
+
+@pytest.mark.skipif(shutil.which("kcat") is None, reason="kcat not installed")
+def test_kcat_consumes_in_a_group_and_commits(module_broker) -> None:
+    b = module_broker.bootstrap
+    topic, group = filled_topic(b), group_id()
+    proc = subprocess.run(
+        ["kcat", "-b", b, "-G", group, "-X", "auto.offset.reset=earliest", "-e", "-q",
+         "-f", "%p %o\n", topic],
+        capture_output=True,
+        timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr.decode(errors="replace")
+    seen = sorted(tuple(map(int, line.split())) for line in proc.stdout.decode().splitlines())
+    assert seen == sorted((p, o) for p in range(6) for o in range(10))
+    deadline = time.monotonic() + 10  # kcat commits on close
+    while committed(b, group) != dict.fromkeys(range(6), 10) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert_all_committed(b, group)
+
+
+# -- several members -------------------------------------------------------------------------
+def test_three_members_get_disjoint_assignments_covering_all(module_broker) -> None:
+    b = module_broker.bootstrap
+    topic, group = filled_topic(b), group_id()
+    members = [Tracked(b, group, topic) for _ in range(3)]
+    try:
+
+        def balanced() -> bool:
+            sets = [m.assigned for m in members]
+            return all(sets) and sum(map(len, sets)) == 6 and set().union(*sets) == set(range(6))
+
+        poll_until(members, balanced, commit=False)
+        assert sorted(len(m.assigned) for m in members) == [2, 2, 2]
+    finally:
+        for m in members:
+            m.consumer.close()
+
+
+def test_leaving_member_hands_over_without_redelivery(module_broker) -> None:
+    b = module_broker.bootstrap
+    topic, group = filled_topic(b), group_id()
+    first = Tracked(b, group, topic)
+    second = None
+    try:
+        poll_until([first], lambda: len(first.records) >= TOTAL // 2)
+        second = Tracked(b, group, topic)
+        poll_until([first, second], lambda: bool(second.assigned) and bool(first.assigned))
+        first.consumer.close()  # LeaveGroup: the second member takes everything
+        poll_until([second], lambda: len(second.assigned) == 6)
+        poll_until([second], lambda: len(first.records) + len(second.records) >= TOTAL)
+        everything = first.records + second.records
+        assert len(everything) == len(set(everything)) == TOTAL, "a committed record came again"
+    finally:
+        if second is not None:
+            second.consumer.close()
+    assert_all_committed(b, group)
+
+
+CHILD = """
+import sys, time
+from confluent_kafka import Consumer
+c = Consumer({"bootstrap.servers": sys.argv[1], "group.id": sys.argv[2],
+              "auto.offset.reset": "earliest", "enable.auto.commit": False,
+              "session.timeout.ms": 3000, "heartbeat.interval.ms": 300})
+c.subscribe([sys.argv[3]], on_assign=lambda c, ps: print("assigned", len(ps), flush=True))
+while True:
+    m = c.poll(0.1)
+    if m is not None and m.error() is None:
+        c.commit(message=m, asynchronous=False)
+"""
+
+
+@pytest.mark.slow
+def test_sigkilled_member_partitions_move_after_session_timeout(module_broker) -> None:
+    b = module_broker.bootstrap
+    topic, group = filled_topic(b), group_id()
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD, b, group, topic], stdout=subprocess.PIPE, text=True
+    )
+    survivor = None
+    try:
+        assert child.stdout is not None
+        assert child.stdout.readline().startswith("assigned 6")
+        survivor = Tracked(b, group, topic, **{"session.timeout.ms": 3000})
+        poll_until([survivor], lambda: 0 < len(survivor.assigned) < 6)
+        child.kill()  # SIGKILL: no LeaveGroup; only its session timeout frees its partitions
+        child.wait(10)
+        killed_at = time.monotonic()
+        poll_until([survivor], lambda: len(survivor.assigned) == 6, timeout=30)
+        assert time.monotonic() - killed_at < 15
+        poll_until([survivor], lambda: committed(b, group) == dict.fromkeys(range(6), 10))
+    finally:
+        if child.poll() is None:
+            child.kill()
+        if survivor is not None:
+            survivor.consumer.close()
+
+
+def test_confluent_and_kafka_python_share_a_group_with_range(module_broker) -> None:
+    from kafka import KafkaConsumer
+    from kafka.coordinator.assignors.range import RangePartitionAssignor
+
+    b = module_broker.bootstrap
+    topic, group = filled_topic(b), group_id()
+    other: dict[str, object] = {"assigned": set()}
+    stop = threading.Event()
+
+    def kafka_python_member() -> None:
+        c = KafkaConsumer(
+            topic,
+            bootstrap_servers=b,
+            group_id=group,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            partition_assignment_strategy=[RangePartitionAssignor],
+        )
+        try:
+            while not stop.is_set():
+                c.poll(timeout_ms=100)
+                other["assigned"] = {tp.partition for tp in c.assignment()}
+        finally:
+            c.close()
+
+    thread = threading.Thread(target=kafka_python_member, daemon=True)
+    thread.start()
+    member = Tracked(b, group, topic, **{"partition.assignment.strategy": "range"})
+    try:
+
+        def shared() -> bool:
+            theirs = other["assigned"]
+            assert isinstance(theirs, set)
+            return (
+                bool(member.assigned)
+                and bool(theirs)
+                and not (member.assigned & theirs)
+                and member.assigned | theirs == set(range(6))
+            )
+
+        poll_until([member], shared, timeout=40, commit=False)
+        assert len(member.assigned) == 3
+    finally:
+        stop.set()
+        thread.join(20)
+        member.consumer.close()
+
+
+@pytest.mark.slow
+def test_static_member_rejoins_without_rebalance(module_broker) -> None:
+    b = module_broker.bootstrap
+    topic, group = filled_topic(b), group_id()
+    static = {"session.timeout.ms": 10000}
+    a = Tracked(b, group, topic, **{"group.instance.id": "static-a"}, **static)
+    c = Tracked(b, group, topic, **{"group.instance.id": "static-c"}, **static)
+    try:
+        poll_until([a, c], lambda: len(a.assigned) == len(c.assigned) == 3)
+        before_c = (set(c.assigned), c.revokes, c.assigns)
+        before_a = set(a.assigned)
+        a.consumer.close()  # a static member sends no LeaveGroup
+        a = Tracked(b, group, topic, **{"group.instance.id": "static-a"}, **static)
+        poll_until([a, c], lambda: bool(a.assigned), timeout=20)
+        end = time.monotonic() + 2
+        while time.monotonic() < end:
+            for m in (a, c):
+                m.poll(0.05)
+        assert a.assigned == before_a
+        assert (set(c.assigned), c.revokes, c.assigns) == before_c, "the other member rebalanced"
+    finally:
+        a.consumer.close()
+        c.consumer.close()
+
+
+# -- durability ------------------------------------------------------------------------------
+def commit_offsets(bootstrap: str, group: str, topic: str, offsets: dict[int, int]) -> None:
+    c = confluent_consumer(bootstrap, group)
+    try:
+        c.commit(
+            offsets=[TopicPartition(topic, p, o) for p, o in offsets.items()], asynchronous=False
+        )
+    finally:
+        c.close()
+
+
+@pytest.mark.slow
+def test_committed_offsets_survive_restart_and_sigkill(broker) -> None:
+    b = broker.bootstrap
+    topic, group = filled_topic(b), group_id()
+    commit_offsets(b, group, topic, {p: p + 1 for p in range(6)})
+    broker.restart()
+    assert committed(b, group) == {p: p + 1 for p in range(6)}
+    commit_offsets(b, group, topic, {0: 9, 5: 3})
+    broker.kill()  # SIGKILL: what was acknowledged must still be there
+    broker.start()
+    after = {0: 9, 1: 2, 2: 3, 3: 4, 4: 5, 5: 3}
+    assert committed(b, group) == after
+    # and a group consuming after the crash starts from there
+    m = Tracked(b, group, topic)
+    try:
+        poll_until([m], lambda: len(m.records) >= TOTAL - sum(after.values()))
+        assert min(o for p, o in m.records if p == 0) == 9
+    finally:
+        m.consumer.close()
+
+
+@pytest.mark.slow
+@pytest.mark.broker_settings(
+    offsets_topic_num_partitions=1, offsets_snapshot_min_records=50, journal_flush_policy="always"
+)
+def test_offsets_log_is_truncated_after_snapshots(broker) -> None:
+    b = broker.bootstrap
+    topic = create_topic(b, unique_topic("snap"), 1)
+    group = group_id()
+    c = confluent_consumer(b, group)
+    try:
+        for i in range(1, 301):
+            c.commit(offsets=[TopicPartition(topic, 0, i)], asynchronous=False)
+    finally:
+        c.close()
+    earliest = 0
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and earliest == 0:
+        earliest, _ = Consumer({"bootstrap.servers": b, "group.id": "x"}).get_watermark_offsets(
+            TopicPartition("__consumer_offsets", 0), timeout=10
+        )
+        time.sleep(0.2)
+    assert earliest > 200, f"log start {earliest}: the offsets log was not truncated"
+    broker.restart()
+    assert committed(b, group) == {0: 300}
+
+
+def test_offsets_topic_is_internal_and_commits_check_partitions(module_broker) -> None:
+    b = module_broker.bootstrap
+    topic = create_topic(b, unique_topic("chk"), 2)
+    group = group_id()
+    commit_offsets(b, group, topic, {0: 1})
+    md = admin(b).list_topics(timeout=10)
+    assert "__consumer_offsets" in md.topics
+    assert len(md.topics["__consumer_offsets"].partitions) == 50
+    c = confluent_consumer(b, group)
+    try:
+        from confluent_kafka import KafkaException
+
+        with pytest.raises(KafkaException) as info:
+            c.commit(offsets=[TopicPartition(topic, 7, 1)], asynchronous=False)
+        assert "UNKNOWN_TOPIC_OR_PART" in str(info.value)
+    finally:
+        c.close()
