@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import TYPE_CHECKING
 
 from stonemq.config import Settings
 from stonemq.coordinator.group_store import GroupRuntime
@@ -13,6 +14,9 @@ from stonemq.handlers.fetch_waiters import FetchWaiters
 from stonemq.metadata.sqlite import SqliteMetadataStore
 from stonemq.storage.engine import StorageEngine
 from stonemq.topics import TopicManager
+
+if TYPE_CHECKING:
+    from stonemq.tiering.service import TierService
 
 log = logging.getLogger("stonemq.broker")
 
@@ -40,6 +44,9 @@ class Broker:
         self.producers = ProducerStateManager(self.storage)
         self.fetch_waiters = FetchWaiters()
         self.groups = GroupRuntime(settings, self.storage, self.topics)
+        self.tier = _tier_service(settings, self.topics)
+        if self.tier is not None:
+            self.storage.local_retention = self.tier.local_cutoff
         self.started_at = time.time()
 
     @property
@@ -64,9 +71,23 @@ class Broker:
         """Start background work on the running loop (journal flusher, splitter)."""
         self.storage.start(self.fetch_waiters.notify)
         self.groups.start()
+        if self.tier is not None:
+            self.tier.start()
 
     async def close(self) -> None:
         self.fetch_waiters.wake_all()
         self.groups.stop()
+        if self.tier is not None:
+            await self.tier.close()
         await self.storage.close()
         self.metadata.close()
+
+
+def _tier_service(settings: Settings, topics: TopicManager) -> TierService | None:
+    """The tiering service (cold reads, archive timer), or None without the tier extra."""
+    try:
+        from stonemq.tiering.service import TierService
+    except ImportError as exc:
+        log.info("tiered storage unavailable (%s); install stonemq[tier]", exc)
+        return None
+    return TierService(settings, topics)

@@ -96,6 +96,9 @@ from stonemq.cli.topics import topics_app  # noqa: E402
 
 app.add_typer(groups_app)
 app.add_typer(topics_app)
+from stonemq.cli.tier import app as tier_app  # noqa: E402
+
+app.add_typer(tier_app)
 
 
 def main() -> None:

@@ -20,7 +20,7 @@ from kio.schema.errors import ErrorCode
 from stonemq.handlers.context import RequestContext
 from stonemq.handlers.registry import api
 from stonemq.protocol.record_batch import COMPRESSION_ZSTD, iter_batches
-from stonemq.storage.engine import OffsetOutOfRangeError, UnknownPartitionError
+from stonemq.storage.engine import OffsetOutOfRangeError, ReadResult, UnknownPartitionError
 
 FIRST_ZSTD_FETCH_VERSION = 10
 
@@ -51,14 +51,20 @@ async def handle_fetch(ctx: RequestContext, request: Any) -> Any:
     max_wait_s = request.max_wait.total_seconds()
     deadline = time.monotonic() + max_wait_s
     keys = [(t.topic, p.partition) for t in request.topics for p in t.partitions]
+    tier = getattr(broker, "tier", None)
+    cold = (
+        await tier.cold_reads(request, broker.storage, broker.settings.fetch_max_bytes)
+        if tier
+        else {}
+    )
     while True:
-        topics, total, has_error = _read_all(ctx, request)
+        topics, total, has_error = _read_all(ctx, request, cold)
         remaining = deadline - time.monotonic()
         if total >= request.min_bytes or has_error or remaining <= 0 or not keys:
             break
         await broker.fetch_waiters.wait(keys, remaining)
         if broker.fetch_waiters.closed:
-            topics, total, has_error = _read_all(ctx, request)
+            topics, total, has_error = _read_all(ctx, request, cold)
             break
     return ctx.build(
         "FetchResponse",
@@ -89,7 +95,9 @@ async def handle_fetch(ctx: RequestContext, request: Any) -> Any:
     )
 
 
-def _read_all(ctx: RequestContext, request: Any) -> tuple[list[tuple[str, list[_Part]]], int, bool]:
+def _read_all(
+    ctx: RequestContext, request: Any, cold: dict[tuple[str, int], tuple[bytes, int]] | None = None
+) -> tuple[list[tuple[str, list[_Part]]], int, bool]:
     storage = ctx.broker.storage
     topics_mgr = ctx.broker.topics
     budget = min(getattr(request, "max_bytes", 2**31 - 1), ctx.broker.settings.fetch_max_bytes)
@@ -115,7 +123,11 @@ def _read_all(ctx: RequestContext, request: Any) -> tuple[list[tuple[str, list[_
                     part.hw = storage.high_watermark(name, fp.partition)
                     part.log_start = storage.log_start_offset(name, fp.partition)
                     continue
-                result = storage.read(name, fp.partition, fp.fetch_offset, max(limit, 1))
+                hit = cold.get((name, fp.partition)) if cold else None
+                if hit is not None and hit[0]:  # archived offsets, from the cold tier
+                    result = ReadResult(hit[0], storage.high_watermark(name, fp.partition), hit[1])
+                else:
+                    result = storage.read(name, fp.partition, fp.fetch_offset, max(limit, 1))
             except OffsetOutOfRangeError:
                 part.error = ErrorCode.offset_out_of_range
                 part.hw = storage.high_watermark(name, fp.partition)
@@ -137,6 +149,12 @@ def _read_all(ctx: RequestContext, request: Any) -> tuple[list[tuple[str, list[_
                 continue
             part.records = data
             total += len(data)
+    tier = getattr(ctx.broker, "tier", None)
+    if tier is not None:  # tiered partitions start at the cold log start
+        for name, parts in out:
+            for part in parts:
+                if part.log_start >= 0:
+                    part.log_start = tier.log_start(name, part.index, part.log_start)
     return out, total, has_error
 
 

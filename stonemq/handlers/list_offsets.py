@@ -56,7 +56,9 @@ def _lookup(ctx: RequestContext, topic: str, partition: int, target: int) -> tup
     if target == LATEST:
         return storage.high_watermark(topic, partition), -1
     if target == EARLIEST:
-        return storage.log_start_offset(topic, partition), -1
+        start = storage.log_start_offset(topic, partition)
+        tier = getattr(ctx.broker, "tier", None)
+        return (tier.log_start(topic, partition, start) if tier else start), -1
     if target == MAX_TIMESTAMP:
         found = storage.max_timestamp(topic, partition)
     else:

@@ -160,6 +160,8 @@ class StorageEngine:
         self._flush_interval_ms = flush_interval_ms
         self._checkpoint_interval_ms = queue_checkpoint_interval_ms
         self._retention_check_interval_ms = log_retention_check_interval_ms
+        # tiered storage's local.retention.* cutoff (stonemq/tiering/service.py), if any
+        self.local_retention: Callable[[QueueLog, int], int] | None = None
         self._splitter_batch_bytes = splitter_batch_bytes
         self._files = OpenFiles(max_open_files)
         self._journals = [
@@ -658,6 +660,8 @@ class StorageEngine:
             if queue is None or not queue.segments:
                 continue
             cutoff = queue.retention_cutoff(now)
+            if self.local_retention is not None:
+                cutoff = max(cutoff, self.local_retention(queue, now))
             if cutoff > queue.log_start_offset:
                 try:
                     self._advance_log_start(queue, cutoff, "retention")

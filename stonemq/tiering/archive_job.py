@@ -84,23 +84,35 @@ class _SegmentReader(DataSourceReader):
         self.options = options
 
     def partitions(self) -> Sequence[InputPartition]:
-        return [_TaskPartition(t) for t in json.loads(self.options["tasks"])]
+        tasks = json.loads(self.options["tasks"])
+        if not tasks:
+            return []
+        slices = max(1, min(int(self.options.get("slices", len(tasks))), len(tasks)))
+        # contiguous groups of tasks: fewer, longer Spark tasks (Python workers start once)
+        per = -(-len(tasks) // slices)
+        return [_TaskPartition({"tasks": tasks[i : i + per]}) for i in range(0, len(tasks), per)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        task = partition.task  # type: ignore[attr-defined]
         store = _spec(self.options).open()
-        data = store.get(task["segment_key"])
-        table = decode_segment(data, task["topic"], task["partition"], task["first"], task["last"])
-        n = table.num_rows
-        if n == 0:  # a range of control batches only: one marker row carries the range
-            table = pa.Table.from_pydict(
-                {"topic": [task["topic"]], "partition": [task["partition"]]}, schema=ARROW_SCHEMA
-            )
-            n = 1
-        table = table.append_column(
-            "_range_first", pa.array([task["first"]] * n, pa.int64())
-        ).append_column("_range_last", pa.array([task["last"]] * n, pa.int64()))
-        yield from table.cast(_READER_SCHEMA).to_batches(max_chunksize=8192)
+        for task in partition.task["tasks"]:  # type: ignore[attr-defined]
+            yield from _task_batches(store, task)
+
+
+def _task_batches(store: ColdStore, task: dict[str, Any]) -> Iterator[pa.RecordBatch]:
+    """One task's rows plus its range columns; a range with no data record (control batches
+    only) yields one marker row whose offset is null."""
+    data = store.get(task["segment_key"])
+    table = decode_segment(data, task["topic"], task["partition"], task["first"], task["last"])
+    n = table.num_rows
+    if n == 0:
+        table = pa.Table.from_pydict(
+            {"topic": [task["topic"]], "partition": [task["partition"]]}, schema=ARROW_SCHEMA
+        )
+        n = 1
+    table = table.append_column(
+        "_range_first", pa.array([task["first"]] * n, pa.int64())
+    ).append_column("_range_last", pa.array([task["last"]] * n, pa.int64()))
+    yield from table.cast(_READER_SCHEMA).to_batches(max_chunksize=8192)
 
 
 # -- writer ---------------------------------------------------------------------------------
@@ -116,8 +128,17 @@ class StagedFile(WriterCommitMessage):
     max_timestamp_ms: int
 
 
+@dataclass
+class StagedFiles(WriterCommitMessage):
+    files: list[StagedFile]
+
+
 class ArchiveDataSource(DataSource):
-    """Writes archive rows as Parquet and commits them (``options: store, zstd_level``)."""
+    """The archive as a Spark table. Writing (``options: store, zstd_level``) is the job's
+    output: Parquet files committed through the manifest. Reading (``options: store`` and
+    optionally ``topic``) returns the committed rows of every partition, through pyarrow and
+    fsspec in the executors: ``spark.read.format("stonemq_archive")`` works on an ``s3://``
+    store without Hadoop's S3 connector."""
 
     @classmethod
     def name(cls) -> str:
@@ -129,46 +150,113 @@ class ArchiveDataSource(DataSource):
     def writer(self, schema: Any, overwrite: bool) -> DataSourceArrowWriter:
         return _ArchiveWriter(dict(self.options))
 
+    def reader(self, schema: Any) -> DataSourceReader:
+        return _ArchiveReader(dict(self.options))
+
+
+class _ArchiveReader(DataSourceReader):
+    """One input partition per committed Parquet file."""
+
+    def __init__(self, options: dict[str, str]) -> None:
+        self.options = options
+
+    def partitions(self) -> Sequence[InputPartition]:
+        store = _spec(self.options).open()
+        wanted = self.options.get("topic")
+        keys = []
+        for topic in store.list_dirs("manifests"):
+            if wanted and topic != wanted:
+                continue
+            for partition in store.list_dirs(f"manifests/{topic}"):
+                current = mf.load(store, topic, int(partition))
+                keys += [f.key for f in current.files if f.key]
+        return [_TaskPartition({"key": key}) for key in keys]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        store = _spec(self.options).open()
+        with store.open_read(partition.task["key"]) as fh:  # type: ignore[attr-defined]
+            table = pq.read_table(fh).cast(ARROW_SCHEMA)
+        n = table.num_rows
+        table = table.append_column("_range_first", pa.nulls(n, pa.int64())).append_column(
+            "_range_last", pa.nulls(n, pa.int64())
+        )
+        yield from table.to_batches(max_chunksize=8192)
+
+
+def read_archive(spark: Any, spec: StoreSpec, topic: str | None = None) -> Any:
+    """The committed archive (of ``topic``, or all) as a DataFrame with the documented
+    columns, on any store."""
+    spark.dataSource.register(ArchiveDataSource)
+    reader = spark.read.format(ArchiveDataSource.name()).option("store", json.dumps(asdict(spec)))
+    if topic:
+        reader = reader.option("topic", topic)
+    return reader.load().drop("_range_first", "_range_last")
+
 
 class _ArchiveWriter(DataSourceArrowWriter):
     def __init__(self, options: dict[str, str]) -> None:
         self.options = options
 
-    def write(self, iterator: Iterator[pa.RecordBatch]) -> StagedFile:
-        batches = list(iterator)
-        if not batches:
-            raise RuntimeError("an archive task produced no rows (not even its range marker)")
-        table = pa.Table.from_batches(batches)
-        topic = table.column("topic")[0].as_py()
-        partition = table.column("partition")[0].as_py()
-        first = table.column("_range_first")[0].as_py()
-        last = table.column("_range_last")[0].as_py()
-        table = table.drop_columns(["_range_first", "_range_last"])
-        table = table.filter(pc.is_valid(table.column("offset"))).cast(ARROW_SCHEMA)
-        if table.num_rows == 0:
-            return StagedFile(topic, partition, first, last, None, 0, 0, -1)
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> StagedFiles:
+        """Write each range of the input (rows arrive range by range) as one staged file."""
         store = _spec(self.options).open()
         level = int(self.options.get("zstd_level", DEFAULT_ZSTD_LEVEL))
-        name = f"{first:020d}-{last:020d}.{uuid.uuid4().hex}.parquet"
-        key = f"{mf.staging_dir(topic, partition)}/{name}"
-        size = write_parquet(store, key, table, level)
-        max_ts = pc.max(table.column("timestamp").cast(pa.int64())).as_py() // 1000
-        return StagedFile(topic, partition, first, last, key, table.num_rows, size, max_ts)
+        staged: list[StagedFile] = []
+        pending: list[pa.RecordBatch] = []
+        current: tuple[int, int] | None = None
+        for batch in iterator:
+            firsts = batch.column(batch.schema.get_field_index("_range_first")).to_pylist()
+            lasts = batch.column(batch.schema.get_field_index("_range_last")).to_pylist()
+            start = 0
+            for i in range(batch.num_rows + 1):
+                rng = (firsts[i], lasts[i]) if i < batch.num_rows else None
+                if i < batch.num_rows and rng == current:
+                    continue
+                if i > start:  # rows start..i-1 belong to ``current``
+                    pending.append(batch.slice(start, i - start))
+                start = i
+                if rng is None:
+                    break
+                if pending:  # a new range begins: the previous one is complete
+                    staged.append(_stage(store, pending, level))
+                pending, current = [], rng
+        if pending:
+            staged.append(_stage(store, pending, level))
+        return StagedFiles(staged)
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         store = _spec(self.options).open()
         by_partition: dict[tuple[str, int], list[StagedFile]] = defaultdict(list)
         for m in messages:
-            if isinstance(m, StagedFile):
-                by_partition[(m.topic, m.partition)].append(m)
+            for f in m.files if isinstance(m, StagedFiles) else ():
+                by_partition[(f.topic, f.partition)].append(f)
         for (topic, partition), staged in sorted(by_partition.items()):
             commit_partition(store, topic, partition, staged)
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
         store = _spec(self.options).open()
         for m in messages:
-            if isinstance(m, StagedFile) and m.staging_key:
-                store.delete(m.staging_key)
+            for f in m.files if isinstance(m, StagedFiles) else ():
+                if f.staging_key:
+                    store.delete(f.staging_key)
+
+
+def _stage(store: ColdStore, batches: list[pa.RecordBatch], zstd_level: int) -> StagedFile:
+    """One range's rows as a staged Parquet file (none when it has no data record)."""
+    table = pa.Table.from_batches(batches)
+    topic = table.column("topic")[0].as_py()
+    partition = table.column("partition")[0].as_py()
+    first = table.column("_range_first")[0].as_py()
+    last = table.column("_range_last")[0].as_py()
+    table = table.drop_columns(["_range_first", "_range_last"])
+    table = table.filter(pc.is_valid(table.column("offset"))).cast(ARROW_SCHEMA)
+    if table.num_rows == 0:
+        return StagedFile(topic, partition, first, last, None, 0, 0, -1)
+    name = f"{first:020d}-{last:020d}.{uuid.uuid4().hex}.parquet"
+    key = f"{mf.staging_dir(topic, partition)}/{name}"
+    size = write_parquet(store, key, table, zstd_level)
+    max_ts = pc.max(table.column("timestamp").cast(pa.int64())).as_py() // 1000
+    return StagedFile(topic, partition, first, last, key, table.num_rows, size, max_ts)
 
 
 def write_parquet(store: ColdStore, key: str, table: pa.Table, zstd_level: int) -> int:
@@ -260,6 +348,7 @@ def run_tasks(
         spark.read.format(SegmentDataSource.name())
         .option("store", store_json)
         .option("tasks", json.dumps([asdict(t) for t in tasks]))
+        .option("slices", str(max(1, spark.sparkContext.defaultParallelism)))
         .load()
     )
     (

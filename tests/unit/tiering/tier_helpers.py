@@ -103,9 +103,10 @@ def archive_in_process(store, topic: str, partition: int, queue_dir: Path, *, co
     tasks = archive_job.plan(store, topic, partition, current)
     options = {"store": json.dumps(asdict(store.spec)), "zstd_level": "1"}
     options["tasks"] = json.dumps([asdict(t) for t in tasks])
+    options["slices"] = "2"  # two Spark tasks, each over a group of segments
     reader = archive_job.SegmentDataSource(options).reader(None)
     writer = archive_job.ArchiveDataSource(options).writer(None, False)
     messages = [writer.write(iter(reader.read(p))) for p in reader.partitions()]
     if commit:
         writer.commit(messages)
-    return messages
+    return [f for m in messages for f in m.files]
