@@ -108,10 +108,12 @@ def produce_each_partition(
     from confluent_kafka import Producer
 
     errors = [0]
+    reasons: dict[str, int] = {}
 
     def on_error(err: Any, _msg: Any) -> None:
         if err is not None:
             errors[0] += 1
+            reasons[err.name()] = reasons.get(err.name(), 0) + 1
 
     conf = producer_conf(bootstrap, "1", linger_ms=20)
     producer = Producer({**conf, "delivery.report.only.error": True, "on_delivery": on_error})
@@ -138,6 +140,7 @@ def produce_each_partition(
         "bytes": (sent - errors[0] - left) * size,
         "seconds": time.monotonic() - started,
         "errors": errors[0] + left,
+        "error_kinds": reasons,
     }
 
 

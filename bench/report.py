@@ -530,6 +530,8 @@ def document(res: dict[str, Any], body: str, made: list[str]) -> str:
     ]
     for name in made:
         parts += [f"![{name}](benchmarks/{name})", ""]
+    for name, text in res.get("failed", {}).items():
+        parts += [f"**Workload `{name}` failed in this run:**", "", "```", text.strip(), "```", ""]
     parts += ["## Where the time goes", "", profile_text(res.get("profile")), ""]
     parts += ["## How each workload is run", "", METHOD.strip(), ""]
     return "\n".join(parts)

@@ -20,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -460,6 +461,7 @@ class Run:
                 "write_s": round(result["seconds"], 2),
                 "written": result["msgs"],
                 "errors": result["errors"],
+                "error_kinds": result.get("error_kinds", {}),
                 "settle_s": round(quiet, 1),
                 "pss_empty_mb": round(before / 1e6, 1),
                 "pss_peak_write_mb": round(mon.peak / 1e6, 1),
@@ -526,7 +528,9 @@ def journal_state(data_dir: Path) -> dict[str, Any]:
     total_end = 0
     unsplit = 0
     for d in sorted(jdir.glob("journal-*")):
-        j = int(d.name.split("-")[1])
+        if not d.is_dir() or not d.name.split("-", 1)[1].isdigit():
+            continue  # e.g. journal-recovery-point-checkpoint
+        j = int(d.name.split("-", 1)[1])
         segs = sorted(d.glob("*.journal"))
         if not segs:
             continue
@@ -579,7 +583,13 @@ def main(argv: list[str] | None = None) -> int:
     chosen = [w for w in args.only.split(",") if w] or list(WORKLOADS)
     try:
         for name in chosen:
-            WORKLOADS[name](run)
+            try:
+                WORKLOADS[name](run)
+            except Exception:
+                # one broken workload must not cost the others: recorded, reported, exit 1
+                log(f"workload {name} FAILED:\n{traceback.format_exc()}")
+                run.results.setdefault("failed", {})[name] = traceback.format_exc()[-2000:]
+            procs.stop_all()
     except KeyboardInterrupt:
         log("interrupted: stopping every process")
         return 130
@@ -597,7 +607,7 @@ def main(argv: list[str] | None = None) -> int:
     (args.out / "results.json").write_text(json.dumps(run.results, indent=2) + "\n")
     report.write(run.results, args.out)
     log(f"done in {run.results['run']['seconds']} s; report in {args.out}")
-    return 0
+    return 1 if run.results.get("failed") else 0
 
 
 WORKLOADS: dict[str, Callable[[Run], None]] = {
