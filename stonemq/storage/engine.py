@@ -323,6 +323,7 @@ class StorageEngine:
             self._dirty |= advanced
         for state in self._by_name.values():
             state.next_offset = state.queue.next_offset if state.queue is not None else 0
+        self._checkpoint_recovered()
         self._recovered = True
         report = RecoveryReport(time.monotonic() - started, replayed, journal_cut, queue_cut)
         log.info(
@@ -334,6 +335,46 @@ class StorageEngine:
             queue_cut,
         )
         return report
+
+    def _checkpoint_recovered(self) -> None:
+        """Make what recovery kept or re-split durable and checkpoint it, before anything may
+        trim the journal: a queue log holding batches past its recovery point (a valid tail
+        kept from before the crash, or re-split entries) is fsynced from its recovery
+        point's segment on, and its new recovery point written. Without this, the journal
+        segments behind such a tail could go while the tail itself is not yet durable."""
+        changed: list[tuple[QueueLog, QueueRecoveryPoint | None]] = []
+        for key, state in self._by_name.items():
+            queue = state.queue
+            if queue is None or not queue.segments:
+                continue
+            rp = self._queue_rps.get(key)
+            now = queue.recovery_point()
+            if (
+                queue in self._dirty
+                or rp is None
+                or (rp.offset, rp.position)
+                != (
+                    now.offset,
+                    now.position,
+                )
+            ):
+                changed.append((queue, rp))
+        paths: list[str] = []
+        for queue, rp in changed:
+            paths.extend(queue.paths_from(rp.segment_base if rp is not None else -1))
+        fsync_paths(paths)
+        for queue, _ in changed:
+            queue.mark_flushing()
+            self._queue_rps[(queue.topic, queue.partition)] = queue.recovery_point()
+        self._dirty.clear()
+        assert self._splitter is not None
+        replay = dict(enumerate(self._splitter.positions))
+        journal_rps = {j.index: j.durable_end for j in self._journals}
+        queue_rps = {key: rp for key, rp in self._queue_rps.items() if key in self._by_name}
+        self._write_checkpoints(journal_rps, replay, queue_rps, dict(self._log_starts))
+        self._last_checkpoint = (tuple(journal_rps.items()), tuple(replay.items()))
+        if changed:
+            log.info("recovery: %d queue logs fsynced and checkpointed", len(changed))
 
     def _ensure_recovered(self) -> None:
         if not self._recovered:

@@ -120,6 +120,12 @@ class QueueLog:
             paths.extend(self.segments[-1].paths)
         return paths
 
+    def paths_from(self, segment_base: int) -> list[str]:
+        """Files of the segments from the one at ``segment_base`` on (all if it is gone)."""
+        if not any(seg.base_offset == segment_base for seg in self.segments):
+            segment_base = -1
+        return [p for seg in self.segments if seg.base_offset >= segment_base for p in seg.paths]
+
     def mark_flushing(self) -> None:
         """A flush has taken the current state; later appends make the log dirty again."""
         self.first_unflushed_journal_position = None

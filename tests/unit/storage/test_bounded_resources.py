@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import time
 import tracemalloc
 import uuid
@@ -82,4 +83,7 @@ def test_100k_idle_partitions_bounded_files_memory_and_journal(tmp_path: Path) -
         assert open_fds() - fds_before <= MAX_OPEN_FILES + 16
         await engine.close()
 
-    asyncio.run(run())
+    try:
+        asyncio.run(run())
+    finally:
+        shutil.rmtree(tmp_path, ignore_errors=True)  # 100,000 directories: not for later runs
