@@ -9,7 +9,8 @@ loss could take back). Some cycles kill the broker while it is still recovering.
 
 After every restart: each acknowledged message is at its acknowledged offset with its exact
 bytes, offsets are contiguous from the log start, the log end is past every acknowledged
-offset, and ``stonemq storage check`` passes on the data directory.
+offset, ``stonemq storage check`` passes on the data directory, and the consumer-group offsets
+committed (and answered) before the kill are the ones the broker returns.
 """
 
 from __future__ import annotations
@@ -150,6 +151,31 @@ def verify(broker, acked: dict[Key, dict[int, bytes]]) -> int:
     return total
 
 
+def commit_offsets(bootstrap: str, offsets: dict[Key, int]) -> None:
+    """Commit ``offsets`` for the group ``crash-committer`` and wait for the answer."""
+    consumer = Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": "crash-committer", "enable.auto.commit": False}
+    )
+    try:
+        consumer.commit(
+            offsets=[TopicPartition(t, p, o) for (t, p), o in offsets.items()],
+            asynchronous=False,
+        )
+    finally:
+        consumer.close()
+
+
+def committed_offsets(bootstrap: str, keys: list[Key]) -> dict[Key, int]:
+    consumer = Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": "crash-committer", "enable.auto.commit": False}
+    )
+    try:
+        got = consumer.committed([TopicPartition(t, p) for t, p in keys], timeout=20)
+        return {(tp.topic, tp.partition): tp.offset for tp in got}
+    finally:
+        consumer.close()
+
+
 def storage_check(data_dir: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("STONEMQ_")}
     result = subprocess.run(
@@ -252,6 +278,7 @@ def test_acknowledged_messages_survive_sigkill(broker_factory, tmp_path: Path) -
     create_topics(broker.bootstrap)
     acked: dict[Key, dict[int, bytes]] = {(t, p): {} for t, n in TOPICS.items() for p in range(n)}
     kills = 0
+    committed: dict[Key, int] = {}
     for cycle in range(CYCLES):
         produce_until_killed(broker, acked, rng, cycle)
         kills += 1
@@ -266,6 +293,12 @@ def test_acknowledged_messages_survive_sigkill(broker_factory, tmp_path: Path) -
         broker.start()
         checked = verify(broker, acked)
         storage_check(data_dir)
+        if committed:  # offsets committed (and answered) before the kill are intact
+            assert committed_offsets(broker.bootstrap, list(committed)) == committed
+        committed = {
+            key: rng.randint(0, max(offsets, default=0) + 1) for key, offsets in acked.items()
+        }
+        commit_offsets(broker.bootstrap, committed)
         print(f"cycle {cycle}: {checked} acknowledged messages verified")
     assert kills >= min(CYCLES, 20)
     assert sum(len(v) for v in acked.values()) > 1000, "too few acknowledged messages"
