@@ -398,10 +398,12 @@ class JournalLog:
         self.active_size = 0
         if self.flush_policy == "always":
             to_sync.append((old_fd, True))  # fsynced and closed with this flush's fsync
+            # the new segment's directory entry: durable with the entries acked in it
+            to_sync.append((os.open(self.directory, os.O_RDONLY), True))
         else:
             os.close(old_fd)
             if self.flush_policy == "interval" and self._loop is not None:
-                paths = [self.path(old_base)]
+                paths = [self.path(old_base), self.directory]
                 end = base
 
                 def synced(f: asyncio.Future[None]) -> None:
@@ -521,6 +523,8 @@ class JournalLog:
             seg_end = self.segments[i + 1] if i + 1 < len(self.segments) else self.written_end
             if seg_end > self.durable_end and base < end:
                 paths.append(self.path(base))
+        if len(paths) > 1:
+            paths.append(self.directory)  # segments created since: their directory entries
         return paths
 
     def mark_durable(self, end: int) -> None:

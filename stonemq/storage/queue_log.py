@@ -55,6 +55,7 @@ class QueueLog:
         "journal_partition",
         "last_journal_position",
         "log_start",
+        "new_files",
         "next_offset",
         "partition",
         "segments",
@@ -85,6 +86,7 @@ class QueueLog:
         # journal position of the first entry split in since the last flush; None when clean
         self.first_unflushed_journal_position: int | None = None
         self.unflushed: list[str] = []  # files of segments sealed since the last flush
+        self.new_files = False  # a segment was created since the last flush: fsync the dir
 
     # -- state ----------------------------------------------------------------------------
     @property
@@ -118,6 +120,11 @@ class QueueLog:
         paths = list(self.unflushed)
         if self.segments:
             paths.extend(self.segments[-1].paths)
+        if self.new_files:
+            # the new segments' directory entries (and this directory's own, once)
+            paths.append(self.directory)
+            if len(self.segments) == 1:
+                paths.append(os.path.dirname(self.directory))
         return paths
 
     def paths_from(self, segment_base: int) -> list[str]:
@@ -130,6 +137,7 @@ class QueueLog:
         """A flush has taken the current state; later appends make the log dirty again."""
         self.first_unflushed_journal_position = None
         self.unflushed = []
+        self.new_files = False
 
     # -- write ----------------------------------------------------------------------------
     def append(self, batch: memoryview, journal_position: int) -> bool:
@@ -183,6 +191,7 @@ class QueueLog:
         seg = Segment(self.directory, base_offset)
         self.files.get(seg.log_path)  # the file exists from now on: it holds the log end
         self.segments.append(seg)
+        self.new_files = True
         self.created_ms = int(time.time() * 1000)
 
     def roll(self, base_offset: int) -> None:
