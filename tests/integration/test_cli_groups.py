@@ -45,6 +45,7 @@ def produce(bootstrap: str, topic: str, count: int, partition: int = 0) -> None:
     assert p.flush(20) == 0
 
 
+@pytest.mark.slow
 def test_describe_shows_lag_while_behind_then_reset_offsets(module_broker) -> None:
     b = module_broker.bootstrap
     topic, group = create_topic(b, unique_topic("cli"), 2), group_id()
