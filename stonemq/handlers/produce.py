@@ -1,12 +1,13 @@
 """Produce (0): validate each partition's record batch, assign offsets in the journal, ack.
 
-Per partition, in order: topic name and existence (auto-create when allowed), exactly one
-RecordBatch v2 (magic 2 only: UNSUPPORTED_FOR_MESSAGE_FORMAT otherwise), its size against
-``max.message.bytes`` (MESSAGE_TOO_LARGE), CRC-32C (CORRUPT_MESSAGE), the idempotent
-producer's sequence (OUT_OF_ORDER_SEQUENCE_NUMBER; a duplicate is answered as success with
-the original offset), LogAppendTime when the topic asks for it. The batch is then handed to
-the journal as opaque bytes: no per-record work. All of that happens before the first await,
-so pipelined requests keep their order.
+Per partition, in order: the topic name (internal topics are the broker's own) and its
+existence (auto-create when allowed); exactly one RecordBatch v2 (magic 2 only:
+UNSUPPORTED_FOR_MESSAGE_FORMAT otherwise); its size against ``max.message.bytes``
+(MESSAGE_TOO_LARGE); CRC-32C (CORRUPT_MESSAGE); the idempotent producer's sequence
+(OUT_OF_ORDER_SEQUENCE_NUMBER; a duplicate is answered as success with the original offset);
+LogAppendTime when the topic asks for it. The batch is then handed to the journal as opaque
+bytes: no per-record work. All of that happens before the first await, so pipelined requests
+keep their order.
 
 acks=0 gets no response; acks=1 and acks=-1 are answered once every batch of the request is
 in its journal file (and fsynced when ``journal.flush.policy`` is ``always``). With one
@@ -23,6 +24,7 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 
+from stonemq.coordinator.group_log import OFFSETS_TOPIC
 from stonemq.handlers.context import RequestContext
 from stonemq.handlers.registry import api
 from stonemq.protocol.record_batch import (
@@ -38,6 +40,9 @@ from stonemq.topics import AdminError
 log = logging.getLogger("stonemq.produce")
 
 _BACKGROUND: set[asyncio.Future[None]] = set()
+
+INTERNAL_TOPICS = frozenset({OFFSETS_TOPIC})
+"""Topics only the broker appends to; clients get INVALID_TOPIC_EXCEPTION, as from Kafka."""
 
 
 class _PartitionResult:
@@ -76,6 +81,10 @@ async def handle_produce(ctx: RequestContext, request: Any) -> Any:
         if acks not in (0, 1, -1):
             for r in results:
                 r.fail(ErrorCode.invalid_required_acks)
+            continue
+        if name in INTERNAL_TOPICS:
+            for r in results:
+                r.fail(ErrorCode.invalid_topic_exception, f"Cannot append to internal topic {name}")
             continue
         try:
             record = broker.topics.ensure(name)

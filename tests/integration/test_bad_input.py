@@ -268,6 +268,13 @@ def test_produce_to_bad_topic_name(module_broker, healthy, name):
     assert name not in admin(module_broker.bootstrap).list_topics(timeout=10).topics
 
 
+def test_produce_to_internal_topic_is_refused(module_broker, healthy):
+    """Only the broker appends to __consumer_offsets; Kafka answers INVALID_TOPIC_EXCEPTION."""
+    with connect(module_broker) as conn:
+        part = produce_raw(conn, "__consumer_offsets", 0, bytes(build_batch([(b"k", b"v")])))
+        assert part.error_code == INVALID_TOPIC_EXCEPTION, part
+
+
 # -- connections -----------------------------------------------------------------------------
 @pytest.mark.slow
 def test_thousand_idle_connections(module_broker, healthy):
