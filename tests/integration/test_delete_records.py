@@ -10,7 +10,7 @@ from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 from .helpers import admin, consume, create_topic, produce, sample_messages, wait_high_watermark
 from .rawclient import RawConnection, build, ms, schema
 
-pytestmark = pytest.mark.timeout(90)
+pytestmark = [pytest.mark.timeout(90), pytest.mark.slow]  # restarts a broker
 
 OFFSET_OUT_OF_RANGE = 1
 UNKNOWN_TOPIC_OR_PARTITION = 3

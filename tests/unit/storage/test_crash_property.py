@@ -15,6 +15,7 @@ import os
 import shutil
 from pathlib import Path
 
+import pytest
 from conftest import abandon, add_topic, build_batch, new_engine, read_all, wait_split
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -90,6 +91,7 @@ def verify(engine: StorageEngine, acked: dict[int, dict[int, bytes]]) -> None:
             assert stored.get(offset) == batch[12:], f"t-{p}: acknowledged {offset} lost"
 
 
+@pytest.mark.slow
 @settings(
     max_examples=25,
     deadline=None,
