@@ -13,6 +13,7 @@ from __future__ import annotations
 import fcntl
 import os
 import shutil
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -32,7 +33,8 @@ app = typer.Typer(
     help="Tiered storage: archive sealed segments to Parquet with PySpark; show status.",
     no_args_is_help=True,
 )
-console = Console(stderr=False, highlight=False)
+# piped output (cron, logs, tests) gets a wide table instead of rich's 80-column default
+console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
 err = Console(stderr=True, highlight=False)
 
 TASKS_PER_JOB = 64
