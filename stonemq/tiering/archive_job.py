@@ -430,3 +430,28 @@ def _log4j_config() -> str:
             fh.write(_LOG4J2)
         os.replace(path + ".tmp", path)
     return path
+
+
+def archive_in_process(
+    spec: StoreSpec, queue_dir: str, topic: str, partition: int, *, commit: bool = True
+) -> list[StagedFile]:
+    """One partition's archive cycle with the job's own reader, writer and commit run in
+    this process, without Spark (tests, tools): prepare, upload, plan, write, commit."""
+    from stonemq.tiering.uploader import upload_sealed
+
+    store = spec.open()
+    current = prepare(store, topic, partition)
+    upload_sealed(store, queue_dir, topic, partition, current.next_offset)
+    tasks = plan(store, topic, partition, current)
+    options = {
+        "store": json.dumps(asdict(spec)),
+        "zstd_level": str(DEFAULT_ZSTD_LEVEL),
+        "tasks": json.dumps([asdict(t) for t in tasks]),
+        "slices": "2",
+    }
+    reader = SegmentDataSource(options).reader(None)
+    writer = ArchiveDataSource(options).writer(None, False)
+    messages = [writer.write(iter(reader.read(p))) for p in reader.partitions()]
+    if commit:
+        writer.commit(list(messages))
+    return [f for m in messages for f in m.files]

@@ -90,23 +90,7 @@ def expected_records(segments: list[list[bytes]]) -> dict[int, tuple]:
 
 
 def archive_in_process(store, topic: str, partition: int, queue_dir: Path, *, commit=True):
-    """Run the archive job's own reader, writer and commit in this process (no JVM): upload,
-    prepare, plan, read and write every task; commit unless told not to. Returns the staged
-    messages."""
-    import json
-    from dataclasses import asdict
+    """The archive job's reader, writer and commit in this process (no JVM)."""
+    from stonemq.tiering.archive_job import archive_in_process as run
 
-    from stonemq.tiering import archive_job, uploader
-
-    current = archive_job.prepare(store, topic, partition)
-    uploader.upload_sealed(store, str(queue_dir), topic, partition, current.next_offset)
-    tasks = archive_job.plan(store, topic, partition, current)
-    options = {"store": json.dumps(asdict(store.spec)), "zstd_level": "1"}
-    options["tasks"] = json.dumps([asdict(t) for t in tasks])
-    options["slices"] = "2"  # two Spark tasks, each over a group of segments
-    reader = archive_job.SegmentDataSource(options).reader(None)
-    writer = archive_job.ArchiveDataSource(options).writer(None, False)
-    messages = [writer.write(iter(reader.read(p))) for p in reader.partitions()]
-    if commit:
-        writer.commit(messages)
-    return [f for m in messages for f in m.files]
+    return run(store.spec, str(queue_dir), topic, partition, commit=commit)

@@ -1,0 +1,123 @@
+"""Tiered reads through the Kafka protocol, per tier.read.policy (no Spark: the archive job's
+own reader, writer and commit run in the test process against the broker's cold store).
+
+- not_in_local (default): offsets whose local segments local.retention.ms deleted are served
+  from the Parquet archive; ListOffsets earliest is the cold log start.
+- force: archived offsets come from the archive even while local segments still hold them.
+- disable: no cold reads; below the local log start is OFFSET_OUT_OF_RANGE.
+"""
+
+from __future__ import annotations
+
+import struct
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka import TopicPartition
+
+from stonemq.tiering import manifest as mf
+from stonemq.tiering.archive_job import archive_in_process
+from stonemq.tiering.cold_store import StoreSpec
+
+from .helpers import (
+    assert_same,
+    consume,
+    consumer,
+    create_topic,
+    produce,
+    sample_messages,
+    unique_topic,
+    wait_high_watermark,
+)
+from .rawclient import RawConnection, fetch_raw, split_batches
+
+pytestmark = pytest.mark.slow
+
+BROKER = {"log.retention.check.interval.ms": 200, "queue.checkpoint.interval.ms": 200}
+N = 300
+
+
+def _setup(broker: Any, config: dict[str, str]) -> tuple[str, list[Any], mf.Manifest]:
+    topic = create_topic(
+        broker.bootstrap,
+        unique_topic("pol"),
+        config={"remote.storage.enable": "true", "segment.bytes": "8192", **config},
+    )
+    msgs = sample_messages(N)
+    produce(
+        broker.bootstrap,
+        topic,
+        msgs,
+        **{"batch.num.messages": 10, "linger.ms": 0, "compression.type": "zstd"},
+    )
+    wait_high_watermark(broker.bootstrap, topic, N)
+    spec = StoreSpec((Path(broker.data_dir) / "tier").resolve().as_uri())
+    archive_in_process(spec, str(Path(broker.data_dir) / "queues"), topic, 0)
+    current = mf.load(spec.open(), topic, 0)
+    assert 0 < current.next_offset < N
+    return topic, msgs, current
+
+
+def _earliest(broker: Any, topic: str) -> int:
+    c = consumer(broker.bootstrap)
+    try:
+        return int(c.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)[0])
+    finally:
+        c.close()
+
+
+def _local_start(broker: Any, topic: str) -> int:
+    bases = sorted(
+        int(p.stem) for p in (Path(broker.data_dir) / "queues" / f"{topic}-0").glob("*.log")
+    )
+    return bases[0]
+
+
+def _wait_evicted(broker: Any, topic: str, archived_next: int) -> None:
+    deadline = time.monotonic() + 20
+    while _local_start(broker, topic) < archived_next:
+        assert time.monotonic() < deadline, "local segments not deleted after archiving"
+        time.sleep(0.1)
+
+
+def _compressions(broker: Any, topic: str, offset: int) -> list[int]:
+    with RawConnection(broker.host, broker.port) as conn:
+        part = fetch_raw(conn, topic, 0, offset, partition_max_bytes=4096)
+        assert part.error_code == 0, part.error_code
+        return [struct.unpack_from(">h", b, 21)[0] & 7 for b in split_batches(part.records)]
+
+
+def test_not_in_local_serves_deleted_offsets_from_the_archive(broker_factory) -> None:  # type: ignore[no-untyped-def]
+    broker = broker_factory(**BROKER)
+    topic, msgs, current = _setup(broker, {"local.retention.ms": "0"})
+    _wait_evicted(broker, topic, current.next_offset)
+    assert _earliest(broker, topic) == 0
+    assert_same(consume(broker.bootstrap, topic, N, offset=0), msgs)
+    middle = current.next_offset // 2
+    assert_same(consume(broker.bootstrap, topic, N - middle, offset=middle), msgs[middle:])
+    assert _compressions(broker, topic, 0)[0] == 0  # re-encoded from Parquet, uncompressed
+
+
+def test_force_reads_archived_offsets_from_the_archive(broker_factory) -> None:  # type: ignore[no-untyped-def]
+    broker = broker_factory(**BROKER, **{"tier.read.policy": "force"})
+    topic, msgs, current = _setup(broker, {})
+    assert _local_start(broker, topic) == 0  # local data kept (retention.ms: 7 days)
+    deadline = time.monotonic() + 10
+    while _compressions(broker, topic, 0)[0] != 0:  # until the broker sees the manifest
+        assert time.monotonic() < deadline, "force policy never read from the archive"
+        time.sleep(0.2)
+    assert _compressions(broker, topic, current.next_offset)[0] == 4  # local, as produced
+    assert_same(consume(broker.bootstrap, topic, N, offset=0), msgs)
+
+
+def test_disable_never_reads_the_archive(broker_factory) -> None:  # type: ignore[no-untyped-def]
+    broker = broker_factory(**BROKER, **{"tier.read.policy": "disable"})
+    topic, msgs, current = _setup(broker, {"local.retention.ms": "0"})
+    _wait_evicted(broker, topic, current.next_offset)
+    local = _local_start(broker, topic)
+    assert _earliest(broker, topic) == local
+    with RawConnection(broker.host, broker.port) as conn:
+        assert fetch_raw(conn, topic, 0, 0).error_code == 1  # OFFSET_OUT_OF_RANGE
+    assert_same(consume(broker.bootstrap, topic, N - local, offset=local), msgs[local:])
