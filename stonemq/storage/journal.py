@@ -393,13 +393,19 @@ class JournalLog:
     def _roll(self, to_sync: list[tuple[int, bool]]) -> None:
         old_fd, old_base = self._fd, self.segments[-1]
         base = self.written_end
-        self._fd = os.open(self.path(base), _OPEN_FLAGS, 0o644)
+        dir_fd = os.open(self.directory, os.O_RDONLY) if self.flush_policy == "always" else -1
+        try:
+            self._fd = os.open(self.path(base), _OPEN_FLAGS, 0o644)
+        except OSError:
+            if dir_fd >= 0:
+                os.close(dir_fd)
+            raise
         self.segments.append(base)
         self.active_size = 0
         if self.flush_policy == "always":
             to_sync.append((old_fd, True))  # fsynced and closed with this flush's fsync
             # the new segment's directory entry: durable with the entries acked in it
-            to_sync.append((os.open(self.directory, os.O_RDONLY), True))
+            to_sync.append((dir_fd, True))
         else:
             os.close(old_fd)
             if self.flush_policy == "interval" and self._loop is not None:
