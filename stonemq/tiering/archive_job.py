@@ -375,9 +375,11 @@ def spark_session(master: str, log_path: str | None = None, app_name: str = "sto
     java_opts = f"-Dlog4j2.configurationFile=file:{log4j}"
     from pyspark.sql import SparkSession
 
+    builder = SparkSession.builder
+    if not os.environ.get("PYSPARK_GATEWAY_PORT"):  # under spark-submit its --master wins
+        builder = builder.master(master)
     builder = (
-        SparkSession.builder.master(master)
-        .appName(app_name)
+        builder.appName(app_name)
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.session.timeZone", "UTC")
