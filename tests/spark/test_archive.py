@@ -149,10 +149,10 @@ def _check_reads_from_zero(broker: Any, topic: str, msgs: list[Msg]) -> None:
     assert_same(got, msgs)
 
 
-def _archive_and_evict(broker: Any, topic: str) -> mf.Manifest:
+def _archive_and_evict(broker: Any, topic: str, produced: int = RECORDS) -> mf.Manifest:
     spec = _store(broker)
     current = mf.load(spec.open(), topic, 0)
-    assert current.next_offset > RECORDS // 2, f"too little archived: {current}"
+    assert current.next_offset > produced // 2, f"too little archived: {current}"
     local = _wait_local_deleted(broker, topic, current.next_offset)
     assert local >= current.next_offset > 0, f"local log still starts at {local}"
     return current
@@ -229,7 +229,7 @@ def test_killed_run_then_rerun_leaves_every_offset_once(broker_factory, spark, t
         listed = {f.key for f in current.files if f.key}
         assert set(store.list(mf.partition_dir(topic, 0))) == listed  # no stray Parquet
         assert store.list(mf.staging_dir(topic, 0)) == []
-        _archive_and_evict(broker, topic)
+        _archive_and_evict(broker, topic, len(msgs))
         _check_reads_from_zero(broker, topic, msgs)
 
 
@@ -253,3 +253,16 @@ def test_s3_store_archive_evict_read_back_and_spark(broker_factory, spark, s3_se
     archived = [(m.offset, m.key, m.value) for m in consumed if m.offset < current.next_offset]
     assert _spark_checksums(spark, df) == _checksums(archived)
     assert json.loads(spec.open().get("status/last_run.json"))["ok"] is True
+
+
+def test_broker_runs_the_archive_job_every_interval(broker_factory) -> None:  # type: ignore[no-untyped-def]
+    broker = broker_factory(**BROKER, **{"tier.interval.ms": 1000})
+    topic, msgs = _produce_tiered(broker, "interval", 400)
+    store = _store(broker).open()
+    deadline = time.monotonic() + 400
+    while not mf.load(store, topic, 0).files:  # archived by the broker's own runs
+        assert time.monotonic() < deadline, "the broker never ran the archive job"
+        time.sleep(1)
+    _archive_and_evict(broker, topic, len(msgs))
+    _check_reads_from_zero(broker, topic, msgs)
+    assert "stonemq tier run" in (Path(broker.data_dir) / "tier" / "run.log").read_text()
