@@ -52,6 +52,8 @@ command -v kcat >/dev/null 2>&1 || missing+=(kcat)
 command -v node >/dev/null 2>&1 || missing+=(nodejs)
 command -v npm >/dev/null 2>&1 || missing+=(npm)
 command -v "$PYTHON" >/dev/null 2>&1 || missing+=(python3)
+# the spark suite (tiered storage) runs PySpark, which needs a Java 17+ runtime
+command -v java >/dev/null 2>&1 || [ -n "${JAVA_HOME:-}" ] || missing+=(openjdk-17-jre-headless)
 if command -v "$PYTHON" >/dev/null 2>&1 && [ ! -x "$VENV/bin/python" ] \
     && ! "$PYTHON" -c 'import ensurepip, venv' >/dev/null 2>&1; then
     missing+=(python3-venv)
