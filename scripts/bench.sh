@@ -62,4 +62,6 @@ if [ "$want" != "$(cat "$STAMP" 2>/dev/null || true)" ] \
     echo "$want" >"$STAMP"
 fi
 
+rm -f "$LOG"
+trap - EXIT
 exec "$VENV/bin/python" -m bench "$@"
