@@ -19,8 +19,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import IO, Any
 
-import fsspec
-
 COPY_CHUNK_BYTES = 8 * 1024 * 1024
 
 
@@ -74,6 +72,8 @@ class ColdStore:
                 options["secret"] = spec.s3_secret_access_key
         elif protocol == "file":
             options = {"auto_mkdir": True}
+        import fsspec  # here, not at import: the broker loads this module without tiering
+
         self.fs = fsspec.filesystem(protocol, **options)
         self.root = root.rstrip("/")
         if self.local:

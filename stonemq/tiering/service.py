@@ -16,11 +16,14 @@ import os
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stonemq.config import Settings
-from stonemq.tiering.cold_reader import ColdReader
 from stonemq.tiering.cold_store import StoreSpec
+
+if TYPE_CHECKING:
+    from stonemq.tiering.cold_reader import ColdReader
+    from stonemq.tiering.manifest import Manifest
 
 log = logging.getLogger("stonemq.tiering")
 
@@ -36,15 +39,26 @@ class TierService:
         self.topics = topics  # the TopicManager: effective configs
         self.policy = settings.tier_read_policy
         self.spec = StoreSpec.from_settings(settings)
-        self.reader = ColdReader(
-            self.spec,
-            read_ahead_max_bytes=settings.tier_read_ahead_max_bytes,
-            cache_expire_ms=settings.tier_read_cache_expire_ms,
-            manifest_ttl_s=MANIFEST_REFRESH_S / 2,
-        )
+        self._reader: ColdReader | None = None  # made on first use: pyarrow loads then
         self.executor = ThreadPoolExecutor(COLD_READ_THREADS, thread_name_prefix="stonemq-cold")
         self._tasks: list[asyncio.Task[None]] = []
         self._run_proc: asyncio.subprocess.Process | None = None
+
+    @property
+    def reader(self) -> ColdReader:
+        if self._reader is None:
+            from stonemq.tiering.cold_reader import ColdReader
+
+            self._reader = ColdReader(
+                self.spec,
+                read_ahead_max_bytes=self.settings.tier_read_ahead_max_bytes,
+                cache_expire_ms=self.settings.tier_read_cache_expire_ms,
+                manifest_ttl_s=MANIFEST_REFRESH_S / 2,
+            )
+        return self._reader
+
+    def _cached(self, topic: str, partition: int) -> Manifest | None:
+        return self._reader.cached_manifest(topic, partition) if self._reader else None
 
     # -- which topics ---------------------------------------------------------------------
     def tiered(self, topic: str) -> bool:
@@ -66,7 +80,7 @@ class TierService:
         local start (cached manifest, no I/O)."""
         if self.policy == "disable" or not self.tiered(topic):
             return local_start
-        current = self.reader.cached_manifest(topic, partition)
+        current = self._cached(topic, partition)
         if current is None or not current.files:
             return local_start
         return min(local_start, current.start_offset)
@@ -74,7 +88,7 @@ class TierService:
     def archived_next(self, topic: str, partition: int) -> int:
         """First offset not archived (cached manifest; 0 when none): local retention may
         delete only below it."""
-        current = self.reader.cached_manifest(topic, partition)
+        current = self._cached(topic, partition)
         return current.next_offset if current is not None else 0
 
     # -- local retention ------------------------------------------------------------------
