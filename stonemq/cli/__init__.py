@@ -82,7 +82,8 @@ def serve(
         logging.getLogger("stonemq").error("refusing to start: %s", exc)
         raise typer.Exit(1) from None
     except OSError as exc:
-        logging.getLogger("stonemq").error("cannot start: %s", exc)
+        # Binding the port, opening the data dir, or an I/O error that ended the broker.
+        logging.getLogger("stonemq").error("broker stopped on an I/O error: %s", exc)
         raise typer.Exit(1) from None
     except KeyboardInterrupt:
         pass
