@@ -1,6 +1,7 @@
-"""The broker's side of tiering: cold fetches per ``tier.read.policy``, the cold log start for
-Fetch and ListOffsets, the manifests' view for local retention, and the optional archive run
-every ``tier.interval.ms`` as a separate process (``stonemq tier run --once``).
+"""The broker's side of tiering: uploading sealed segments as they seal, cold fetches per
+``tier.read.policy``, the cold log start for Fetch and ListOffsets, the manifests' view for
+local retention, and the optional archive run every ``tier.interval.ms`` as a separate
+process (``stonemq tier run --once``).
 
 Object-store and Parquet work runs in a small thread pool, never on the event loop; the event
 loop only reads cached manifests (refreshed in the pool).
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("stonemq.tiering")
 
 MANIFEST_REFRESH_S = 2.0
+UPLOAD_INTERVAL_S = 1.0
 COLD_READ_THREADS = 4
 
 
@@ -43,6 +45,7 @@ class TierService:
         self.executor = ThreadPoolExecutor(COLD_READ_THREADS, thread_name_prefix="stonemq-cold")
         self._tasks: list[asyncio.Task[None]] = []
         self._run_proc: asyncio.subprocess.Process | None = None
+        self._uploaded: dict[tuple[str, int], int] = {}  # newest sealed base uploaded
 
     @property
     def reader(self) -> ColdReader:
@@ -166,6 +169,7 @@ class TierService:
     def start(self) -> None:
         loop = asyncio.get_running_loop()
         self._tasks.append(loop.create_task(self._refresh_loop(), name="stonemq-tier-refresh"))
+        self._tasks.append(loop.create_task(self._upload_loop(), name="stonemq-tier-upload"))
         if self.settings.tier_interval_ms > 0:
             self._tasks.append(loop.create_task(self._archive_loop(), name="stonemq-tier-run"))
 
@@ -197,6 +201,33 @@ class TierService:
             except Exception as exc:
                 log.warning("tier: manifest refresh failed: %s", exc)
             await asyncio.sleep(MANIFEST_REFRESH_S)
+
+    async def _upload_loop(self) -> None:
+        """Upload sealed segments of tiered partitions as they seal (checked every
+        ``UPLOAD_INTERVAL_S``), so an archive job anywhere needs only the cold store."""
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(UPLOAD_INTERVAL_S)
+            for topic, partition in self._tiered_partitions():
+                try:
+                    await loop.run_in_executor(self.executor, self._upload, topic, partition)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:
+                    log.warning("tier: upload of %s-%d failed: %s", topic, partition, exc)
+
+    def _upload(self, topic: str, partition: int) -> None:
+        """Upload what sealed since the last look (a folder listing when nothing did)."""
+        from stonemq.tiering.uploader import local_segments, upload_sealed
+
+        queue_dir = str(self.settings.queue_path)
+        sealed = [s.base for s in local_segments(queue_dir, topic, partition) if s.sealed]
+        if not sealed or self._uploaded.get((topic, partition)) == sealed[-1]:
+            return
+        upload_sealed(
+            self.reader.store, queue_dir, topic, partition, self.archived_next(topic, partition)
+        )
+        self._uploaded[(topic, partition)] = sealed[-1]
 
     async def refresh_now(self, topic: str, partition: int) -> None:
         await asyncio.get_running_loop().run_in_executor(
