@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import logging
 import sys
-from pathlib import Path
 from typing import Annotated
 
 import typer
 from pydantic import ValidationError
 
+from stonemq.cli.options import ConfigOpt, DataDirOpt, JournalDirOpt, QueueDirOpt
 from stonemq.config import load_settings
 
 app = typer.Typer(
@@ -36,24 +36,15 @@ def _root() -> None:
 @app.command()
 def serve(
     listen: Annotated[
-        str | None, typer.Option(help="HOST:PORT to listen on [default: 127.0.0.1:9092]")
+        str | None, typer.Option(help="HOST:PORT to listen on (default: 127.0.0.1:9092)")
     ] = None,
     advertise: Annotated[
-        str | None, typer.Option(help="HOST:PORT given to clients [default: the listen address]")
+        str | None, typer.Option(help="HOST:PORT given to clients (default: the listen address)")
     ] = None,
-    data_dir: Annotated[
-        Path | None, typer.Option(help="root of all broker state [default: ./data]")
-    ] = None,
-    journal_dir: Annotated[
-        Path | None, typer.Option(help="write directory [default: DATA_DIR/journal]")
-    ] = None,
-    queue_dir: Annotated[
-        Path | None, typer.Option(help="read directory [default: DATA_DIR/queues]")
-    ] = None,
-    config: Annotated[
-        Path | None,
-        typer.Option(help="TOML settings file (Kafka names, e.g. num.partitions = 3)"),
-    ] = None,
+    data_dir: DataDirOpt = None,
+    journal_dir: JournalDirOpt = None,
+    queue_dir: QueueDirOpt = None,
+    config: ConfigOpt = None,
 ) -> None:
     """Run the broker. Every setting also comes from env STONEMQ_<NAME> or the TOML file;
     a flag beats env, env beats the file, the file beats the default."""

@@ -11,6 +11,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from stonemq.cli.options import DataDirOpt, JournalDirOpt, QueueDirOpt
 from stonemq.config import load_settings
 from stonemq.storage.check import check_storage, dump_file
 
@@ -24,15 +25,9 @@ storage_app = typer.Typer(
 
 @storage_app.command()
 def check(
-    data_dir: Annotated[
-        Path | None, typer.Option(help="root of all broker state [default: ./data]")
-    ] = None,
-    journal_dir: Annotated[
-        Path | None, typer.Option(help="write directory [default: DATA_DIR/journal]")
-    ] = None,
-    queue_dir: Annotated[
-        Path | None, typer.Option(help="read directory [default: DATA_DIR/queues]")
-    ] = None,
+    data_dir: DataDirOpt = None,
+    journal_dir: JournalDirOpt = None,
+    queue_dir: QueueDirOpt = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="one row per queue log")] = False,
 ) -> None:
     """Verify every journal entry and queue-log batch (checksums, offset contiguity, index

@@ -26,6 +26,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from stonemq.cli.options import ConfigOpt, DataDirOpt
 from stonemq.config import Settings, load_settings
 
 app = typer.Typer(
@@ -39,11 +40,6 @@ err = Console(stderr=True, highlight=False)
 
 TASKS_PER_JOB = 64
 DEFAULT_LOOP_INTERVAL_MS = 60_000
-
-ConfigOpt = Annotated[
-    Path | None, typer.Option(help="TOML settings file (Kafka names), as for serve")
-]
-DataDirOpt = Annotated[Path | None, typer.Option(help="root of all broker state [default: ./data]")]
 
 
 def _settings(config: Path | None, data_dir: Path | None, **flags: Any) -> Settings:
@@ -95,7 +91,7 @@ def run(
         list[str] | None, typer.Option("--topic", help="only this topic (repeatable)")
     ] = None,
     spark_master: Annotated[
-        str | None, typer.Option(help="Spark master URL [default: tier.spark.master, local[*]]")
+        str | None, typer.Option(help="Spark master URL (default: tier.spark.master, local[*])")
     ] = None,
     config: ConfigOpt = None,
     data_dir: DataDirOpt = None,

@@ -124,7 +124,7 @@ def list_topics(
 
 @topics_app.command()
 def describe(
-    topic: Annotated[str | None, typer.Argument(help="one topic [default: all]")] = None,
+    topic: Annotated[str | None, typer.Argument(help="one topic (default: all)")] = None,
     bootstrap_server: BootstrapOption = DEFAULT_BOOTSTRAP,
     as_json: JsonOption = False,
 ) -> None:
