@@ -35,13 +35,34 @@ UNKNOWN_AUTHORIZED_OPERATIONS = -(2**31)
 CLUSTER_AUTHORIZED_OPERATIONS = sum(1 << op for op in (5, 7, 8, 9, 10, 11, 12, 13, 14))
 
 
-def _error(exc: AdminError) -> tuple[ErrorCode, str]:
-    return exc.error_code, exc.message
+class _Outcome:
+    """The Kafka error of one resource's work, as a ``with`` block: an AdminError carries its
+    own code; anything else is logged and answered UNKNOWN_SERVER_ERROR. The error is
+    reported per resource and the request goes on with the next one."""
 
+    __slots__ = ("error", "message")
 
-def _unexpected(exc: Exception) -> tuple[ErrorCode, str]:
-    log.exception("admin request failed")
-    return ErrorCode.unknown_server_error, f"{type(exc).__name__}: {exc}"
+    def __init__(self) -> None:
+        self.error = ErrorCode.none
+        self.message: str | None = None
+
+    def __enter__(self) -> _Outcome:
+        return self
+
+    def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> bool:
+        if isinstance(exc, AdminError):
+            self.error, self.message = exc.error_code, exc.message
+            return True
+        if isinstance(exc, Exception):
+            log.error("admin request failed", exc_info=exc)
+            self.error = ErrorCode.unknown_server_error
+            self.message = f"{type(exc).__name__}: {exc}"
+            return True
+        return False
+
+    @property
+    def ok(self) -> bool:
+        return self.error == ErrorCode.none
 
 
 def _duplicates(names: Iterable[Any]) -> set[Any]:
@@ -67,7 +88,7 @@ async def handle_create_topics(ctx: RequestContext, request: Any) -> Any:
                 )
             )
             continue
-        try:
+        with _Outcome() as outcome:
             num_partitions = _requested_partitions(topic, broker_id)
             created = topics.create(
                 topic.name,
@@ -75,12 +96,10 @@ async def handle_create_topics(ctx: RequestContext, request: Any) -> Any:
                 {c.name: c.value for c in topic.configs},
                 validate_only=request.validate_only,
             )
-        except AdminError as exc:
-            code, message = _error(exc)
-            results.append(_create_result(ctx, topic.name, error=code, message=message))
-        except Exception as exc:
-            code, message = _unexpected(exc)
-            results.append(_create_result(ctx, topic.name, error=code, message=message))
+        if not outcome.ok:
+            results.append(
+                _create_result(ctx, topic.name, error=outcome.error, message=outcome.message)
+            )
         else:
             configs = None
             if ctx.api_version >= 5:
@@ -185,8 +204,7 @@ async def handle_delete_topics(ctx: RequestContext, request: Any) -> Any:
     for name, topic_id in wanted:
         if topic_id is not None and topic_id.int == 0:
             topic_id = None
-        error, message = ErrorCode.none, None
-        try:
+        with _Outcome() as outcome:
             if name is not None and topic_id is not None:
                 raise InvalidRequestError("You may not specify both topic name and topic id.")
             if name in duplicate_names or (name is None and topic_id in duplicate_ids):
@@ -197,17 +215,13 @@ async def handle_delete_topics(ctx: RequestContext, request: Any) -> Any:
                 name = topics.by_id(topic_id).name
             record = topics.delete(name)
             topic_id = record.topic_id
-        except AdminError as exc:
-            error, message = _error(exc)
-        except Exception as exc:
-            error, message = _unexpected(exc)
         results.append(
             ctx.build(
                 "DeletableTopicResult",
                 name=name,
                 topic_id=topic_id,
-                error_code=error,
-                error_message=message,
+                error_code=outcome.error,
+                error_message=outcome.message,
             )
         )
     return ctx.build("DeleteTopicsResponse", throttle_time=0, responses=tuple(results))
@@ -221,8 +235,7 @@ async def handle_create_partitions(ctx: RequestContext, request: Any) -> Any:
     duplicates = _duplicates(t.name for t in request.topics)
     results = []
     for topic in request.topics:
-        error, message = ErrorCode.none, None
-        try:
+        with _Outcome() as outcome:
             if topic.name in duplicates:
                 raise InvalidRequestError("Duplicate topic name.")
             record = topics.require(topic.name)
@@ -240,16 +253,12 @@ async def handle_create_partitions(ctx: RequestContext, request: Any) -> Any:
                             f"this cluster has one broker, {broker_id}."
                         )
             topics.add_partitions(topic.name, topic.count, validate_only=request.validate_only)
-        except AdminError as exc:
-            error, message = _error(exc)
-        except Exception as exc:
-            error, message = _unexpected(exc)
         results.append(
             ctx.build(
                 "CreatePartitionsTopicResult",
                 name=topic.name,
-                error_code=error,
-                error_message=message,
+                error_code=outcome.error,
+                error_message=outcome.message,
             )
         )
     return ctx.build("CreatePartitionsResponse", throttle_time=0, results=tuple(results))
@@ -264,9 +273,8 @@ class _AssignmentError(AdminError):
 async def handle_describe_configs(ctx: RequestContext, request: Any) -> Any:
     results = []
     for resource in request.resources:
-        error, message = ErrorCode.none, None
         configs: tuple[Any, ...] = ()
-        try:
+        with _Outcome() as outcome:
             entries = _describe_resource(ctx, resource.resource_type, resource.resource_name)
             keys = resource.configuration_keys
             if keys:  # null or empty: every config (what clients mean by asking for none)
@@ -281,15 +289,11 @@ async def handle_describe_configs(ctx: RequestContext, request: Any) -> Any:
                 )
                 for entry in entries
             )
-        except AdminError as exc:
-            error, message = _error(exc)
-        except Exception as exc:
-            error, message = _unexpected(exc)
         results.append(
             ctx.build(
                 "DescribeConfigsResult",
-                error_code=error,
-                error_message=message,
+                error_code=outcome.error,
+                error_message=outcome.message,
                 resource_type=resource.resource_type,
                 resource_name=resource.resource_name,
                 configs=configs,
@@ -385,22 +389,17 @@ def _alter_each(
     """Run ``apply`` for each topic or broker resource; one result (with its error) each."""
     results = []
     for resource in request.resources:
-        error, message = ErrorCode.none, None
-        try:
+        with _Outcome() as outcome:
             if resource.resource_type == RESOURCE_BROKER:
                 _check_broker_name(ctx, resource.resource_name)
             elif resource.resource_type != RESOURCE_TOPIC:
                 raise InvalidRequestError(f"Unsupported resource type {resource.resource_type}")
             apply(resource, ctx.broker.topics, request.validate_only)
-        except AdminError as exc:
-            error, message = _error(exc)
-        except Exception as exc:
-            error, message = _unexpected(exc)
         results.append(
             ctx.build(
                 "AlterConfigsResourceResponse",
-                error_code=error,
-                error_message=message,
+                error_code=outcome.error,
+                error_message=outcome.message,
                 resource_type=resource.resource_type,
                 resource_name=resource.resource_name,
             )
