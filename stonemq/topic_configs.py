@@ -332,6 +332,35 @@ def validate_topic_configs(configs: Mapping[str, str | None]) -> dict[str, str]:
     return out
 
 
+def validate_tiered_retention(values: Mapping[str, Any]) -> None:
+    """KIP-405's rule for a tiered topic's effective configs (Kafka's LogConfig checks):
+    ``local.retention.ms`` may not exceed ``retention.ms`` and ``local.retention.bytes`` may
+    not exceed ``retention.bytes``, unless the whole-log limit is -1 (none); -2 means "the
+    same as retention.*"; -1 locally is refused under a finite whole-log limit. Raises
+    :class:`InvalidConfigError` with Kafka's message."""
+    if not values.get("remote.storage.enable"):
+        return
+    for local_name, whole_name in (
+        ("local.retention.ms", "retention.ms"),
+        ("local.retention.bytes", "retention.bytes"),
+    ):
+        local, whole = int(values[local_name]), int(values[whole_name])
+        if whole == -1 or local == -2:
+            continue
+        if local == -1:
+            raise _invalid(
+                local_name,
+                str(local),
+                f"Value must not be -1 as {whole_name} value is set as {whole}.",
+            )
+        if local > whole:
+            raise _invalid(
+                local_name,
+                str(local),
+                f"Value must not be more than {whole_name} property value: {whole}",
+            )
+
+
 # -- broker configs -----------------------------------------------------------------------------
 DYNAMIC_BROKER_CONFIGS: frozenset[str] = frozenset(
     {

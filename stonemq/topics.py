@@ -35,6 +35,7 @@ from stonemq.topic_configs import (
     resolve_topic,
     topic_config_type,
     validate_broker_configs,
+    validate_tiered_retention,
     validate_topic_configs,
 )
 
@@ -274,6 +275,7 @@ class TopicManager:
         if other is not None and other != name:
             raise InvalidTopicError(f"Topic '{name}' collides with existing topic: {other}")
         config = resolve_topic(self.settings, self._broker_dynamic, overrides)
+        validate_tiered_retention(config.values)
         journals = [
             journal_partition_for(name, p, self.settings.journal_partitions)
             for p in range(num_partitions)
@@ -374,6 +376,7 @@ class TopicManager:
         self.require(name)
         overrides = validate_topic_configs(configs)
         config = resolve_topic(self.settings, self._broker_dynamic, overrides)
+        validate_tiered_retention(config.values)
         if validate_only:
             return config
         old = self.effective_config(name)
