@@ -4,9 +4,11 @@ archive job's executors read only the cold store, never the broker's disk.
 A segment is sealed once a newer one exists in its partition's directory: the broker never
 appends to it again (Kafka's rule, and the QueueLog's). Only its whole batches are copied,
 under ``segments/<topic>/<partition>/<base>-<last>.log`` (the offset range in the name), as
-one object that becomes visible only when complete. Idempotent: a segment already uploaded
-with the same size, or wholly archived, is skipped; a segment deleted locally while being
-read is skipped too. Uploaded segments leave the store once the manifest covers them.
+one object that becomes visible only when complete, and only after the segment file is
+fsynced (the bytes uploaded are durable locally, whatever the queue log's flush state).
+Idempotent: a segment already uploaded with the same size, or wholly archived, is skipped; a
+segment deleted locally while being read is skipped too. Uploaded segments leave the store
+once the manifest covers them.
 """
 
 from __future__ import annotations
@@ -82,6 +84,9 @@ def upload_sealed(
                 if end == 0 or last < archived_next or (seg.base, end) in present:
                     report.skipped += 1
                     continue
+                # never upload bytes a crash could take back: the queue log may not have
+                # flushed this segment yet (its checkpoint round runs later)
+                os.fsync(fh.fileno())
                 key = segment_key(topic, partition, seg.base, last)
                 report.uploaded_bytes += store.put_atomic(key, _chunks(view, end))
                 report.uploaded += 1
