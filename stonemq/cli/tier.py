@@ -139,10 +139,15 @@ def _cycle(settings: Settings, spec: Any, names: list[str] | None, spark: Any) -
     started = time.time()
     summary: dict[str, Any] = {"topics": {}, "store": spec.url}
     plans: dict[str, list[mf.ArchiveTask]] = {}
+    for name, topic_id in status.pending_deletes(store).items():
+        # a deleted topic's cold data (the broker was stopped while removing it): while the
+        # tombstone is there a topic of that name does not tier, so all of it is the old one's
+        status.delete_topic_data(store, name, topic_id)
+        topics = [t for t in topics if t.name != name]
     for t in topics:
         tasks: list[mf.ArchiveTask] = []
         for p in range(t.partitions):
-            current = archive_job.prepare(store, t.name, p)
+            current = archive_job.prepare(store, t.name, p, t.topic_id or None)
             uploader.upload_sealed(store, queue_dir, t.name, p, current.next_offset)
             tasks += archive_job.plan(store, t.name, p, current)
         plans[t.name] = tasks
@@ -165,14 +170,23 @@ def _cycle(settings: Settings, spec: Any, names: list[str] | None, spark: Any) -
                 continue
             if spark is None:
                 progress.update(bars[t.name], description=f"{t.name} (starting Spark)")
+                spark_started = time.monotonic()
                 spark = archive_job.spark_session(
                     settings.tier_spark_master, str(Path(settings.data_dir) / "tier" / "spark.log")
                 )
+                summary["spark_start_s"] = round(time.monotonic() - spark_started, 3)
             progress.update(bars[t.name], description=t.name)
             for i in range(0, len(tasks), TASKS_PER_JOB):
                 chunk = tasks[i : i + TASKS_PER_JOB]
+                job_started = time.monotonic()
                 try:
-                    archive_job.run_tasks(spark, spec, chunk, settings.tier_parquet_zstd_level)
+                    archive_job.run_tasks(
+                        spark,
+                        spec,
+                        chunk,
+                        settings.tier_parquet_zstd_level,
+                        {t.name: t.topic_id},
+                    )
                 except Exception as exc:  # a Spark/Py4J error: say it short, keep the log
                     failed = True
                     first = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
@@ -181,6 +195,9 @@ def _cycle(settings: Settings, spec: Any, names: list[str] | None, spark: Any) -
                         f"  (Spark's log: {Path(settings.data_dir) / 'tier' / 'spark.log'})"
                     )
                     break
+                summary["jobs_s"] = round(
+                    summary.get("jobs_s", 0.0) + time.monotonic() - job_started, 3
+                )
                 progress.advance(bars[t.name], len(chunk))
     now_ms = int(time.time() * 1000)
     table = Table(title="stonemq tier run")
@@ -197,9 +214,12 @@ def _cycle(settings: Settings, spec: Any, names: list[str] | None, spark: Any) -
     for t in topics:
         deleted = 0
         for p in range(t.partitions):
-            current = mf.load(store, t.name, p)
+            current = mf.load(store, t.name, p, t.topic_id or None)
             local = uploader.waiting_bytes(queue_dir, t.name, p, current.next_offset)
-            deleted += status.apply_cold_retention(store, t, p, local, now_ms)
+            segs = uploader.local_segments(queue_dir, t.name, p)
+            deleted += status.apply_cold_retention(
+                store, t, p, local, now_ms, local_start=segs[0].base if segs else None
+            ).files_deleted
         after = _archived(store, t.name, t.partitions)
         added_files = after[0] - before[t.name][0]
         added_records = after[1] - before[t.name][1]

@@ -213,8 +213,14 @@ async def handle_delete_topics(ctx: RequestContext, request: Any) -> Any:
                 if topic_id is None:
                     raise InvalidRequestError("Neither topic name nor id were specified.")
                 name = topics.by_id(topic_id).name
+            tier = getattr(ctx.broker, "tier", None)
+            tiered = tier is not None and tier.tiered(name)
             record = topics.delete(name)
             topic_id = record.topic_id
+            if tier is not None and tiered:
+                # its cold data goes too, in the tier pool (a re-created topic of the same
+                # name does not tier until it is gone)
+                tier.delete_topic_data(name, str(topic_id))
         results.append(
             ctx.build(
                 "DeletableTopicResult",

@@ -1,8 +1,10 @@
 """ListOffsets (2): earliest (-2), latest (-1), max timestamp (-3) and offsets by timestamp.
 
 Latest is the high watermark (what consumers can read). By timestamp, the answer is the
-first offset whose record timestamp is >= the target, found through the time index; when
-there is none, offset and timestamp are -1, as Kafka answers.
+first offset whose record timestamp is >= the target: for a tiered topic the archive below
+the local log start is searched first (off the event loop, stonemq/tiering/service.py), then
+the local time index; when there is none, offset and timestamp are -1, as Kafka answers.
+Earliest is the cold log start for a tiered topic.
 """
 
 from __future__ import annotations
@@ -32,7 +34,9 @@ async def handle_list_offsets(ctx: RequestContext, request: Any) -> Any:
             else:
                 try:
                     error = ErrorCode.none
-                    offset, timestamp = _lookup(ctx, topic.name, p.partition_index, p.timestamp)
+                    offset, timestamp = await _lookup(
+                        ctx, topic.name, p.partition_index, p.timestamp
+                    )
                 except UnknownPartitionError:
                     error, offset, timestamp = ErrorCode.unknown_topic_or_partition, -1, -1
             partitions.append(
@@ -51,18 +55,23 @@ async def handle_list_offsets(ctx: RequestContext, request: Any) -> Any:
     return ctx.build("ListOffsetsResponse", throttle_time=0, topics=tuple(topics))
 
 
-def _lookup(ctx: RequestContext, topic: str, partition: int, target: int) -> tuple[int, int]:
+async def _lookup(ctx: RequestContext, topic: str, partition: int, target: int) -> tuple[int, int]:
     storage = ctx.broker.storage
+    tier = getattr(ctx.broker, "tier", None)
     if target == LATEST:
         return storage.high_watermark(topic, partition), -1
     if target == EARLIEST:
         start = storage.log_start_offset(topic, partition)
-        tier = getattr(ctx.broker, "tier", None)
         return (tier.log_start(topic, partition, start) if tier else start), -1
     if target == MAX_TIMESTAMP:
         found = storage.max_timestamp(topic, partition)
     else:
-        found = storage.offset_for_timestamp(topic, partition, target)
+        found = None
+        if tier is not None:  # archived records below the local log start come first
+            start = storage.log_start_offset(topic, partition)
+            found = await tier.offset_for_timestamp(topic, partition, target, start)
+        if found is None:
+            found = storage.offset_for_timestamp(topic, partition, target)
     if found is None:
         return -1, -1
     offset, timestamp = found

@@ -230,8 +230,9 @@ class _ArchiveWriter(DataSourceArrowWriter):
         for m in messages:
             for f in m.files if isinstance(m, StagedFiles) else ():
                 by_partition[(f.topic, f.partition)].append(f)
+        topic_ids = json.loads(self.options.get("topic_ids", "{}"))
         for (topic, partition), staged in sorted(by_partition.items()):
-            commit_partition(store, topic, partition, staged)
+            commit_partition(store, topic, partition, staged, topic_ids.get(topic))
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
         store = _spec(self.options).open()
@@ -274,14 +275,19 @@ def write_parquet(store: ColdStore, key: str, table: pa.Table, zstd_level: int) 
 
 
 def commit_partition(
-    store: ColdStore, topic: str, partition: int, staged: Sequence[StagedFile]
+    store: ColdStore,
+    topic: str,
+    partition: int,
+    staged: Sequence[StagedFile],
+    topic_id: str | None = None,
 ) -> mf.Manifest:
     """Make ``staged`` files part of the archive: final keys first, then the manifest.
 
     A file lands at its final key before any manifest lists it; a file whose range the
-    manifest already covers is discarded (exactly once)."""
+    manifest already covers is discarded (exactly once). With ``topic_id`` the manifest is
+    that topic's (another topic of the same name's version counts as empty)."""
     for _ in range(COMMIT_RETRIES):
-        current = mf.load(store, topic, partition)
+        current = mf.load(store, topic, partition, topic_id)
         entries = [
             mf.ArchivedFile(
                 s.first,
@@ -314,11 +320,13 @@ def commit_partition(
 
 
 # -- driver ---------------------------------------------------------------------------------
-def prepare(store: ColdStore, topic: str, partition: int) -> mf.Manifest:
+def prepare(
+    store: ColdStore, topic: str, partition: int, topic_id: str | None = None
+) -> mf.Manifest:
     """Clear what a killed run left for this partition; returns its manifest."""
     for key in store.list(mf.staging_dir(topic, partition)):
         store.delete(key)
-    current = mf.load(store, topic, partition)
+    current = mf.load(store, topic, partition, topic_id)
     listed = {f.key for f in current.files if f.key}
     for key in store.list(mf.partition_dir(topic, partition)):
         if key.endswith(".parquet") and key not in listed:
@@ -336,9 +344,14 @@ def plan(
 
 
 def run_tasks(
-    spark: Any, spec: StoreSpec, tasks: Sequence[mf.ArchiveTask], zstd_level: int
+    spark: Any,
+    spec: StoreSpec,
+    tasks: Sequence[mf.ArchiveTask],
+    zstd_level: int,
+    topic_ids: dict[str, str] | None = None,
 ) -> None:
-    """Run one Spark job archiving ``tasks`` (commit included)."""
+    """Run one Spark job archiving ``tasks`` (commit included); ``topic_ids`` (name -> id)
+    tag the manifests it commits."""
     if not tasks:
         return
     spark.dataSource.register(SegmentDataSource)
@@ -355,6 +368,7 @@ def run_tasks(
         df.write.format(ArchiveDataSource.name())
         .option("store", store_json)
         .option("zstd_level", str(zstd_level))
+        .option("topic_ids", json.dumps(topic_ids or {}))
         .mode("append")
         .save()
     )
@@ -435,14 +449,20 @@ def _log4j_config() -> str:
 
 
 def archive_in_process(
-    spec: StoreSpec, queue_dir: str, topic: str, partition: int, *, commit: bool = True
+    spec: StoreSpec,
+    queue_dir: str,
+    topic: str,
+    partition: int,
+    *,
+    commit: bool = True,
+    topic_id: str | None = None,
 ) -> list[StagedFile]:
     """One partition's archive cycle with the job's own reader, writer and commit run in
     this process, without Spark (tests, tools): prepare, upload, plan, write, commit."""
     from stonemq.tiering.uploader import upload_sealed
 
     store = spec.open()
-    current = prepare(store, topic, partition)
+    current = prepare(store, topic, partition, topic_id)
     upload_sealed(store, queue_dir, topic, partition, current.next_offset)
     tasks = plan(store, topic, partition, current)
     options = {
@@ -450,6 +470,7 @@ def archive_in_process(
         "zstd_level": str(DEFAULT_ZSTD_LEVEL),
         "tasks": json.dumps([asdict(t) for t in tasks]),
         "slices": "2",
+        "topic_ids": json.dumps({topic: topic_id} if topic_id else {}),
     }
     reader = SegmentDataSource(options).reader(None)
     writer = ArchiveDataSource(options).writer(None, False)

@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -29,6 +30,7 @@ from stonemq.tiering.rows import ARROW_SCHEMA, encode_rows
 READ_POLICIES = ("disable", "not_in_local", "force")
 MIN_WINDOW_RECORDS = 256
 MAX_WINDOW_RECORDS = 1 << 20
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 class ReadAheadWindow:
@@ -88,8 +90,11 @@ class ColdReader:
         cache_expire_ms: int = 30_000,
         manifest_ttl_s: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
+        topic_id_of: Callable[[str], str | None] | None = None,
     ) -> None:
         self.spec = spec
+        # the current id of a topic name: a manifest of another topic of that name is empty
+        self.topic_id_of = topic_id_of
         self._store: ColdStore | None = None
         self.read_ahead_max_bytes = read_ahead_max_bytes
         self.cache_expire_s = cache_expire_ms / 1000
@@ -114,7 +119,8 @@ class ColdReader:
             cached = self._manifests.get(key)
         if cached is not None and not fresh and now - cached[0] < self.manifest_ttl_s:
             return cached[1]
-        current = mf.load(self.store, topic, partition)
+        topic_id = self.topic_id_of(topic) if self.topic_id_of is not None else None
+        current = mf.load(self.store, topic, partition, topic_id)
         with self._lock:
             self._manifests[key] = (now, current)
         return current
@@ -163,6 +169,54 @@ class ColdReader:
                 # only control records (no rows) left in this range: go on after it
                 offset = cache.last + 1
                 cache.table = None
+
+    def offset_for_timestamp(
+        self, topic: str, partition: int, target_ms: int, below: int | None = None
+    ) -> tuple[int, int] | None:
+        """(offset, timestamp ms) of the first archived record at or after the cold log
+        start whose timestamp is >= ``target_ms``; None when no archived file (of those
+        starting below ``below``, when given) holds one. Files whose largest timestamp is
+        smaller are skipped by the manifest, row groups by their statistics; only the offset
+        and timestamp columns are read. Blocking: call from an executor."""
+        current = self.manifest(topic, partition)
+        target_us = target_ms * 1000
+        for entry in current.files:
+            if below is not None and entry.first >= below:
+                break
+            if entry.key is None or entry.max_timestamp_ms < target_ms:
+                continue
+            found = self._first_at_or_after(entry.key, target_us, current.start_offset)
+            if found is not None:
+                return found
+        return None
+
+    def _first_at_or_after(
+        self, key: str, target_us: int, start_offset: int
+    ) -> tuple[int, int] | None:
+        with self.store.open_read(key) as fh:
+            pf = pq.ParquetFile(fh)
+            meta = pf.metadata
+            ts_col = meta.schema.names.index("timestamp")
+            for rg in range(meta.num_row_groups):
+                stats = meta.row_group(rg).column(ts_col).statistics
+                if stats is not None and stats.has_min_max:
+                    high = stats.max
+                    if isinstance(high, datetime):
+                        high = (high - _EPOCH) // timedelta(microseconds=1)
+                    if high < target_us:
+                        continue
+                table = pf.read_row_group(rg, columns=["offset", "timestamp"])
+                stamps = table.column("timestamp").cast(pa.int64())
+                mask = pc.and_(
+                    pc.greater_equal(stamps, target_us),
+                    pc.greater_equal(table.column("offset"), start_offset),
+                )
+                hits = table.filter(mask)
+                if hits.num_rows:
+                    offset = hits.column("offset")[0].as_py()
+                    stamp = hits.column("timestamp").cast(pa.int64())[0].as_py()
+                    return offset, stamp // 1000
+        return None
 
     def expire(self) -> None:
         """Drop read-ahead unused for ``cache_expire_ms``; halve the window of a cache that

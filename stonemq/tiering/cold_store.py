@@ -224,6 +224,13 @@ class ColdStore:
         with contextlib.suppress(FileNotFoundError):
             self.fs.rm(self.path(key))
 
+    def delete_prefix(self, prefix: str) -> None:
+        """Remove a folder and everything under it (nothing when it does not exist)."""
+        with contextlib.suppress(FileNotFoundError):
+            self.fs.rm(self.path(prefix), recursive=True)
+        if not self.local:
+            self.fs.invalidate_cache()
+
     def ensure_root(self) -> None:
         """Create the bucket folder on file:// (s3 buckets are created by their owner)."""
         if self.local:

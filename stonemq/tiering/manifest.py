@@ -18,7 +18,7 @@ import json
 import re
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 
 from stonemq.tiering.cold_store import AlreadyExistsError, ColdStore
 
@@ -51,6 +51,16 @@ def manifest_dir(topic: str, partition: int) -> str:
     return f"manifests/{topic}/{partition}"
 
 
+def topic_dirs(topic: str) -> list[str]:
+    """Every folder holding a topic's cold data, the manifests first (deleted first)."""
+    return [f"manifests/{topic}", f"topics/{topic}", f"segments/{topic}", f"_staging/{topic}"]
+
+
+def tombstone_key(topic: str) -> str:
+    """Marks a deleted topic whose cold data is being removed (resumed after a crash)."""
+    return f"deleting/{topic}.json"
+
+
 def parse_range(key: str) -> tuple[int, int] | None:
     """(first, last) from a key named ``<first>-<last>.log|.parquet``; None for others."""
     m = _RANGE.match(key.rsplit("/", 1)[-1])
@@ -79,6 +89,7 @@ class Manifest:
     files: tuple[ArchivedFile, ...] = ()
     log_start: int = 0  # raised by cold retention; files below it are gone
     updated_ms: int = 0
+    topic_id: str = ""  # the topic's id (Kafka keys remote data by it); "" before it was kept
 
     @property
     def next_offset(self) -> int:
@@ -109,7 +120,8 @@ class Manifest:
     def from_json(cls, data: bytes) -> Manifest:
         body = json.loads(data)
         files = tuple(ArchivedFile(**f) for f in body.pop("files"))
-        return cls(files=files, **body)
+        known = {f.name for f in fields(cls)}
+        return cls(files=files, **{k: v for k, v in body.items() if k in known})
 
 
 class ConcurrentCommitError(Exception):
@@ -120,15 +132,22 @@ def _version_key(topic: str, partition: int, version: int) -> str:
     return f"{manifest_dir(topic, partition)}/{version:020d}.json"
 
 
-def load(store: ColdStore, topic: str, partition: int) -> Manifest:
-    """The latest committed version (an empty manifest when none exists)."""
+def load(store: ColdStore, topic: str, partition: int, topic_id: str | None = None) -> Manifest:
+    """The latest committed version (an empty manifest when none exists).
+
+    With ``topic_id``, a version written for another topic of the same name (one deleted
+    while a commit raced its deletion) counts as empty: a re-created topic never sees the old
+    topic's files. Its version number is kept so the next commit still creates a new one."""
     keys = [k for k in store.list(manifest_dir(topic, partition)) if k.endswith(".json")]
     for key in reversed(keys):
         try:
-            return Manifest.from_json(store.get(key))
+            current = Manifest.from_json(store.get(key))
         except FileNotFoundError:  # trimmed by a newer commit while we listed: look again
-            return load(store, topic, partition)
-    return Manifest(topic, partition)
+            return load(store, topic, partition, topic_id)
+        if topic_id and current.topic_id and current.topic_id != topic_id:
+            return Manifest(topic, partition, version=current.version, topic_id=topic_id)
+        return replace(current, topic_id=topic_id) if topic_id else current
+    return Manifest(topic, partition, topic_id=topic_id or "")
 
 
 def merge(current: Manifest, new_files: Iterable[ArchivedFile]) -> tuple[Manifest, list]:
@@ -168,14 +187,18 @@ def _trim_versions(store: ColdStore, manifest: Manifest) -> None:
         store.delete(key)
 
 
-def truncate_before(current: Manifest, offset: int) -> tuple[Manifest, list[ArchivedFile]]:
+def truncate_before(
+    current: Manifest, offset: int, *, past_end: bool = False
+) -> tuple[Manifest, list[ArchivedFile]]:
     """The manifest after cold retention moved the log start to ``offset``: files wholly
-    below it leave (returned, for deletion after the commit)."""
+    below it leave (returned, for deletion after the commit). The start stops at the
+    archive's end unless ``past_end`` (the whole log's start moved past it: offsets that
+    retention deleted before they were archived must never be archived later)."""
     if offset <= current.log_start:
         return current, []
     keep = tuple(f for f in current.files if f.last >= offset)
     gone = [f for f in current.files if f.last < offset]
-    start = offset if keep or offset <= current.next_offset else current.next_offset
+    start = offset if keep or past_end or offset <= current.next_offset else current.next_offset
     return replace(current, files=keep, log_start=start), gone
 
 

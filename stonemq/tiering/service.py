@@ -46,6 +46,11 @@ class TierService:
         self._tasks: list[asyncio.Task[None]] = []
         self._run_proc: asyncio.subprocess.Process | None = None
         self._uploaded: dict[tuple[str, int], int] = {}  # newest sealed base uploaded
+        self._topic_ids: dict[str, str] = {}  # tiered topic name -> id (read by the pool)
+        self._deleting: set[str] = set()  # deleted topics whose cold data is being removed
+        self._retaining: set[tuple[str, int]] = set()  # cold retention in flight
+        self._resumed_deletes = False
+        self.cold_retention_runs = 0  # passes finished (tests, metrics)
 
     @property
     def reader(self) -> ColdReader:
@@ -57,6 +62,7 @@ class TierService:
                 read_ahead_max_bytes=self.settings.tier_read_ahead_max_bytes,
                 cache_expire_ms=self.settings.tier_read_cache_expire_ms,
                 manifest_ttl_s=MANIFEST_REFRESH_S / 2,
+                topic_id_of=self._topic_ids.get,
             )
         return self._reader
 
@@ -65,6 +71,10 @@ class TierService:
 
     # -- which topics ---------------------------------------------------------------------
     def tiered(self, topic: str) -> bool:
+        """Whether ``topic`` tiers now: remote.storage.enable, and not a re-created topic
+        whose predecessor's cold data is still being removed."""
+        if topic in self._deleting:
+            return False
         try:
             return bool(self.topics.effective_config(topic).values.get("remote.storage.enable"))
         except Exception:  # unknown topic
@@ -74,6 +84,7 @@ class TierService:
         out = []
         for record in self.topics.store.list_topics():
             if self.tiered(record.name):
+                self._topic_ids[record.name] = str(record.topic_id)
                 out.extend((record.name, p) for p in range(record.partitions))
         return out
 
@@ -100,9 +111,12 @@ class TierService:
         means ``retention.*``) lets a tiered partition's local log start advance: Kafka's
         whole-segment rules, but never past a segment the manifest does not wholly cover.
         0 for a topic that does not tier. Called on the event loop by storage retention."""
-        if not self.tiered(queue.topic) or len(queue.segments) < 2:
+        if not self.tiered(queue.topic):
             return 0
         values = self.topics.effective_config(queue.topic).values
+        self._schedule_cold_retention(queue, values, now_ms)
+        if len(queue.segments) < 2:
+            return 0
         local_ms = int(values["local.retention.ms"])
         local_bytes = int(values["local.retention.bytes"])
         if local_ms == -2:
@@ -124,6 +138,150 @@ class TierService:
                 break
             bound = seg.base_offset
         return min(cutoff, bound)
+
+    # -- cold retention -------------------------------------------------------------------
+    def _schedule_cold_retention(self, queue: Any, values: dict[str, Any], now_ms: int) -> None:
+        """Apply ``retention.ms`` / ``retention.bytes`` to the partition's cold tier in the
+        pool, once this retention round has moved the local log start (at most one pass per
+        partition in flight). Called on the event loop from the storage retention round."""
+        key = (queue.topic, queue.partition)
+        if key in self._retaining:
+            return
+        from stonemq.tiering.status import TieredTopic
+
+        record = self.topics.get(queue.topic)
+        topic = TieredTopic(
+            queue.topic,
+            record.partitions if record is not None else 0,
+            int(values["retention.ms"]),
+            int(values["retention.bytes"]),
+            str(record.topic_id) if record is not None else "",
+        )
+        self._topic_ids[topic.name] = topic.topic_id
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # called outside the broker's loop (tools): do it here
+            self._cold_retention(topic, queue.partition, queue.log_start_offset, now_ms)
+            return
+        self._retaining.add(key)
+
+        def start() -> None:  # after the round: the local log start has moved by now
+            future = loop.run_in_executor(
+                self.executor,
+                self._cold_retention,
+                topic,
+                queue.partition,
+                queue.log_start_offset,
+                now_ms,
+            )
+            future.add_done_callback(lambda f: self._retention_done(key, f))
+
+        loop.call_soon(start)
+
+    def _retention_done(self, key: tuple[str, int], future: asyncio.Future[Any]) -> None:
+        self._retaining.discard(key)
+        if future.cancelled():
+            return
+        exc = future.exception()
+        if exc is not None:
+            log.warning("tier: cold retention of %s-%d failed: %s", key[0], key[1], exc)
+
+    def _cold_retention(self, topic: Any, partition: int, local_start: int, now_ms: int) -> None:
+        """One cold-retention pass (in the pool): manifest commit, then the deletes; the
+        cached manifest is re-read so ListOffsets and Fetch see the new cold log start."""
+        from stonemq.tiering.status import apply_cold_retention
+        from stonemq.tiering.uploader import waiting_bytes
+
+        current = self.reader.manifest(topic.name, partition, fresh=True)
+        if not current.files and local_start <= current.next_offset:
+            self.cold_retention_runs += 1
+            return  # nothing archived and nothing to skip: no store work
+        local = waiting_bytes(
+            str(self.settings.queue_path), topic.name, partition, current.next_offset
+        )
+        done = apply_cold_retention(
+            self.reader.store, topic, partition, local, now_ms, local_start=local_start
+        )
+        self.reader.manifest(topic.name, partition, fresh=True)
+        self.cold_retention_runs += 1
+        if done.files_deleted or done.segments_deleted or done.strays_deleted:
+            log.info(
+                "tier: %s-%d cold retention: %d files, %d segments, %d strays deleted; cold "
+                "log start %d",
+                topic.name,
+                partition,
+                done.files_deleted,
+                done.segments_deleted,
+                done.strays_deleted,
+                done.log_start,
+            )
+
+    # -- topic deletion -------------------------------------------------------------------
+    def delete_topic_data(self, topic: str, topic_id: str) -> asyncio.Future[None]:
+        """Remove a deleted topic's cold data in the pool (tombstone, manifests, files,
+        segments). Until it is done a re-created topic of that name does not tier."""
+        self._deleting.add(topic)
+        self._topic_ids.pop(topic, None)
+        if self._reader is not None:
+            self._reader.forget(topic)
+        for key in [k for k in self._uploaded if k[0] == topic]:
+            del self._uploaded[key]
+        loop = asyncio.get_running_loop()
+        future = loop.run_in_executor(self.executor, self._delete_topic_data, topic, topic_id)
+        future.add_done_callback(lambda f: self._delete_done(topic, f))
+        return future
+
+    def _delete_topic_data(self, topic: str, topic_id: str) -> None:
+        from stonemq.tiering.status import delete_topic_data
+
+        delete_topic_data(self.reader.store, topic, topic_id)
+        self.reader.forget(topic)
+
+    def _delete_done(self, topic: str, future: asyncio.Future[None]) -> None:
+        if future.cancelled():
+            return
+        exc = future.exception()
+        if exc is not None:  # the tombstone stays: the next start resumes
+            log.warning("tier: deleting cold data of %s failed: %s", topic, exc)
+            return
+        self._deleting.discard(topic)
+        log.info("tier: cold data of deleted topic %s removed", topic)
+
+    async def _resume_deletes(self) -> None:
+        """Finish deletions a crash interrupted (their tombstones are still there)."""
+        from stonemq.tiering.status import pending_deletes
+
+        loop = asyncio.get_running_loop()
+        pending = await loop.run_in_executor(
+            self.executor, lambda: pending_deletes(self.reader.store)
+        )
+        waits = [self.delete_topic_data(name, tid) for name, tid in pending.items()]
+        for w in waits:
+            with contextlib.suppress(Exception):
+                await w
+
+    # -- list offsets by timestamp ----------------------------------------------------------
+    async def offset_for_timestamp(
+        self, topic: str, partition: int, target_ms: int, local_start: int
+    ) -> tuple[int, int] | None:
+        """The first archived record (below the local log start) with a timestamp >=
+        ``target_ms``, searched in the pool (manifest, then the Parquet timestamp column);
+        None when the archive holds none, so the local time index answers."""
+        if self.policy == "disable" or not self.tiered(topic):
+            return None
+        current = self._cached(topic, partition)
+        if current is not None and not any(
+            f.first < local_start and f.max_timestamp_ms >= target_ms for f in current.files
+        ):
+            return None
+        return await asyncio.get_running_loop().run_in_executor(
+            self.executor,
+            self.reader.offset_for_timestamp,
+            topic,
+            partition,
+            target_ms,
+            local_start,
+        )
 
     # -- fetch ----------------------------------------------------------------------------
     async def cold_reads(
@@ -192,7 +350,12 @@ class TierService:
         loop = asyncio.get_running_loop()
         while True:
             try:
-                for topic, partition in self._tiered_partitions():
+                partitions = self._tiered_partitions()
+                if partitions and not self._resumed_deletes:
+                    self._resumed_deletes = True  # the store is in use: finish old deletes
+                    await self._resume_deletes()
+                    partitions = self._tiered_partitions()
+                for topic, partition in partitions:
                     await loop.run_in_executor(
                         self.executor, lambda t=topic, p=partition: self.reader.manifest(t, p)
                     )

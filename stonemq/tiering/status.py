@@ -30,6 +30,7 @@ class TieredTopic:
     partitions: int
     retention_ms: int
     retention_bytes: int
+    topic_id: str = ""
 
 
 def tiered_topics(settings: Settings, names: list[str] | None = None) -> list[TieredTopic]:
@@ -55,6 +56,7 @@ def tiered_topics(settings: Settings, names: list[str] | None = None) -> list[Ti
                         record.partitions,
                         int(values["retention.ms"]),
                         int(values["retention.bytes"]),
+                        str(record.topic_id),
                     )
                 )
         return out
@@ -124,38 +126,106 @@ def last_run(store: ColdStore) -> dict[str, Any] | None:
 
 
 # -- cold retention --------------------------------------------------------------------------
+COMMIT_RETRIES = 5
+
+
+@dataclass(frozen=True, slots=True)
+class ColdRetention:
+    """What one cold-retention pass did to a partition."""
+
+    files_deleted: int = 0
+    segments_deleted: int = 0
+    strays_deleted: int = 0
+    log_start: int = 0  # the cold log start after the pass
+
+
 def apply_cold_retention(
-    store: ColdStore, topic: TieredTopic, partition: int, local_bytes: int, now_ms: int
-) -> int:
-    """Delete whole cold files that ``retention.ms`` / ``retention.bytes`` (the whole log:
-    cold plus local-only bytes) let go, oldest first: a manifest commit, then the deletes.
-    Returns the number of files removed."""
-    current = mf.load(store, topic.name, partition)
-    if not current.files:
-        return 0
-    cut = 0
-    files = current.files
-    if topic.retention_ms >= 0:
-        expired_before = now_ms - topic.retention_ms
-        while cut < len(files) and (
-            files[cut].key is None or 0 <= files[cut].max_timestamp_ms < expired_before
-        ):
-            cut += 1
-    if topic.retention_bytes >= 0:
-        total = current.bytes + local_bytes
-        for f in files[:cut]:
-            total -= f.bytes
-        while cut < len(files) and total - files[cut].bytes >= topic.retention_bytes:
-            total -= files[cut].bytes
-            cut += 1
-    if cut == 0:
-        return 0
-    trimmed, gone = mf.truncate_before(current, files[cut - 1].last + 1)
-    mf.commit(store, trimmed)
-    for f in gone:
+    store: ColdStore,
+    topic: TieredTopic,
+    partition: int,
+    local_bytes: int,
+    now_ms: int,
+    *,
+    local_start: int | None = None,
+) -> ColdRetention:
+    """Apply ``retention.ms`` / ``retention.bytes`` (the whole log: cold plus the local bytes
+    not yet archived) to the cold tier: whole Parquet files leave oldest first.
+
+    ``local_start`` is the local log start: when retention (or DeleteRecords) moved it past
+    the archive's end, the cold log start follows, so those offsets are never archived.
+
+    Crash-safe order: the manifest version that drops the files is committed first, then
+    the files are deleted; a pass also removes what an earlier pass (or a killed run) left
+    behind: uploaded segments the manifest covers and Parquet files below the cold log start
+    that no version lists. A commit racing ``tier run`` is retried on the newer version."""
+    for _ in range(COMMIT_RETRIES):
+        current = mf.load(store, topic.name, partition, topic.topic_id or None)
+        files = current.files
+        cut = 0
+        if topic.retention_ms >= 0:
+            expired_before = now_ms - topic.retention_ms
+            while cut < len(files) and (
+                files[cut].key is None or 0 <= files[cut].max_timestamp_ms < expired_before
+            ):
+                cut += 1
+        if topic.retention_bytes >= 0:
+            total = current.bytes + local_bytes
+            for f in files[:cut]:
+                total -= f.bytes
+            while cut < len(files) and total - files[cut].bytes >= topic.retention_bytes:
+                total -= files[cut].bytes
+                cut += 1
+        offset = files[cut - 1].last + 1 if cut else current.log_start
+        past_end = local_start is not None and local_start > current.next_offset
+        if past_end:
+            offset = max(offset, int(local_start or 0))
+        trimmed, gone = mf.truncate_before(current, offset, past_end=past_end)
+        if trimmed is not current:
+            try:
+                current = mf.commit(store, trimmed)
+            except mf.ConcurrentCommitError:
+                continue
+        break
+    else:
+        raise mf.ConcurrentCommitError(f"{topic.name}-{partition}: cold retention gave up")
+    for f in gone:  # the manifest no longer lists them: readers never open them again
         if f.key:
             store.delete(f.key)
-    return len(gone)
+    from stonemq.tiering.uploader import delete_archived
+
+    segments = delete_archived(store, topic.name, partition, current.next_offset)
+    listed = {f.key for f in current.files if f.key}
+    strays = 0
+    for key in store.list(mf.partition_dir(topic.name, partition)):
+        rng = mf.parse_range(key)
+        if rng is not None and rng[1] < current.start_offset and key not in listed:
+            store.delete(key)
+            strays += 1
+    return ColdRetention(sum(1 for f in gone if f.key), segments, strays, current.start_offset)
+
+
+def delete_topic_data(store: ColdStore, topic: str, topic_id: str) -> None:
+    """Remove a deleted topic's cold data: a tombstone first (a crash resumes from it), then
+    the manifests (so nothing counts as archived any more), then the Parquet files, the
+    uploaded segments and the staged files, then the tombstone."""
+    store.put_atomic(
+        mf.tombstone_key(topic), json.dumps({"topic": topic, "topic_id": topic_id}).encode()
+    )
+    for prefix in mf.topic_dirs(topic):
+        store.delete_prefix(prefix)
+    store.delete(mf.tombstone_key(topic))
+
+
+def pending_deletes(store: ColdStore) -> dict[str, str]:
+    """Deleted topics whose cold data is not wholly removed yet: name -> topic id."""
+    out = {}
+    for key in store.list("deleting"):
+        try:
+            body = json.loads(store.get(key))
+            out[str(body["topic"])] = str(body.get("topic_id", ""))
+        except (FileNotFoundError, ValueError, KeyError):
+            continue
+    return out
 
 
 def as_dict(status: PartitionStatus) -> dict[str, Any]:
