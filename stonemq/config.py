@@ -39,6 +39,12 @@ class Settings(BaseSettings):
     socket_request_max_bytes: int = Field(100 * MIB, gt=0, description="largest request frame")
     connections_max_idle_ms: int = Field(600_000, gt=0, description="idle connections are closed")
     queued_max_requests: int = Field(500, gt=0, description="requests in flight per connection")
+    queued_max_request_bytes: int = Field(
+        16 * MIB,
+        ge=-1,
+        description="bytes of requests in flight over all connections before reading pauses "
+        "(-1: no limit, Kafka's default; one request is always let in)",
+    )
 
     # -- identity --------------------------------------------------------------------------------
     broker_id: int = Field(1, ge=0, description="this broker's id (Kafka's broker.id / node.id)")

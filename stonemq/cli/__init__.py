@@ -1,100 +1,36 @@
-"""The ``stonemq`` command line: thin commands over the broker's parts."""
+"""The ``stonemq`` command line: thin commands over the broker's parts.
+
+``stonemq serve`` starts from a Typer app holding only the serve command, so the broker
+process does not load the admin commands' Kafka client library, nor hypothesis (kio registers
+its types with hypothesis whenever it is importable): the broker's memory is a benchmark
+figure. Every other command, and ``stonemq --help``, uses the full app in ``commands``.
+"""
 
 from __future__ import annotations
 
-import logging
 import sys
-from typing import Annotated
-
-import typer
-from pydantic import ValidationError
-
-from stonemq.cli.options import ConfigOpt, DataDirOpt, JournalDirOpt, QueueDirOpt
-from stonemq.config import load_settings
-
-app = typer.Typer(
-    name="stonemq",
-    help="StoneMQ: a Kafka-compatible broker on journal -> queue-log storage.",
-    no_args_is_help=True,
-    add_completion=False,
-)
-
-
-def _setup_logging(level: str) -> None:
-    logging.basicConfig(
-        level=level.upper(),
-        stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
-
-
-@app.callback()
-def _root() -> None:
-    """StoneMQ: a Kafka-compatible broker on journal -> queue-log storage."""
-
-
-@app.command()
-def serve(
-    listen: Annotated[
-        str | None, typer.Option(help="HOST:PORT to listen on (default: 127.0.0.1:9092)")
-    ] = None,
-    advertise: Annotated[
-        str | None, typer.Option(help="HOST:PORT given to clients (default: the listen address)")
-    ] = None,
-    data_dir: DataDirOpt = None,
-    journal_dir: JournalDirOpt = None,
-    queue_dir: QueueDirOpt = None,
-    config: ConfigOpt = None,
-) -> None:
-    """Run the broker. Every setting also comes from env STONEMQ_<NAME> or the TOML file;
-    a flag beats env, env beats the file, the file beats the default."""
-    try:
-        settings = load_settings(
-            config,
-            listen=listen,
-            advertise=advertise,
-            data_dir=data_dir,
-            journal_dir=journal_dir,
-            queue_dir=queue_dir,
-        )
-    except (ValidationError, ValueError, OSError) as exc:
-        typer.echo(f"stonemq: invalid settings: {exc}", err=True)
-        raise typer.Exit(2) from None
-    _setup_logging(settings.log_level)
-
-    from stonemq.server.listener import serve as run_server
-    from stonemq.server.lock import DirectoryInUseError
-
-    try:
-        import uvloop
-
-        uvloop.run(run_server(settings))
-    except DirectoryInUseError as exc:
-        logging.getLogger("stonemq").error("refusing to start: %s", exc)
-        raise typer.Exit(1) from None
-    except OSError as exc:
-        # Binding the port, opening the data dir, or an I/O error that ended the broker.
-        logging.getLogger("stonemq").error("broker stopped on an I/O error: %s", exc)
-        raise typer.Exit(1) from None
-    except KeyboardInterrupt:
-        pass
-
-
-from stonemq.cli.storage import storage_app  # noqa: E402
-
-app.add_typer(storage_app)
-from stonemq.cli.groups import groups_app  # noqa: E402
-from stonemq.cli.topics import topics_app  # noqa: E402
-
-app.add_typer(groups_app)
-app.add_typer(topics_app)
-from stonemq.cli.tier import app as tier_app  # noqa: E402
-
-app.add_typer(tier_app)
+from typing import Any
 
 
 def main() -> None:
+    if sys.argv[1:2] == ["serve"]:
+        sys.modules.setdefault("hypothesis", None)  # import fails; kio then skips it
+        from stonemq.cli.serve import serve_app, tune_malloc
+
+        tune_malloc()
+        serve_app()
+        return
+    from stonemq.cli.commands import app
+
     app()
+
+
+def __getattr__(name: str) -> Any:
+    if name == "app":
+        from stonemq.cli.commands import app
+
+        return app
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 __all__ = ["app", "main"]

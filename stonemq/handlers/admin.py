@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Callable, Iterable
+from datetime import timedelta
 from typing import Any
 
 from kio.schema.errors import ErrorCode
@@ -124,7 +125,16 @@ async def handle_create_topics(ctx: RequestContext, request: Any) -> Any:
                     configs=configs,
                 )
             )
+    if not request.validate_only:
+        await _partitions_ready(ctx, request.timeout)
     return ctx.build("CreateTopicsResponse", throttle_time=0, topics=tuple(results))
+
+
+async def _partitions_ready(ctx: RequestContext, timeout: timedelta) -> None:
+    """Answer once new partitions' directories exist (created off the loop), as Kafka
+    answers once the topic is created; past the request's timeout they are still being
+    created and the answer goes anyway (first batches then create what is missing)."""
+    await ctx.broker.storage.wait_precreated(timeout.total_seconds())
 
 
 def _requested_partitions(topic: Any, broker_id: int) -> int:
@@ -267,6 +277,8 @@ async def handle_create_partitions(ctx: RequestContext, request: Any) -> Any:
                 error_message=outcome.message,
             )
         )
+    if not request.validate_only:
+        await _partitions_ready(ctx, request.timeout)
     return ctx.build("CreatePartitionsResponse", throttle_time=0, results=tuple(results))
 
 

@@ -5,11 +5,13 @@ commit) but answered strictly in the order they arrived, as Kafka clients requir
 starts in arrival order and does its ordering-sensitive work (offset assignment) before its
 first await, so pipelined produces to one partition keep their order.
 
-Back-pressure: at most ``queued.max.requests`` requests in flight per connection, and reading
-pauses while the transport's write buffer is above its high-water mark. Nothing buffers
-without bound. A frame that cannot be decoded, an unknown API key or an unsupported version
-(except ApiVersions, which gets Kafka's step-down answer) closes the connection with a log
-line; it never affects other connections.
+Back-pressure: at most ``queued.max.requests`` requests in flight per connection, at most
+``queued.max.request.bytes`` of requests in flight over all connections (a
+:class:`RequestBudget`; a client such as librdkafka keeps up to a million produce requests in
+flight), and reading pauses while the transport's write buffer is above its high-water mark.
+Nothing buffers without bound. A frame that cannot be decoded, an unknown API key or an
+unsupported version (except ApiVersions, which gets Kafka's step-down answer) closes the
+connection with a log line; it never affects other connections.
 """
 
 from __future__ import annotations
@@ -39,21 +41,55 @@ if TYPE_CHECKING:
 log = logging.getLogger("stonemq.server")
 
 
+class RequestBudget:
+    """Bytes of requests in flight over every connection (``queued.max.request.bytes``).
+
+    A connection reads on while the total is under the limit; past it, connections pause
+    reading and wait here until answered requests bring the total back under. A request in
+    flight counts from its decoding until its response is handed to the transport."""
+
+    __slots__ = ("limit_bytes", "used_bytes", "waiting")
+
+    def __init__(self, limit_bytes: int) -> None:
+        self.limit_bytes = limit_bytes  # -1: no limit
+        self.used_bytes = 0
+        self.waiting: set[Connection] = set()
+
+    @property
+    def exhausted(self) -> bool:
+        used = self.used_bytes
+        return used > 0 and 0 <= self.limit_bytes <= used  # nothing in flight: one may come
+
+    def take(self, nbytes: int) -> None:
+        self.used_bytes += nbytes
+
+    def give_back(self, nbytes: int) -> None:
+        self.used_bytes -= nbytes
+        if self.waiting and not self.exhausted:
+            waiting, self.waiting = self.waiting, set()
+            for conn in waiting:
+                conn.update_reading()
+
+
 class _Pending:
-    """A request in flight: its header and, once handled, its encoded response."""
+    """A request in flight: its header, its size and, once handled, its encoded response."""
 
-    __slots__ = ("done", "header", "response")
+    __slots__ = ("done", "header", "response", "size")
 
-    def __init__(self, header: RequestHeader) -> None:
+    def __init__(self, header: RequestHeader, size: int = 0) -> None:
         self.header = header
+        self.size = size
         self.response: bytes | None = None
         self.done = False
 
 
 class Connection(asyncio.BufferedProtocol):
-    def __init__(self, broker: Broker, registry: set[Connection]) -> None:
+    def __init__(
+        self, broker: Broker, registry: set[Connection], budget: RequestBudget | None = None
+    ) -> None:
         self._broker = broker
         self._registry = registry
+        self._budget = budget if budget is not None else RequestBudget(-1)
         self._decoder = FrameDecoder(broker.settings.socket_request_max_bytes)
         self._transport: asyncio.Transport | None = None
         self._pending: collections.deque[_Pending] = collections.deque()
@@ -76,6 +112,12 @@ class Connection(asyncio.BufferedProtocol):
         self._registry.discard(self)
         for task in self._tasks:
             task.cancel()
+        budget = self._budget
+        budget.waiting.discard(self)
+        held = sum(p.size for p in self._pending)
+        self._pending.clear()
+        if held:
+            budget.give_back(held)
 
     def get_buffer(self, sizehint: int) -> memoryview:
         return self._decoder.get_buffer(sizehint)
@@ -97,11 +139,11 @@ class Connection(asyncio.BufferedProtocol):
 
     def pause_writing(self) -> None:
         self._writing_paused = True
-        self._update_reading()
+        self.update_reading()
 
     def resume_writing(self) -> None:
         self._writing_paused = False
-        self._update_reading()
+        self.update_reading()
 
     # -- dispatch ---------------------------------------------------------------------------
     def _dispatch(self, frame: bytes) -> None:
@@ -143,14 +185,15 @@ class Connection(asyncio.BufferedProtocol):
             client_host=self._peer.rpartition(":")[0],
             broker=self._broker,
         )
-        pending = _Pending(header)
+        pending = _Pending(header, len(frame))
         self._pending.append(pending)
+        self._budget.take(pending.size)
         task = asyncio.get_running_loop().create_task(
             self._run(spec.handler, ctx, request, pending)
         )
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-        self._update_reading()
+        self.update_reading()
 
     async def _run(
         self, handler: Any, ctx: RequestContext, request: Any, pending: _Pending
@@ -177,18 +220,26 @@ class Connection(asyncio.BufferedProtocol):
     def _flush(self) -> None:
         """Send every finished response at the head of the queue, in arrival order."""
         transport = self._transport
+        answered = 0
         while self._pending and self._pending[0].done:
             pending = self._pending.popleft()
+            answered += pending.size
             if pending.response is not None and transport is not None and not self._closing:
                 transport.write(pending.response)
         self.last_active = time.monotonic()
-        self._update_reading()
+        if answered:
+            self._budget.give_back(answered)
+        self.update_reading()
 
-    def _update_reading(self) -> None:
+    def update_reading(self) -> None:
+        """Pause or resume reading from the socket as the back-pressure limits say."""
         if self._transport is None or self._closing:
             return
         limit = self._broker.settings.queued_max_requests
         should_pause = self._writing_paused or len(self._pending) >= limit
+        if not should_pause and self._budget.exhausted:
+            should_pause = True
+            self._budget.waiting.add(self)
         if should_pause and not self._reading_paused:
             self._transport.pause_reading()
             self._reading_paused = True

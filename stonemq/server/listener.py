@@ -9,7 +9,7 @@ import time
 
 from stonemq.broker import Broker
 from stonemq.config import Settings
-from stonemq.server.connection import Connection
+from stonemq.server.connection import Connection, RequestBudget
 from stonemq.server.lock import DirectoryLock
 
 log = logging.getLogger("stonemq.server")
@@ -48,10 +48,15 @@ async def _serve_locked(settings: Settings, stop: asyncio.Event) -> None:
     broker.recover()
     broker.start()
     connections: set[Connection] = set()
+    budget = RequestBudget(settings.queued_max_request_bytes)
     host, port = settings.listen_address
     try:
         server = await loop.create_server(
-            lambda: Connection(broker, connections), host, port, reuse_address=True, backlog=1024
+            lambda: Connection(broker, connections, budget),
+            host,
+            port,
+            reuse_address=True,
+            backlog=1024,
         )
     except OSError:
         await broker.close()  # recovery already ran: leave flushed checkpoints behind

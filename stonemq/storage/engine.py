@@ -11,13 +11,16 @@ What fetch may read (the high watermark) is what the splitter has split into the
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import os
 import shutil
+import threading
 import time
 import uuid
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,7 +41,7 @@ from stonemq.storage.checkpoint import (
 from stonemq.storage.errors import OffsetOutOfRangeError, StorageError, UnknownPartitionError
 from stonemq.storage.journal import FLUSH_POLICIES, JournalLog, encode_entry_header, fsync_paths
 from stonemq.storage.open_files import OpenFiles
-from stonemq.storage.queue_log import QueueLog, queue_log_dir
+from stonemq.storage.queue_log import QueueLog, create_queue_log_dir, queue_log_dir
 from stonemq.storage.splitter import Splitter
 
 __all__ = [
@@ -111,6 +114,10 @@ class RecoveryReport:
 
 SplitListener = Callable[[str, int, int], None]
 """Called as ``listener(topic, partition, new_high_watermark)`` after the splitter advances."""
+
+
+def _nothing() -> None:
+    pass
 
 
 class _Partition:
@@ -192,6 +199,12 @@ class StorageEngine:
         self._checkpoint_wake: asyncio.Event | None = None
         self._checkpoint_lock: asyncio.Lock | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        # queue-log directories of new partitions, created ahead of their first batch by one
+        # background thread (see _precreate)
+        self._to_create: collections.deque[str] = collections.deque()
+        self._create_pending: set[str] = set()
+        self._create_lock = threading.Lock()
+        self._creator: ThreadPoolExecutor | None = None
 
     def _journal_partition_dir(self, j: int) -> str:
         return os.path.join(self._journal_dir, f"journal-{j}")
@@ -224,10 +237,61 @@ class StorageEngine:
         self._by_name[key] = state
         self._by_id[(tid, partition)] = state
         self._topics.setdefault(topic, []).append(state)
-        if self._recovered and os.path.isdir(self._queue_path(topic, partition)):
-            queue = self._open_queue(state)
-            queue.recover(self._queue_rps.get(key), self._log_starts.get(key, 0))
-            state.next_offset = queue.next_offset
+        if self._recovered:
+            path = self._queue_path(topic, partition)
+            if os.path.isdir(path):
+                queue = self._open_queue(state)
+                queue.recover(self._queue_rps.get(key), self._log_starts.get(key, 0))
+                state.next_offset = queue.next_offset
+            else:
+                self._precreate(path)
+
+    def _precreate(self, directory: str) -> None:
+        """Create a new partition's directory and empty first segment files in a background
+        thread, as Kafka does when a partition is created: directory and file creation waits
+        on the filesystem's journal while fsyncs run, and must not stall the splitter on the
+        event loop at the first batch of each of 10,000 new partitions. The splitter still
+        creates whatever is missing when it gets there first (both sides are idempotent)."""
+        with self._create_lock:
+            self._create_pending.add(directory)
+            self._to_create.append(directory)
+            if self._creator is None:
+                self._creator = ThreadPoolExecutor(1, thread_name_prefix="stonemq-create")
+            if len(self._to_create) == 1:
+                self._creator.submit(self._create_queued)
+
+    async def wait_precreated(self, timeout_s: float) -> bool:
+        """Wait (at most ``timeout_s``) until the directories of every partition added so far
+        exist, as a CreateTopics answer does in Kafka. True when they do."""
+        creator = self._creator
+        if creator is None:
+            return True
+        done = asyncio.get_running_loop().run_in_executor(creator, _nothing)
+        try:
+            await asyncio.wait_for(asyncio.shield(done), max(timeout_s, 0.0))
+        except TimeoutError:
+            return False
+        return True
+
+    def _create_queued(self) -> None:
+        """Creator thread: drain the queue of directories to create."""
+        lock = self._create_lock
+        while True:
+            with lock:
+                if not self._to_create:
+                    return
+                directory = self._to_create.popleft()
+                if directory not in self._create_pending:
+                    continue  # its topic was deleted meanwhile
+            try:  # not under the lock: the event loop must never wait for a mkdir
+                create_queue_log_dir(directory)
+            except OSError as exc:  # the splitter retries and reports it at the first batch
+                log.debug("could not create %s ahead of its first batch: %s", directory, exc)
+            with lock:
+                if directory in self._create_pending:
+                    self._create_pending.discard(directory)
+                else:  # its topic was deleted while it was being made: no stray directory
+                    shutil.rmtree(directory, ignore_errors=True)
 
     def update_config(self, topic: str, config: LogConfig) -> None:
         for state in self._topics.get(topic, ()):
@@ -240,7 +304,10 @@ class StorageEngine:
         pending for it are dropped by the splitter."""
         for state in list(self._topics.get(topic, ())):
             self._forget(state)
-            shutil.rmtree(self._queue_path(topic, state.partition), ignore_errors=True)
+            path = self._queue_path(topic, state.partition)
+            with self._create_lock:
+                self._create_pending.discard(path)
+            shutil.rmtree(path, ignore_errors=True)
 
     def _forget(self, state: _Partition) -> None:
         key = (state.topic, state.partition)
@@ -437,6 +504,11 @@ class StorageEngine:
         for journal in self._journals:
             journal.close()
         self._files.close_all()
+        if self._creator is not None:
+            with self._create_lock:
+                self._create_pending.clear()  # nothing more to create: stop soon
+            self._creator.shutdown(wait=True)
+            self._creator = None
 
     # -- write path ---------------------------------------------------------------------------
     def append(

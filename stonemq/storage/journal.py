@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import contextlib
+import ctypes
 import logging
 import os
 import struct
@@ -173,8 +174,54 @@ def list_segments(directory: str) -> list[int]:
     return bases
 
 
+# From this many paths on, one syncfs(2) per filesystem is cheaper than an fsync per file
+# (a flush of 100,000 idle queue logs, a clean stop): both leave every named file durable.
+SYNCFS_MIN_PATHS = 256
+
+
+def _syncfs_function() -> Callable[[int], int] | None:
+    try:
+        func = ctypes.CDLL(None, use_errno=True).syncfs
+    except (AttributeError, OSError):
+        return None
+    func.argtypes = [ctypes.c_int]
+    func.restype = ctypes.c_int
+    return func  # type: ignore[no-any-return]
+
+
+_syncfs = _syncfs_function()
+
+
+def _syncfs_paths(paths: list[str]) -> bool:
+    """syncfs the filesystem of each of ``paths``, once per device. False when unavailable."""
+    if _syncfs is None:
+        return False
+    devices: dict[int, str] = {}
+    for path in paths:
+        try:
+            dev = os.stat(path).st_dev
+        except FileNotFoundError:
+            continue
+        devices.setdefault(dev, path)
+    for path in devices.values():
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:  # deleted meanwhile: any other path of the device will do
+            continue
+        try:
+            if _syncfs(fd) != 0:
+                err = ctypes.get_errno()
+                raise OSError(err, f"syncfs: {os.strerror(err)}", path)
+        finally:
+            os.close(fd)
+    return True
+
+
 def fsync_paths(paths: list[str]) -> None:
-    """fsync files by path (thread-safe: own descriptors). A deleted file needs no sync."""
+    """fsync files by path (thread-safe: own descriptors). A deleted file needs no sync.
+    Many paths: one syncfs per filesystem instead (Linux reports writeback errors to it)."""
+    if len(paths) >= SYNCFS_MIN_PATHS and _syncfs_paths(paths):
+        return
     for path in paths:
         try:
             fd = os.open(path, os.O_RDONLY)

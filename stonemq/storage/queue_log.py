@@ -43,6 +43,19 @@ def queue_log_dir(queue_dir: str, topic: str, partition: int) -> str:
     return os.path.join(queue_dir, f"{topic}-{partition}")
 
 
+_CREATE_FLAGS = os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
+
+
+def create_queue_log_dir(directory: str) -> None:
+    """Make a new partition's directory with an empty first segment file (base offset 0)
+    ahead of the first batch; its indexes come with their first entry. Idempotent; never
+    truncates. Not fsynced: an empty directory lost to a crash costs nothing, and the first
+    flush after the first batch fsyncs the directory entries (``QueueLog.new_files``)."""
+    if not os.path.isdir(directory):
+        os.makedirs(directory, exist_ok=True)
+    os.close(os.open(segment_file(directory, 0, LOG_SUFFIX), _CREATE_FLAGS, 0o644))
+
+
 class QueueLog:
     """Segments of one topic partition, appended by the Splitter, read by fetches."""
 
@@ -157,7 +170,8 @@ class QueueLog:
                 header.base_offset,
             )
         if not self.segments:
-            os.makedirs(self.directory, exist_ok=True)
+            if not os.path.isdir(self.directory):  # a stat; usually created ahead (engine)
+                os.makedirs(self.directory, exist_ok=True)
             self._new_segment(header.base_offset)
         elif self._should_roll(self.segments[-1], header):
             self.roll(header.base_offset)

@@ -318,3 +318,37 @@ def test_records_survive_compression(tmp_path: Path) -> None:
         await engine.close()
 
     run(main())
+
+
+def test_new_partitions_are_created_ahead_of_their_first_batch(tmp_path: Path) -> None:
+    """Partitions added after start get their directory and empty first segment from the
+    creator thread; one deleted before it gets there leaves nothing; a restart loads the
+    empty segment as an empty log, and the first batch lands in it at offset 0."""
+
+    async def main() -> None:
+        engine = new_engine(tmp_path)
+        engine.start(lambda *a: None)
+        add_topic(engine, "early", 3)
+        add_topic(engine, "dropped", 2, topic_id=uuid.uuid4())
+        engine.remove_topic("dropped")
+        assert await engine.wait_precreated(10)
+        for p in range(3):
+            log_file = tmp_path / "queues" / f"early-{p}" / f"{0:020d}.log"
+            assert log_file.is_file() and log_file.stat().st_size == 0
+        assert not (tmp_path / "queues" / "dropped-0").exists()
+        assert not (tmp_path / "queues" / "dropped-1").exists()
+        await engine.close()
+
+        engine = new_engine(tmp_path)
+        add_topic(engine, "early", 3)
+        engine.start(lambda *a: None)
+        assert engine.high_watermark("early", 1) == 0
+        (base,) = await _produce(engine, "early", 1, [build_batch([b"x", b"y"])])
+        assert base == 0
+        await wait_split(engine)
+        assert engine.high_watermark("early", 1) == 2
+        data = read_all(engine, "early", 1)
+        assert [r.value for r in iter_records(data)] == [b"x", b"y"]
+        await engine.close()
+
+    run(main())

@@ -5,14 +5,18 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
+import sys
 import uuid
 from pathlib import Path
 
+import pytest
 from conftest import build_batch, new_engine, read_all, wait_split
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from stonemq.storage import journal
 from stonemq.storage.engine import LogConfig
+from stonemq.storage.journal import SYNCFS_MIN_PATHS, fsync_paths
 from stonemq.storage.offset_index import OffsetIndex
 from stonemq.storage.open_files import OpenFiles
 from stonemq.storage.time_index import TimeIndex
@@ -160,3 +164,21 @@ def test_index_files_follow_kafkas_layout(tmp_path: Path) -> None:
     assert int.from_bytes(log[pos : pos + 8], "big") == rel  # one-record batches
     ts = int.from_bytes(timeindex[:8], "big")
     assert 5000 <= ts < 5020
+
+
+@pytest.mark.parametrize("count", [3, SYNCFS_MIN_PATHS + 5])
+def test_fsync_paths_takes_files_dirs_and_missing_paths(tmp_path: Path, count: int) -> None:
+    """Few paths: an fsync each; many: one syncfs per filesystem. Either way every existing
+    file and directory is accepted, a deleted one is skipped, and nothing is changed."""
+    paths = []
+    for i in range(count):
+        f = tmp_path / f"f{i}"
+        f.write_bytes(b"%d" % i)
+        paths.append(str(f))
+    paths += [str(tmp_path), str(tmp_path / "deleted-meanwhile")]
+    fsync_paths(paths)
+    assert [(tmp_path / f"f{i}").read_bytes() for i in range(count)] == [
+        b"%d" % i for i in range(count)
+    ]
+    if sys.platform == "linux":
+        assert journal._syncfs is not None  # the many-paths case above took syncfs
