@@ -394,7 +394,38 @@ def tables(res: dict[str, Any]) -> str:
             f"{rec['broker_recover_s']} | {rec['broker_resplit_bytes']} |",
             "",
         ]
+    lines += archive_table(res)
     return "\n".join(lines)
+
+
+def archive_table(res: dict[str, Any]) -> list[str]:
+    """Issue 6's archive workload (bench/archive.py): produce into a tiered topic, the
+    PySpark archive run, cold ÷ local bytes, cold fetch; with the issue's two targets."""
+    arch = res.get("archive")
+    if not arch:
+        return []
+    p, a, c = arch["produce"], arch["archive"], arch["cold_fetch"]
+    fast_enough = a["mb_s_without_start"] >= p["mb_s"]
+    small_enough = a["cold_ratio"] <= 0.5
+    return [
+        "### Tiered storage: archive (1 KiB JSON records, uncompressed producer)",
+        "",
+        "| produce MB/s (tiered topic) | archive MB/s incl. JVM/Spark start | archive MB/s"
+        " excl. start (Spark jobs) | run wall s | Spark start s | jobs s | local bytes |"
+        " cold bytes | cold ÷ local | cold fetch MB/s |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        f"| {p['mb_s']:,.2f} | {a['mb_s_with_start']:,.2f} | {a['mb_s_without_start']:,.2f} | "
+        f"{a['wall_s']} | {a['spark_start_s']} | {a['jobs_s']} | {a['local_bytes']:,} | "
+        f"{a['cold_bytes']:,} | {a['cold_ratio']} | {c['mb_s']:,.2f} |",
+        "",
+        f"Targets (issue 6): archive throughput (excl. start) ≥ produce throughput: "
+        f"{'reached' if fast_enough else 'not reached'}; cold bytes ≤ 0.5 of local: "
+        f"{'reached' if small_enough else 'not reached'}. MB/s of the archive are local bytes "
+        f"archived per second ({a['spark_master']}, {a['cores']} cores, zstd level "
+        f"{a['zstd_level']}); the cold fetch reads every archived offset from 0 with "
+        "confluent-kafka after local segments were deleted.",
+        "",
+    ]
 
 
 def targets_table(res: dict[str, Any]) -> str:
