@@ -15,9 +15,8 @@ from typing import Any
 def main() -> None:
     if sys.argv[1:2] == ["serve"]:
         sys.modules.setdefault("hypothesis", None)  # import fails; kio then skips it
-        from stonemq.cli.serve import serve_app, tune_malloc
+        from stonemq.cli.serve import serve_app
 
-        tune_malloc()
         serve_app()
         return
     from stonemq.cli.commands import app

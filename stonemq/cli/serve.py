@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import logging
-import os
 import sys
 from typing import Annotated
 
@@ -15,11 +12,6 @@ from pydantic import ValidationError
 from stonemq.cli.options import ConfigOpt, DataDirOpt, JournalDirOpt, QueueDirOpt
 from stonemq.config import load_settings
 
-# glibc mallopt parameters
-_M_TRIM_THRESHOLD = -1
-_M_MMAP_THRESHOLD = -3
-_M_ARENA_MAX = -8
-
 
 def _setup_logging(level: str) -> None:
     logging.basicConfig(
@@ -27,22 +19,6 @@ def _setup_logging(level: str) -> None:
         stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-
-
-def tune_malloc() -> None:
-    """Keep the broker's resident memory near what it uses (glibc only; a MALLOC_* variable
-    in the environment wins). Request buffers of up to 100 MiB come and go: by default
-    glibc raises its mmap threshold after the first free of a large block, so later large
-    buffers come from the heap and their pages stay resident once freed, and every thread
-    that allocates gets an arena of its own. Fixed thresholds give large blocks back to the
-    kernel on free, and two arenas serve the executor threads."""
-    if any(name.startswith("MALLOC_") for name in os.environ):
-        return
-    with contextlib.suppress(OSError, AttributeError):
-        mallopt = ctypes.CDLL("libc.so.6").mallopt
-        mallopt(_M_MMAP_THRESHOLD, 256 * 1024)
-        mallopt(_M_TRIM_THRESHOLD, 1024 * 1024)
-        mallopt(_M_ARENA_MAX, 2)
 
 
 def serve(
