@@ -1,8 +1,9 @@
 """The JournalLog: one journal partition's append-only segments on the write directory.
 
 Every topic partition routed to a journal partition is written here first, in arrival order,
-with group commit: appends queue in memory and one flush per event-loop iteration writes them
-all with one ``os.write`` (and one fsync, in a thread, under ``flush_policy == "always"``).
+with group commit: appends queue in memory and each flush hands all of them to the journal
+partition's writer thread, which writes them with one ``pwritev`` per segment (and one fsync
+under ``flush_policy == "always"``) while the event loop takes the next group.
 
 Segments live in ``<journal_dir>/journal-<j>/`` and are named by the journal *position* (a byte
 position that only grows across the segments of one journal partition) they start at, zero
@@ -30,7 +31,8 @@ import logging
 import os
 import struct
 from collections.abc import Callable
-from typing import Any
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, NamedTuple
 
 from crc32c import crc32c
 
@@ -332,7 +334,9 @@ class JournalLog:
         self._pending: list[Any] = []
         self._pending_meta: list[_PendingMeta] = []
         self._flush_scheduled = False
-        self._fsync_in_flight: asyncio.Future[None] | None = None
+        # the group being written (and fsynced) by the writer thread; one at a time
+        self._io_in_flight: asyncio.Future[_Written] | None = None
+        self._writer: ThreadPoolExecutor | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
     # -- opening and recovery -------------------------------------------------------------
@@ -421,7 +425,7 @@ class JournalLog:
 
     @property
     def has_pending(self) -> bool:
-        return bool(self._pending_meta) or self._fsync_in_flight is not None
+        return bool(self._pending_meta) or self._io_in_flight is not None
 
     def enqueue(self, header: bytes, batch: Any, meta: _PendingMeta) -> None:
         """Queue one entry; the flush runs once per event-loop iteration."""
@@ -430,135 +434,110 @@ class JournalLog:
         self._pending.append(header)
         self._pending.append(batch)
         self._pending_meta.append(meta)
-        if not self._flush_scheduled and self._fsync_in_flight is None:
+        if not self._flush_scheduled and self._io_in_flight is None:
             self._flush_scheduled = True
             loop = self._loop
             if loop is None:
                 loop = self._loop = asyncio.get_running_loop()
             loop.call_soon(self._flush)
 
-    def _roll(self, to_sync: list[tuple[int, bool]]) -> None:
-        old_fd, old_base = self._fd, self.segments[-1]
-        base = self.written_end
-        dir_fd = os.open(self.directory, os.O_RDONLY) if self.flush_policy == "always" else -1
-        try:
-            self._fd = os.open(self.path(base), _OPEN_FLAGS, 0o644)
-        except OSError:
-            if dir_fd >= 0:
-                os.close(dir_fd)
-            raise
-        self.segments.append(base)
-        self.active_size = 0
-        if self.flush_policy == "always":
-            to_sync.append((old_fd, True))  # fsynced and closed with this flush's fsync
-            # the new segment's directory entry: durable with the entries acked in it
-            to_sync.append((dir_fd, True))
-        else:
-            os.close(old_fd)
-            if self.flush_policy == "interval" and self._loop is not None:
-                paths = [self.path(old_base), self.directory]
-                end = base
-
-                def synced(f: asyncio.Future[None]) -> None:
-                    if f.exception() is None:
-                        self.durable_end = max(self.durable_end, end)
-                    else:
-                        log.error("journal-%d: fsync on roll failed: %s", self.index, f.exception())
-
-                self._loop.run_in_executor(None, fsync_paths, paths).add_done_callback(synced)
-
-    def _write(self, buf: bytes) -> None:
-        start = self.active_size
-        view = memoryview(buf)
-        done = 0
-        try:
-            while done < len(view):
-                done += os.pwrite(self._fd, view[done:], start + done)
-        except OSError:
-            try:
-                os.ftruncate(self._fd, start)
-            except OSError as exc:
-                self.failed = StorageError(f"journal-{self.index} cannot truncate: {exc}")
-            raise
-        self.active_size += len(view)
-        self.written_end += len(view)
-
     def _flush(self) -> None:
-        """Write every queued entry (one write per segment), then fsync or resolve."""
+        """Hand every queued entry to the writer thread: one write (``pwritev``) per segment
+        and, under ``always``, one fsync; the loop goes on meanwhile and takes the next
+        group. Entries are acknowledged when the write (and fsync) is done."""
         self._flush_scheduled = False
-        if self._fsync_in_flight is not None or not self._pending_meta:
+        if self._io_in_flight is not None or not self._pending_meta:
             return
         pieces, metas = self._pending, self._pending_meta
         self._pending, self._pending_meta = [], []
-        to_sync: list[tuple[int, bool]] = []
-        n = len(metas)
-        i = 0
-        failed_from = n
-        error: BaseException | None = None
-        while i < n:
-            try:
-                if self.active_size > 0 and self.active_size + metas[i][3] > self.segment_bytes:
-                    self._roll(to_sync)
-                total = self.active_size + metas[i][3]
-                k = i + 1
-                while k < n and total + metas[k][3] <= self.segment_bytes:
-                    total += metas[k][3]
-                    k += 1
-                self._write(b"".join(pieces[2 * i : 2 * k]))
-            except OSError as exc:
-                failed_from, error = i, exc
-                break
-            i = k
-        if failed_from < n:
-            failed = metas[failed_from:]
-            log.error("journal-%d: write of %d entries failed: %s", self.index, len(failed), error)
+        loop = self._loop or asyncio.get_running_loop()
+        if self._writer is None:
+            self._writer = ThreadPoolExecutor(1, thread_name_prefix=f"stonemq-journal-{self.index}")
+        base = self.segments[-1]
+        fut = loop.run_in_executor(
+            self._writer,
+            _write_entries,
+            self.directory,
+            self._fd,
+            base,
+            self.active_size,
+            self.segment_bytes,
+            [meta[3] for meta in metas],
+            pieces,
+            self.flush_policy,
+        )
+        self._io_in_flight = fut
+        fut.add_done_callback(lambda f: self._written(f, metas))
+
+    def _written(self, fut: asyncio.Future[_Written], metas: list[_PendingMeta]) -> None:
+        """On the loop: take the writer thread's outcome into the journal's state."""
+        self._io_in_flight = None
+        try:
+            done = fut.result()
+        except BaseException as exc:  # a bug in the writer: nothing is known to be written
+            log.exception("journal-%d: writer failed", self.index)
+            done = _Written(self._fd, [], self.active_size, 0, [], OSError(str(exc)), None, None)
+        self._fd = done.fd
+        self.segments.extend(done.new_bases)
+        self.active_size = done.active_size
+        self.written_end = self.segments[-1] + done.active_size
+        if self.flush_policy == "interval":
+            for old_path, end in done.rolled:  # a full segment is fsynced soon after its roll
+                self._fsync_rolled(old_path, end)
+        if done.truncate_error is not None:
+            self.failed = StorageError(
+                f"journal-{self.index} cannot truncate: {done.truncate_error}"
+            )
+        if done.written < len(metas):
+            failed = metas[done.written :]
+            log.error(
+                "journal-%d: write of %d entries failed: %s", self.index, len(failed), done.error
+            )
             self.on_failed(failed)
             for meta in failed:
                 if not meta[0].done():
-                    meta[0].set_exception(StorageError(f"journal write failed: {error}"))
-        written = metas[:failed_from]
-        if not written:
-            for fd, _ in to_sync:
-                os.close(fd)
-            return
-        if self.flush_policy == "always":
-            to_sync.append((self._fd, False))
-            end = self.written_end
-            loop = self._loop or asyncio.get_running_loop()
-            fut = loop.run_in_executor(None, _fsync_fds, to_sync)
-            self._fsync_in_flight = fut
-            fut.add_done_callback(lambda f: self._fsynced(f, end, written))
-            return
-        for meta in written:
-            if not meta[0].done():
-                meta[0].set_result(None)
-        self.on_visible()
-
-    def _fsynced(self, fut: asyncio.Future[None], end: int, written: list[_PendingMeta]) -> None:
-        self._fsync_in_flight = None
-        exc = fut.exception()
-        if exc is None:
-            self.durable_end = max(self.durable_end, end)
+                    meta[0].set_exception(StorageError(f"journal write failed: {done.error}"))
+        written = metas[: done.written]
+        if written and done.fsync_error is not None:
+            # after a failed fsync the page cache state is unknown: stop taking writes
+            log.error(
+                "journal-%d: fsync failed, journal partition offline: %s",
+                self.index,
+                done.fsync_error,
+            )
+            self.failed = StorageError(f"journal-{self.index} fsync failed: {done.fsync_error}")
+            for meta in written:
+                if not meta[0].done():
+                    meta[0].set_exception(StorageError(f"journal fsync failed: {done.fsync_error}"))
+        elif written:
+            if self.flush_policy == "always":
+                self.durable_end = max(self.durable_end, self.written_end)
             for meta in written:
                 if not meta[0].done():
                     meta[0].set_result(None)
             self.on_visible()
-        else:
-            # after a failed fsync the page cache state is unknown: stop taking writes
-            log.error("journal-%d: fsync failed, journal partition offline: %s", self.index, exc)
-            self.failed = StorageError(f"journal-{self.index} fsync failed: {exc}")
-            for meta in written:
-                if not meta[0].done():
-                    meta[0].set_exception(StorageError(f"journal fsync failed: {exc}"))
         if self._pending_meta and not self._flush_scheduled:
             self._flush_scheduled = True
             (self._loop or asyncio.get_running_loop()).call_soon(self._flush)
 
+    def _fsync_rolled(self, old_path: str, end: int) -> None:
+        loop = self._loop or asyncio.get_running_loop()
+
+        def synced(f: asyncio.Future[None]) -> None:
+            if f.exception() is None:
+                self.durable_end = max(self.durable_end, end)
+            else:
+                log.error("journal-%d: fsync on roll failed: %s", self.index, f.exception())
+
+        loop.run_in_executor(None, fsync_paths, [old_path, self.directory]).add_done_callback(
+            synced
+        )
+
     async def drain(self) -> None:
-        """Wait until nothing is queued or being fsynced."""
+        """Wait until nothing is queued, being written or being fsynced."""
         while self.has_pending:
-            if self._fsync_in_flight is not None:
-                await asyncio.wait([self._fsync_in_flight])
+            if self._io_in_flight is not None:
+                await asyncio.wait([self._io_in_flight])
             elif self._pending_meta:
                 if self._loop is None:
                     self._loop = asyncio.get_running_loop()
@@ -599,21 +578,117 @@ class JournalLog:
         return deleted
 
     def close(self) -> None:
+        if self._writer is not None:
+            self._writer.shutdown(wait=True)  # after drain() nothing is running
+            self._writer = None
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
 
 
-def _fsync_fds(fds: list[tuple[int, bool]]) -> None:
-    """fsync descriptors in a thread; close the ones flagged (rolled segments)."""
+class _Written(NamedTuple):
+    """What the writer thread did with one group: the journal state after it."""
+
+    fd: int  # the active segment's descriptor (a new one after a roll)
+    new_bases: list[int]  # segments it created, by base position
+    active_size: int
+    written: int  # entries written, from the first
+    rolled: list[tuple[str, int]]  # (full segment's path, its end) to fsync under interval
+    error: OSError | None  # why the entries after ``written`` were not written
+    truncate_error: OSError | None  # a failed write could not be cut back: go offline
+    fsync_error: OSError | None  # under always: the group is not durable
+
+
+def _write_entries(
+    directory: str,
+    fd: int,
+    base: int,
+    active_size: int,
+    segment_bytes: int,
+    sizes: list[int],
+    pieces: list[Any],
+    policy: str,
+) -> _Written:
+    """Writer thread: append entries (entry ``i`` is ``pieces[2i] + pieces[2i+1]``, ``sizes[i]``
+    bytes) to the segment at ``base`` holding ``active_size`` bytes, rolling to a new segment
+    before an entry that would not fit; under ``always`` fsync what was written (and rolled
+    segments and the directory). Touches only files: the loop applies the outcome."""
+    new_bases: list[int] = []
+    rolled: list[tuple[str, int]] = []
+    to_fsync: list[int] = []  # rolled segments' descriptors (always): fsynced, then closed
     error: OSError | None = None
-    for fd, close in fds:
-        try:
-            os.fsync(fd)
-        except OSError as exc:
-            error = error or exc
-        finally:
-            if close:
+    truncate_error: OSError | None = None
+    n = len(sizes)
+    i = 0
+    size = active_size
+    while i < n:
+        if size > 0 and size + sizes[i] > segment_bytes:
+            new_base = base + size
+            try:
+                new_path = os.path.join(directory, segment_name(new_base))
+                new_fd = os.open(new_path, _OPEN_FLAGS, 0o644)
+            except OSError as exc:
+                error = exc
+                break
+            if policy == "always":
+                to_fsync.append(fd)
+            else:
                 os.close(fd)
-    if error is not None:
-        raise error
+                rolled.append((os.path.join(directory, segment_name(base)), new_base))
+            fd, base, size = new_fd, new_base, 0
+            new_bases.append(new_base)
+        total = size + sizes[i]
+        k = i + 1
+        while k < n and total + sizes[k] <= segment_bytes:
+            total += sizes[k]
+            k += 1
+        try:
+            _pwrite_all(fd, pieces[2 * i : 2 * k], size)
+        except OSError as exc:
+            error = exc
+            try:
+                os.ftruncate(fd, size)  # leave no partial entry behind (ENOSPC, EIO)
+            except OSError as cut:
+                truncate_error = cut
+            break
+        size = total
+        i = k
+    fsync_error: OSError | None = None
+    if policy == "always":
+        if i:
+            try:
+                for old in to_fsync:
+                    os.fsync(old)
+                if new_bases:  # the new segments' directory entries, durable with the acks
+                    dir_fd = os.open(directory, os.O_RDONLY)
+                    try:
+                        os.fsync(dir_fd)
+                    finally:
+                        os.close(dir_fd)
+                os.fsync(fd)
+            except OSError as exc:
+                fsync_error = exc
+        for old in to_fsync:
+            os.close(old)
+    return _Written(fd, new_bases, size, i, rolled, error, truncate_error, fsync_error)
+
+
+_IOV_MAX = 1024
+
+
+def _pwrite_all(fd: int, buffers: list[Any], pos: int) -> None:
+    """Write ``buffers`` back to back at ``pos`` with pwritev (no joining copy), finishing
+    short writes."""
+    views = list(buffers)
+    start = 0
+    while start < len(views):
+        chunk = views[start : start + _IOV_MAX]
+        done = os.pwritev(fd, chunk, pos)
+        pos += done
+        for view in chunk:
+            if done >= len(view):
+                done -= len(view)
+                start += 1
+            else:  # a short write ended inside this buffer
+                views[start] = memoryview(view)[done:]
+                break

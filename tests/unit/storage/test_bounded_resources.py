@@ -62,7 +62,8 @@ def test_100k_idle_partitions_bounded_files_memory_and_journal(tmp_path: Path) -
         await wait_split(engine, timeout_s=300)
         assert engine.open_files <= MAX_OPEN_FILES
         assert open_fds() - fds_before <= MAX_OPEN_FILES + 16
-        written = journal_bytes(tmp_path)
+        # journal positions only grow: what was written, whatever was trimmed meanwhile
+        written = sum(engine.journal_ends())
         assert written > 20 * JOURNAL_SEGMENT_BYTES
         used_mem = tracemalloc.get_traced_memory()[0] - base_mem
         tracemalloc.stop()
