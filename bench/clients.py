@@ -104,7 +104,11 @@ def produce(
 def produce_each_partition(
     q: Queue[Any], bootstrap: str, topics: list[tuple[str, int]], size: int
 ) -> dict[str, Any]:
-    """Write one ``size``-byte record to every partition of ``topics`` (name, partitions)."""
+    """Write one ``size``-byte record to every partition of ``topics`` (name, partitions).
+
+    One producer per topic, one after the other: librdkafka's per-message cost grows with
+    every partition a producer knows (~0.75 ms CPU a message at 30,000 partitions), so one
+    producer for 100,000 partitions could not write them all within its message timeout."""
     from confluent_kafka import Producer
 
     errors = [0]
@@ -116,14 +120,14 @@ def produce_each_partition(
             reasons[err.name()] = reasons.get(err.name(), 0) + 1
 
     conf = producer_conf(bootstrap, "1", linger_ms=20)
-    producer = Producer({**conf, "delivery.report.only.error": True, "on_delivery": on_error})
-    for topic, _ in topics:
-        producer.list_topics(topic, timeout=60)
     payload = os.urandom(size)
     q.put(("start", None))
     started = time.monotonic()
     sent = 0
+    left = 0
     for topic, partitions in topics:
+        producer = Producer({**conf, "delivery.report.only.error": True, "on_delivery": on_error})
+        producer.list_topics(topic, timeout=60)
         for p in range(partitions):
             for _attempt in range(1000):
                 try:
@@ -134,7 +138,7 @@ def produce_each_partition(
             sent += 1
             if sent % 1024 == 0:
                 producer.poll(0)
-    left = producer.flush(300)
+        left += producer.flush(300)
     return {
         "msgs": sent - errors[0] - left,
         "bytes": (sent - errors[0] - left) * size,

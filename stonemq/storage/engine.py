@@ -290,6 +290,8 @@ class StorageEngine:
             with lock:
                 if directory in self._create_pending:
                     self._create_pending.discard(directory)
+                    if not self._create_pending:
+                        self._create_pending = set()  # a set never shrinks its table
                 else:  # its topic was deleted while it was being made: no stray directory
                     shutil.rmtree(directory, ignore_errors=True)
 

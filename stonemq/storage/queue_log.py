@@ -191,9 +191,9 @@ class QueueLog:
         if header.last_offset - seg.base_offset > _MAX_RELATIVE_OFFSET:
             return True
         index_bytes = config.segment_index_bytes
-        if (seg.offset_index.entries + 1) * 8 > index_bytes:
+        if (seg.offset_index_entries + 1) * 8 > index_bytes:
             return True
-        if (seg.time_index.entries + 1) * 12 > index_bytes:
+        if (seg.time_index_entries + 1) * 12 > index_bytes:
             return True
         if seg.first_timestamp is not None and seg.first_timestamp >= 0:
             waited = header.max_timestamp - seg.first_timestamp

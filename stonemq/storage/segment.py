@@ -44,26 +44,24 @@ class Segment:
     """A ``.log`` file plus its indexes; ``size`` is the bytes of whole batches in it."""
 
     __slots__ = (
+        "_offset_index",
+        "_time_index",
         "base_offset",
         "bytes_since_index",
         "first_timestamp",
         "log_path",
         "max_timestamp",
         "max_timestamp_offset",
-        "offset_index",
         "size",
-        "time_index",
     )
 
     def __init__(self, directory: str, base_offset: int) -> None:
         self.base_offset = base_offset
         self.log_path = segment_file(directory, base_offset, LOG_SUFFIX)
-        self.offset_index = OffsetIndex(
-            segment_file(directory, base_offset, INDEX_SUFFIX), base_offset
-        )
-        self.time_index = TimeIndex(
-            segment_file(directory, base_offset, TIME_INDEX_SUFFIX), base_offset
-        )
+        # the index objects come with their first use: a partition written once and left
+        # idle (100,000 of them) never needs them in memory
+        self._offset_index: OffsetIndex | None = None
+        self._time_index: TimeIndex | None = None
         self.size = 0
         self.bytes_since_index = 0
         # (max timestamp, base offset of the first batch with it); None until computed for a
@@ -72,9 +70,34 @@ class Segment:
         self.max_timestamp_offset = -1
         self.first_timestamp: int | None = None  # max timestamp of the first batch (segment.ms)
 
+    def _sibling(self, suffix: str) -> str:
+        return self.log_path[: -len(LOG_SUFFIX)] + suffix
+
+    @property
+    def offset_index(self) -> OffsetIndex:
+        index = self._offset_index
+        if index is None:
+            index = self._offset_index = OffsetIndex(self._sibling(INDEX_SUFFIX), self.base_offset)
+        return index
+
+    @property
+    def time_index(self) -> TimeIndex:
+        index = self._time_index
+        if index is None:
+            index = self._time_index = TimeIndex(self._sibling(TIME_INDEX_SUFFIX), self.base_offset)
+        return index
+
+    @property
+    def offset_index_entries(self) -> int:
+        return self._offset_index.entries if self._offset_index is not None else 0
+
+    @property
+    def time_index_entries(self) -> int:
+        return self._time_index.entries if self._time_index is not None else 0
+
     @property
     def paths(self) -> tuple[str, str, str]:
-        return self.log_path, self.offset_index.path, self.time_index.path
+        return self.log_path, self._sibling(INDEX_SUFFIX), self._sibling(TIME_INDEX_SUFFIX)
 
     # -- write ----------------------------------------------------------------------------
     def append(
