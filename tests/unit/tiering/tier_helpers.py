@@ -90,7 +90,7 @@ def expected_records(segments: list[list[bytes]]) -> dict[int, tuple]:
 
 
 def archive_in_process(store, topic: str, partition: int, queue_dir: Path, *, commit=True):
-    """The archive job's reader, writer and commit in this process (no JVM)."""
+    """The archive job's staging and commit in this process (no JVM)."""
     from stonemq.tiering.archive_job import archive_in_process as run
 
     return run(store.spec, str(queue_dir), topic, partition, commit=commit)
