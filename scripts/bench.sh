@@ -15,26 +15,9 @@ VENV="$ROOT/.venv"
 LOG="$(mktemp -t stonemq-bench-install.XXXXXX)"
 trap 'rm -f "$LOG"' EXIT
 
-run() {
-    local step="$1"
-    shift
-    if ! "$@" >"$LOG" 2>&1; then
-        echo "bench: FAILED: $step" >&2
-        sed 's/^/    /' "$LOG" >&2
-        exit 1
-    fi
-}
-
-as_root() {
-    if [ "$(id -u)" -eq 0 ]; then
-        "$@"
-    elif command -v sudo >/dev/null 2>&1; then
-        sudo "$@"
-    else
-        echo "bench: need root (or sudo) to run: $*" >&2
-        return 1
-    fi
-}
+STEP_PREFIX=bench
+# shellcheck source=scripts/lib.sh
+source "$ROOT/scripts/lib.sh"
 
 missing=()
 command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
@@ -43,10 +26,7 @@ if [ ! -x "$VENV/bin/python" ] && ! "$PYTHON" -c 'import ensurepip, venv' >/dev/
     missing+=(python3-venv)
 fi
 if [ "${#missing[@]}" -gt 0 ]; then
-    export DEBIAN_FRONTEND=noninteractive
-    run "apt-get update" as_root apt-get update -qq
-    run "apt-get install ${missing[*]}" as_root apt-get install -y -qq --no-install-recommends \
-        "${missing[@]}"
+    apt_install "${missing[@]}"
 fi
 
 if [ ! -x "$VENV/bin/python" ]; then

@@ -13,40 +13,11 @@ JS_DIR="$ROOT/tests/js"
 LOG="$(mktemp -t stonemq-install.XXXXXX)"
 trap 'rm -f "$LOG"' EXIT
 
-# run STEP-NAME CMD...: run CMD with its output captured; show it all if CMD fails.
-run() {
-    local step="$1"
-    shift
-    if ! "$@" >"$LOG" 2>&1; then
-        echo "install-test-deps: FAILED: $step" >&2
-        echo "install-test-deps: command: $*" >&2
-        sed 's/^/    /' "$LOG" >&2
-        exit 1
-    fi
-}
-
-as_root() {
-    if [ "$(id -u)" -eq 0 ]; then
-        "$@"
-    elif command -v sudo >/dev/null 2>&1; then
-        sudo "$@"
-    else
-        echo "install-test-deps: need root (or sudo) to run: $*" >&2
-        return 1
-    fi
-}
+STEP_PREFIX=install-test-deps
+# shellcheck source=scripts/lib.sh
+source "$ROOT/scripts/lib.sh"
 
 # -- Debian packages ------------------------------------------------------------------------
-APT_UPDATED=0
-apt_install() {
-    export DEBIAN_FRONTEND=noninteractive
-    if [ "$APT_UPDATED" -eq 0 ]; then
-        run "apt-get update" as_root apt-get update -qq
-        APT_UPDATED=1
-    fi
-    run "apt-get install $*" as_root apt-get install -y -qq --no-install-recommends "$@"
-}
-
 missing=()
 command -v kcat >/dev/null 2>&1 || missing+=(kcat)
 command -v node >/dev/null 2>&1 || missing+=(nodejs)
