@@ -9,7 +9,8 @@ import this module from the installed package and need only the cold store):
   where ``mapInArrow`` over ``spark.range`` took 9 s);
 - each executor task reads its segments from the cold store, decodes the data records
   (:func:`stonemq.tiering.rows.decode_segment`, control batches skipped) and writes each
-  range as one zstd Parquet file to ``_staging/`` (:func:`stage_task`); only the staged
+  range as one zstd Parquet file to ``_staging/`` (:func:`stonemq.tiering.staging.stage_task`,
+  a module without pyspark, so the Python workers import little); only the staged
   files' descriptions (a few hundred bytes each) travel back, never the rows;
 - the driver commits (:func:`commit_partition`): moves every staged file to
   ``topics/<topic>/partition=<p>/<first>-<last>.parquet`` and then commits the partition's
@@ -33,10 +34,9 @@ import json
 import logging
 import os
 import tempfile
-import uuid
 from collections import defaultdict
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict
 from typing import Any
 
 import pyarrow as pa
@@ -45,66 +45,21 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
 from stonemq.tiering import manifest as mf
 from stonemq.tiering.cold_store import ColdStore, StoreSpec
-from stonemq.tiering.rows import ARROW_SCHEMA, SPARK_SCHEMA, decode_segment
+from stonemq.tiering.rows import ARROW_SCHEMA, SPARK_SCHEMA
+from stonemq.tiering.staging import (
+    DEFAULT_ZSTD_LEVEL,
+    StagedFile,
+    stage_partition,
+    stage_task,
+)
 
 log = logging.getLogger(__name__)
 
-DEFAULT_ZSTD_LEVEL = 1
-ROW_GROUP_RECORDS = 16384  # cold reads skip whole row groups by their offset statistics
-# Parquet dictionary encoding only where values repeat: hashing every 1 KiB value only to
-# fall back to plain encoding made the write ~2x slower for no smaller file
-DICTIONARY_COLUMNS = ["topic", "partition", "timestamp_type", "key", "producer_id"]
 COMMIT_RETRIES = 5
 
 
 def _spec(options: Any) -> StoreSpec:
     return StoreSpec(**json.loads(options["store"]))
-
-
-# -- staging (executors) -----------------------------------------------------------------
-@dataclass
-class StagedFile:
-    """One task's output: its range, and the staged Parquet file (none when the range holds
-    no data record, control batches only)."""
-
-    topic: str
-    partition: int
-    first: int
-    last: int
-    staging_key: str | None
-    records: int
-    bytes: int
-    max_timestamp_ms: int
-
-
-def stage_task(store: ColdStore, task: dict[str, Any], zstd_level: int) -> StagedFile:
-    """Decode one task's uploaded segment and write its rows as one staged Parquet file."""
-    topic, partition = task["topic"], task["partition"]
-    first, last = task["first"], task["last"]
-    data = store.get(task["segment_key"])
-    table = decode_segment(data, topic, partition, first, last)
-    del data
-    if table.num_rows == 0:
-        return StagedFile(topic, partition, first, last, None, 0, 0, -1)
-    name = f"{first:020d}-{last:020d}.{uuid.uuid4().hex}.parquet"
-    key = f"{mf.staging_dir(topic, partition)}/{name}"
-    size = write_parquet(store, key, table, zstd_level)
-    max_ts = max(table.column("timestamp").cast(pa.int64()).to_pylist()) // 1000
-    return StagedFile(topic, partition, first, last, key, table.num_rows, size, max_ts)
-
-
-def _stage_partition(
-    store_json: str, zstd_level: int
-) -> Callable[[Iterator[dict[str, Any]]], Iterator[str]]:
-    """The executors' function: stage each task of a Spark partition; one staged file (as
-    JSON) out per task."""
-
-    def run(tasks: Iterator[dict[str, Any]]) -> Iterator[str]:
-        store = StoreSpec(**json.loads(store_json)).open()
-        for task in tasks:
-            yield json.dumps(asdict(stage_task(store, task, zstd_level)))
-
-    return run
 
 
 # -- reading the archive from Spark ------------------------------------------------------
@@ -164,21 +119,6 @@ def read_archive(spark: Any, spec: StoreSpec, topic: str | None = None) -> Any:
     if topic:
         reader = reader.option("topic", topic)
     return reader.load()
-
-
-def write_parquet(store: ColdStore, key: str, table: pa.Table, zstd_level: int) -> int:
-    """Write ``table`` as one zstd Parquet object at ``key``; returns its size."""
-    with tempfile.NamedTemporaryFile(suffix=".parquet") as tmp:
-        pq.write_table(
-            table,
-            tmp.name,
-            compression="zstd",
-            compression_level=zstd_level,
-            row_group_size=ROW_GROUP_RECORDS,
-            use_dictionary=DICTIONARY_COLUMNS,
-        )
-        with open(tmp.name, "rb") as fh:
-            return store.put_atomic(key, iter(lambda: fh.read(8 * 1024 * 1024), b""))
 
 
 def commit_partition(
@@ -265,11 +205,10 @@ def run_tasks(
     sc = spark.sparkContext
     slices = max(1, min(int(sc.defaultParallelism), len(tasks)))
     groups = _balanced_groups([asdict(t) for t in tasks], slices)
-    # one Spark partition per group (parallelize slices a list of groups one per partition)
+    # one group per Spark partition (parallelize of n items into n slices)
     out = (
         sc.parallelize(groups, len(groups))
-        .flatMap(lambda group: group)
-        .mapPartitions(_stage_partition(json.dumps(asdict(spec)), zstd_level))
+        .mapPartitions(stage_partition(json.dumps(asdict(spec)), zstd_level))
         .collect()
     )
     staged = [StagedFile(**json.loads(item)) for item in out]

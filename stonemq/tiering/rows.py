@@ -14,9 +14,10 @@ fetch version and client can read it.
 
 from __future__ import annotations
 
+import array
 import itertools
 import struct
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -31,6 +32,8 @@ from stonemq.protocol.record_batch import (
 
 CREATE_TIME = "CreateTime"
 LOG_APPEND_TIME = "LogAppendTime"
+_CREATE_TIME_UTF8 = CREATE_TIME.encode()
+_LOG_APPEND_TIME_UTF8 = LOG_APPEND_TIME.encode()
 
 HEADER_TYPE = pa.struct([pa.field("key", pa.string()), pa.field("value", pa.binary())])
 ARROW_SCHEMA = pa.schema(
@@ -91,7 +94,7 @@ class _Columns:
         self.header_counts: list[int] = []
         self.header_keys: list[str] = []
         self.header_values: list[bytes | None] = []
-        self.types: list[str] = []
+        self.types: list[bytes | None] = []  # UTF-8
         self.producers: list[int] = []
 
     def mark(self) -> tuple[int, int]:
@@ -106,30 +109,62 @@ class _Columns:
 
     def table(self, topic: str, partition: int) -> pa.Table:
         n = len(self.offsets)
-        list_offsets = pa.array(
-            itertools.accumulate(self.header_counts, initial=0), pa.int32(), size=n + 1
-        )
         header_items = pa.StructArray.from_arrays(
-            [pa.array(self.header_keys, pa.string()), pa.array(self.header_values, pa.binary())],
+            [
+                _varlen(pa.string(), [k.encode() for k in self.header_keys]),
+                _varlen(pa.binary(), self.header_values),
+            ],
             fields=list(HEADER_TYPE),
         )
-        # milliseconds -> the schema's microseconds by a cast (no compute kernel: the first
-        # pyarrow.compute call of a process costs ~0.25 s, once per Spark Python worker)
-        stamps = pa.array(self.stamps, pa.timestamp("ms", tz="UTC"))
+        stamps = _fixed(pa.timestamp("ms", tz="UTC"), "q", self.stamps)
         return pa.Table.from_arrays(
             [
-                pa.array([topic] * n, pa.string()),
-                pa.array([partition] * n, pa.int32()),
-                pa.array(self.offsets, pa.int64()),
+                _varlen(pa.string(), [topic.encode()] * n),
+                _fixed(pa.int32(), "i", [partition] * n),
+                _fixed(pa.int64(), "q", self.offsets),
                 stamps.cast(ARROW_SCHEMA.field("timestamp").type),
-                pa.array(self.types, pa.string()),
-                pa.array(self.keys, pa.binary()),
-                pa.array(self.values, pa.binary()),
-                pa.ListArray.from_arrays(list_offsets, header_items, type=_HEADERS_TYPE),
-                pa.array(self.producers, pa.int64()),
+                _varlen(pa.string(), self.types),
+                _varlen(pa.binary(), self.keys),
+                _varlen(pa.binary(), self.values),
+                pa.ListArray.from_arrays(
+                    _fixed(pa.int32(), "i", itertools.accumulate(self.header_counts, initial=0)),
+                    header_items,
+                    type=_HEADERS_TYPE,
+                ),
+                _fixed(pa.int64(), "q", self.producers),
             ],
             schema=ARROW_SCHEMA,
         )
+
+
+# Arrow arrays straight from buffers: ``pa.array`` on a Python list imports pandas (~0.4 s,
+# once per process: every Spark Python worker of a run paid it), these never do.
+def _fixed(type_: pa.DataType, code: str, values: Iterable[int]) -> pa.Array:
+    """A fixed-width array (``code``: the ``array`` module's typecode of its width)."""
+    buf = array.array(code, values)
+    return pa.Array.from_buffers(type_, len(buf), [None, pa.py_buffer(buf)])
+
+
+def _varlen(type_: pa.DataType, values: list[bytes | None]) -> pa.Array:
+    """A binary or string (UTF-8 ``values``) array; None is null."""
+    n = len(values)
+    validity = None
+    nulls = 0
+    if None in values:
+        present = [v is not None for v in values]
+        nulls = n - sum(present)
+        bits = bytearray((n + 7) // 8)
+        if nulls < n:  # records without a key: often all of them
+            for i, ok in enumerate(present):
+                if ok:
+                    bits[i >> 3] |= 1 << (i & 7)
+        validity = pa.py_buffer(bits)
+        values = [b"" if v is None else v for v in values]
+    offsets = array.array("i", itertools.accumulate(map(len, values), initial=0))  # type: ignore[arg-type]
+    data = b"".join(values)  # type: ignore[arg-type]
+    return pa.Array.from_buffers(
+        type_, n, [validity, pa.py_buffer(offsets), pa.py_buffer(data)], null_count=nulls
+    )
 
 
 def _decode_records(
@@ -264,7 +299,7 @@ def decode_segment(
         except (RecordBatchError, IndexError, ValueError, OSError):
             cols.rollback(mark)  # a corrupt batch: keep the whole batches before it
             break
-        cols.types.extend([LOG_APPEND_TIME if log_append else CREATE_TIME] * kept)
+        cols.types.extend([_LOG_APPEND_TIME_UTF8 if log_append else _CREATE_TIME_UTF8] * kept)
         cols.producers.extend([producer_id] * kept)
     return cols.table(topic, partition)
 
