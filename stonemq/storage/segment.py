@@ -33,6 +33,8 @@ TIME_INDEX_SUFFIX = ".timeindex"
 
 _LENGTH = struct.Struct(">i")
 _SCAN_CHUNK_BYTES = 64 * 1024
+READ_AHEAD_BYTES = 4 * 1024 * 1024  # asked of the kernel after each fetch read
+_FADV_WILLNEED = getattr(os, "POSIX_FADV_WILLNEED", None)
 _VALIDATE_CHUNK_BYTES = 8 * 1024 * 1024
 
 
@@ -172,11 +174,17 @@ class Segment:
         return None
 
     def read_batches(self, files: OpenFiles, pos: int, max_bytes: int) -> bytes:
-        """Whole batches from ``pos`` up to ``max_bytes``, at least one batch."""
-        data = os.pread(
-            files.get(self.log_path), min(max(max_bytes, HEADER_SIZE), self.size - pos), pos
-        )
+        """Whole batches from ``pos`` up to ``max_bytes``, at least one batch. A consumer
+        catching up reads on from where this read ends: the kernel is asked to start reading
+        the next ``READ_AHEAD_BYTES`` now (asynchronously), so the next fetch finds them in
+        the page cache instead of waiting for the disk on the event loop."""
+        fd = files.get(self.log_path)
+        data = os.pread(fd, min(max(max_bytes, HEADER_SIZE), self.size - pos), pos)
         n = len(data)
+        ahead = min(READ_AHEAD_BYTES, self.size - pos - n)
+        if ahead > 0 and _FADV_WILLNEED is not None:
+            with contextlib.suppress(OSError):
+                os.posix_fadvise(fd, pos + n, ahead, _FADV_WILLNEED)
         at = 0
         while n - at >= LOG_OVERHEAD:
             size = _LENGTH.unpack_from(data, at + 8)[0] + LOG_OVERHEAD
@@ -185,7 +193,7 @@ class Segment:
             at += size
         if at == 0 and n >= LOG_OVERHEAD:  # the first batch alone is bigger than max_bytes
             size = _LENGTH.unpack_from(data, 8)[0] + LOG_OVERHEAD
-            return os.pread(files.get(self.log_path), size, pos)
+            return os.pread(fd, size, pos)
         return data if at == n else data[:at]
 
     def ensure_max_timestamp(self, files: OpenFiles) -> tuple[int, int]:
