@@ -577,9 +577,23 @@ def document(res: dict[str, Any], body: str, made: list[str]) -> str:
         parts += [f"![{name}](benchmarks/{name})", ""]
     for name, text in res.get("failed", {}).items():
         parts += [f"**Workload `{name}` failed in this run:**", "", "```", text.strip(), "```", ""]
-    parts += ["## Where the time goes", "", profile_text(res.get("profile")), ""]
+    parts += ["## Where the time goes", ""]
+    analysis = out_dir_analysis()
+    if analysis:
+        parts += [analysis, ""]
+    parts += [profile_text(res.get("profile")), ""]
     parts += ["## How each workload is run", "", METHOD.strip(), ""]
     return "\n".join(parts)
+
+
+ANALYSIS = ROOT / "docs" / "benchmarks" / "analysis.md"
+
+
+def out_dir_analysis() -> str:
+    """The hand-written reading of the latest run (docs/benchmarks/analysis.md), if any."""
+    with contextlib.suppress(OSError):
+        return ANALYSIS.read_text().strip()
+    return ""
 
 
 def profile_text(prof: dict[str, Any] | None) -> str:
@@ -596,10 +610,12 @@ def profile_text(prof: dict[str, Any] | None) -> str:
         f"produce workload ({w['msg_s']:,.0f} msg/s, {w['mb_s']} MB/s while sampled). "
         f"Samples with a thread on CPU came to {100 * (prof['busy_fraction'] or 0):.0f}% of "
         f"one thread sampled all the time; {loop_pct:.0f}% of them were on the event-loop "
-        f"thread (network, protocol, journal writes and the splitter all run there; the rest "
-        f"are executor threads doing fsync). A Python frame's own time includes the C calls "
-        f"it makes (os.write, os.pread, fsync), so write-path frames at the top mean time in "
-        f"those system calls. By the innermost StoneMQ frame of each sample: {areas}. "
+        f"thread (network, protocol and the splitter run there; the rest are the journal "
+        f"partitions' writer threads, in `pwritev`, and executor threads doing fsync). A "
+        f"Python frame's own time includes the C calls it makes (os.pwrite, os.pread, "
+        f"fsync), so write-path frames at the top mean time in those system calls; an idle "
+        f"worker thread waiting for work shows as `_worker (concurrent/futures/thread.py)`. "
+        f"By the innermost StoneMQ frame of each sample: {areas}. "
         f"The raw stacks are in [benchmarks/{prof['file']}](benchmarks/{prof['file']}) "
         "(collapsed format; load into speedscope or flamegraph.pl).\n\n"
         "Top frames by own time:\n\n| frame | share of samples |\n|---|---:|\n"
@@ -626,8 +642,9 @@ METHOD = """
   (`linger.ms=1`) stamping `CLOCK_MONOTONIC` ns in the first 8 bytes of each 1 KiB record; the
   consumer subtracts on receipt. The first 0.5 s of records are dropped as warm-up.
 - **Idle cost**: a fresh broker, topics of 10,000 partitions up to the total, one 100-byte
-  record written to every partition, then PSS (median of 5 samples) and `/proc/<pid>/fd`
-  counts once the broker is quiet.
+  record written to every partition (one producer per topic, one after the other:
+  librdkafka's cost per message grows with the partitions a producer knows), then PSS
+  (median of 5 samples) and `/proc/<pid>/fd` counts once the broker is quiet.
 - **Recovery**: a broker with `queue.checkpoint.interval.ms=3600000`, so no queue-log flush and
   no split-position checkpoint is written during the run: all the journal written is unsplit
   as far as a restart is concerned (the splitter's in-memory progress dies with the process).
