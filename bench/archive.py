@@ -3,20 +3,31 @@ archive job's rate (``stonemq tier run --once``, with and without the JVM/Spark 
 bytes ÷ local bytes, and the cold-fetch rate once local segments are gone.
 
 Records are 1 KiB of compressible, message-like JSON (click events: ids, a URL, a user agent,
-counters; every record different), produced uncompressed by confluent-kafka, so the local
-bytes are what a producer without compression stores and the Parquet (zstd) bytes show what
-the columnar archive saves. Owns only this workload; :mod:`bench.run` registers it.
+counters and a free-text review from a small vocabulary; every record different), produced
+uncompressed by confluent-kafka, so the local bytes are what a producer without compression
+stores and the Parquet (zstd) bytes show what the columnar archive saves. Owns only this
+workload; :mod:`bench.run` registers it.
+
+Every wait has a deadline (``*_TIMEOUT_S``) and fails the workload with what it saw (the
+uploads, the local log start, the tier run's output, the broker log's tail); the workers
+report through :func:`entry`, so a worker that returns or raises ends the parent's wait at
+once. (The first version's workers returned their result without putting it on the queue, so
+the parent waited out its 30-minute timeout after the produce had finished.)
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
 import random
+import signal
 import subprocess
 import sys
 import time
+import traceback
+from collections.abc import Callable
 from multiprocessing.queues import Queue
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -32,6 +43,12 @@ SEGMENT_BYTES = 4 * 1024 * 1024
 QUICK_BYTES = 96 * 1024 * 1024
 FULL_BYTES = 1024 * 1024 * 1024
 TOPIC = "archive-bench"
+# every wait of the workload has a deadline (a hung step fails the workload, not the suite)
+PRODUCE_TIMEOUT_S = 600.0
+UPLOAD_TIMEOUT_S = 300.0
+TIER_RUN_TIMEOUT_S = 1200.0
+LOCAL_DELETE_TIMEOUT_S = 120.0
+COLD_FETCH_TIMEOUT_S = 600.0
 
 _PAGES = ["/", "/search", "/cart", "/checkout", "/product/{}", "/category/{}", "/help/{}"]
 _AGENTS = [
@@ -41,8 +58,21 @@ _AGENTS = [
 ]
 
 
+_VOCABULARY = (
+    "the a to and of in for on with is it this that was great good fast slow size fit colour "
+    "price order delivery arrived late early box broken perfect again would buy recommend "
+    "quality cheap expensive battery screen sound light heavy small large return refund "
+    "support friendly helpful shoes shirt phone cable charger lamp chair desk bag watch "
+    "gift daughter son wife husband work home travel summer winter daily week month year "
+    "not very really too much more less than but only just still also even never always"
+)
+_WORDS = _VOCABULARY.split()
+
+
 def payload(i: int, rng: random.Random) -> bytes:
-    """One 1 KiB JSON click event (padded to exactly ``RECORD_BYTES``)."""
+    """One 1 KiB JSON click event with a free-text review: ids, a URL, a user agent,
+    counters and words drawn from a small vocabulary (every record different; what a
+    message-like payload compresses to, not a padding of one repeated byte)."""
     event = {
         "event_id": f"{rng.getrandbits(64):016x}-{i:010d}",
         "user_id": f"user-{rng.randrange(100_000):06d}",
@@ -57,16 +87,36 @@ def payload(i: int, rng: random.Random) -> bytes:
         "items": [rng.randrange(10_000) for _ in range(rng.randrange(1, 6))],
         "scroll_depth": round(rng.random(), 3),
         "experiment": {"id": f"exp-{rng.randrange(40)}", "arm": rng.choice(["a", "b"])},
+        "review": "",
     }
-    raw = json.dumps(event, separators=(",", ":"))
-    pad = RECORD_BYTES - len(raw) - len(',"pad":""}') + 1
-    return (raw[:-1] + ',"pad":"' + "x" * max(pad, 0) + '"}').encode()[:RECORD_BYTES]
+    room = RECORD_BYTES - len(json.dumps(event, separators=(",", ":")))
+    words: list[str] = []
+    while sum(len(w) + 1 for w in words) <= room:
+        words.append(rng.choice(_WORDS))
+    event["review"] = " ".join(words)[:room]
+    return json.dumps(event, separators=(",", ":")).encode()
+
+
+def entry(q: Queue[Any], name: str, *args: Any) -> None:
+    """Process target (as :func:`bench.clients.entry`): run this module's worker ``name`` and
+    report ``("done", result)`` or ``("error", traceback)`` on ``q``, so the parent's wait for
+    a result ends as soon as the worker does."""
+    try:
+        q.put(("done", _WORKERS[name](q, *args)))
+    except BaseException:
+        q.put(("error", traceback.format_exc()))
 
 
 def produce_json(
-    q: Queue[Any], conf: dict[str, Any], topic: str, partitions: int, total_bytes: int
+    q: Queue[Any],
+    conf: dict[str, Any],
+    topic: str,
+    partitions: int,
+    total_bytes: int,
+    timeout: float,
 ) -> dict[str, Any]:
-    """Produce ``total_bytes`` of 1 KiB JSON records round-robin over the partitions."""
+    """Produce ``total_bytes`` of 1 KiB JSON records round-robin over the partitions (at
+    most ``timeout`` seconds, flush included)."""
     from confluent_kafka import Producer
 
     errors = [0]
@@ -82,8 +132,11 @@ def produce_json(
     total = total_bytes // RECORD_BYTES
     q.put(("start", None))
     started = time.monotonic()
+    deadline = started + timeout
     sent = 0
     while sent < total:
+        if sent % 1024 == 0 and time.monotonic() > deadline:
+            raise RuntimeError(f"produced {sent} of {total} records in {timeout:.0f} s")
         try:
             producer.produce(topic, bodies[sent % len(bodies)], partition=sent % partitions)
         except BufferError:
@@ -92,7 +145,7 @@ def produce_json(
         sent += 1
         if sent % 1024 == 0:
             producer.poll(0)
-    left = producer.flush(120)
+    left = producer.flush(max(deadline - time.monotonic(), 1.0))
     failed = errors[0] + left
     return {
         "msgs": sent - failed,
@@ -137,6 +190,12 @@ def consume_cold(
     return {"msgs": msgs, "bytes": nbytes, "seconds": elapsed, "errors": errors}
 
 
+_WORKERS: dict[str, Callable[..., dict[str, Any]]] = {
+    "produce_json": produce_json,
+    "consume_cold": consume_cold,
+}
+
+
 def _alter(bootstrap: str, topic: str, configs: dict[str, str]) -> None:
     from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
 
@@ -162,12 +221,47 @@ def _sealed_local(queue_dir: Path, topic: str, partition: int) -> list[tuple[int
     return [(int(p.stem), p.stat().st_size) for p in logs[:-1]]
 
 
-def _wait(what: str, check: Any, timeout: float) -> None:
+def _wait(what: str, check: Callable[[], bool], timeout: float, state: Callable[[], str]) -> None:
+    """Poll ``check`` until it holds; after ``timeout`` seconds fail with ``state()``."""
     deadline = time.monotonic() + timeout
     while not check():
         if time.monotonic() > deadline:
-            raise RuntimeError(f"timed out waiting for {what}")
+            raise RuntimeError(
+                f"archive: timed out after {timeout:.0f} s waiting for {what}: {state()}"
+            )
         time.sleep(0.2)
+
+
+def _tier_run_once(data_dir: Path, env: dict[str, str], log_path: Path, timeout: float) -> float:
+    """``stonemq tier run --once`` in its own session (the JVM with it), killed as a group
+    after ``timeout`` seconds; returns the wall seconds, raises on failure or timeout."""
+    cmd = [sys.executable, "-m", "stonemq", "tier", "run", "--once", "--data-dir", str(data_dir)]
+    started = time.monotonic()
+    with log_path.open("wb") as out:
+        proc = subprocess.Popen(
+            cmd,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        try:
+            code = proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            code = None
+        finally:
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(10)
+    wall = time.monotonic() - started
+    tail = log_path.read_text(errors="replace")[-3000:]
+    if code is None:
+        raise RuntimeError(f"archive: tier run --once still running after {timeout:.0f} s:\n{tail}")
+    if code != 0:
+        raise RuntimeError(f"archive: tier run --once exited {code}:\n{tail}")
+    return wall
 
 
 def run_archive(run: Run) -> None:
@@ -190,40 +284,52 @@ def run_archive(run: Run) -> None:
         )
         conf = clients.producer_conf(broker.bootstrap, "1")
         produced, mon = measured(
-            broker.pid, produce_json, conf, TOPIC, PARTITIONS, total_bytes, timeout=1800
+            broker.pid,
+            entry,
+            "produce_json",
+            conf,
+            TOPIC,
+            PARTITIONS,
+            total_bytes,
+            PRODUCE_TIMEOUT_S,
+            timeout=PRODUCE_TIMEOUT_S + 30,
         )
         produce = row(produced, mon, size=RECORD_BYTES)
         log(f"  produce into the tiered topic: {produce['mb_s']} MB/s")
+        if produced["errors"]:
+            raise RuntimeError(f"archive: {produced['errors']} records not delivered")
 
         queue_dir = broker.data_dir / "queues"
         store = StoreSpec((broker.data_dir / "tier").resolve().as_uri()).open()
         sealed = {p: _sealed_local(queue_dir, TOPIC, p) for p in range(PARTITIONS)}
         # the broker uploads sealed segments as they seal; the run below starts from them
         _wait(
-            "the broker's uploads",
+            "the broker's uploads of sealed segments",
             lambda: all(
                 len(mf.list_segments(store, TOPIC, p)) >= len(sealed[p]) for p in range(PARTITIONS)
             ),
-            300,
+            UPLOAD_TIMEOUT_S,
+            lambda: (
+                ", ".join(
+                    f"p{p}: {len(mf.list_segments(store, TOPIC, p))} of {len(sealed[p])} uploaded"
+                    for p in range(PARTITIONS)
+                )
+                + f"; broker log:\n{broker.tail()}"
+            ),
         )
-        env = broker.environment()
-        started = time.monotonic()
-        data_dir = str(broker.data_dir)
-        proc = subprocess.run(
-            [sys.executable, "-m", "stonemq", "tier", "run", "--once", "--data-dir", data_dir],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=3600,
+        wall = _tier_run_once(
+            broker.data_dir,
+            broker.environment(),
+            run.tmp / "archive-tier-run.log",
+            TIER_RUN_TIMEOUT_S,
         )
-        wall = time.monotonic() - started
-        if proc.returncode != 0:
-            raise RuntimeError(f"tier run failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
         last = status.last_run(store) or {}
         manifests = [mf.load(store, TOPIC, p) for p in range(PARTITIONS)]
         ends = [m.next_offset for m in manifests]
         cold_bytes = sum(m.bytes for m in manifests)
         records = sum(f.records for m in manifests for f in m.files)
+        if records == 0:
+            raise RuntimeError(f"archive: tier run --once archived nothing (last run: {last})")
         local_bytes = 0
         for p in range(PARTITIONS):
             logs = sorted((queue_dir / f"{TOPIC}-{p}").glob("*.log"))
@@ -257,20 +363,40 @@ def run_archive(run: Run) -> None:
 
         # local segments go (local.retention.ms=0: archived ones only), then read from 0
         _alter(broker.bootstrap, TOPIC, {"local.retention.ms": "0"})
+
+        def local_start(p: int) -> int:
+            logs = sorted((queue_dir / f"{TOPIC}-{p}").glob("*.log"))
+            return int(logs[0].stem) if logs else 0
+
         _wait(
-            "local segments deleted",
-            lambda: all(
-                (_sealed_local(queue_dir, TOPIC, p) or [(ends[p], 0)])[0][0] >= ends[p]
-                or not _sealed_local(queue_dir, TOPIC, p)
-                for p in range(PARTITIONS)
+            "the broker to delete the archived local segments",
+            lambda: all(local_start(p) >= ends[p] for p in range(PARTITIONS)),
+            LOCAL_DELETE_TIMEOUT_S,
+            lambda: (
+                ", ".join(
+                    f"p{p}: local start {local_start(p)}, archived end {ends[p]}"
+                    for p in range(PARTITIONS)
+                )
+                + f"; broker log:\n{broker.tail()}"
             ),
-            120,
         )
         time.sleep(3)  # the broker's cached manifests (refreshed every 2 s)
-        fetched, fmon = measured(broker.pid, consume_cold, broker.bootstrap, TOPIC, ends, 1800.0)
+        fetched, fmon = measured(
+            broker.pid,
+            entry,
+            "consume_cold",
+            broker.bootstrap,
+            TOPIC,
+            ends,
+            COLD_FETCH_TIMEOUT_S,
+            timeout=COLD_FETCH_TIMEOUT_S + 30,
+        )
         cold = row(fetched, fmon, size=RECORD_BYTES)
         if fetched["msgs"] != records:
-            raise RuntimeError(f"cold fetch read {fetched['msgs']} of {records} records")
+            raise RuntimeError(
+                f"archive: cold fetch read {fetched['msgs']} of {records} records "
+                f"({fetched['errors']} errors) in {fetched['seconds']:.0f} s"
+            )
         log(f"  cold fetch from offset 0: {cold['mb_s']} MB/s")
         run.results["archive"] = {"produce": produce, "archive": archive, "cold_fetch": cold}
     finally:

@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from bench import baselines, clients, procs, report
+from bench import archive, baselines, clients, procs, report
 
 ROOT = Path(__file__).resolve().parent.parent
 SIZES = (12, 140, 560, 1120, 2940, 11760)
@@ -620,4 +620,5 @@ WORKLOADS: dict[str, Callable[[Run], None]] = {
     "latency": Run.latency,
     "idle": Run.idle,
     "recovery": Run.recovery,
+    "archive": archive.run_archive,
 }
