@@ -40,7 +40,7 @@ class Settings(BaseSettings):
     connections_max_idle_ms: int = Field(600_000, gt=0, description="idle connections are closed")
     queued_max_requests: int = Field(500, gt=0, description="requests in flight per connection")
     queued_max_request_bytes: int = Field(
-        16 * MIB,
+        8 * MIB,
         ge=-1,
         description="bytes of requests in flight over all connections before reading pauses "
         "(-1: no limit, Kafka's default; one request is always let in)",

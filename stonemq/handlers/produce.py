@@ -178,8 +178,9 @@ def _append_one(
     if check.duplicate_offset >= 0:
         result.base_offset = check.duplicate_offset
         return
-    batch = bytearray(records)
+    batch: bytes | bytearray = records  # written as received: no copy
     if log_append_time:
+        batch = bytearray(records)
         result.append_time = int(time.time() * 1000)
         set_log_append_time(batch, 0, result.append_time)
     try:

@@ -39,7 +39,7 @@ from stonemq.storage.checkpoint import (
     write_queue_recovery_points,
 )
 from stonemq.storage.errors import OffsetOutOfRangeError, StorageError, UnknownPartitionError
-from stonemq.storage.journal import FLUSH_POLICIES, JournalLog, encode_entry_header, fsync_paths
+from stonemq.storage.journal import FLUSH_POLICIES, JournalLog, encode_entry_prefix, fsync_paths
 from stonemq.storage.open_files import OpenFiles
 from stonemq.storage.queue_log import QueueLog, create_queue_log_dir, queue_log_dir
 from stonemq.storage.splitter import Splitter
@@ -514,11 +514,13 @@ class StorageEngine:
 
     # -- write path ---------------------------------------------------------------------------
     def append(
-        self, topic: str, partition: int, batch: bytearray, record_count: int
+        self, topic: str, partition: int, batch: bytes | bytearray, record_count: int
     ) -> AppendResult:
-        """Assign offsets to one validated RecordBatch v2, patch its base offset in place and
-        queue it on its journal partition (group commit). Raises StorageError /
-        UnknownPartitionError synchronously when it cannot even be queued.
+        """Assign offsets to one validated RecordBatch v2 and queue it on its journal
+        partition (group commit) with its base offset patched in: the batch's bytes are
+        written as they are, without a copy (a ``bytearray`` is also patched in place).
+        Raises StorageError / UnknownPartitionError synchronously when it cannot even be
+        queued.
 
         ``batch`` is written by a later loop iteration: do not reuse it before ``written``."""
         state = self._by_name.get((topic, partition))
@@ -534,10 +536,12 @@ class StorageEngine:
         if split_failed is not None:  # its queue logs cannot be written: do not pile up
             raise StorageError(f"queue log write failing: {split_failed}")
         base = state.next_offset
-        set_base_offset(batch, 0, base)
-        header = encode_entry_header(state.topic_id, partition, base, record_count, batch)
+        if isinstance(batch, bytearray):
+            set_base_offset(batch, 0, base)
+        prefix = encode_entry_prefix(state.topic_id, partition, base, record_count, batch)
+        body = memoryview(batch)[8:]
         written: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        journal.enqueue(header, batch, (written, state, base, len(header) + len(batch)))
+        journal.enqueue(prefix, body, (written, state, base, len(prefix) + len(body)))
         state.next_offset = base + record_count
         queue = state.queue
         return AppendResult(base, queue.log_start_offset if queue is not None else 0, written)

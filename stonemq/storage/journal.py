@@ -67,6 +67,22 @@ def encode_entry_header(
     return struct.pack(">II", len(tail) + 4 + len(batch), crc) + tail
 
 
+_BASE_OFFSET = struct.Struct(">q")
+
+
+def encode_entry_prefix(
+    topic_id: bytes, partition: int, base_offset: int, record_count: int, batch: Any
+) -> bytes:
+    """The entry header plus the batch's first 8 bytes with ``base_offset`` patched in: with
+    ``batch[8:]`` after it, a whole entry for a batch as the producer sent it, which stays
+    unchanged (a RecordBatch's CRC does not cover its base offset), so nothing is copied."""
+    head = _BASE_OFFSET.pack(base_offset)
+    body = memoryview(batch)[8:]
+    tail = _ENTRY_TAIL.pack(ENTRY_VERSION, topic_id, partition, base_offset, record_count)
+    crc = crc32c(body, crc32c(head, crc32c(tail)))
+    return struct.pack(">II", len(tail) + 4 + 8 + len(body), crc) + tail + head
+
+
 def encode_entry(
     topic_id: bytes, partition: int, base_offset: int, record_count: int, batch: Any
 ) -> bytes:
