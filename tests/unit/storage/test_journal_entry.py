@@ -11,6 +11,7 @@ from stonemq.storage.journal import (
     CorruptEntryError,
     decode_entries,
     encode_entry,
+    encode_entry_prefix,
 )
 
 entry_fields = st.tuples(
@@ -60,3 +61,22 @@ def test_any_flipped_byte_is_detected(fields: tuple, data: st.DataObject) -> Non
 def test_garbage_raises() -> None:
     with pytest.raises(CorruptEntryError):
         decode_entries(memoryview(b"\x00\x00\x00\x30" + b"\xab" * 100), 0)
+
+
+@given(
+    st.binary(min_size=16, max_size=16),
+    st.integers(0, 2**31 - 1),
+    st.integers(0, 2**63 - 1),
+    st.integers(1, 2**31 - 1),
+    st.binary(min_size=8, max_size=300),
+)
+def test_prefix_and_unchanged_batch_make_the_patched_entry(
+    topic_id: bytes, partition: int, base: int, count: int, batch: bytes
+) -> None:
+    """What the produce path writes (a prefix, then the batch as received after its first 8
+    bytes) is byte for byte the entry of the batch with its base offset patched in."""
+    written = encode_entry_prefix(topic_id, partition, base, count, batch) + batch[8:]
+    patched = base.to_bytes(8, "big", signed=True) + batch[8:]
+    assert written == encode_entry(topic_id, partition, base, count, patched)
+    (entry,), used = decode_entries(memoryview(written), 0, verify=True)
+    assert used == len(written) and bytes(entry.batch) == patched
