@@ -275,6 +275,14 @@ def _client_pct(r: dict[str, Any]) -> str:
     return f"{100 * r['client_cpu_s'] / r['seconds']:.0f}"
 
 
+def _client_s_per_gb(r: dict[str, Any]) -> str:
+    """The client process's CPU seconds per GB of payload: what the producer itself costs
+    (librdkafka's cost per message grows with the partitions it writes to)."""
+    if "client_cpu_s" not in r or not r.get("bytes"):
+        return "n/a"
+    return f"{r['client_cpu_s'] / (r['bytes'] / 1e9):.1f}"
+
+
 def tables(res: dict[str, Any]) -> str:
     lines: list[str] = []
     ceiling = res.get("ceiling")
@@ -329,8 +337,9 @@ def tables(res: dict[str, Any]) -> str:
             "### Partition scaling (1 KiB, keyed, acks=1, interval)",
             "",
             "| partitions | msg/s | MB/s | ÷ 1 partition | CPU s/GB | PSS peak MB |"
-            " PSS steady MB | open files | topic create s | producer CPU % |",
-            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+            " PSS steady MB | open files | topic create s | producer CPU % |"
+            " producer CPU s/GB |",
+            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         ]
         base = res["scaling"][0]["msg_s"]
         for r in res["scaling"]:
@@ -338,7 +347,7 @@ def tables(res: dict[str, Any]) -> str:
                 f"| {r['partitions']:,} | {r['msg_s']:,.0f} | {r['mb_s']:,.2f} | "
                 f"{r['msg_s'] / base:.2f} | {r['cpu_s_per_gb']} | {r['pss_peak_mb']} |"
                 f" {r['pss_steady_mb']} | {r['open_files']} | {r['create_s']} |"
-                f" {_client_pct(r)} |"
+                f" {_client_pct(r)} | {_client_s_per_gb(r)} |"
             )
         lines.append("")
     c = res.get("consume")
