@@ -377,9 +377,30 @@ def encode_batch(
     return bytes(batch)
 
 
+ENCODE_CHUNK_ROWS = 4 * MAX_BATCH_RECORDS
+
+
 def encode_rows(table: pa.Table, max_bytes: int | None = None) -> Iterator[tuple[int, bytes]]:
     """(last offset, batch bytes) for the table's rows in offset order; stops once
-    ``max_bytes`` is reached (the first batch always comes whole)."""
+    ``max_bytes`` is reached (the first batch always comes whole).
+
+    Rows become Python objects in chunks (256 rows, doubling up to ``ENCODE_CHUNK_ROWS``),
+    so a 1 MiB fetch from a 16 MiB read-ahead table converts about what it sends, not the
+    whole table (a batch never spans two chunks)."""
+    produced = 0
+    start = 0
+    chunk = 256
+    while start < table.num_rows:
+        for last, batch in _encode_chunk(table.slice(start, chunk), max_bytes):
+            if max_bytes is not None and produced and produced + len(batch) > max_bytes:
+                return
+            produced += len(batch)
+            yield last, batch
+        start += chunk
+        chunk = min(2 * chunk, ENCODE_CHUNK_ROWS)
+
+
+def _encode_chunk(table: pa.Table, max_bytes: int | None) -> Iterator[tuple[int, bytes]]:
     offsets = table.column("offset").to_pylist()
     stamps = table.column("timestamp").cast(pa.int64()).to_pylist()
     types = table.column("timestamp_type").to_pylist()
@@ -387,7 +408,6 @@ def encode_rows(table: pa.Table, max_bytes: int | None = None) -> Iterator[tuple
     values = table.column("value").to_pylist()
     headers = table.column("headers").to_pylist()
     pids = table.column("producer_id").to_pylist()
-    produced = 0
     i = 0
     n = len(offsets)
     target = TARGET_BATCH_BYTES if max_bytes is None else min(TARGET_BATCH_BYTES, max_bytes)
@@ -414,7 +434,4 @@ def encode_rows(table: pa.Table, max_bytes: int | None = None) -> Iterator[tuple
             log_append_time=types[start] == LOG_APPEND_TIME,
             producer_id=pids[start] if pids[start] is not None else -1,
         )
-        if max_bytes is not None and produced and produced + len(batch) > max_bytes:
-            return
-        produced += len(batch)
         yield offsets[i - 1], batch

@@ -173,3 +173,29 @@ def test_multi_byte_varints_long_values_and_offsets() -> None:
     assert all(r[4] == value and r[3] == b"k" * 200 for r in rows)
     assert [r[1] for r in rows] == [1_700_000_000_000 + 300_000 * i for i in range(300)]
     assert rows == reference_rows(batch, 0, 2 * 10**9)
+
+
+def test_encode_rows_in_fetch_sized_steps_gives_every_record_once() -> None:
+    """Cold fetches: 1 KiB-ish records read back in 1 MiB steps across the encoder's row
+    chunks (256, 512, ... rows), each step within its byte limit and contiguous."""
+    from stonemq.tiering.rows import encode_rows
+
+    recs = [
+        (i, 1_700_000_000_000 + i, None, bytes([i % 251]) * (900 + i % 200), ())
+        for i in range(5000)
+    ]
+    table = decode_segment(
+        encode_batch(0, recs[:2500]) + encode_batch(2500, recs[2500:]), "t", 0, 0, 10**9
+    )
+    seen: list[tuple[int, bytes]] = []
+    pos = 0
+    while pos < table.num_rows:
+        step = list(encode_rows(table.slice(pos), 1024 * 1024))
+        assert step
+        assert len(step) == 1 or sum(len(b) for _, b in step) <= 1024 * 1024
+        for _, batch in step:
+            seen += [(r.offset, r.value) for r in iter_records(batch)]
+        pos = seen[-1][0] + 1
+    assert seen == [(r[0], r[3]) for r in recs]
+    whole = [r.offset for _, b in encode_rows(table) for r in iter_records(b)]
+    assert whole == list(range(5000))
