@@ -16,6 +16,7 @@ import shutil
 import sys
 import time
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any
@@ -153,6 +154,10 @@ def _cycle(settings: Settings, spec: Any, names: list[str] | None, spark: Any) -
         plans[t.name] = tasks
     before = {t.name: _archived(store, t.name, t.partitions) for t in topics}
     failed = False
+    committer = ThreadPoolExecutor(1, thread_name_prefix="tier-commit")
+    commits: list[Future[bool]] = []
+    commit_failed: set[str] = set()
+    jobs_started: float | None = None
     with Progress(
         TextColumn("{task.description}"),
         BarColumn(),
@@ -176,29 +181,44 @@ def _cycle(settings: Settings, spec: Any, names: list[str] | None, spark: Any) -
                 )
                 summary["spark_start_s"] = round(time.monotonic() - spark_started, 3)
             progress.update(bars[t.name], description=t.name)
+            if jobs_started is None:
+                jobs_started = time.monotonic()
             for i in range(0, len(tasks), TASKS_PER_JOB):
                 chunk = tasks[i : i + TASKS_PER_JOB]
-                job_started = time.monotonic()
+                if t.name in commit_failed:
+                    break
                 try:
-                    archive_job.run_tasks(
-                        spark,
-                        spec,
-                        chunk,
-                        settings.tier_parquet_zstd_level,
-                        {t.name: t.topic_id},
+                    staged = archive_job.stage_tasks(
+                        spark, spec, chunk, settings.tier_parquet_zstd_level
                     )
                 except Exception as exc:  # a Spark/Py4J error: say it short, keep the log
                     failed = True
-                    first = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
                     err.print(
-                        f"[red]archive job failed for {t.name}[/red]: {first}\n"
+                        f"[red]archive job failed for {t.name}[/red]: {_first_line(exc)}\n"
                         f"  (Spark's log: {Path(settings.data_dir) / 'tier' / 'spark.log'})"
                     )
                     break
-                summary["jobs_s"] = round(
-                    summary.get("jobs_s", 0.0) + time.monotonic() - job_started, 3
+                # the driver commits while the executors stage the next chunk; one commit
+                # thread keeps a topic's commits in offset order
+                commits.append(
+                    committer.submit(
+                        _commit,
+                        store,
+                        t.name,
+                        staged,
+                        t.topic_id,
+                        commit_failed,
+                        progress,
+                        bars[t.name],
+                        len(chunk),
+                    )
                 )
-                progress.advance(bars[t.name], len(chunk))
+        for done in commits:
+            if not done.result():
+                failed = True
+    committer.shutdown()
+    if jobs_started is not None:
+        summary["jobs_s"] = round(time.monotonic() - jobs_started, 3)
     now_ms = int(time.time() * 1000)
     table = Table(title="stonemq tier run")
     for col in (
@@ -250,6 +270,38 @@ def _cycle(settings: Settings, spec: Any, names: list[str] | None, spark: Any) -
     if failed:
         raise typer.Exit(1)
     return spark
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else repr(exc)
+
+
+def _commit(
+    store: Any,
+    topic: str,
+    staged: list[Any],
+    topic_id: str,
+    failed: set[str],
+    progress: Progress,
+    bar: Any,
+    tasks: int,
+) -> bool:
+    """Commit one job's staged files (the commit thread). After a failed commit the
+    topic's later chunks are not committed, so no range is committed past a gap; the
+    next run plans them again."""
+    from stonemq.tiering import archive_job
+
+    if topic in failed:
+        return False
+    try:
+        archive_job.commit_all(store, staged, {topic: topic_id})
+    except Exception as exc:
+        failed.add(topic)
+        err.print(f"[red]archive commit failed for {topic}[/red]: {_first_line(exc)}")
+        return False
+    progress.advance(bar, tasks)
+    return True
 
 
 def _archived(store: Any, topic: str, partitions: int) -> tuple[int, int, int]:

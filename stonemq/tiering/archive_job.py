@@ -149,12 +149,18 @@ def commit_partition(
         merged, dropped = mf.merge(current, entries)
         dropped_ranges = {(d.first, d.last) for d in dropped}
         for s in staged:
-            if s.staging_key is None or not store.exists(s.staging_key):
+            if s.staging_key is None:
+                continue
+            final = mf.parquet_key(topic, partition, s.first, s.last)
+            if not store.exists(s.staging_key):
+                # moved by an earlier try of this commit; anything else lost a file
+                if (s.first, s.last) not in dropped_ranges and not store.exists(final):
+                    raise FileNotFoundError(f"staged file {s.staging_key} is gone")
                 continue
             if (s.first, s.last) in dropped_ranges:
                 store.delete(s.staging_key)
             else:
-                store.move(s.staging_key, mf.parquet_key(topic, partition, s.first, s.last))
+                store.move(s.staging_key, final)
         try:
             committed = mf.commit(store, merged)
         except mf.ConcurrentCommitError:
@@ -190,16 +196,11 @@ def plan(
     )
 
 
-def run_tasks(
-    spark: Any,
-    spec: StoreSpec,
-    tasks: Sequence[mf.ArchiveTask],
-    zstd_level: int,
-    topic_ids: dict[str, str] | None = None,
+def stage_tasks(
+    spark: Any, spec: StoreSpec, tasks: Sequence[mf.ArchiveTask], zstd_level: int
 ) -> list[StagedFile]:
-    """Run one Spark job archiving ``tasks``: the executors stage, then the driver commits
-    each partition's files (``topic_ids``, name -> id, tag the manifests). Returns the
-    staged files."""
+    """Run one Spark job staging ``tasks`` (nothing is committed): the executors decode and
+    write one staged Parquet file per task and return their descriptions."""
     if not tasks:
         return []
     sc = spark.sparkContext
@@ -211,7 +212,20 @@ def run_tasks(
         .mapPartitions(stage_partition(json.dumps(asdict(spec)), zstd_level))
         .collect()
     )
-    staged = [StagedFile(**json.loads(item)) for item in out]
+    return [StagedFile(**json.loads(item)) for item in out]
+
+
+def run_tasks(
+    spark: Any,
+    spec: StoreSpec,
+    tasks: Sequence[mf.ArchiveTask],
+    zstd_level: int,
+    topic_ids: dict[str, str] | None = None,
+) -> list[StagedFile]:
+    """Run one Spark job archiving ``tasks``: the executors stage, then the driver commits
+    each partition's files (``topic_ids``, name -> id, tag the manifests). Returns the
+    staged files."""
+    staged = stage_tasks(spark, spec, tasks, zstd_level)
     commit_all(spec.open(), staged, topic_ids or {})
     return staged
 

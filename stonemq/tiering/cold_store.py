@@ -138,11 +138,11 @@ class ColdStore:
         return sorted(names)
 
     # -- writes ---------------------------------------------------------------------------
-    def put_atomic(self, key: str, chunks: bytes | Iterable[bytes]) -> int:
+    def put_atomic(self, key: str, chunks: bytes | memoryview | Iterable[bytes]) -> int:
         """Write ``key`` so that readers see either nothing or the whole object: a temp file
         and a rename on file://, one PUT (or a multipart upload completed at close) on s3."""
         if isinstance(chunks, bytes | bytearray | memoryview):
-            chunks = (bytes(chunks),)
+            chunks = (chunks,)  # written as is: no copy of a large object
         target = self.path(key)
         if self.local:
             os.makedirs(posixpath.dirname(target), exist_ok=True)

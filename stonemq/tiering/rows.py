@@ -20,6 +20,7 @@ import struct
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 from crc32c import crc32c
 
@@ -29,6 +30,7 @@ from stonemq.protocol.record_batch import (
     RecordBatchError,
     decompress,
 )
+from stonemq.tiering.record_columns import Run, decode_run, record_bounds
 
 CREATE_TIME = "CreateTime"
 LOG_APPEND_TIME = "LogAppendTime"
@@ -107,8 +109,8 @@ class _Columns:
         del self.types[rows:], self.producers[rows:]
         del self.header_keys[headers:], self.header_values[headers:]
 
-    def table(self, topic: str, partition: int) -> pa.Table:
-        n = len(self.offsets)
+    def part(self) -> dict[str, pa.Array]:
+        """The columns decoded so far (all but topic and partition) as Arrow arrays."""
         header_items = pa.StructArray.from_arrays(
             [
                 _varlen(pa.string(), [k.encode() for k in self.header_keys]),
@@ -116,25 +118,68 @@ class _Columns:
             ],
             fields=list(HEADER_TYPE),
         )
-        stamps = _fixed(pa.timestamp("ms", tz="UTC"), "q", self.stamps)
-        return pa.Table.from_arrays(
-            [
-                _varlen(pa.string(), [topic.encode()] * n),
-                _fixed(pa.int32(), "i", [partition] * n),
-                _fixed(pa.int64(), "q", self.offsets),
-                stamps.cast(ARROW_SCHEMA.field("timestamp").type),
-                _varlen(pa.string(), self.types),
-                _varlen(pa.binary(), self.keys),
-                _varlen(pa.binary(), self.values),
-                pa.ListArray.from_arrays(
-                    _fixed(pa.int32(), "i", itertools.accumulate(self.header_counts, initial=0)),
-                    header_items,
-                    type=_HEADERS_TYPE,
-                ),
-                _fixed(pa.int64(), "q", self.producers),
-            ],
-            schema=ARROW_SCHEMA,
-        )
+        return {
+            "offset": _fixed(pa.int64(), "q", self.offsets),
+            "timestamp": _fixed(pa.timestamp("ms", tz="UTC"), "q", self.stamps),
+            "timestamp_type": _varlen(pa.string(), self.types),
+            "key": _varlen(pa.binary(), self.keys),
+            "value": _varlen(pa.binary(), self.values),
+            "headers": pa.ListArray.from_arrays(
+                _fixed(pa.int32(), "i", itertools.accumulate(self.header_counts, initial=0)),
+                header_items,
+                type=_HEADERS_TYPE,
+            ),
+            "producer_id": _fixed(pa.int64(), "q", self.producers),
+        }
+
+
+def _no_headers(n: int) -> pa.Array:
+    """``n`` empty header lists."""
+    items = pa.StructArray.from_arrays(
+        [_varlen(pa.string(), []), _varlen(pa.binary(), [])], fields=list(HEADER_TYPE)
+    )
+    return pa.ListArray.from_arrays(
+        _fixed(pa.int32(), "i", [0] * (n + 1)), items, type=_HEADERS_TYPE
+    )
+
+
+def _table(parts: list[dict[str, pa.Array]], topic: str, partition: int) -> pa.Table:
+    """One table from the decoded parts, in order; parts without headers get empty lists."""
+    if not parts:
+        parts = [_Columns().part()]
+    n = sum(len(p["offset"]) for p in parts)
+    for p in parts:
+        if "headers" not in p:
+            p["headers"] = _no_headers(len(p["offset"]))
+
+    def col(name: str) -> pa.Array:
+        return pa.concat_arrays([p[name] for p in parts])
+
+    name = topic.encode()
+    return pa.Table.from_arrays(
+        [
+            pa.Array.from_buffers(
+                pa.string(),
+                n,
+                [
+                    None,
+                    pa.py_buffer(np.arange(n + 1, dtype=np.int32) * len(name)),
+                    pa.py_buffer(name * n),
+                ],
+            ),
+            pa.Array.from_buffers(
+                pa.int32(), n, [None, pa.py_buffer(np.full(n, partition, np.int32))]
+            ),
+            col("offset"),
+            col("timestamp").cast(ARROW_SCHEMA.field("timestamp").type),
+            col("timestamp_type"),
+            col("key"),
+            col("value"),
+            col("headers"),
+            col("producer_id"),
+        ],
+        schema=ARROW_SCHEMA,
+    )
 
 
 # Arrow arrays straight from buffers: ``pa.array`` on a Python list imports pandas (~0.4 s,
@@ -245,10 +290,13 @@ def decode_segment(
     """Rows for the data records with offsets in ``first..last`` of a segment's bytes
     (control batches skipped; whole batches only: a torn or corrupt batch ends the segment).
 
-    One pass over the bytes with flat column lists: uncompressed records are read in place,
-    compressed batches are decompressed once; no per-record objects are built."""
+    Consecutive uncompressed batches form one run read in place, a compressed batch is
+    decompressed once into a run of its own; each run's records are decoded at once
+    (:func:`stonemq.tiering.record_columns.decode_run`), and the batches that cannot be
+    (headers, odd varints, corruption) record by record with flat column lists."""
     buf = data if isinstance(data, bytes) else bytes(data)
-    cols = _Columns()
+    parts: list[dict[str, pa.Array]] = []
+    run = Run(buf)
     pos = 0
     size = len(buf)
     while size - pos >= _HEADER_SIZE:
@@ -275,33 +323,79 @@ def decode_segment(
             continue
         if base_offset > last:
             break
-        log_append = bool(attributes & _ATTR_TIMESTAMP_TYPE)
         codec = attributes & _ATTR_COMPRESSION
-        mark = cols.mark()
+        target = run
         try:
             if codec == COMPRESSION_NONE:
                 body, body_pos, body_end = buf, start + _HEADER_SIZE, batch_end
             else:
                 body = decompress(codec, buf[start + _HEADER_SIZE : batch_end])
                 body_pos, body_end = 0, len(body)
+                target = Run(body)
+            marks = len(target.starts), len(target.ends)
+            try:
+                record_bounds(body, body_pos, body_end, count, target)
+            except (RecordBatchError, IndexError):
+                del target.starts[marks[0] :], target.ends[marks[1] :]
+                raise
+        except (RecordBatchError, IndexError, ValueError, OSError):
+            break  # a corrupt batch: keep the whole batches before it
+        target.counts.append(count)
+        target.base_offsets.append(base_offset)
+        target.base_timestamps.append(base_timestamp)
+        target.append_times.append(max_timestamp if attributes & _ATTR_TIMESTAMP_TYPE else -1)
+        target.producers.append(producer_id)
+        target.whole.append(first <= base_offset and base_offset + count - 1 <= last)
+        target.bodies.append((body_pos, body_end))
+        if target is not run:
+            if not _decode(run, first, last, parts) or not _decode(target, first, last, parts):
+                return _table(parts, topic, partition)
+            run = Run(buf)
+    _decode(run, first, last, parts)
+    return _table(parts, topic, partition)
+
+
+def _decode(run: Run, first: int, last: int, parts: list[dict[str, pa.Array]]) -> bool:
+    """Append the rows of ``run`` to ``parts`` in batch order: its batches decoded at once,
+    and those that could not be record by record. False when a batch turns out corrupt
+    (its rows and the later batches' are then left out)."""
+    if not len(run):
+        return True
+    decoded = decode_run(run, first, last)
+    rows = decoded.batch_of_row
+    done = 0  # batches before this one are in parts
+
+    def fast_until(stop: int) -> None:
+        lo, hi = np.searchsorted(rows, [done, stop])
+        if hi > lo:
+            parts.append({k: v.slice(lo, hi - lo) for k, v in decoded.columns.items()})
+
+    for index in np.flatnonzero(decoded.slow).tolist():
+        fast_until(index)
+        done = index + 1
+        cols = _Columns()
+        body_pos, body_end = run.bodies[index]
+        append_time = run.append_times[index]
+        try:
             kept = _decode_records(
-                body,
+                run.buffer,
                 body_pos,
                 body_end,
-                count,
-                base_offset,
-                max_timestamp if log_append else None,
-                base_timestamp,
+                run.counts[index],
+                run.base_offsets[index],
+                append_time if append_time >= 0 else None,
+                run.base_timestamps[index],
                 first,
                 last,
                 cols,
             )
-        except (RecordBatchError, IndexError, ValueError, OSError):
-            cols.rollback(mark)  # a corrupt batch: keep the whole batches before it
-            break
-        cols.types.extend([_LOG_APPEND_TIME_UTF8 if log_append else _CREATE_TIME_UTF8] * kept)
-        cols.producers.extend([producer_id] * kept)
-    return cols.table(topic, partition)
+        except (RecordBatchError, IndexError, ValueError):
+            return False
+        cols.types.extend([_LOG_APPEND_TIME_UTF8 if append_time >= 0 else _CREATE_TIME_UTF8] * kept)
+        cols.producers.extend([run.producers[index]] * kept)
+        parts.append(cols.part())
+    fast_until(len(run))
+    return True
 
 
 # -- encoding --------------------------------------------------------------------------------

@@ -199,3 +199,74 @@ def test_encode_rows_in_fetch_sized_steps_gives_every_record_once() -> None:
     assert seen == [(r[0], r[3]) for r in recs]
     whole = [r.offset for _, b in encode_rows(table) for r in iter_records(b)]
     assert whole == list(range(5000))
+
+
+_plain_record = st.tuples(
+    st.integers(1_600_000_000_000, 1_800_000_000_000), _bytes, _bytes, st.just([])
+)
+_plain_batch = st.tuples(
+    st.just("data"),
+    st.sampled_from(sorted(CODECS)),
+    st.lists(_plain_record, min_size=1, max_size=40),
+    st.booleans(),
+)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    batches=st.lists(st.one_of(_plain_batch, _batch), min_size=1, max_size=10),
+    bounds=st.tuples(st.integers(0, 200), st.integers(0, 200)),
+    torn=st.integers(0, 70),
+)
+def test_records_without_headers_decoded_at_once_match_record_by_record(
+    batches: list[Any], bounds: tuple[int, int], torn: int
+) -> None:
+    """Batches without headers take the vectorized path (record_columns.decode_run); mixed
+    with batches that have headers (record by record), control batches, compressed batches
+    and torn tails, the rows are the producers' rows in offset order."""
+    data, expected = build(batches)
+    first, last = min(bounds), max(bounds)
+    assert table_rows(data, 0, 10**9) == expected
+    assert table_rows(data, first, last) == [r for r in expected if first <= r[0] <= last]
+    cut = data[: max(len(data) - torn, 0)]
+    assert table_rows(cut, first, last) == reference_rows(cut, first, last)
+
+
+def test_a_field_that_overruns_its_record_ends_the_segment_on_the_fast_path_too() -> None:
+    """A record whose length is right but whose key length runs past it: the vectorized
+    decoder rejects the batch, the record-by-record one finds it corrupt, and the segment
+    ends after the whole batches before it (as the reference decoder sees it)."""
+    good = client_batch(0, [(1, b"a", b"b", []), (2, None, b"c", [])], "none")
+    bad = bytearray(client_batch(2, [(3, b"kk", b"v", []), (4, b"k2", b"v2", [])], "none"))
+    # record: length, attributes, ts delta, offset delta, key length (zigzag 2 -> 4)
+    assert bad[61 + 4] == 4
+    bad[61 + 4] = 40  # key length 20: past the record's end
+    after = client_batch(4, [(5, b"z", b"z", [])], "none")
+    data = good + bytes(bad) + after
+    rows = table_rows(data, 0, 100)
+    assert [r[0] for r in rows] == [0, 1]
+    assert rows == reference_rows(data, 0, 100)
+
+
+def test_batches_without_headers_are_decoded_at_once_and_with_headers_record_by_record() -> None:
+    from stonemq.tiering.record_columns import Run, decode_run, record_bounds
+
+    plain = client_batch(0, [(1, b"a", b"b", []), (2, None, None, [])], "none")
+    headed = client_batch(2, [(3, b"k", b"v", [("h", b"x")])], "none")
+    buf = plain + headed
+    run = Run(buf)
+    for base, (start, end, count) in enumerate([(0, len(plain), 2), (len(plain), len(buf), 1)]):
+        record_bounds(buf, start + 61, end, count, run)
+        run.counts.append(count)
+        run.base_offsets.append(base * 2)
+        run.base_timestamps.append(1)
+        run.append_times.append(-1)
+        run.producers.append(42)
+        run.whole.append(True)
+        run.bodies.append((start + 61, end))
+    decoded = decode_run(run, 0, 100)
+    assert decoded.slow.tolist() == [False, True]
+    assert decoded.columns["offset"].to_pylist() == [0, 1]
+    assert decoded.columns["key"].to_pylist() == [b"a", None]
+    assert decoded.columns["value"].to_pylist() == [b"b", None]
+    assert decoded.columns["timestamp_type"].to_pylist() == ["CreateTime"] * 2
