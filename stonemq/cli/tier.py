@@ -177,7 +177,9 @@ def _cycle(settings: Settings, spec: Any, names: list[str] | None, spark: Any) -
                 progress.update(bars[t.name], description=f"{t.name} (starting Spark)")
                 spark_started = time.monotonic()
                 spark = archive_job.spark_session(
-                    settings.tier_spark_master, str(Path(settings.data_dir) / "tier" / "spark.log")
+                    settings.tier_spark_master,
+                    str(Path(settings.data_dir) / "tier" / "spark.log"),
+                    scheduling_only=True,
                 )
                 summary["spark_start_s"] = round(time.monotonic() - spark_started, 3)
             progress.update(bars[t.name], description=t.name)
