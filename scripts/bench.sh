@@ -21,6 +21,8 @@ source "$ROOT/scripts/lib.sh"
 
 missing=()
 command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+# the archive workload's PySpark job needs a JVM
+command -v java >/dev/null 2>&1 || [ -n "${JAVA_HOME:-}" ] || missing+=(openjdk-17-jre-headless)
 command -v "$PYTHON" >/dev/null 2>&1 || missing+=(python3)
 if [ ! -x "$VENV/bin/python" ] && ! "$PYTHON" -c 'import ensurepip, venv' >/dev/null 2>&1; then
     missing+=(python3-venv)
@@ -35,7 +37,7 @@ fi
 STAMP="$VENV/.stonemq-bench-deps"
 want="$(sha256sum "$ROOT/pyproject.toml" | cut -d' ' -f1)"
 if [ "$want" != "$(cat "$STAMP" 2>/dev/null || true)" ] \
-    || ! "$VENV/bin/python" -c 'import stonemq, confluent_kafka, redis, matplotlib, psutil' \
+    || ! "$VENV/bin/python" -c 'import stonemq, confluent_kafka, redis, matplotlib, psutil, pyspark' \
         >/dev/null 2>&1 || [ ! -x "$VENV/bin/py-spy" ]; then
     run "pip install -e .[bench]" env PIP_DISABLE_PIP_VERSION_CHECK=1 \
         "$VENV/bin/python" -m pip install --quiet -e "$ROOT[bench]"
