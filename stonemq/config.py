@@ -77,7 +77,7 @@ class Settings(BaseSettings):
     journal_flush_interval_ms: int = Field(1000, gt=0)
     queue_checkpoint_interval_ms: int = Field(60_000, gt=0)
     queue_max_open_files: int = Field(1024, ge=8)
-    splitter_batch_bytes: int = Field(8 * MIB, gt=0, description="journal bytes split per pass")
+    splitter_batch_bytes: int = Field(4 * MIB, gt=0, description="journal bytes split per pass")
 
     # -- consumer groups and committed offsets -----------------------------------------------
     group_initial_rebalance_delay_ms: int = Field(
