@@ -643,10 +643,12 @@ METHOD = """
   producer process per workload, payload of random bytes; consumers `assign()` every partition
   at offset 0 (no group membership).
 - **Produce by size**: one broker per `journal.flush.policy`, a 4-partition topic per
-  (size, acks); each configuration produces for a fixed time or a byte cap (see `bench/run.py`,
-  `Scale`), the broker left to go quiet between configurations.
+  (size, acks); in a full run each configuration produces for a fixed time (5 s, then the
+  producer's flush), never to a byte cap: a cap ended the fast configurations within a second
+  or two, a burst the journal absorbs while the splitter lags, not the sustained rate; the broker
+  is left to go quiet between configurations. Redis XADD runs for the same time.
 - **Partition scaling**: a fresh broker per step, one topic of N partitions, 1 KiB records keyed
-  over max(4N, 1000) keys, acks=1.
+  over max(4N, 1000) keys, acks=1, 6 s per step (time-bound, as above).
 - **Consume**: a 4-partition topic is filled with 1 KiB records (its produce rate is the
   comparison), the broker is stopped cleanly, the page cache dropped
   (`sync; echo 3 > /proc/sys/vm/drop_caches`, where permitted), the broker started again and

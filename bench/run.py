@@ -52,10 +52,12 @@ class Scale:
     profile_s: int
 
 
-SCALING_MAX_BYTES = 64 * GIB  # never reached: each step runs for scaling_s
+# never reached: a full run's produce steps run for their duration (a byte cap ended the
+# fast steps after a second or two, a burst the journal absorbs while the splitter lags)
+UNCAPPED_BYTES = 64 * GIB
 
 QUICK = Scale("quick", 1.0, 24 * MIB, 1.5, 24 * MIB, 3.0, 10_000, 64 * MIB, 1.0, 2)
-FULL = Scale("full", 5.0, 512 * MIB, 6.0, 512 * MIB, 20.0, 100_000, GIB, 5.0, 8)
+FULL = Scale("full", 5.0, UNCAPPED_BYTES, 6.0, 512 * MIB, 20.0, 100_000, GIB, 5.0, 8)
 
 _CTX = mp.get_context("spawn")
 
@@ -326,9 +328,7 @@ class Run:
                     "scale",
                     KIB,
                     self.scale.scaling_s,
-                    # bound by time, not bytes: a byte cap ended the 1-partition step after
-                    # about a second, a burst the journal absorbs while the splitter lags
-                    SCALING_MAX_BYTES,
+                    self.scale.produce_max,
                     max(4 * n, 1000),
                 )
                 r = row(result, mon, partitions=n, create_s=round(created, 2))
