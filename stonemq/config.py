@@ -40,7 +40,7 @@ class Settings(BaseSettings):
     connections_max_idle_ms: int = Field(600_000, gt=0, description="idle connections are closed")
     queued_max_requests: int = Field(500, gt=0, description="requests in flight per connection")
     queued_max_request_bytes: int = Field(
-        8 * MIB,
+        4 * MIB,
         ge=-1,
         description="bytes of requests in flight over all connections before reading pauses "
         "(-1: no limit, Kafka's default; one request is always let in)",
@@ -78,6 +78,13 @@ class Settings(BaseSettings):
     queue_checkpoint_interval_ms: int = Field(60_000, gt=0)
     queue_max_open_files: int = Field(1024, ge=8)
     splitter_batch_bytes: int = Field(4 * MIB, gt=0, description="journal bytes split per pass")
+    splitter_max_lag_bytes: int = Field(
+        64 * MIB,
+        ge=-1,
+        description="journal bytes written but not yet split before the broker stops reading "
+        "requests until the splitter catches up (-1: no limit); bounds consumer lag and "
+        "recovery time under a producer faster than the splitter",
+    )
 
     # -- consumer groups and committed offsets -----------------------------------------------
     group_initial_rebalance_delay_ms: int = Field(

@@ -407,6 +407,7 @@ _LONG_SETTINGS = frozenset(
         "log_retention_bytes",
         "journal_segment_bytes",
         "splitter_batch_bytes",
+        "splitter_max_lag_bytes",
         "log_local_retention_bytes",
     }
 )

@@ -20,6 +20,7 @@ import asyncio
 import collections
 import logging
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from stonemq.handlers import REGISTRY
@@ -42,29 +43,47 @@ log = logging.getLogger("stonemq.server")
 
 
 class RequestBudget:
-    """Bytes of requests in flight over every connection (``queued.max.request.bytes``).
+    """Bytes of requests in flight over every connection (``queued.max.request.bytes``), and
+    the splitter's lag (``splitter.max.lag.bytes``).
 
     A connection reads on while the total is under the limit; past it, connections pause
     reading and wait here until answered requests bring the total back under. A request in
-    flight counts from its decoding until its response is handed to the transport."""
+    flight counts from its decoding until its response is handed to the transport. While
+    more journal bytes than ``max_lag_bytes`` wait to be split, connections pause too, and
+    :meth:`recheck` (called after each splitter step) lets them read again: a producer
+    faster than the splitter then runs at the splitter's pace instead of growing the
+    unsplit journal (consumer lag, recovery time) without bound."""
 
-    __slots__ = ("limit_bytes", "used_bytes", "waiting")
+    __slots__ = ("lag", "limit_bytes", "max_lag_bytes", "used_bytes", "waiting")
 
-    def __init__(self, limit_bytes: int) -> None:
+    def __init__(
+        self,
+        limit_bytes: int,
+        lag: Callable[[], int] | None = None,
+        max_lag_bytes: int = -1,
+    ) -> None:
         self.limit_bytes = limit_bytes  # -1: no limit
         self.used_bytes = 0
         self.waiting: set[Connection] = set()
+        self.lag = lag
+        self.max_lag_bytes = max_lag_bytes  # -1: no limit
 
     @property
     def exhausted(self) -> bool:
         used = self.used_bytes
-        return used > 0 and 0 <= self.limit_bytes <= used  # nothing in flight: one may come
+        if used > 0 and 0 <= self.limit_bytes <= used:  # nothing in flight: one may come
+            return True
+        return self.lag is not None and 0 <= self.max_lag_bytes < self.lag()
 
     def take(self, nbytes: int) -> None:
         self.used_bytes += nbytes
 
     def give_back(self, nbytes: int) -> None:
         self.used_bytes -= nbytes
+        self.recheck()
+
+    def recheck(self) -> None:
+        """Let the waiting connections read again if the limits allow."""
         if self.waiting and not self.exhausted:
             waiting, self.waiting = self.waiting, set()
             for conn in waiting:

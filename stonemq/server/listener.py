@@ -48,7 +48,12 @@ async def _serve_locked(settings: Settings, stop: asyncio.Event) -> None:
     broker.recover()
     broker.start()
     connections: set[Connection] = set()
-    budget = RequestBudget(settings.queued_max_request_bytes)
+    budget = RequestBudget(
+        settings.queued_max_request_bytes,
+        broker.storage.split_lag_bytes,
+        settings.splitter_max_lag_bytes,
+    )
+    broker.storage.split_watchers.append(budget.recheck)
     host, port = settings.listen_address
     try:
         server = await loop.create_server(

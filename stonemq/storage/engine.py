@@ -195,6 +195,8 @@ class StorageEngine:
         self._recovered = False
         self._closed = False
         self._listener: SplitListener | None = None
+        # called after every splitter step (the request budget re-checks the split lag)
+        self.split_watchers: list[Callable[[], None]] = []
         self._split_wake: asyncio.Event | None = None
         self._checkpoint_wake: asyncio.Event | None = None
         self._checkpoint_lock: asyncio.Lock | None = None
@@ -560,6 +562,8 @@ class StorageEngine:
             self._split_wake.set()
 
     def _on_split(self, advanced: set[QueueLog]) -> None:
+        for watcher in self.split_watchers:
+            watcher()
         self._dirty |= advanced
         listener = self._listener
         rolled = False
@@ -875,3 +879,18 @@ class StorageEngine:
 
     def journal_ends(self) -> list[int]:
         return [j.written_end for j in self._journals]
+
+    def split_lag_bytes(self) -> int:
+        """Journal bytes written but not yet split, over the journals whose split is not
+        failing (produces to those are refused; their lag would never shrink)."""
+        splitter = self._splitter
+        if splitter is None:
+            return 0
+        failed = splitter.failed
+        return sum(
+            journal.written_end - position
+            for j, (journal, position) in enumerate(
+                zip(self._journals, splitter.positions, strict=True)
+            )
+            if j not in failed
+        )

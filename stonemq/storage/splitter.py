@@ -111,8 +111,10 @@ class Splitter:
             progressed = False
             for j in range(len(self.readers)):
                 advanced: set[QueueLog] = set()
+                consumed = 0
                 try:
-                    if self.step(j, limit(j), advanced):
+                    consumed = self.step(j, limit(j), advanced)
+                    if consumed:
                         progressed = True
                         if self.failed.pop(j, None) is not None:
                             log.info("splitter: journal-%d splits again", j)
@@ -121,7 +123,7 @@ class Splitter:
                     self.failed[j] = exc
                     progressed = True  # retry without waiting for a journal write
                     await asyncio.sleep(_RETRY_AFTER_ERROR_S)
-                if advanced:
+                if advanced or consumed:
                     on_step(advanced)
                 await asyncio.sleep(0)
             if not progressed:

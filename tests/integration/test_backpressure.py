@@ -74,3 +74,49 @@ def test_request_budget_lets_one_in_and_wakes_waiters_below_the_limit() -> None:
     unlimited = RequestBudget(-1)
     unlimited.take(1 << 40)
     assert not unlimited.exhausted
+
+
+def test_request_budget_pauses_while_the_split_lag_is_over_its_limit() -> None:
+    lag = [0]
+    budget = RequestBudget(-1, lambda: lag[0], max_lag_bytes=1000)
+    assert not budget.exhausted
+    lag[0] = 1001
+    assert budget.exhausted  # even with nothing in flight: the splitter must catch up
+    a = _Reader()
+    budget.waiting.add(a)  # type: ignore[arg-type]
+    budget.recheck()
+    assert a.woken == 0 and budget.waiting
+    lag[0] = 1000
+    budget.recheck()
+    assert a.woken == 1 and not budget.waiting
+    assert not RequestBudget(-1, lambda: 1 << 40, max_lag_bytes=-1).exhausted
+
+
+def test_producers_at_the_splitters_pace_with_a_zero_lag_limit(broker_factory) -> None:
+    """``splitter.max.lag.bytes=0``: after every write the broker stops reading until the
+    splitter has caught up; pipelining producers still get every record stored once, in
+    order, and nothing stalls."""
+    broker = broker_factory(**{"splitter.max.lag.bytes": 0, "splitter.batch.bytes": 65536})
+    topic = create_topic(broker.bootstrap, partitions=3)
+    sent = {
+        p: [Msg(b"k%d" % i, b"%d-%d-" % (p, i) + b"y" * 900) for i in range(4000)] for p in range(3)
+    }
+    errors: list[BaseException] = []
+
+    def run(p: int) -> None:
+        try:
+            produce(broker.bootstrap, topic, sent[p], partition=p, **{"linger.ms": 1})
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(p,)) for p in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(90)
+    assert not errors, errors
+    for p in range(3):
+        got = consume(broker.bootstrap, topic, len(sent[p]), partition=p)
+        assert [(m.offset, m.key, m.value) for m in got] == [
+            (i, m.key, m.value) for i, m in enumerate(sent[p])
+        ]

@@ -352,3 +352,33 @@ def test_new_partitions_are_created_ahead_of_their_first_batch(tmp_path: Path) -
         await engine.close()
 
     run(main())
+
+
+def test_split_lag_counts_written_unsplit_bytes_and_watchers_see_every_step(
+    tmp_path: Path,
+) -> None:
+    """``split_lag_bytes`` is what the journals hold beyond the split positions; the split
+    watchers (the request budget's re-check) run after each splitter step, down to zero lag."""
+
+    async def main() -> None:
+        engine = new_engine(tmp_path, splitter_batch_bytes=4096)
+        add_topic(engine, "t", 1)
+        engine.recover()
+        lags: list[int] = []
+        engine.split_watchers.append(lambda: lags.append(engine.split_lag_bytes()))
+        assert engine.split_lag_bytes() == 0
+        engine.start(lambda *a: None)
+        results = [engine.append("t", 0, build_batch([b"x" * 900] * 4), 4) for _ in range(40)]
+        await asyncio.gather(*(r.written for r in results))
+        written = sum(engine.journal_ends())
+        lag = engine.split_lag_bytes()
+        assert 0 < lag <= written
+        seen = len(lags)  # from here on nothing is written: the lag only shrinks
+        await wait_split(engine)
+        assert engine.split_lag_bytes() == 0
+        after = lags[seen:]
+        assert len(after) >= lag // 4096 - 1  # steps of about 4 KiB each
+        assert after[-1] == 0 and after == sorted(after, reverse=True)
+        await engine.close()
+
+    run(main())
