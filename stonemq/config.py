@@ -82,8 +82,8 @@ class Settings(BaseSettings):
         64 * MIB,
         ge=-1,
         description="journal bytes written but not yet split before the broker stops reading "
-        "requests until the splitter catches up (-1: no limit); bounds consumer lag and "
-        "recovery time under a producer faster than the splitter",
+        "requests until the splitter catches up (-1: no limit); bounds how far consumers "
+        "trail acknowledged data under a producer faster than the splitter",
     )
 
     # -- consumer groups and committed offsets -----------------------------------------------

@@ -52,7 +52,7 @@ class RequestBudget:
     more journal bytes than ``max_lag_bytes`` wait to be split, connections pause too, and
     :meth:`recheck` (called after each splitter step) lets them read again: a producer
     faster than the splitter then runs at the splitter's pace instead of growing the
-    unsplit journal (consumer lag, recovery time) without bound."""
+    unsplit journal (how far consumers trail acknowledged data) without bound."""
 
     __slots__ = ("lag", "limit_bytes", "max_lag_bytes", "used_bytes", "waiting")
 
