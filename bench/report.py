@@ -414,29 +414,40 @@ def archive_table(res: dict[str, Any]) -> list[str]:
     if not arch:
         return []
     p, a, c = arch["produce"], arch["archive"], arch["cold_fetch"]
-    fast_enough = a["mb_s_without_start"] >= p["mb_s"]
+    steady = a.get("mb_s_after_first_job")
     small_enough = a["cold_ratio"] <= 0.5
+
+    def verdict(rate: float | None) -> str:
+        if rate is None:
+            return "not measured"
+        return "reached" if rate >= p["mb_s"] else "not reached"
+
     return [
         "### Tiered storage: archive (1 KiB JSON records, uncompressed producer)",
         "",
         "| produce MB/s (tiered topic) | archive MB/s incl. JVM/Spark start | archive MB/s"
-        " excl. start (Spark jobs) | run wall s | Spark start s | jobs s | local bytes |"
-        " cold bytes | cold ÷ local | cold fetch MB/s |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        " Spark jobs | archive MB/s jobs after the first | run wall s | Spark start s |"
+        " jobs s | first job s | local bytes | cold bytes | cold ÷ local | cold fetch MB/s |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         f"| {p['mb_s']:,.2f} | {a['mb_s_with_start']:,.2f} | {a['mb_s_without_start']:,.2f} | "
-        f"{a['wall_s']} | {a['spark_start_s']} | {a['jobs_s']} | {a['local_bytes']:,} | "
-        f"{a['cold_bytes']:,} | {a['cold_ratio']} | {c['mb_s']:,.2f} |",
+        f"{'-' if steady is None else f'{steady:,.2f}'} | "
+        f"{a['wall_s']} | {a['spark_start_s']} | {a['jobs_s']} | {a.get('first_job_s', '-')} | "
+        f"{a['local_bytes']:,} | {a['cold_bytes']:,} | {a['cold_ratio']} | {c['mb_s']:,.2f} |",
         "",
-        f"Targets (issue 6): archive throughput (excl. start) ≥ produce throughput: "
-        f"{'reached' if fast_enough else 'not reached'}; cold bytes ≤ 0.5 of local: "
+        "Targets (issue 6): archive throughput ≥ produce throughput: "
+        f"{verdict(a['mb_s_with_start'])} with the JVM/Spark start, "
+        f"{verdict(a['mb_s_without_start'])} for the Spark jobs, "
+        f"{verdict(steady)} for the jobs after the first; cold bytes ≤ 0.5 of local: "
         f"{'reached' if small_enough else 'not reached'}. MB/s of the archive are local bytes "
         f"archived per second ({a['records']:,} records; {a['spark_master']}, {a['cores']} "
         f"cores, zstd level {a['zstd_level']}): with start = the whole `stonemq tier run "
         "--once` process (JVM and SparkSession start, planning, upload check, commit); "
-        "excl. start = its Spark jobs, which still include the start of Spark's Python "
-        "workers on the first job (they import pyspark from Spark's zip), a fixed cost per "
-        "run that a larger archive amortizes. The cold fetch reads every archived offset "
-        "from 0 with confluent-kafka after local segments were deleted.",
+        "Spark jobs = from the first job's start to the last commit, which includes the start "
+        "of Spark's Python workers on the first job, a fixed cost per run; jobs after the "
+        "first = the segment bytes of the later jobs over their time (the rate a longer "
+        "archive, or `stonemq tier run` looping on one Spark session, runs at). The cold fetch "
+        "reads every archived offset from 0 with confluent-kafka after local segments were "
+        "deleted.",
         "",
     ]
 

@@ -54,6 +54,7 @@ class StagedFile:
     records: int
     bytes: int
     max_timestamp_ms: int
+    bytes_in: int = 0  # the uploaded segment bytes this task read
 
 
 def stage_task(store: ColdStore, task: dict[str, Any], zstd_level: int) -> StagedFile:
@@ -61,15 +62,16 @@ def stage_task(store: ColdStore, task: dict[str, Any], zstd_level: int) -> Stage
     topic, partition = task["topic"], task["partition"]
     first, last = task["first"], task["last"]
     data = store.get(task["segment_key"])
+    bytes_in = len(data)
     table = decode_segment(data, topic, partition, first, last)
     del data
     if table.num_rows == 0:
-        return StagedFile(topic, partition, first, last, None, 0, 0, -1)
+        return StagedFile(topic, partition, first, last, None, 0, 0, -1, bytes_in)
     name = f"{first:020d}-{last:020d}.{uuid.uuid4().hex}.parquet"
     key = f"{mf.staging_dir(topic, partition)}/{name}"
     size = write_parquet(store, key, table, zstd_level)
     max_ts = max(table.column("timestamp").cast(pa.int64()).to_pylist()) // 1000
-    return StagedFile(topic, partition, first, last, key, table.num_rows, size, max_ts)
+    return StagedFile(topic, partition, first, last, key, table.num_rows, size, max_ts, bytes_in)
 
 
 def stage_partition(
