@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 
 from stonemq.tiering import manifest as mf
 from stonemq.tiering.cold_store import ColdStore, StoreSpec
-from stonemq.tiering.rows import decode_segment
+from stonemq.tiering.rows import ARROW_SCHEMA, decode_segment
 
 DEFAULT_ZSTD_LEVEL = 1
 ROW_GROUP_RECORDS = 16384  # cold reads skip whole row groups by their offset statistics
@@ -30,15 +30,7 @@ DICTIONARY_COLUMNS = ["topic", "partition", "timestamp_type", "key", "producer_i
 # min/max statistics where a reader can use them (cold reads skip row groups by offset and
 # timestamp, Spark prunes by key or producer); none for values and headers, whose min/max
 # cost a pass over every byte and prune nothing
-STATISTICS_COLUMNS = [
-    "topic",
-    "partition",
-    "offset",
-    "timestamp",
-    "timestamp_type",
-    "key",
-    "producer_id",
-]
+STATISTICS_COLUMNS = [f.name for f in ARROW_SCHEMA if f.name not in ("value", "headers")]
 
 
 @dataclass
