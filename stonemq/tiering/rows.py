@@ -99,16 +99,6 @@ class _Columns:
         self.types: list[bytes | None] = []  # UTF-8
         self.producers: list[int] = []
 
-    def mark(self) -> tuple[int, int]:
-        return len(self.offsets), len(self.header_keys)
-
-    def rollback(self, mark: tuple[int, int]) -> None:
-        rows, headers = mark
-        for col in (self.offsets, self.stamps, self.keys, self.values, self.header_counts):
-            del col[rows:]
-        del self.types[rows:], self.producers[rows:]
-        del self.header_keys[headers:], self.header_values[headers:]
-
     def part(self) -> dict[str, pa.Array]:
         """The columns decoded so far (all but topic and partition) as Arrow arrays."""
         header_items = pa.StructArray.from_arrays(
@@ -138,9 +128,10 @@ def _no_headers(n: int) -> pa.Array:
     items = pa.StructArray.from_arrays(
         [_varlen(pa.string(), []), _varlen(pa.binary(), [])], fields=list(HEADER_TYPE)
     )
-    return pa.ListArray.from_arrays(
-        _fixed(pa.int32(), "i", [0] * (n + 1)), items, type=_HEADERS_TYPE
+    offsets = pa.Array.from_buffers(
+        pa.int32(), n + 1, [None, pa.py_buffer(np.zeros(n + 1, np.int32))]
     )
+    return pa.ListArray.from_arrays(offsets, items, type=_HEADERS_TYPE)
 
 
 def _table(parts: list[dict[str, pa.Array]], topic: str, partition: int) -> pa.Table:
@@ -332,6 +323,8 @@ def decode_segment(
                 body = decompress(codec, buf[start + _HEADER_SIZE : batch_end])
                 body_pos, body_end = 0, len(body)
                 target = Run(body)
+            if count < 0:
+                raise CorruptRecordError("negative record count")
             marks = len(target.starts), len(target.ends)
             try:
                 record_bounds(body, body_pos, body_end, count, target)

@@ -270,3 +270,11 @@ def test_batches_without_headers_are_decoded_at_once_and_with_headers_record_by_
     assert decoded.columns["key"].to_pylist() == [b"a", None]
     assert decoded.columns["value"].to_pylist() == [b"b", None]
     assert decoded.columns["timestamp_type"].to_pylist() == ["CreateTime"] * 2
+
+
+def test_a_negative_record_count_ends_the_segment() -> None:
+    good = client_batch(0, [(1, b"a", b"b", [])], "none")
+    bad = bytearray(client_batch(1, [(2, b"k", b"v", [])], "none"))
+    struct.pack_into(">i", bad, 57, -1)  # the header's record count
+    data = good + bytes(bad) + client_batch(2, [(3, b"z", b"z", [])], "none")
+    assert [r[0] for r in table_rows(data, 0, 100)] == [0]
