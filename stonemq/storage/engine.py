@@ -481,11 +481,17 @@ class StorageEngine:
         if self._closed:
             return
         self._closed = True
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        # stop the background tasks only between checkpoint rounds: a round cancelled in the
+        # middle has already taken its queues off the dirty set and its log starts off the
+        # changed flag, while its write goes on in an executor thread (a clean stop right
+        # after DeleteRecords came back with the old log start)
+        lock = self._checkpoint_lock or asyncio.Lock()
+        async with lock:
+            for task in self._tasks:
+                task.cancel()
+            for task in self._tasks:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         self._tasks = []
         if self._recovered and self._splitter is not None:
             for journal in self._journals:

@@ -4,10 +4,21 @@ restarts and crashes, and never lets a re-split bring deleted offsets back."""
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
-from conftest import abandon, add_topic, build_batch, new_engine, read_all, wait_split
+from conftest import (
+    ENGINE_DEFAULTS,
+    abandon,
+    add_topic,
+    build_batch,
+    new_engine,
+    read_all,
+    wait_split,
+)
 
 from stonemq.protocol.record_batch import iter_batches
 from stonemq.storage.engine import LogConfig, OffsetOutOfRangeError, StorageEngine
@@ -143,3 +154,43 @@ def test_retention_bytes_and_ms(tmp_path: Path) -> None:
         await engine.close()
 
     asyncio.run(run())
+
+
+class SlowCheckpointEngine(StorageEngine):
+    """Checkpoint files written slowly, with a flag once a write has begun: a close can then
+    be made to land in the middle of a checkpoint round, every time."""
+
+    writing = threading.Event()
+
+    def _write_checkpoints(self, *args: Any) -> None:
+        self.writing.set()
+        time.sleep(0.2)
+        super()._write_checkpoints(*args)
+
+
+def test_a_clean_close_during_a_checkpoint_round_keeps_the_new_log_start(tmp_path: Path) -> None:
+    """DeleteRecords wakes a checkpoint round; a clean close that lands while the round is
+    writing must not cancel it halfway and come back with the old log start (it did: the
+    round had cleared its 'log starts changed' flag and the close then wrote none)."""
+
+    async def run() -> None:
+        engine = SlowCheckpointEngine(
+            str(tmp_path / "journal"), str(tmp_path / "queues"), **ENGINE_DEFAULTS
+        )
+        add_topic(engine, config=SMALL)
+        engine.recover()
+        engine.start(lambda *a: None)
+        await fill(engine, 30)
+        await engine.flush()
+        engine.writing.clear()
+        assert engine.delete_records("t", 0, 40) == 40
+        loop = asyncio.get_running_loop()
+        assert await loop.run_in_executor(None, engine.writing.wait, 5)
+        await engine.close()
+        engine = new_engine(tmp_path)
+        add_topic(engine, config=SMALL)
+        engine.recover()
+        assert engine.log_start_offset("t", 0) == 40
+        assert engine.high_watermark("t", 0) == 60
+
+    asyncio.run(asyncio.wait_for(run(), 20))
