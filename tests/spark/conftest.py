@@ -136,7 +136,35 @@ def spawn_tier_run(broker: Any, log_path: Path) -> subprocess.Popen[bytes]:
         )
 
 
+def _session_members(sid: int) -> list[int]:
+    """Every live process whose session id is ``sid`` (from /proc)."""
+    members = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            with open(f"/proc/{entry}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+            if fields[0] != "Z" and int(fields[3]) == sid:  # state, ..., session
+                members.append(int(entry))
+    return members
+
+
 def kill_group(proc: subprocess.Popen[bytes]) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait(30)
+    """SIGKILL the whole job at once: every process of its session, not only its process
+    group (PySpark's daemon puts itself and its Python workers in a group of their own, so a
+    worker could outlive the kill and write a staged file after the rerun had cleaned up),
+    and wait until none is left."""
+    deadline = time.monotonic() + 30
+    while True:
+        members = _session_members(proc.pid)
+        for pid in members:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        if proc.poll() is None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(0.2)
+        if not members and proc.poll() is not None:
+            return
+        assert time.monotonic() < deadline, f"processes of the killed job left: {members}"
+        time.sleep(0.05)
