@@ -13,6 +13,7 @@ from stonemq.coordinator.producer_state import ProducerStateManager
 from stonemq.handlers.fetch_waiters import FetchWaiters
 from stonemq.metadata.sqlite import SqliteMetadataStore
 from stonemq.storage.engine import StorageEngine
+from stonemq.storage.open_files import fit_to_fd_limit
 from stonemq.topics import TopicManager
 
 if TYPE_CHECKING:
@@ -36,7 +37,7 @@ class Broker:
             flush_policy=settings.journal_flush_policy,
             flush_interval_ms=settings.journal_flush_interval_ms,
             queue_checkpoint_interval_ms=settings.queue_checkpoint_interval_ms,
-            max_open_files=settings.queue_max_open_files,
+            max_open_files=fit_to_fd_limit(settings.queue_max_open_files),
             splitter_batch_bytes=settings.splitter_batch_bytes,
             log_retention_check_interval_ms=settings.log_retention_check_interval_ms,
         )

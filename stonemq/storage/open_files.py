@@ -8,10 +8,52 @@ background threads that fsync open their own descriptors by path.
 
 from __future__ import annotations
 
+import logging
 import os
+import resource
 from collections import OrderedDict
 
+log = logging.getLogger(__name__)
+
+# descriptors kept free beyond the cache: client sockets, journal segments, checkpoint and
+# fsync threads' files, the tier service; a quarter of the limit, at least this many
+FD_RESERVE_MIN = 256
+
 _OPEN_FLAGS = os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
+
+
+def _reserve(limit: int) -> int:
+    return max(FD_RESERVE_MIN, limit // 4)
+
+
+def fit_to_fd_limit(requested: int) -> int:
+    """The cache size to use for ``queue.max.open.files`` = ``requested`` under this
+    process's ``RLIMIT_NOFILE``: the soft limit is raised toward the hard one when the cache
+    and its reserve need more; if they still do not fit, the cache shrinks to what does (with
+    a warning), so a large setting can never leave the broker unable to accept a connection
+    or open a journal segment (EMFILE)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    infinite = resource.RLIM_INFINITY
+    need = requested + _reserve(requested)
+    if soft != infinite and need > soft:
+        target = need if hard == infinite else min(need, hard)
+        if target > soft:
+            try:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+                soft = target
+            except (ValueError, OSError) as exc:
+                log.warning("cannot raise the open-file limit to %d: %s", target, exc)
+    if soft == infinite or need <= soft:
+        return requested
+    fitted = max(8, min(soft - FD_RESERVE_MIN, soft * 3 // 4))
+    log.warning(
+        "queue.max.open.files=%d does not fit under the open-file limit %d (ulimit -n) with "
+        "room for sockets and journals: using %d",
+        requested,
+        soft,
+        fitted,
+    )
+    return fitted
 
 
 class OpenFiles:

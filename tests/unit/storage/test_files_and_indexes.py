@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
+import subprocess
 import sys
 import uuid
 from pathlib import Path
@@ -182,3 +183,38 @@ def test_fsync_paths_takes_files_dirs_and_missing_paths(tmp_path: Path, count: i
     ]
     if sys.platform == "linux":
         assert journal._syncfs is not None  # the many-paths case above took syncfs
+
+
+_FIT_SCRIPT = """
+import resource, sys
+soft, hard = (int(x) for x in sys.argv[1:3])
+resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+from stonemq.storage.open_files import fit_to_fd_limit
+fitted = fit_to_fd_limit(int(sys.argv[3]))
+print(fitted, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+"""
+
+
+@pytest.mark.parametrize(
+    ("soft", "hard", "requested", "fitted", "soft_after"),
+    [
+        (2048, 4096, 1024, 1024, 2048),  # fits with its reserve: nothing changes
+        (1024, 4096, 1024, 1024, 1280),  # soft limit raised toward the hard one
+        (1024, 1024, 1024, 768, 1024),  # cannot raise: the cache shrinks, room stays
+        (300, 300, 1024, 44, 300),  # a tiny limit still leaves 256 descriptors free
+    ],
+)
+def test_open_file_cache_fits_under_the_fd_limit(
+    soft: int, hard: int, requested: int, fitted: int, soft_after: int
+) -> None:
+    """``queue.max.open.files`` near or above ``ulimit -n`` once made accept() fail with
+    EMFILE (connections reset, produce timing out): the cache now fits under the limit."""
+    out = subprocess.run(
+        [sys.executable, "-c", _FIT_SCRIPT, str(soft), str(hard), str(requested)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert out.stdout.split() == [str(fitted), str(soft_after)]
+    if fitted < requested:
+        assert "does not fit under the open-file limit" in out.stderr
