@@ -41,6 +41,14 @@ def offsets(engine: StorageEngine) -> list[int]:
     return [h.base_offset for _, h in iter_batches(data)]
 
 
+def reopened(root: Path) -> StorageEngine:
+    """The engine over ``root`` again, recovered (as a restart does)."""
+    engine = new_engine(root)
+    add_topic(engine, config=SMALL)
+    engine.recover()
+    return engine
+
+
 def segment_files(root: Path) -> list[str]:
     return sorted(p.name for p in (root / "queues" / "t-0").glob("*.log"))
 
@@ -70,9 +78,7 @@ def test_delete_records_advances_log_start_and_survives_restart(tmp_path: Path) 
         assert first <= 51  # the batch holding offset 51
         await engine.close()
 
-        engine = new_engine(tmp_path)
-        add_topic(engine, config=SMALL)
-        engine.recover()
+        engine = reopened(tmp_path)
         assert engine.log_start_offset("t", 0) == 51
         assert engine.high_watermark("t", 0) == 120
         engine.start(lambda *a: None)
@@ -84,9 +90,7 @@ def test_delete_records_advances_log_start_and_survives_restart(tmp_path: Path) 
         await engine.flush()
         abandon(engine)  # crash after the checkpoint: the journal still holds 0..119
 
-        engine = new_engine(tmp_path)
-        add_topic(engine, config=SMALL)
-        engine.recover()
+        engine = reopened(tmp_path)
         assert engine.log_start_offset("t", 0) == 120
         assert offsets(engine) == [120]  # re-split brought nothing below the log start back
         await engine.close()
@@ -107,9 +111,7 @@ def test_delete_records_then_crash_before_checkpoint_keeps_offsets(tmp_path: Pat
         engine.delete_records("t", 0, -1)
         abandon(engine)  # no checkpoint: the journal is re-split from the start
 
-        engine = new_engine(tmp_path)
-        add_topic(engine, config=SMALL)
-        engine.recover()
+        engine = reopened(tmp_path)
         # the log end never goes back, whatever start recovery settles on
         assert engine.high_watermark("t", 0) == 60
         assert engine.log_end_offset("t", 0) == 60
@@ -146,9 +148,7 @@ def test_retention_bytes_and_ms(tmp_path: Path) -> None:
         assert offsets(engine) == [120, 122]
         await engine.close()
 
-        engine = new_engine(tmp_path)
-        add_topic(engine, config=SMALL)
-        engine.recover()
+        engine = reopened(tmp_path)
         assert engine.log_start_offset("t", 0) == 120
         assert offsets(engine) == [120, 122]
         await engine.close()
@@ -187,9 +187,7 @@ def test_a_clean_close_during_a_checkpoint_round_keeps_the_new_log_start(tmp_pat
         loop = asyncio.get_running_loop()
         assert await loop.run_in_executor(None, engine.writing.wait, 5)
         await engine.close()
-        engine = new_engine(tmp_path)
-        add_topic(engine, config=SMALL)
-        engine.recover()
+        engine = reopened(tmp_path)
         assert engine.log_start_offset("t", 0) == 40
         assert engine.high_watermark("t", 0) == 60
 
