@@ -263,3 +263,18 @@ def assert_broker_healthy(broker: object, tag: str = "health") -> None:
     assert offsets == [0, 1, 2]
     assert_same(consume(bootstrap, topic, 3), msgs)
     assert proc.poll() is None, f"broker process exited with code {proc.returncode}"
+
+
+def low_watermark(bootstrap: str, topic: str, partition: int = 0) -> int:
+    """The partition's log start offset (ListOffsets earliest), as a consumer sees it."""
+    c = consumer(bootstrap)
+    try:
+        return int(c.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)[0])
+    finally:
+        c.close()
+
+
+def local_log_start(data_dir: str | os.PathLike[str], topic: str, partition: int = 0) -> int:
+    """The base offset of the oldest queue-log segment left on the broker's disk."""
+    queue_dir = os.path.join(data_dir, "queues", f"{topic}-{partition}")
+    return min(int(name[:-4]) for name in os.listdir(queue_dir) if name.endswith(".log"))

@@ -7,7 +7,15 @@ from __future__ import annotations
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
-from .helpers import admin, consume, create_topic, produce, sample_messages, wait_high_watermark
+from .helpers import (
+    admin,
+    consume,
+    create_topic,
+    low_watermark,
+    produce,
+    sample_messages,
+    wait_high_watermark,
+)
 from .rawclient import RawConnection, build, ms, schema
 
 pytestmark = [pytest.mark.timeout(90), pytest.mark.slow]  # restarts a broker
@@ -36,10 +44,6 @@ def raw_delete(port: int, version: int, topic: str, partition: int, offset: int)
         response = conn.request(request, resp.DeleteRecordsResponse)
     part = response.topics[0].partitions[0]
     return int(part.error_code), part.low_watermark
-
-
-def low_watermark(bootstrap: str, topic: str) -> int:
-    return wait_high_watermark(bootstrap, topic, 0)[0]
 
 
 def test_delete_records_with_admin_client_and_raw(broker) -> None:

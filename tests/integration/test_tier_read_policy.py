@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import TopicPartition
 
 from stonemq.tiering import manifest as mf
 from stonemq.tiering.archive_job import archive_in_process
@@ -24,8 +23,9 @@ from stonemq.tiering.cold_store import StoreSpec
 from .helpers import (
     assert_same,
     consume,
-    consumer,
     create_topic,
+    local_log_start,
+    low_watermark,
     produce,
     sample_messages,
     unique_topic,
@@ -60,24 +60,9 @@ def _setup(broker: Any, config: dict[str, str]) -> tuple[str, list[Any], mf.Mani
     return topic, msgs, current
 
 
-def _earliest(broker: Any, topic: str) -> int:
-    c = consumer(broker.bootstrap)
-    try:
-        return int(c.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)[0])
-    finally:
-        c.close()
-
-
-def _local_start(broker: Any, topic: str) -> int:
-    bases = sorted(
-        int(p.stem) for p in (Path(broker.data_dir) / "queues" / f"{topic}-0").glob("*.log")
-    )
-    return bases[0]
-
-
 def _wait_evicted(broker: Any, topic: str, archived_next: int) -> None:
     deadline = time.monotonic() + 20
-    while _local_start(broker, topic) < archived_next:
+    while local_log_start(broker.data_dir, topic) < archived_next:
         assert time.monotonic() < deadline, "local segments not deleted after archiving"
         time.sleep(0.1)
 
@@ -93,7 +78,7 @@ def test_not_in_local_serves_deleted_offsets_from_the_archive(broker_factory) ->
     broker = broker_factory(**BROKER)
     topic, msgs, current = _setup(broker, {"local.retention.ms": "0"})
     _wait_evicted(broker, topic, current.next_offset)
-    assert _earliest(broker, topic) == 0
+    assert low_watermark(broker.bootstrap, topic) == 0
     assert_same(consume(broker.bootstrap, topic, N, offset=0), msgs)
     middle = current.next_offset // 2
     assert_same(consume(broker.bootstrap, topic, N - middle, offset=middle), msgs[middle:])
@@ -103,7 +88,7 @@ def test_not_in_local_serves_deleted_offsets_from_the_archive(broker_factory) ->
 def test_force_reads_archived_offsets_from_the_archive(broker_factory) -> None:  # type: ignore[no-untyped-def]
     broker = broker_factory(**BROKER, **{"tier.read.policy": "force"})
     topic, msgs, current = _setup(broker, {})
-    assert _local_start(broker, topic) == 0  # local data kept (retention.ms: 7 days)
+    assert local_log_start(broker.data_dir, topic) == 0  # local data kept (retention.ms: 7 days)
     deadline = time.monotonic() + 10
     while _compressions(broker, topic, 0)[0] != 0:  # until the broker sees the manifest
         assert time.monotonic() < deadline, "force policy never read from the archive"
@@ -116,8 +101,8 @@ def test_disable_never_reads_the_archive(broker_factory) -> None:  # type: ignor
     broker = broker_factory(**BROKER, **{"tier.read.policy": "disable"})
     topic, msgs, current = _setup(broker, {"local.retention.ms": "0"})
     _wait_evicted(broker, topic, current.next_offset)
-    local = _local_start(broker, topic)
-    assert _earliest(broker, topic) == local
+    local = local_log_start(broker.data_dir, topic)
+    assert low_watermark(broker.bootstrap, topic) == local
     with RawConnection(broker.host, broker.port) as conn:
         assert fetch_raw(conn, topic, 0, 0).error_code == 1  # OFFSET_OUT_OF_RANGE
     assert_same(consume(broker.bootstrap, topic, N - local, offset=local), msgs[local:])

@@ -32,6 +32,8 @@ from .helpers import (
     consume,
     consumer,
     create_topic,
+    local_log_start,
+    low_watermark,
     produce,
     unique_topic,
     wait_high_watermark,
@@ -63,21 +65,6 @@ def _messages(n: int, base_ts: int, step_ms: int) -> list[Msg]:
         )
         for i in range(n)
     ]
-
-
-def _earliest(broker: Any, topic: str) -> int:
-    c = consumer(broker.bootstrap)
-    try:
-        return int(c.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)[0])
-    finally:
-        c.close()
-
-
-def _local_start(broker: Any, topic: str) -> int:
-    bases = sorted(
-        int(p.stem) for p in (Path(broker.data_dir) / "queues" / f"{topic}-0").glob("*.log")
-    )
-    return bases[0]
 
 
 def _wait(what: str, check: Any, timeout: float = 20.0) -> None:
@@ -112,8 +99,11 @@ def test_broker_retention_deletes_expired_cold_files(broker_factory) -> None:  #
     now = int(time.time() * 1000)
     msgs = _messages(N // 2, now - 3 * HOUR_MS, 1) + _messages(N // 2, now, 1)
     current = _produce_and_archive(broker, topic, msgs)
-    _wait("local segments not evicted", lambda: _local_start(broker, topic) >= current.next_offset)
-    assert _earliest(broker, topic) == 0
+    _wait(
+        "local segments not evicted",
+        lambda: local_log_start(broker.data_dir, topic) >= current.next_offset,
+    )
+    assert low_watermark(broker.bootstrap, topic) == 0
     store = _store(broker)
     before = {f.key for f in current.files if f.key}
     # whole files whose records are all older than an hour must go; the file holding the
@@ -141,7 +131,10 @@ def test_broker_retention_deletes_expired_cold_files(broker_factory) -> None:  #
     for key in before - kept:
         _wait(f"{key} not deleted", lambda key=key: not store.exists(key))
     assert all(store.exists(k) for k in kept)
-    _wait("ListOffsets earliest != cold start", lambda: _earliest(broker, topic) == expected_start)
+    _wait(
+        "ListOffsets earliest != cold start",
+        lambda: low_watermark(broker.bootstrap, topic) == expected_start,
+    )
     with RawConnection(broker.host, broker.port) as conn:
         part = fetch_raw(conn, topic, 0, 0)
         assert part.error_code == 1  # OFFSET_OUT_OF_RANGE
@@ -166,8 +159,11 @@ def test_list_offsets_by_timestamp_searches_the_archive(broker_factory) -> None:
     base = int(time.time() * 1000) - HOUR_MS
     msgs = _messages(N, base, 1000)
     current = _produce_and_archive(broker, topic, msgs)
-    _wait("local segments not evicted", lambda: _local_start(broker, topic) >= current.next_offset)
-    local = _local_start(broker, topic)
+    _wait(
+        "local segments not evicted",
+        lambda: local_log_start(broker.data_dir, topic) >= current.next_offset,
+    )
+    local = local_log_start(broker.data_dir, topic)
     c = consumer(broker.bootstrap)
     try:
         wanted = [0, 7, local // 2, local - 1, local, N - 1]
@@ -207,7 +203,7 @@ def test_delete_topic_removes_cold_data_and_recreate_starts_empty(broker_factory
     assert mf.load(store, name, 0).files == ()
 
     create_topic(broker.bootstrap, name, config=config)
-    assert _earliest(broker, name) == 0
+    assert low_watermark(broker.bootstrap, name) == 0
     fresh = [Msg(b"new", f"new-{i}".encode(), (), int(time.time() * 1000)) for i in range(5)]
     produce(broker.bootstrap, name, fresh)
     assert_same(consume(broker.bootstrap, name, 5, offset=0), fresh)
