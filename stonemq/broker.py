@@ -37,7 +37,10 @@ class Broker:
             flush_policy=settings.journal_flush_policy,
             flush_interval_ms=settings.journal_flush_interval_ms,
             queue_checkpoint_interval_ms=settings.queue_checkpoint_interval_ms,
-            max_open_files=fit_to_fd_limit(settings.queue_max_open_files),
+            max_open_files=fit_to_fd_limit(
+                settings.queue_max_open_files,
+                explicit="queue_max_open_files" in settings.model_fields_set,
+            ),
             splitter_batch_bytes=settings.splitter_batch_bytes,
             log_retention_check_interval_ms=settings.log_retention_check_interval_ms,
         )

@@ -76,7 +76,7 @@ class Settings(BaseSettings):
     journal_flush_policy: FlushPolicy = "interval"
     journal_flush_interval_ms: int = Field(1000, gt=0)
     queue_checkpoint_interval_ms: int = Field(60_000, gt=0)
-    queue_max_open_files: int = Field(1024, ge=8)
+    queue_max_open_files: int = Field(16384, ge=8)
     splitter_batch_bytes: int = Field(4 * MIB, gt=0, description="journal bytes split per pass")
     splitter_max_lag_bytes: int = Field(
         64 * MIB,

@@ -4,29 +4,28 @@ Entries are 8 bytes, big-endian: the offset relative to the segment's base offse
 the file position (i32) of a batch in the ``.log`` file. As in Kafka the offset is the last
 offset of the batch(es) appended at that position; an entry is added once more than
 ``index.interval.bytes`` were appended since the previous one. Offsets and positions both
-increase, so lookups bisect with a few 8-byte preads through the open-file cache.
+increase, so lookups bisect with a few 8-byte preads through the open-file cache. New entries
+are written in runs (:class:`IndexFile`).
 """
 
 from __future__ import annotations
 
-import os
 import struct
 
+from stonemq.storage.index_file import IndexFile
 from stonemq.storage.open_files import OpenFiles
 
 _ENTRY = struct.Struct(">ii")
 ENTRY_SIZE = _ENTRY.size
 
 
-class OffsetIndex:
+class OffsetIndex(IndexFile):
     """Offset index of the segment with base offset ``base_offset`` at ``path``."""
 
-    __slots__ = ("base_offset", "entries", "last_offset", "path")
+    __slots__ = ("last_offset",)
 
     def __init__(self, path: str, base_offset: int) -> None:
-        self.path = path
-        self.base_offset = base_offset
-        self.entries = 0
+        super().__init__(path, base_offset, ENTRY_SIZE)
         self.last_offset = -1
 
     @property
@@ -35,24 +34,18 @@ class OffsetIndex:
 
     def load(self, files: OpenFiles) -> None:
         """Read the entry count and the last entry; drop a torn partial entry."""
-        fd = files.get(self.path)
-        size = os.fstat(fd).st_size
-        if size % ENTRY_SIZE:
-            os.ftruncate(fd, size - size % ENTRY_SIZE)
-        self.entries = size // ENTRY_SIZE
+        self.load_file(files)
         self.last_offset = self.entry(files, self.entries - 1)[0] if self.entries else -1
 
     def entry(self, files: OpenFiles, i: int) -> tuple[int, int]:
         """(absolute offset, position) of entry ``i``."""
-        rel, pos = _ENTRY.unpack(os.pread(files.get(self.path), ENTRY_SIZE, i * ENTRY_SIZE))
+        rel, pos = _ENTRY.unpack(self.raw_entry(files, i))
         return self.base_offset + rel, pos
 
     def append(self, files: OpenFiles, offset: int, position: int) -> None:
         if offset <= self.last_offset:
             return
-        data = _ENTRY.pack(offset - self.base_offset, position)
-        os.pwrite(files.get(self.path), data, self.entries * ENTRY_SIZE)
-        self.entries += 1
+        self.add(files, _ENTRY.pack(offset - self.base_offset, position))
         self.last_offset = offset
 
     def lookup(self, files: OpenFiles, target: int) -> tuple[int, int]:
@@ -82,6 +75,5 @@ class OffsetIndex:
 
     def truncate_entries(self, files: OpenFiles, count: int) -> None:
         if count < self.entries:
-            os.ftruncate(files.get(self.path), count * ENTRY_SIZE)
-            self.entries = count
+            self.truncate_file(files, count)
             self.last_offset = self.entry(files, count - 1)[0] if count else -1

@@ -26,12 +26,13 @@ def _reserve(limit: int) -> int:
     return max(FD_RESERVE_MIN, limit // 4)
 
 
-def fit_to_fd_limit(requested: int) -> int:
+def fit_to_fd_limit(requested: int, explicit: bool = True) -> int:
     """The cache size to use for ``queue.max.open.files`` = ``requested`` under this
     process's ``RLIMIT_NOFILE``: the soft limit is raised toward the hard one when the cache
     and its reserve need more; if they still do not fit, the cache shrinks to what does (with
-    a warning), so a large setting can never leave the broker unable to accept a connection
-    or open a journal segment (EMFILE)."""
+    a warning when the value was set ``explicit``-ly; the default is simply fitted), so a
+    large setting can never leave the broker unable to accept a connection or open a journal
+    segment (EMFILE)."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     infinite = resource.RLIM_INFINITY
     need = requested + _reserve(requested)
@@ -46,7 +47,8 @@ def fit_to_fd_limit(requested: int) -> int:
     if soft == infinite or need <= soft:
         return requested
     fitted = max(8, min(soft - FD_RESERVE_MIN, soft * 3 // 4))
-    log.warning(
+    log.log(
+        logging.WARNING if explicit else logging.INFO,
         "queue.max.open.files=%d does not fit under the open-file limit %d (ulimit -n) with "
         "room for sockets and journals: using %d",
         requested,

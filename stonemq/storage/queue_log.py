@@ -129,10 +129,13 @@ class QueueLog:
         )
 
     def flush_targets(self) -> list[str]:
-        """Files to fsync for a flush: sealed-since-last-flush ones and the active segment's."""
+        """Files to fsync for a flush: sealed-since-last-flush ones and the active segment's
+        (whose index entries pending in memory are written now, so the fsync covers them)."""
         paths = list(self.unflushed)
         if self.segments:
-            paths.extend(self.segments[-1].paths)
+            active = self.segments[-1]
+            active.write_index_entries(self.files)
+            paths.extend(active.paths)
         if self.new_files:
             # the new segments' directory entries (and this directory's own, once)
             paths.append(self.directory)
@@ -420,6 +423,8 @@ class QueueLog:
         if self.segments and self.segments[-1].size == 0 and len(self.segments) > 1:
             self._drop_from(len(self.segments) - 1, "empty")
         self.next_offset = expected
+        for seg in self.segments[start_index:]:
+            seg.write_index_entries(files)  # re-indexed above; fsynced with the recovery checkpoint
         for seg in self.segments[:-1]:
             for path in seg.paths:
                 files.close(path)
@@ -448,6 +453,8 @@ class QueueLog:
         self.segments = []
 
     def close(self) -> None:
+        if self.segments:
+            self.segments[-1].write_index_entries(self.files)
         self.files.close_under(self.directory)
 
 

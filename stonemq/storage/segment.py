@@ -140,9 +140,18 @@ class Segment:
         self.bytes_since_index += header.size
 
     def seal(self, files: OpenFiles) -> None:
-        """The segment stops being active: record its max timestamp in the time index."""
+        """The segment stops being active: record its max timestamp in the time index and
+        write the index entries still pending."""
         if self.max_timestamp is not None and self.max_timestamp >= 0:
             self.time_index.maybe_append(files, self.max_timestamp, self.max_timestamp_offset)
+        self.write_index_entries(files)
+
+    def write_index_entries(self, files: OpenFiles) -> None:
+        """Write the index entries gathered in memory (before a flush fsyncs the files)."""
+        if self._offset_index is not None:
+            self._offset_index.write_pending(files)
+        if self._time_index is not None:
+            self._time_index.write_pending(files)
 
     # -- read -----------------------------------------------------------------------------
     def read(self, files: OpenFiles, pos: int, n: int) -> bytes:
@@ -208,8 +217,8 @@ class Segment:
     # -- recovery -------------------------------------------------------------------------
     def load_counts(self) -> None:
         """Index entry counts from the file sizes (no open); for trusted, sealed segments."""
-        self.offset_index.entries = _size(self.offset_index.path) // 8
-        self.time_index.entries = _size(self.time_index.path) // 12
+        self.offset_index.count_from_file()
+        self.time_index.count_from_file()
         self.max_timestamp = None  # computed on demand
 
     def restore(self, files: OpenFiles, trusted: int, next_offset: int) -> None:
@@ -269,10 +278,3 @@ class Segment:
         if cut:
             os.ftruncate(fd, self.size)
         return next_offset, cut
-
-
-def _size(path: str) -> int:
-    try:
-        return os.path.getsize(path)
-    except FileNotFoundError:
-        return 0

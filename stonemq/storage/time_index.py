@@ -4,38 +4,32 @@ Entries are 12 bytes, big-endian: a timestamp (i64) and an offset relative to th
 base offset (i32). An entry is added, at the offset index's cadence and when the segment is
 sealed, only when the segment's max timestamp grew: timestamps and offsets both increase. The
 offset is the base offset of the first batch that reached that timestamp, so every batch
-before it has a smaller max timestamp.
+before it has a smaller max timestamp. New entries are written in runs (:class:`IndexFile`).
 """
 
 from __future__ import annotations
 
-import os
 import struct
 
+from stonemq.storage.index_file import IndexFile
 from stonemq.storage.open_files import OpenFiles
 
 _ENTRY = struct.Struct(">qi")
 ENTRY_SIZE = _ENTRY.size
 
 
-class TimeIndex:
+class TimeIndex(IndexFile):
     """Time index of the segment with base offset ``base_offset`` at ``path``."""
 
-    __slots__ = ("base_offset", "entries", "last_offset", "last_timestamp", "path")
+    __slots__ = ("last_offset", "last_timestamp")
 
     def __init__(self, path: str, base_offset: int) -> None:
-        self.path = path
-        self.base_offset = base_offset
-        self.entries = 0
+        super().__init__(path, base_offset, ENTRY_SIZE)
         self.last_timestamp = -1
         self.last_offset = -1
 
     def load(self, files: OpenFiles) -> None:
-        fd = files.get(self.path)
-        size = os.fstat(fd).st_size
-        if size % ENTRY_SIZE:
-            os.ftruncate(fd, size - size % ENTRY_SIZE)
-        self.entries = size // ENTRY_SIZE
+        self.load_file(files)
         self._reload_last(files)
 
     def _reload_last(self, files: OpenFiles) -> None:
@@ -46,16 +40,14 @@ class TimeIndex:
 
     def entry(self, files: OpenFiles, i: int) -> tuple[int, int]:
         """(timestamp, absolute offset) of entry ``i``."""
-        ts, rel = _ENTRY.unpack(os.pread(files.get(self.path), ENTRY_SIZE, i * ENTRY_SIZE))
+        ts, rel = _ENTRY.unpack(self.raw_entry(files, i))
         return ts, self.base_offset + rel
 
     def maybe_append(self, files: OpenFiles, timestamp: int, offset: int) -> None:
         """Add (timestamp, offset) if ``timestamp`` is larger than the last entry's."""
         if timestamp <= self.last_timestamp or offset < self.last_offset:
             return
-        data = _ENTRY.pack(timestamp, offset - self.base_offset)
-        os.pwrite(files.get(self.path), data, self.entries * ENTRY_SIZE)
-        self.entries += 1
+        self.add(files, _ENTRY.pack(timestamp, offset - self.base_offset))
         self.last_timestamp, self.last_offset = timestamp, offset
 
     def lookup_before(self, files: OpenFiles, target: int) -> int | None:
@@ -82,6 +74,5 @@ class TimeIndex:
             else:
                 hi = mid
         if lo < self.entries:
-            os.ftruncate(files.get(self.path), lo * ENTRY_SIZE)
-            self.entries = lo
+            self.truncate_file(files, lo)
             self._reload_last(files)
