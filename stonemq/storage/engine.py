@@ -39,7 +39,13 @@ from stonemq.storage.checkpoint import (
     write_queue_recovery_points,
 )
 from stonemq.storage.errors import OffsetOutOfRangeError, StorageError, UnknownPartitionError
-from stonemq.storage.journal import FLUSH_POLICIES, JournalLog, encode_entry_prefix, fsync_paths
+from stonemq.storage.journal import (
+    FLUSH_POLICIES,
+    JournalLog,
+    encode_entry_prefix,
+    fsync_paths,
+    release_pages,
+)
 from stonemq.storage.open_files import OpenFiles
 from stonemq.storage.queue_log import QueueLog, create_queue_log_dir, queue_log_dir
 from stonemq.storage.splitter import Splitter
@@ -570,6 +576,7 @@ class StorageEngine:
     def _on_split(self, advanced: set[QueueLog]) -> None:
         for watcher in self.split_watchers:
             watcher()
+        self._release_journal_pages()
         self._dirty |= advanced
         listener = self._listener
         rolled = False
@@ -583,6 +590,18 @@ class StorageEngine:
                     log.exception("split listener failed")
         if rolled and self._checkpoint_wake is not None:
             self._checkpoint_wake.set()
+
+    def _release_journal_pages(self) -> None:
+        """Drop the page cache of journal bytes that are split and durable (in an executor
+        thread; see ``release_pages``)."""
+        splitter = self._splitter
+        if splitter is None or self._closed:
+            return
+        ranges: list[tuple[str, int, int]] = []
+        for j, journal in enumerate(self._journals):
+            ranges.extend(journal.pages_to_release(splitter.positions[j]))
+        if ranges:
+            asyncio.get_running_loop().run_in_executor(None, release_pages, ranges)
 
     # -- flushing and checkpoints -------------------------------------------------------------
     async def _interval_fsync_loop(self) -> None:
@@ -601,6 +620,7 @@ class StorageEngine:
                     journal.failed = StorageError(f"journal-{journal.index} fsync failed: {exc}")
                     continue
                 journal.mark_durable(end)
+            self._release_journal_pages()
 
     async def _checkpoint_loop(self) -> None:
         assert self._checkpoint_wake is not None

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import ctypes
+import mmap
 import os
 import resource
 import signal
@@ -17,6 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from stonemq.protocol.record_batch import crc_ok, iter_batches, iter_records, parse_header
+from stonemq.storage import journal as journal_module
 from stonemq.storage.engine import (
     LogConfig,
     OffsetOutOfRangeError,
@@ -231,8 +234,97 @@ def test_group_commit_resolves_after_the_write(tmp_path: Path, policy: str) -> N
         assert journal.written_end > 0
         if policy == "always":
             assert journal.durable_end == journal.written_end
+        # a small group is written on the loop unless an fsync follows it
+        assert (journal._writer is not None) == (policy == "always")
         await wait_split(engine)
         assert engine.high_watermark("t", 0) == 25
+        await engine.close()
+
+    run(main())
+
+
+def test_a_group_larger_than_the_inline_bound_goes_to_the_writer_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(journal_module, "INLINE_WRITE_BYTES", 1000)
+
+    async def main() -> None:
+        engine = new_engine(tmp_path)
+        add_topic(engine)
+        engine.start(lambda *a: None)
+        journal = engine._journals[0]
+        await _produce(engine, "t", 0, [build_batch([b"s" * 100])])
+        assert journal._writer is None
+        pending = [engine.append("t", 0, build_batch([b"l" * 600]), 1) for _ in range(2)]
+        await asyncio.sleep(0)  # the flush runs: 2 x 600+ bytes, handed to the thread
+        assert journal._io_in_flight is not None and journal._writer is not None
+        await asyncio.gather(*(r.written for r in pending))
+        await wait_split(engine)
+        data = engine.read("t", 0, 0, 10_000).data
+        assert [h.base_offset for _, h in iter_batches(data)] == [0, 1, 2]
+        await engine.close()
+
+    run(main())
+
+
+def _resident_pages(path: Path, start: int, length: int) -> int:
+    """Pages of ``path`` in [start, start + length) that are in the page cache (mincore)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_size_t,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_long,
+    ]
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    page = mmap.PAGESIZE
+    first, last = start // page, (start + length) // page  # whole pages only
+    count = last - first
+    if count <= 0:
+        return 0
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        addr = libc.mmap(None, count * page, mmap.PROT_READ, mmap.MAP_SHARED, fd, first * page)
+        assert addr not in (None, ctypes.c_void_p(-1).value)
+        vec = ctypes.create_string_buffer(count)
+        assert libc.mincore(addr, count * page, vec) == 0
+        libc.munmap(addr, count * page)
+    finally:
+        os.close(fd)
+    return sum(b & 1 for b in vec.raw)
+
+
+@pytest.mark.skipif(not hasattr(os, "posix_fadvise"), reason="needs posix_fadvise")
+def test_journal_pages_are_released_once_split_and_durable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(journal_module, "PAGE_RELEASE_MIN_BYTES", 64 * 1024)
+
+    async def main() -> None:
+        engine = new_engine(
+            tmp_path, flush_policy="interval", flush_interval_ms=20, journal_segment_bytes=1 << 23
+        )
+        add_topic(engine)
+        engine.start(lambda *a: None)
+        journal = engine._journals[0]
+        batches = [build_batch([os.urandom(1000)] * 50) for _ in range(20)]  # ~1 MB
+        await _produce(engine, "t", 0, batches)
+        await wait_split(engine)
+        split = engine._splitter.positions[0]
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 5
+        while journal.released_end < split and loop.time() < deadline:
+            await asyncio.sleep(0.02)  # the next fsync round makes it durable, then releases
+        assert journal.released_end == split == journal.written_end
+        await asyncio.sleep(0.2)  # the release runs in an executor thread
+        path = Path(journal.path(0))
+        assert _resident_pages(path, 0, split) == 0
+        # the queue log keeps its pages (consumers read it), and every byte reads back
+        assert read_all(engine, "t", 0) == b"".join(batches)  # patched in place when queued
         await engine.close()
 
     run(main())
