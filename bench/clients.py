@@ -70,7 +70,7 @@ def produce(
     max_msgs = max(1, max_bytes // size)
     produce = producer.produce
     poll = producer.poll
-    q.put(("start", None))
+    q.put(("start", os.getpid()))  # the pid lets the bench profile this client
     started = time.monotonic()
     deadline = started + duration
     sent = 0

@@ -12,6 +12,7 @@ import contextlib
 import importlib.metadata
 import os
 import platform
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -69,6 +70,43 @@ def machine(workdir: Path) -> dict[str, Any]:
 
 
 # -- profile --------------------------------------------------------------------------------
+_PERF_LINE = re.compile(r"^\s*([\d.]+)%\s+(\S+)\s+\[(.)\]\s+(.+?)\s*$")
+
+
+def summarize_perf(text: str) -> dict[str, Any]:
+    """Top symbols and the share per library of ``perf report --stdio --sort dso,symbol``."""
+    rows = []
+    for line in text.splitlines():
+        m = _PERF_LINE.match(line)
+        if m:
+            share, dso, _kind, symbol = m.groups()
+            symbol = symbol.split("  ")[0].strip()  # perf pads with empty IPC columns
+            dso = re.sub(r"-[0-9a-f]{8}(?=\.so)", "", dso)  # wheels' hashed library names
+            rows.append((round(float(share), 1), dso, symbol))
+    by_dso: collections.Counter[str] = collections.Counter()
+    for share, dso, _ in rows:
+        by_dso[dso] += share
+    return {
+        "top_symbols": rows[:15],
+        "by_library": [(d, round(p, 1)) for d, p in by_dso.most_common(8)],
+    }
+
+
+def client_profile_text(prof: dict[str, Any] | None) -> str:
+    if not prof:
+        return ""
+    if prof.get("error") or not prof.get("top_symbols"):
+        return f"No client profile in this run ({(prof or {}).get('error', 'no samples')})."
+    w = prof["workload"]
+    libs = ", ".join(f"{d} {p}%" for d, p in prof["by_library"])
+    top = "\n".join(f"| {sym} | {dso} | {p}% |" for p, dso, sym in prof["top_symbols"])
+    return (
+        f"perf sampled the librdkafka producer process (cpu-clock, 499 Hz, all threads) during "
+        f"a repeat of the {prof['partitions']:,}-partition scaling step ({w['msg_s']:,.0f} "
+        f"msg/s, {w['mb_s']} MB/s while sampled). By library: {libs}.\n\n"
+        "| symbol | library | share of samples |\n|---|---|---:|\n"
+        f"{top}"
+    )
 
 
 def _stonemq_files() -> list[str]:
@@ -606,6 +644,9 @@ def document(res: dict[str, Any], body: str, made: list[str]) -> str:
     if analysis:
         parts += [analysis, ""]
     parts += [profile_text(res.get("profile")), ""]
+    client = client_profile_text(res.get("client_profile"))
+    if client:
+        parts += [client, ""]
     parts += ["## How each workload is run", "", METHOD.strip(), ""]
     return "\n".join(parts)
 
@@ -634,8 +675,9 @@ def profile_text(prof: dict[str, Any] | None) -> str:
         f"produce workload ({w['msg_s']:,.0f} msg/s, {w['mb_s']} MB/s while sampled). "
         f"Samples with a thread on CPU came to {100 * (prof['busy_fraction'] or 0):.0f}% of "
         f"one thread sampled all the time; {loop_pct:.0f}% of them were on the event-loop "
-        f"thread (network, protocol and the splitter run there; the rest are the journal "
-        f"partitions' writer threads, in `pwritev`, and executor threads doing fsync). A "
+        f"thread (network, protocol, the splitter and journal groups of up to 1 MiB run "
+        f"there; the rest are the journal partitions' writer threads, in `pwritev` for "
+        f"larger groups, and executor threads doing fsync and page release). A "
         f"Python frame's own time includes the C calls it makes (os.pwrite, os.pread, "
         f"fsync), so write-path frames at the top mean time in those system calls; an idle "
         f"worker thread waiting for work shows as `_worker (concurrent/futures/thread.py)`. "
@@ -660,6 +702,8 @@ METHOD = """
   is left to go quiet between configurations. Redis XADD runs for the same time.
 - **Partition scaling**: a fresh broker per step, one topic of N partitions, 1 KiB records keyed
   over max(4N, 1000) keys, acks=1, 6 s per step (time-bound, as above).
+  After the 10,000-partition step, `perf record -e cpu-clock -g` samples the producer
+  process during a repeat of that step (the client's CPU, by symbol and library).
 - **Consume**: a 4-partition topic is filled with 1 KiB records (its produce rate is the
   comparison), the broker is stopped cleanly, the page cache dropped
   (`sync; echo 3 > /proc/sys/vm/drop_caches`, where permitted), the broker started again and

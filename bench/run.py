@@ -312,6 +312,47 @@ class Run:
         summary["workload"] = row(result, None, size=1120, acks="1", policy="interval")
         self.results["profile"] = summary
 
+    def client_profile(self, broker: procs.Broker, partitions: int) -> None:
+        """perf (cpu-clock samples) on the librdkafka producer during a repeat of the
+        ``partitions`` scaling step: where the client's CPU goes when the client, not the
+        broker, is what grows with the partitions."""
+        perf = shutil.which("perf")
+        if perf is None:
+            self.results["client_profile"] = {"error": "perf not installed"}
+            return
+        log(f"profile: perf on the producer during the {partitions:,}-partition step")
+        duration = self.scale.profile_s
+        raw = self.tmp / "perf-client.data"
+        conf = clients.producer_conf(broker.bootstrap, "1")
+        keys = max(4 * partitions, 1000)
+        args = ("produce", conf, "scale", KIB, duration + 2.0, 64 * GIB, keys)
+        with worker(clients.entry, *args) as q:
+            pid = expect(q, "start", 120)
+            record = [perf, "record", "-e", "cpu-clock", "-F", "499", "-g", "-p", str(pid)]
+            rec = subprocess.run(
+                [*record, "-o", str(raw), "--", "sleep", str(duration)],
+                capture_output=True,
+                text=True,
+                timeout=duration + 60,
+                check=False,
+            )
+            result = expect(q, "done", 600)
+        summary: dict[str, Any] = {"partitions": partitions, "returncode": rec.returncode}
+        if rec.returncode != 0 or not raw.exists():
+            summary["error"] = (rec.stderr or "perf record failed")[-500:]
+        else:
+            show = [perf, "report", "-i", str(raw), "--stdio", "--no-children", "-g", "none"]
+            rep = subprocess.run(
+                [*show, "--sort", "dso,symbol", "--percent-limit", "0.3"],
+                capture_output=True,
+                text=True,
+                timeout=300,
+                check=False,
+            )
+            summary.update(report.summarize_perf(rep.stdout))
+        summary["workload"] = row(result, None, partitions=partitions)
+        self.results["client_profile"] = summary
+
     def scaling(self) -> None:
         log("partition scaling: 1 KiB keyed load")
         rows = []
@@ -338,6 +379,9 @@ class Run:
                     f"  {n:>6} partitions: {r['msg_s']:>8.0f} msg/s {r['mb_s']:>6.2f} MB/s "
                     f"pss peak {r['pss_peak_mb']} MB steady {r['pss_steady_mb']} MB"
                 )
+                if n == PARTITION_STEPS[-1]:
+                    procs.wait_quiet(broker.pid, timeout=60)
+                    self.client_profile(broker, n)
             finally:
                 self.done_with(broker)
         self.results["scaling"] = rows

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Run the benchmark suite (bench/): installs what it needs (Debian's redis-server; the package
 # with its `bench` extra in .venv), then runs every workload and both baselines in one run and
-# writes docs/benchmarks.md and docs/benchmarks/ (JSON, Markdown, PNG charts, py-spy profile).
+# writes docs/benchmarks.md and docs/benchmarks/ (JSON, Markdown, PNG charts, py-spy profile
+# of the broker, perf profile of the producer).
 #   ./scripts/bench.sh            full run (well under 30 minutes on 2 cores)
 #   ./scripts/bench.sh --quick    every workload at a small scale (a minute or two)
 # Other arguments go to `python -m bench` (see --help). Needs root (or sudo) for apt-get the
@@ -21,6 +22,8 @@ source "$ROOT/scripts/lib.sh"
 
 missing=()
 command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+# perf profiles the librdkafka producer at 10,000 partitions (the client's own CPU)
+command -v perf >/dev/null 2>&1 || missing+=(linux-perf)
 # the archive workload's PySpark job needs a JVM
 command -v java >/dev/null 2>&1 || [ -n "${JAVA_HOME:-}" ] || missing+=(openjdk-17-jre-headless)
 command -v "$PYTHON" >/dev/null 2>&1 || missing+=(python3)
