@@ -9,7 +9,6 @@ knows the broker's versions.
 from __future__ import annotations
 
 import functools
-import io
 import struct
 from dataclasses import dataclass
 from typing import Any
@@ -118,18 +117,61 @@ def decode_request(header: RequestHeader, frame: bytes, pos: int) -> Any:
     return body
 
 
-def encode_response(header: RequestHeader, response: Any, api_version: int | None = None) -> bytes:
+# a value at least this long (record batches a fetch read) is kept by reference in a response
+BY_REFERENCE_BYTES = 16 * 1024
+
+
+class _Chunks:
+    """The writable kio's encoders write a response into: small writes are gathered in one
+    buffer, large values (a fetch's record batches) are kept as they are, so a fetch response
+    is handed to the transport without copying its records into one big buffer."""
+
+    __slots__ = ("_small", "chunks", "size")
+
+    def __init__(self) -> None:
+        self.chunks: list[bytes | bytearray | memoryview] = []
+        self._small = bytearray()
+        self.size = 0
+
+    def write(self, data: bytes | bytearray | memoryview) -> int:
+        n = len(data)
+        if n >= BY_REFERENCE_BYTES:
+            if self._small:
+                self.chunks.append(self._small)
+                self._small = bytearray()
+            self.chunks.append(data)
+        else:
+            self._small += data
+        self.size += n
+        return n
+
+    def finish(self) -> list[bytes | bytearray | memoryview]:
+        if self._small:
+            self.chunks.append(self._small)
+            self._small = bytearray()
+        return self.chunks
+
+
+def encode_response_chunks(
+    header: RequestHeader, response: Any, api_version: int | None = None
+) -> list[bytes | bytearray | memoryview]:
     """Length prefix + response header + body, for ``response`` of ``api_version``
-    (default: the request's version)."""
+    (default: the request's version), as buffers to write in order (``writelines``)."""
     version = header.api_version if api_version is None else api_version
     writer, flexible = _response_codec(header.api_key, version)
-    out = io.BytesIO()
+    out = _Chunks()
     out.write(b"\0\0\0\0")
     out.write(_I32.pack(header.correlation_id))
     if flexible and header.api_key != API_VERSIONS_KEY:
         out.write(b"\0")  # response header v1: no tagged fields
     writer(out, response)
-    data = out.getbuffer()
-    _I32.pack_into(data, 0, len(data) - 4)
-    del data
-    return out.getvalue()
+    chunks = out.finish()
+    first = chunks[0]
+    assert isinstance(first, bytearray)  # the small header writes come first
+    _I32.pack_into(first, 0, out.size - 4)
+    return chunks
+
+
+def encode_response(header: RequestHeader, response: Any, api_version: int | None = None) -> bytes:
+    """The whole response as one ``bytes`` (see ``encode_response_chunks``)."""
+    return b"".join(encode_response_chunks(header, response, api_version))

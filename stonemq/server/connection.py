@@ -31,7 +31,7 @@ from stonemq.protocol.codec import (
     RequestDecodeError,
     RequestHeader,
     decode_request,
-    encode_response,
+    encode_response_chunks,
     parse_header_prefix,
 )
 from stonemq.protocol.framing import FrameDecoder, FrameError
@@ -98,7 +98,7 @@ class _Pending:
     def __init__(self, header: RequestHeader, size: int = 0) -> None:
         self.header = header
         self.size = size
-        self.response: bytes | None = None
+        self.response: list[bytes | bytearray | memoryview] | None = None
         self.done = False
 
 
@@ -179,7 +179,7 @@ class Connection(asyncio.BufferedProtocol):
             if header.api_key == API_VERSIONS_KEY:
                 # Kafka's step-down: answer in the v0 body with UNSUPPORTED_VERSION + the list.
                 pending = _Pending(header)
-                pending.response = encode_response(
+                pending.response = encode_response_chunks(
                     header, unsupported_version_response(), api_version=0
                 )
                 pending.done = True
@@ -220,7 +220,7 @@ class Connection(asyncio.BufferedProtocol):
         try:
             response = await handler(ctx, request)
             if response is not None:
-                pending.response = encode_response(pending.header, response)
+                pending.response = encode_response_chunks(pending.header, response)
         except asyncio.CancelledError:
             raise
         except Exception:
@@ -244,7 +244,7 @@ class Connection(asyncio.BufferedProtocol):
             pending = self._pending.popleft()
             answered += pending.size
             if pending.response is not None and transport is not None and not self._closing:
-                transport.write(pending.response)
+                transport.writelines(pending.response)
         self.last_active = time.monotonic()
         if answered:
             self._budget.give_back(answered)

@@ -93,7 +93,7 @@ class AppendResult:
 class ReadResult:
     """Whole record batches starting with the one that holds the requested offset."""
 
-    data: bytes
+    data: bytes | memoryview  # a view when a partial batch was left off the read
     high_watermark: int
     log_start_offset: int
 

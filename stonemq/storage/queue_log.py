@@ -295,7 +295,7 @@ class QueueLog:
     def _segment_index(self, offset: int) -> int:
         return max(bisect.bisect_right(self.segments, offset, key=_base) - 1, 0)
 
-    def read(self, offset: int, max_bytes: int) -> bytes:
+    def read(self, offset: int, max_bytes: int) -> bytes | memoryview:
         """Whole batches from the one holding ``offset``, up to ``max_bytes`` (at least one),
         all from one segment as Kafka does."""
         if offset >= self.next_offset:

@@ -182,8 +182,9 @@ class Segment:
                 return pos, header
         return None
 
-    def read_batches(self, files: OpenFiles, pos: int, max_bytes: int) -> bytes:
-        """Whole batches from ``pos`` up to ``max_bytes``, at least one batch. A consumer
+    def read_batches(self, files: OpenFiles, pos: int, max_bytes: int) -> bytes | memoryview:
+        """Whole batches from ``pos`` up to ``max_bytes``, at least one batch (a view of the
+        read, not a copy, when a partial batch at its end is left out). A consumer
         catching up reads on from where this read ends: the kernel is asked to start reading
         the next ``READ_AHEAD_BYTES`` now (asynchronously), so the next fetch finds them in
         the page cache instead of waiting for the disk on the event loop."""
@@ -203,7 +204,7 @@ class Segment:
         if at == 0 and n >= LOG_OVERHEAD:  # the first batch alone is bigger than max_bytes
             size = _LENGTH.unpack_from(data, 8)[0] + LOG_OVERHEAD
             return os.pread(fd, size, pos)
-        return data if at == n else data[:at]
+        return data if at == n else memoryview(data)[:at]
 
     def ensure_max_timestamp(self, files: OpenFiles) -> tuple[int, int]:
         """(max timestamp, its batch's base offset); from the time index for a sealed segment

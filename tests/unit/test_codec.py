@@ -1,5 +1,6 @@
 """Request header parsing (v1 and v2) and response encoding against kio's own schemas."""
 
+import datetime
 import io
 import struct
 
@@ -13,9 +14,11 @@ from kio.schema.request_header.v2.header import RequestHeader as Header2
 from kio.serial import entity_reader, entity_writer
 
 from stonemq.protocol.codec import (
+    BY_REFERENCE_BYTES,
     RequestDecodeError,
     decode_request,
     encode_response,
+    encode_response_chunks,
     parse_header_prefix,
 )
 
@@ -98,3 +101,45 @@ def test_api_versions_response_uses_header_v0_even_when_flexible() -> None:
     assert length == len(data) - 4 and correlation_id == 77
     body, _ = entity_reader(av0.ApiVersionsResponse)(data, 8)
     assert body.error_code == 35
+
+
+@pytest.mark.parametrize("sizes", [(0,), (100, BY_REFERENCE_BYTES), (70_000, 10, 1_048_576)])
+def test_fetch_records_go_out_by_reference_and_the_bytes_are_kafkas(sizes: tuple[int, ...]) -> None:
+    """A fetch response's record batches are written to the transport as the buffers that
+    were read (no copy into one response buffer); the bytes are kio's encoding all the same."""
+    from kio.schema.fetch.v12 import response as f12
+
+    header, _ = parse_header_prefix(struct.pack(">hhih", 1, 12, 5, -1))
+    records = [memoryview(bytes([i % 251]) * n) for i, n in enumerate(sizes)]
+    partitions = tuple(
+        f12.PartitionData(
+            partition_index=i,
+            error_code=ErrorCode.none,
+            high_watermark=10,
+            last_stable_offset=10,
+            log_start_offset=0,
+            aborted_transactions=(),
+            preferred_read_replica=-1,
+            records=r,
+        )
+        for i, r in enumerate(records)
+    )
+    response = f12.FetchResponse(
+        throttle_time=datetime.timedelta(0),
+        error_code=ErrorCode.none,
+        session_id=0,
+        responses=(f12.FetchableTopicResponse(topic="t", partitions=partitions),),
+    )
+    chunks = encode_response_chunks(header, response)
+    big = [r for r in records if len(r) >= BY_REFERENCE_BYTES]
+    assert [c for c in chunks if isinstance(c, memoryview)] == big
+    assert all(any(c is r for c in chunks) for r in big)  # the same objects: not copied
+    data = b"".join(chunks)
+    assert data == encode_response(header, response)
+    expected = io.BytesIO()
+    expected.write(struct.pack(">ii", len(data) - 4, 5) + b"\0")
+    entity_writer(f12.FetchResponse)(expected, response)
+    assert data == expected.getvalue()
+    body, _ = entity_reader(f12.FetchResponse)(data, 9)
+    got = [bytes(p.records) for p in body.responses[0].partitions]
+    assert got == [bytes(r) for r in records]
