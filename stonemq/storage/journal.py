@@ -511,7 +511,11 @@ class JournalLog:
             self.flush_policy,
         )
         if self.flush_policy != "always" and sum(sizes) <= INLINE_WRITE_BYTES:
-            self._take(_write_entries(*args), metas)
+            try:
+                done = _write_entries(*args)
+            except Exception as exc:  # a bug in the writer: nothing is known to be written
+                done = self._writer_failed(exc)
+            self._take(done, metas)
             return
         loop = self._loop or asyncio.get_running_loop()
         if self._writer is None:
@@ -525,9 +529,14 @@ class JournalLog:
         try:
             done = fut.result()
         except BaseException as exc:  # a bug in the writer: nothing is known to be written
-            log.exception("journal-%d: writer failed", self.index)
-            done = _Written(self._fd, [], self.active_size, 0, [], OSError(str(exc)), None, None)
+            done = self._writer_failed(exc)
         self._take(done, metas)
+
+    def _writer_failed(self, exc: BaseException) -> _Written:
+        """The outcome of a group whose writer raised: nothing is known to be written, so
+        every entry of the group fails (its offsets are given back) and none is acked."""
+        log.error("journal-%d: writer failed", self.index, exc_info=exc)
+        return _Written(self._fd, [], self.active_size, 0, [], OSError(str(exc)), None, None)
 
     def _take(self, done: _Written, metas: list[_PendingMeta]) -> None:
         """On the loop: take a group's outcome into the journal's state."""

@@ -267,6 +267,34 @@ def test_a_group_larger_than_the_inline_bound_goes_to_the_writer_thread(
     run(main())
 
 
+@pytest.mark.parametrize("inline_bytes", [1 << 20, 0], ids=["on-the-loop", "writer-thread"])
+def test_a_writer_bug_fails_the_group_instead_of_hanging_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, inline_bytes: int
+) -> None:
+    monkeypatch.setattr(journal_module, "INLINE_WRITE_BYTES", inline_bytes)
+
+    async def main() -> None:
+        engine = new_engine(tmp_path)
+        add_topic(engine)
+        engine.start(lambda *a: None)
+        await _produce(engine, "t", 0, [build_batch([b"a"])])
+        real = journal_module._write_entries
+
+        def broken(*args: Any) -> Any:
+            raise RuntimeError("writer bug")
+
+        monkeypatch.setattr(journal_module, "_write_entries", broken)
+        failing = engine.append("t", 0, build_batch([b"b"]), 1)
+        with pytest.raises(StorageError):
+            await asyncio.wait_for(failing.written, 5)
+        monkeypatch.setattr(journal_module, "_write_entries", real)
+        (base,) = await _produce(engine, "t", 0, [build_batch([b"c"])])
+        assert base == 1  # the failed offset was given back: no gap
+        await engine.close()
+
+    run(main())
+
+
 def _resident_pages(path: Path, start: int, length: int) -> int:
     """Pages of ``path`` in [start, start + length) that are in the page cache (mincore)."""
     libc = ctypes.CDLL(None, use_errno=True)
