@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from stonemq.storage import journal
-from stonemq.storage.engine import LogConfig
+from stonemq.storage.engine import LogConfig, StorageEngine
 from stonemq.storage.journal import SYNCFS_MIN_PATHS, fsync_paths
 from stonemq.storage.offset_index import OffsetIndex
 from stonemq.storage.open_files import OpenFiles
@@ -149,16 +149,24 @@ def test_time_index_keeps_growing_timestamps_only(
     files.close_all()
 
 
+async def _split_small_batches(tmp_path: Path, count: int) -> StorageEngine:
+    """A started engine whose partition k-0 holds ``count`` split one-record batches of
+    150 bytes, with timestamps 5000 on (``index.interval.bytes`` 100: an index entry after
+    every batch but the first)."""
+    engine = new_engine(tmp_path)
+    engine.add_partition(uuid.uuid4(), "k", 0, 0, LogConfig(index_interval_bytes=100))
+    engine.start(lambda *a: None)
+    results = [
+        engine.append("k", 0, build_batch([b"x" * 150], [5000 + i]), 1) for i in range(count)
+    ]
+    await asyncio.gather(*(r.written for r in results))
+    await wait_split(engine)
+    return engine
+
+
 def test_index_files_follow_kafkas_layout(tmp_path: Path) -> None:
     async def main() -> None:
-        engine = new_engine(tmp_path)
-        engine.add_partition(uuid.uuid4(), "k", 0, 0, LogConfig(index_interval_bytes=100))
-        engine.start(lambda *a: None)
-        results = [
-            engine.append("k", 0, build_batch([b"x" * 150], [5000 + i]), 1) for i in range(20)
-        ]
-        await asyncio.gather(*(r.written for r in results))
-        await wait_split(engine)
+        engine = await _split_small_batches(tmp_path, 20)
         await engine.close()
 
     asyncio.run(main())
@@ -217,14 +225,7 @@ def test_a_failed_index_write_drops_the_pending_entries_and_leaves_no_hole(
 
 def test_a_flush_writes_the_pending_index_entries_before_it_fsyncs(tmp_path: Path) -> None:
     async def main() -> None:
-        engine = new_engine(tmp_path)
-        engine.add_partition(uuid.uuid4(), "k", 0, 0, LogConfig(index_interval_bytes=100))
-        engine.start(lambda *a: None)
-        results = [
-            engine.append("k", 0, build_batch([b"x" * 150], [5000 + i]), 1) for i in range(10)
-        ]
-        await asyncio.gather(*(r.written for r in results))
-        await wait_split(engine)
+        engine = await _split_small_batches(tmp_path, 10)
         seg = tmp_path / "queues" / "k-0"
         index = seg / "00000000000000000000.index"
         assert not index.exists() or index.stat().st_size == 0  # gathered in memory so far
