@@ -452,11 +452,6 @@ class QueueLog:
         shutil.rmtree(self.directory, ignore_errors=True)
         self.segments = []
 
-    def close(self) -> None:
-        if self.segments:
-            self.segments[-1].write_index_entries(self.files)
-        self.files.close_under(self.directory)
-
 
 def _list_bases(directory: str) -> list[int]:
     try:
