@@ -32,6 +32,12 @@ def entry(q: Queue[Any], name: str, *args: Any) -> None:
 
 
 def producer_conf(bootstrap: str, acks: str, linger_ms: int = 5) -> dict[str, Any]:
+    """librdkafka's defaults but for the message count bound, raised from 100,000 so that the
+    byte bound (``queue.buffering.max.kbytes``, 1 GiB by default) is the one 1 KiB records
+    meet. That buffer matters with many partitions: librdkafka sends one partition per
+    ProduceRequest and visits every partition between two requests, so the batch a request
+    carries is about the buffer divided by the partitions (at 10,000 partitions a 256 MiB
+    buffer gave 49-record requests and 109 MB/s, the default 1 GiB 100 KiB and 158 MB/s)."""
     return {
         "bootstrap.servers": bootstrap,
         "acks": acks,
@@ -39,7 +45,6 @@ def producer_conf(bootstrap: str, acks: str, linger_ms: int = 5) -> dict[str, An
         "enable.idempotence": False,
         "compression.type": "none",
         "queue.buffering.max.messages": 1_000_000,
-        "queue.buffering.max.kbytes": 256 * 1024,
         "message.timeout.ms": 120_000,
     }
 

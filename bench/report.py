@@ -692,16 +692,17 @@ def profile_text(prof: dict[str, Any] | None) -> str:
 
 METHOD = """
 - **Clients**: confluent-kafka (librdkafka) producers and consumers, each in its own process
-  (multiprocessing, spawn). Producers: `linger.ms=5`, no compression, no idempotence, one
-  producer process per workload, payload of random bytes; consumers `assign()` every partition
-  at offset 0 (no group membership).
+  (multiprocessing, spawn). Producers: librdkafka's defaults (`linger.ms=5`, no
+  compression, no idempotence, a 1 GiB buffer) but `queue.buffering.max.messages=1000000`
+  and `message.timeout.ms=120000`; one producer process per workload, payload of random
+  bytes; consumers `assign()` every partition at offset 0 (no group membership).
 - **Produce by size**: one broker per `journal.flush.policy`, a 4-partition topic per
   (size, acks); in a full run each configuration produces for a fixed time (5 s, then the
   producer's flush), never to a byte cap: a cap ended the fast configurations within a second
   or two, a burst the journal absorbs while the splitter lags, not the sustained rate; the broker
   is left to go quiet between configurations. Redis XADD runs for the same time.
 - **Partition scaling**: a fresh broker per step, one topic of N partitions, 1 KiB records keyed
-  over max(4N, 1000) keys, acks=1, 6 s per step (time-bound, as above).
+  over max(4N, 1000) keys, acks=1, 12 s per step (time-bound, as above).
   After the 10,000-partition step, `perf record -e cpu-clock -g` samples the producer
   process during a repeat of that step (the client's CPU, by symbol and library).
 - **Consume**: a 4-partition topic is filled with 1 KiB records (its produce rate is the

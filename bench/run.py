@@ -57,7 +57,7 @@ class Scale:
 UNCAPPED_BYTES = 64 * GIB
 
 QUICK = Scale("quick", 1.0, 24 * MIB, 1.5, 24 * MIB, 3.0, 10_000, 64 * MIB, 1.0, 2)
-FULL = Scale("full", 5.0, UNCAPPED_BYTES, 6.0, 512 * MIB, 20.0, 100_000, GIB, 5.0, 8)
+FULL = Scale("full", 5.0, UNCAPPED_BYTES, 12.0, 512 * MIB, 20.0, 100_000, GIB, 5.0, 8)
 
 _CTX = mp.get_context("spawn")
 
