@@ -27,6 +27,8 @@ from confluent_kafka.admin import (
 from rich.console import Console
 from rich.table import Table
 
+from stonemq.coordinator.group_log import OFFSETS_TOPIC
+
 DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
 TIMEOUT_S = 15.0
 
@@ -188,7 +190,9 @@ def delete(
     topic: Annotated[str, typer.Argument(help="topic name")],
     bootstrap_server: BootstrapOption = DEFAULT_BOOTSTRAP,
 ) -> None:
-    """Delete a topic and its data."""
+    """Delete a topic and its data (never an internal topic, as with kafka-topics)."""
+    if topic == OFFSETS_TOPIC:
+        fail(f"Topic {topic} is a kafka internal topic and is not allowed to be deleted.")
     client = admin_client(bootstrap_server)
     result(client.delete_topics([topic], request_timeout=TIMEOUT_S)[topic], f"delete {topic}")
     typer.echo(f"Deleted topic {topic}.")

@@ -1,10 +1,10 @@
 """The group coordinator (classic protocol): members, generations, rebalances, committed offsets.
 
 Sans-IO: no sockets, no event loop, no files. Requests that wait (JoinGroup until the rebalance
-completes, SyncGroup until the leader's assignment) take a ``respond`` callback; everything to
-be made durable goes to a :class:`GroupLogSink` with a ``done`` callback; every timeout is an
-entry in one :class:`~stonemq.coordinator.group_timers.TimerQueue` on an injected clock. The
-states and their transitions are the tables of :mod:`stonemq.coordinator.group_state`.
+completes, SyncGroup until the leader's assignment is stored) take a ``respond`` callback;
+everything to be made durable goes to a :class:`GroupLogSink` with a ``done`` callback; every
+timeout is an entry in one :class:`~stonemq.coordinator.group_timers.TimerQueue` on an injected
+clock. The states and their transitions are the tables of :mod:`stonemq.coordinator.group_state`.
 
 Kafka's rules followed here: JoinGroup v4+ from an unknown dynamic member gets
 MEMBER_ID_REQUIRED with its new id; the first rebalance of an empty group waits
@@ -19,6 +19,7 @@ without a rebalance, and an old id still using that instance is FENCED_INSTANCE_
 
 from __future__ import annotations
 
+import logging
 import struct
 import uuid
 from collections.abc import Callable, Iterable
@@ -41,6 +42,8 @@ from stonemq.coordinator.group_state import (
     next_state,
 )
 from stonemq.coordinator.group_timers import Timer, TimerQueue
+
+log = logging.getLogger(__name__)
 
 CONSUMER_PROTOCOL_TYPE = "consumer"
 OFFSET_METADATA_MAX_BYTES = 4096  # Kafka's offset.metadata.max.bytes
@@ -558,14 +561,41 @@ class GroupCoordinator:
             member.sync_respond(SyncResult(ErrorCode.rebalance_in_progress))
         member.sync_respond = respond
         if member_id == group.leader:
+            assignment = {m: assignments.get(m, b"") for m in group.members}
+            self._store_assignment(group, assignment)
+
+    def _store_assignment(self, group: Group, assignment: dict[str, bytes]) -> None:
+        """Write the group with the leader's assignment, then answer the parked SyncGroups
+        (Kafka's storeGroup): the group turns Stable only once its record is durable. A failed
+        write answers them COORDINATOR_NOT_AVAILABLE and starts a new rebalance; a rebalance
+        or deletion that overtakes the write has answered them already."""
+        generation = group.generation
+        record = self.stored(group, assignment)
+
+        def written(error: BaseException | None) -> None:
+            if (
+                self.groups.get(group.group_id) is not group
+                or group.state != GroupState.COMPLETING_REBALANCE
+                or group.generation != generation
+            ):
+                return
+            if error is not None:
+                log.warning("group %s: cannot store its assignment: %s", group.group_id, error)
+                for m in group.members.values():
+                    respond_m, m.sync_respond = m.sync_respond, None
+                    if respond_m is not None:
+                        respond_m(SyncResult(ErrorCode.coordinator_not_available))
+                self._prepare_rebalance(group, GroupEvent.STORE_FAILED)
+                return
             for m in group.members.values():
-                m.assignment = assignments.get(m.member_id, b"")
+                m.assignment = assignment.get(m.member_id, b"")
             group.transition(GroupEvent.LEADER_SYNCED, self.clock.now_ms())
-            self._persist_group(group)
             for m in group.members.values():
                 respond_m, m.sync_respond = m.sync_respond, None
                 if respond_m is not None:
                     respond_m(self._sync_result(group, m))
+
+        self.sink.write(group.group_id, [(GroupKey(group.group_id), record)], written)
 
     def _sync_result(self, group: Group, member: Member) -> SyncResult:
         return SyncResult(ErrorCode.none, member.assignment, group.protocol_type, group.protocol)
@@ -903,7 +933,9 @@ class GroupCoordinator:
             group.group_id, [(GroupKey(group.group_id), self.stored(group))], _ignore_error
         )
 
-    def stored(self, group: Group) -> StoredGroup:
+    def stored(self, group: Group, assignment: dict[str, bytes] | None = None) -> StoredGroup:
+        """The group's record: its members only when Stable, or with ``assignment`` (the
+        leader's, about to make it Stable)."""
         members = tuple(
             glog.StoredMember(
                 m.member_id,
@@ -913,11 +945,11 @@ class GroupCoordinator:
                 m.rebalance_timeout_ms,
                 m.session_timeout_ms,
                 m.metadata(group.protocol),
-                m.assignment,
+                m.assignment if assignment is None else assignment.get(m.member_id, b""),
             )
             for m in group.members.values()
         )
-        if group.state != GroupState.STABLE:
+        if group.state != GroupState.STABLE and assignment is None:
             members = ()
         return StoredGroup(
             group.protocol_type or "",

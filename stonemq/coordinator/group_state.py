@@ -42,7 +42,8 @@ class GroupEvent(enum.Enum):
     MEMBER_LEFT = "a member left, expired, or missed the rebalance or sync deadline"
     JOIN_COMPLETE = "every member rejoined (or the rebalance timeout passed), some remain"
     JOIN_COMPLETE_EMPTY = "the join phase ended with no member left"
-    LEADER_SYNCED = "the leader sent the assignment"
+    LEADER_SYNCED = "the leader's assignment is stored"
+    STORE_FAILED = "the leader's assignment could not be stored"
     REMOVED = "the group was deleted or its last offsets expired"
     LOADED = "restored from the offsets log"
 
@@ -62,6 +63,7 @@ TRANSITIONS: dict[tuple[GroupState, GroupEvent], GroupState] = {
     (S.COMPLETING_REBALANCE, E.MEMBER_JOINED): S.PREPARING_REBALANCE,
     (S.COMPLETING_REBALANCE, E.MEMBER_LEFT): S.PREPARING_REBALANCE,
     (S.COMPLETING_REBALANCE, E.LEADER_SYNCED): S.STABLE,
+    (S.COMPLETING_REBALANCE, E.STORE_FAILED): S.PREPARING_REBALANCE,
     (S.COMPLETING_REBALANCE, E.REMOVED): S.DEAD,
     (S.STABLE, E.MEMBER_JOINED): S.PREPARING_REBALANCE,
     (S.STABLE, E.MEMBER_LEFT): S.PREPARING_REBALANCE,

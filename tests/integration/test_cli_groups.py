@@ -129,3 +129,5 @@ def test_topics_commands(module_broker) -> None:
     assert name not in as_json(module_broker, "topics", "list")
     missing = stonemq(module_broker, "topics", "delete", name, check=False)
     assert missing.returncode == 1 and "UNKNOWN_TOPIC_OR_PART" in missing.stderr
+    internal = stonemq(module_broker, "topics", "delete", "__consumer_offsets", check=False)
+    assert internal.returncode == 1 and "internal topic" in internal.stderr

@@ -279,6 +279,64 @@ def test_static_member_rejoins_without_rebalance_and_old_id_is_fenced() -> None:
     assert h.coord.heartbeat("g", 1, new, "i-1") == ErrorCode.none
 
 
+def completing_pair(h: Harness) -> tuple[str, str, int]:
+    """Two members through a join phase, waiting for the leader's SyncGroup; (leader,
+    follower, generation)."""
+    a = h.join(v4=False)[0].member_id
+    b = h.join(v4=False)
+    h.join(member_id=a, v4=False)
+    assert h.state() == GroupState.COMPLETING_REBALANCE
+    leader, generation = b[0].leader, b[0].generation
+    return leader, (b[0].member_id if leader == a else a), generation
+
+
+def test_sync_answers_once_the_assignment_is_stored() -> None:
+    h = Harness(delay_ms=0)
+    leader, follower, gen = completing_pair(h)
+    h.sink.hold = True
+    f = h.sync(follower, gen)
+    ld = h.sync(leader, gen, {leader: b"L", follower: b"F"})
+    assert not f and not ld  # nothing answered before the record is durable
+    assert h.state() == GroupState.COMPLETING_REBALANCE
+    _key, value = h.sink.entries[-1]
+    assert isinstance(value, glog.StoredGroup) and value.generation == gen
+    assert {m.member_id: m.assignment for m in value.members} == {leader: b"L", follower: b"F"}
+    h.sink.held.pop()(None)
+    assert h.state() == GroupState.STABLE
+    assert (f[0].error, f[0].assignment) == (ErrorCode.none, b"F")
+    assert (ld[0].error, ld[0].assignment) == (ErrorCode.none, b"L")
+
+
+def test_failed_assignment_write_answers_coordinator_not_available_and_rebalances() -> None:
+    h = Harness(delay_ms=0)
+    leader, follower, gen = completing_pair(h)
+    h.sink.hold = True
+    f = h.sync(follower, gen)
+    ld = h.sync(leader, gen, {leader: b"L", follower: b"F"})
+    h.sink.held.pop()(OSError("disk"))
+    assert [r.error for r in f + ld] == [ErrorCode.coordinator_not_available] * 2
+    assert h.state() == GroupState.PREPARING_REBALANCE
+    assert all(m.assignment == b"" for m in h.coord.groups["g"].members.values())
+    # both rejoin: a new generation, and this time the write lands
+    h.sink.hold = False
+    ja, jb = h.join(member_id=leader), h.join(member_id=follower)
+    assert ja[0].generation == jb[0].generation == gen + 1
+    assert h.sync(ja[0].leader, gen + 1, {leader: b"L2"})[0].error == ErrorCode.none
+    assert h.state() == GroupState.STABLE
+
+
+def test_rebalance_overtaking_the_assignment_write_wins() -> None:
+    h = Harness(delay_ms=0)
+    leader, follower, gen = completing_pair(h)
+    h.sink.hold = True
+    ld = h.sync(leader, gen, {leader: b"L", follower: b"F"})
+    h.join(v4=False)  # a third member: back to PreparingRebalance
+    assert [r.error for r in ld] == [ErrorCode.rebalance_in_progress]
+    h.sink.held.pop(0)(None)  # the old generation's write lands late
+    assert h.state() == GroupState.PREPARING_REBALANCE
+    assert all(m.assignment == b"" for m in h.coord.groups["g"].members.values())
+
+
 def test_commit_waits_for_the_write_and_fetch_sees_it() -> None:
     h = Harness()
     h.sink.hold = True
