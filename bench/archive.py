@@ -169,10 +169,13 @@ def consume_cold(
         started = time.monotonic()
         consumer.assign([TopicPartition(topic, p, 0) for p in range(len(ends))])
         done = [end <= 0 for end in ends]
+        position = [0] * len(ends)
         msgs = nbytes = errors = 0
         deadline = started + timeout
         while not all(done) and time.monotonic() < deadline:
-            for m in consumer.consume(num_messages=10_000, timeout=0.5):
+            # at most the offsets left (records, bar gaps): consume(n) waits for n or timeout
+            left = sum(max(0, end - at) for end, at in zip(ends, position, strict=True))
+            for m in consumer.consume(num_messages=max(1, min(10_000, left)), timeout=0.5):
                 if m.error() is not None:
                     errors += 1
                     continue
@@ -182,6 +185,7 @@ def consume_cold(
                     continue
                 msgs += 1
                 nbytes += len(m.value())
+                position[p] = m.offset() + 1
                 if m.offset() == ends[p] - 1:
                     done[p] = True
         elapsed = time.monotonic() - started

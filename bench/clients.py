@@ -181,7 +181,9 @@ def consume(
         errors = 0
         deadline = started + timeout
         while msgs < expected and time.monotonic() < deadline:
-            for m in consumer.consume(num_messages=10_000, timeout=0.5):
+            # consume(n) waits for n records or its timeout: never ask for more than are left,
+            # or the last call waits out the timeout (0.5 s of a 1.5 s catch-up)
+            for m in consumer.consume(num_messages=min(10_000, expected - msgs), timeout=0.5):
                 if m.error() is not None:
                     errors += 1
                     continue
