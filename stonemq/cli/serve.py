@@ -51,6 +51,9 @@ def serve(
 
     from stonemq.server.listener import serve as run_server
     from stonemq.server.lock import DirectoryInUseError
+    from stonemq.server.malloc import tune_malloc
+
+    tune_malloc()
 
     try:
         import uvloop
