@@ -77,7 +77,10 @@ class Settings(BaseSettings):
     journal_flush_interval_ms: int = Field(1000, gt=0)
     queue_checkpoint_interval_ms: int = Field(60_000, gt=0)
     queue_max_open_files: int = Field(16384, ge=8)
-    splitter_batch_bytes: int = Field(4 * MIB, gt=0, description="journal bytes split per pass")
+    # 1 MiB: the read stays under the malloc mmap threshold (stonemq/server/malloc.py) and the
+    # loop is held for shorter; against 4 MiB it split faster at 1 partition (~290 vs ~240
+    # MB/s, 1 KiB records) and lowered the peak PSS at 1,000 partitions by ~1.5 MB
+    splitter_batch_bytes: int = Field(MIB, gt=0, description="journal bytes split per pass")
     splitter_max_lag_bytes: int = Field(
         64 * MIB,
         ge=-1,
