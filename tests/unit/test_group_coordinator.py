@@ -279,23 +279,24 @@ def test_static_member_rejoins_without_rebalance_and_old_id_is_fenced() -> None:
     assert h.coord.heartbeat("g", 1, new, "i-1") == ErrorCode.none
 
 
-def completing_pair(h: Harness) -> tuple[str, str, int]:
-    """Two members through a join phase, waiting for the leader's SyncGroup; (leader,
-    follower, generation)."""
+def parked_syncs(h: Harness) -> tuple[str, str, int, list[SyncResult], list[SyncResult]]:
+    """Two members through a join phase, then both SyncGroups with the group write held:
+    (leader, follower, generation, the follower's answers, the leader's answers)."""
     a = h.join(v4=False)[0].member_id
     b = h.join(v4=False)
     h.join(member_id=a, v4=False)
     assert h.state() == GroupState.COMPLETING_REBALANCE
-    leader, generation = b[0].leader, b[0].generation
-    return leader, (b[0].member_id if leader == a else a), generation
+    leader, gen = b[0].leader, b[0].generation
+    follower = b[0].member_id if leader == a else a
+    h.sink.hold = True
+    f = h.sync(follower, gen)
+    ld = h.sync(leader, gen, {leader: b"L", follower: b"F"})
+    return leader, follower, gen, f, ld
 
 
 def test_sync_answers_once_the_assignment_is_stored() -> None:
     h = Harness(delay_ms=0)
-    leader, follower, gen = completing_pair(h)
-    h.sink.hold = True
-    f = h.sync(follower, gen)
-    ld = h.sync(leader, gen, {leader: b"L", follower: b"F"})
+    leader, follower, gen, f, ld = parked_syncs(h)
     assert not f and not ld  # nothing answered before the record is durable
     assert h.state() == GroupState.COMPLETING_REBALANCE
     _key, value = h.sink.entries[-1]
@@ -309,10 +310,7 @@ def test_sync_answers_once_the_assignment_is_stored() -> None:
 
 def test_failed_assignment_write_answers_coordinator_not_available_and_rebalances() -> None:
     h = Harness(delay_ms=0)
-    leader, follower, gen = completing_pair(h)
-    h.sink.hold = True
-    f = h.sync(follower, gen)
-    ld = h.sync(leader, gen, {leader: b"L", follower: b"F"})
+    leader, follower, gen, f, ld = parked_syncs(h)
     h.sink.held.pop()(OSError("disk"))
     assert [r.error for r in f + ld] == [ErrorCode.coordinator_not_available] * 2
     assert h.state() == GroupState.PREPARING_REBALANCE
@@ -327,11 +325,9 @@ def test_failed_assignment_write_answers_coordinator_not_available_and_rebalance
 
 def test_rebalance_overtaking_the_assignment_write_wins() -> None:
     h = Harness(delay_ms=0)
-    leader, follower, gen = completing_pair(h)
-    h.sink.hold = True
-    ld = h.sync(leader, gen, {leader: b"L", follower: b"F"})
+    _leader, _follower, _gen, f, ld = parked_syncs(h)
     h.join(v4=False)  # a third member: back to PreparingRebalance
-    assert [r.error for r in ld] == [ErrorCode.rebalance_in_progress]
+    assert [r.error for r in f + ld] == [ErrorCode.rebalance_in_progress] * 2
     h.sink.held.pop(0)(None)  # the old generation's write lands late
     assert h.state() == GroupState.PREPARING_REBALANCE
     assert all(m.assignment == b"" for m in h.coord.groups["g"].members.values())
