@@ -37,7 +37,10 @@ def producer_conf(bootstrap: str, acks: str, linger_ms: int = 5) -> dict[str, An
     meet. That buffer matters with many partitions: librdkafka sends one partition per
     ProduceRequest and visits every partition between two requests, so the batch a request
     carries is about the buffer divided by the partitions (at 10,000 partitions a 256 MiB
-    buffer gave 49-record requests and 109 MB/s, the default 1 GiB 100 KiB and 158 MB/s)."""
+    buffer gave 49-record requests and 109 MB/s, the default 1 GiB 100 KiB and 158 MB/s).
+    With one to four partitions the larger buffer measured about 15% slower in paired runs
+    on this machine (docs/benchmarks/analysis.md); the defaults are kept all the same, as a
+    user's client would have them."""
     return {
         "bootstrap.servers": bootstrap,
         "acks": acks,
