@@ -5,7 +5,8 @@ that receives length-prefixed 1 MiB frames into a preallocated buffer and append
 a file with ``os.write`` (no fsync; a zero-length frame asks for a reply), and the client that
 feeds it; (b) Redis Streams: starting Debian's ``redis-server`` (appendonly yes, appendfsync
 everysec) in a temp dir on a free loopback port, and redis-py workers for pipelined XADD and
-XREAD. Workers report over a ``multiprocessing`` queue like :mod:`bench.clients`.
+XREAD; (c) starting the storage-free broker of :mod:`bench.sink`. Workers report over a
+``multiprocessing`` queue like :mod:`bench.clients`.
 """
 
 from __future__ import annotations
@@ -245,6 +246,21 @@ def redis_consume(q: Queue[Any], port: int, key: str, expected: int, timeout: fl
         q.put(("done", {"msgs": msgs, "bytes": nbytes, "seconds": elapsed, "errors": 0}))
     except BaseException:
         q.put(("error", traceback.format_exc()))
+
+
+# -- (c) the storage-free broker ------------------------------------------------------------
+
+
+class StorageFreeBroker(procs.Broker):
+    """``python -m bench.sink serve``: StoneMQ answering every Produce without storing it."""
+
+    module = "bench.sink"
+
+    def environment(self) -> dict[str, str]:
+        env = super().environment()
+        root = str(Path(__file__).resolve().parent.parent)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+        return env
 
 
 def main() -> None:

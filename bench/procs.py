@@ -101,6 +101,8 @@ def accepts_connections(port: int) -> bool:
 class Broker:
     """One ``python -m stonemq serve`` on 127.0.0.1 with its own data dir and settings."""
 
+    module = "stonemq"  # what ``python -m`` runs; it takes ``stonemq serve``'s arguments
+
     def __init__(self, data_dir: Path, settings: Mapping[str, Any] | None = None) -> None:
         self.data_dir = data_dir
         self.settings = dict(settings or {})
@@ -130,7 +132,7 @@ class Broker:
         """Start and wait for the ``ready`` line and an open port; returns seconds taken."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self._log_start = self.log_path.stat().st_size if self.log_path.exists() else 0
-        cmd = [sys.executable, "-m", "stonemq", "serve", "--listen", self.bootstrap]
+        cmd = [sys.executable, "-m", self.module, "serve", "--listen", self.bootstrap]
         cmd += ["--data-dir", str(self.data_dir)]
         started = time.monotonic()
         self.proc = spawn(cmd, self.log_path, self.environment())

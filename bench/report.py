@@ -237,12 +237,20 @@ def targets(res: dict[str, Any]) -> list[dict[str, Any]]:
     )
     scaling = res.get("scaling", [])
     s1, s10k = _find(scaling, partitions=1), _find(scaling, partitions=10_000)
+    detail = f"{s10k['msg_s']:.0f} / {s1['msg_s']:.0f} msg/s" if s1 and s10k else "missing"
+    free = res.get("scaling_storage_free", [])
+    f1, f10k = _find(free, partitions=1), _find(free, partitions=10_000)
+    if f1 and f10k:
+        detail += (
+            f"; the same producer against the storage-free broker (c): "
+            f"{f10k['msg_s'] / f1['msg_s']:.2f} ({f10k['mb_s']} / {f1['mb_s']} MB/s)"
+        )
     add(
         "throughput at 10,000 partitions ÷ at 1 partition",
         round(s10k["msg_s"] / s1["msg_s"], 3) if s1 and s10k else None,
         0.9,
         True,
-        f"{s10k['msg_s']:.0f} / {s1['msg_s']:.0f} msg/s" if s1 and s10k else "missing",
+        detail,
     )
     s1k = _find(scaling, partitions=1000)
     add(
@@ -386,6 +394,32 @@ def tables(res: dict[str, Any]) -> str:
                 f"{r['msg_s'] / base:.2f} | {r['cpu_s_per_gb']} | {r['pss_peak_mb']} |"
                 f" {r['pss_steady_mb']} | {r['open_files']} | {r['create_s']} |"
                 f" {_client_pct(r)} | {_client_s_per_gb(r)} |"
+            )
+        lines.append("")
+    free = res.get("scaling_storage_free")
+    if free and res.get("scaling"):
+        lines += [
+            "### Partition scaling next to the storage-free broker (baseline c)",
+            "",
+            "The same load, step by step, against StoneMQ with a Produce handler that stores"
+            " nothing (`bench/sink.py`): what the producer and StoneMQ's network and protocol"
+            " layers reach with no journal, no splitter and no disk.",
+            "",
+            "| partitions | StoneMQ MB/s | ÷ 1 partition | storage-free MB/s | ÷ 1 partition |"
+            " StoneMQ ÷ storage-free | storage-free CPU s/GB | producer CPU s/GB"
+            " (storage-free) |",
+            "|---:|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        base, free_base = res["scaling"][0]["msg_s"], free[0]["msg_s"]
+        for f in free:
+            r = _find(res["scaling"], partitions=f["partitions"])
+            if r is None:
+                continue
+            lines.append(
+                f"| {f['partitions']:,} | {r['mb_s']:,.2f} | {r['msg_s'] / base:.2f} |"
+                f" {f['mb_s']:,.2f} | {f['msg_s'] / free_base:.2f} |"
+                f" {r['msg_s'] / f['msg_s']:.2f} | {f['cpu_s_per_gb']} |"
+                f" {_client_s_per_gb(f)} |"
             )
         lines.append("")
     c = res.get("consume")
@@ -553,7 +587,16 @@ def charts(res: dict[str, Any], out: Path) -> list[str]:
         rows = res["scaling"]
         fig, ax1 = plt.subplots(figsize=(7, 4.5))
         xs = [r["partitions"] for r in rows]
-        ax1.plot(xs, [r["msg_s"] for r in rows], "o-", color="tab:blue", label="msg/s")
+        ax1.plot(xs, [r["msg_s"] for r in rows], "o-", color="tab:blue", label="StoneMQ msg/s")
+        free = res.get("scaling_storage_free")
+        if free:
+            ax1.plot(
+                [r["partitions"] for r in free],
+                [r["msg_s"] for r in free],
+                "o--",
+                color="tab:gray",
+                label="storage-free broker (c) msg/s",
+            )
         ax1.set_xscale("log")
         ax1.set_xlabel("partitions")
         ax1.set_ylabel("msg/s (1 KiB)", color="tab:blue")
@@ -566,6 +609,7 @@ def charts(res: dict[str, Any], out: Path) -> list[str]:
         ax2.set_ylabel("broker PSS (MB)", color="tab:red")
         ax2.set_ylim(bottom=0)
         ax2.legend(loc="lower left", fontsize=8)
+        ax1.legend(loc="upper right", fontsize=8)
         ax1.grid(True, alpha=0.3)
         fig.suptitle("Partition scaling: throughput and memory")
         fig.tight_layout()
@@ -728,5 +772,8 @@ METHOD = """
   fsync), fed by one client process with blocking `sendall`; (b) Debian `redis-server`
   (`appendonly yes`, `appendfsync everysec`, temp dir, free loopback port), redis-py pipelines
   of XADD (up to 1,000 commands or 1 MiB per pipeline) at the same sizes, XREAD COUNT 10000 for
-  consume.
+  consume; (c) `python -m bench.sink serve`: StoneMQ's listener, connections, request decoding,
+  metadata and topic creation, with a Produce handler that answers success at once and stores
+  nothing. It runs every partition-scaling step right after StoneMQ's, with the same load, so
+  the fall from 1 to 10,000 partitions that belongs to the client is measured in the same run.
 """

@@ -354,26 +354,12 @@ class Run:
         self.results["client_profile"] = summary
 
     def scaling(self) -> None:
-        log("partition scaling: 1 KiB keyed load")
-        rows = []
+        log("partition scaling: 1 KiB keyed load, StoneMQ then the storage-free broker")
+        rows, free_rows = [], []
         for n in PARTITION_STEPS:
             broker = self.broker()
             try:
-                created = create_topics(broker.bootstrap, {"scale": n})
-                conf = clients.producer_conf(broker.bootstrap, "1")
-                result, mon = measured(
-                    broker.pid,
-                    clients.entry,
-                    "produce",
-                    conf,
-                    "scale",
-                    KIB,
-                    self.scale.scaling_s,
-                    self.scale.produce_max,
-                    max(4 * n, 1000),
-                )
-                r = row(result, mon, partitions=n, create_s=round(created, 2))
-                r["open_files"] = procs.open_files(broker.pid)
+                r = self._scaling_step(broker, n)
                 rows.append(r)
                 log(
                     f"  {n:>6} partitions: {r['msg_s']:>8.0f} msg/s {r['mb_s']:>6.2f} MB/s "
@@ -384,7 +370,36 @@ class Run:
                     self.client_profile(broker, n)
             finally:
                 self.done_with(broker)
+            self._brokers += 1
+            sink = baselines.StorageFreeBroker(self.tmp / f"broker{self._brokers}")
+            sink.start()
+            try:
+                r = self._scaling_step(sink, n)
+                free_rows.append(r)
+                log(f"  {n:>6} partitions, storage-free: {r['mb_s']:>6.2f} MB/s")
+            finally:
+                self.done_with(sink)
         self.results["scaling"] = rows
+        self.results["scaling_storage_free"] = free_rows
+
+    def _scaling_step(self, broker: procs.Broker, n: int) -> dict[str, Any]:
+        """One topic of ``n`` partitions, then the 1 KiB keyed load for the step's time."""
+        created = create_topics(broker.bootstrap, {"scale": n})
+        conf = clients.producer_conf(broker.bootstrap, "1")
+        result, mon = measured(
+            broker.pid,
+            clients.entry,
+            "produce",
+            conf,
+            "scale",
+            KIB,
+            self.scale.scaling_s,
+            self.scale.produce_max,
+            max(4 * n, 1000),
+        )
+        r = row(result, mon, partitions=n, create_s=round(created, 2))
+        r["open_files"] = procs.open_files(broker.pid)
+        return r
 
     def consume(self) -> None:
         log("consume catch-up from offset 0")
