@@ -396,7 +396,7 @@ class StorageEngine:
         replayed = 0
         for j, journal in enumerate(self._journals):
             advanced: set[QueueLog] = set()
-            replayed += self._splitter.split_to(j, journal.written_end, advanced)
+            replayed += self._splitter.recover_to(j, journal.written_end, advanced)
             self._dirty |= advanced
         for state in self._by_name.values():
             state.next_offset = state.queue.next_offset if state.queue is not None else 0

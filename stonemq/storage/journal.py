@@ -37,6 +37,7 @@ from typing import Any, NamedTuple
 from crc32c import crc32c
 
 from stonemq.storage.errors import StorageError
+from stonemq.storage.page_cache import RECOVERY_READ_BYTES, drop_pages
 
 log = logging.getLogger(__name__)
 
@@ -288,8 +289,9 @@ class JournalReader:
     another process. It keeps one descriptor: the segment it last read.
     """
 
-    def __init__(self, directory: str) -> None:
+    def __init__(self, directory: str, *, read_once: bool = False) -> None:
         self.directory = directory
+        self.read_once = read_once  # drop the pages of what it returns (page_cache.py)
         self._bases: list[int] = list_segments(directory)
         self._fd = -1
         self._fd_base = -1
@@ -342,6 +344,8 @@ class JournalReader:
             if size <= limit - pos:
                 data = memoryview(self._pread(pos, size))
                 entries, used = decode_entries(data, pos, verify)
+        if self.read_once and used:
+            drop_pages(self._fd, pos - self._fd_base, used)  # an entry never spans segments
         return entries, pos + used
 
 
@@ -413,13 +417,13 @@ class JournalLog:
                 last_end,
             )
             start = first
-        reader = JournalReader(self.directory)
+        reader = JournalReader(self.directory, read_once=True)
         pos = start
         reason = ""
         try:
             while True:
                 try:
-                    _entries, nxt = reader.read(pos, last_end, 8 << 20, verify=True)
+                    _entries, nxt = reader.read(pos, last_end, RECOVERY_READ_BYTES, verify=True)
                 except CorruptEntryError as exc:
                     reason = str(exc)
                     break

@@ -23,6 +23,7 @@ from stonemq.protocol.record_batch import (
 )
 from stonemq.storage.offset_index import OffsetIndex
 from stonemq.storage.open_files import OpenFiles
+from stonemq.storage.page_cache import RECOVERY_READ_BYTES, drop_pages
 from stonemq.storage.time_index import TimeIndex
 
 log = logging.getLogger(__name__)
@@ -35,7 +36,6 @@ _LENGTH = struct.Struct(">i")
 _SCAN_CHUNK_BYTES = 64 * 1024
 READ_AHEAD_BYTES = 4 * 1024 * 1024  # asked of the kernel after each fetch read
 _FADV_WILLNEED = getattr(os, "POSIX_FADV_WILLNEED", None)
-_VALIDATE_CHUNK_BYTES = 8 * 1024 * 1024
 
 
 def segment_file(directory: str, base_offset: int, suffix: str) -> str:
@@ -253,7 +253,7 @@ class Segment:
         file_size = os.fstat(fd).st_size
         pos = start
         while pos < file_size:
-            chunk = os.pread(fd, min(_VALIDATE_CHUNK_BYTES, file_size - pos), pos)
+            chunk = os.pread(fd, min(RECOVERY_READ_BYTES, file_size - pos), pos)
             at = 0
             while len(chunk) - at >= HEADER_SIZE:
                 try:
@@ -271,6 +271,7 @@ class Segment:
                 self.track(files, header, pos + at, index_interval_bytes)
                 next_offset = header.next_offset
                 at += header.size
+            drop_pages(fd, pos, at)  # validated: read once (page_cache.py)
             if pos + at == self.size and at > 0 and pos + at < file_size:
                 pos += at
                 continue

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from stonemq.protocol.record_batch import RecordBatchError
 from stonemq.storage.errors import StorageError
 from stonemq.storage.journal import JournalEntry, JournalReader
+from stonemq.storage.page_cache import RECOVERY_READ_BYTES
 from stonemq.storage.queue_log import QueueLog
 
 log = logging.getLogger(__name__)
@@ -47,14 +48,18 @@ class Splitter:
         # produces routed to them are refused until a step succeeds again
         self.failed: dict[int, StorageError] = {}
 
-    def step(self, j: int, limit: int, advanced: set[QueueLog]) -> int:
+    def step(
+        self, j: int, limit: int, advanced: set[QueueLog], batch_bytes: int | None = None
+    ) -> int:
         """Split entries of journal ``j`` from its split position, at most about
-        ``batch_bytes`` of them, never past ``limit`` (the journal's written end). Adds the
-        QueueLogs that grew to ``advanced``; returns the journal bytes consumed."""
+        ``batch_bytes`` of them (default: the splitter's), never past ``limit`` (the journal's
+        written end). Adds the QueueLogs that grew to ``advanced``; returns the journal bytes
+        consumed."""
         pos = self.positions[j]
         if pos >= limit:
             return 0
-        entries, end = self.readers[j].read(pos, limit, self.batch_bytes, verify=False)
+        want = self.batch_bytes if batch_bytes is None else batch_bytes
+        entries, end = self.readers[j].read(pos, limit, want, verify=False)
         # group by queue log (order within each kept) so each log's files are touched once
         # per step: fewer open-file cache misses with many partitions
         groups: dict[QueueLog, list[JournalEntry]] = {}
@@ -90,13 +95,29 @@ class Splitter:
         return end - pos
 
     def split_to(self, j: int, limit: int, advanced: set[QueueLog]) -> int:
-        """Split everything of journal ``j`` below ``limit`` (recovery and shutdown)."""
+        """Split everything of journal ``j`` below ``limit`` (shutdown)."""
         total = 0
         while True:
             n = self.step(j, limit, advanced)
             if n == 0:
                 return total
             total += n
+
+    def recover_to(self, j: int, limit: int, advanced: set[QueueLog]) -> int:
+        """Re-split everything of journal ``j`` below ``limit`` at recovery: the journal is
+        read in ``RECOVERY_READ_BYTES`` reads whose pages are dropped behind them (it is read
+        once; see ``page_cache``), then the reader goes back to reading through the cache."""
+        reader = self.readers[j]
+        reader.read_once = True
+        total = 0
+        try:
+            while True:
+                n = self.step(j, limit, advanced, RECOVERY_READ_BYTES)
+                if n == 0:
+                    return total
+                total += n
+        finally:
+            reader.read_once = False
 
     async def run(
         self,
