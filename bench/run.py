@@ -108,6 +108,22 @@ def measured(
     return result, monitor
 
 
+def produce(
+    broker: procs.Broker,
+    topic: str,
+    size: int,
+    seconds: float,
+    max_bytes: int,
+    keys: int,
+    acks: str = "1",
+) -> tuple[dict[str, Any], procs.Monitor]:
+    """One producer process into ``topic`` (see ``clients.produce``), measured on the broker."""
+    conf = clients.producer_conf(broker.bootstrap, acks)
+    return measured(
+        broker.pid, clients.entry, "produce", conf, topic, size, seconds, max_bytes, keys
+    )
+
+
 def row(result: dict[str, Any], monitor: procs.Monitor | None, **extra: Any) -> dict[str, Any]:
     seconds = max(result["seconds"], 1e-9)
     out: dict[str, Any] = dict(extra)
@@ -243,17 +259,8 @@ class Run:
             for size in SIZES:
                 for acks in ("1", "all"):
                     topic = f"p-{policy}-{acks}-{size}"
-                    conf = clients.producer_conf(broker.bootstrap, acks)
-                    result, mon = measured(
-                        broker.pid,
-                        clients.entry,
-                        "produce",
-                        conf,
-                        topic,
-                        size,
-                        self.scale.produce_s,
-                        self.scale.produce_max,
-                        0,
+                    result, mon = produce(
+                        broker, topic, size, self.scale.produce_s, self.scale.produce_max, 0, acks
                     )
                     r = row(result, mon, size=size, acks=acks, policy=policy)
                     rows.append(r)
@@ -385,17 +392,9 @@ class Run:
     def _scaling_step(self, broker: procs.Broker, n: int) -> dict[str, Any]:
         """One topic of ``n`` partitions, then the 1 KiB keyed load for the step's time."""
         created = create_topics(broker.bootstrap, {"scale": n})
-        conf = clients.producer_conf(broker.bootstrap, "1")
-        result, mon = measured(
-            broker.pid,
-            clients.entry,
-            "produce",
-            conf,
-            "scale",
-            KIB,
-            self.scale.scaling_s,
-            self.scale.produce_max,
-            max(4 * n, 1000),
+        keys = max(4 * n, 1000)
+        result, mon = produce(
+            broker, "scale", KIB, self.scale.scaling_s, self.scale.produce_max, keys
         )
         r = row(result, mon, partitions=n, create_s=round(created, 2))
         r["open_files"] = procs.open_files(broker.pid)
@@ -406,18 +405,7 @@ class Run:
         broker = self.broker()
         try:
             create_topics(broker.bootstrap, {"catchup": 4})
-            conf = clients.producer_conf(broker.bootstrap, "1")
-            produced, _ = measured(
-                broker.pid,
-                clients.entry,
-                "produce",
-                conf,
-                "catchup",
-                KIB,
-                3600.0,
-                self.scale.consume_bytes,
-                0,
-            )
+            produced, _ = produce(broker, "catchup", KIB, 3600.0, self.scale.consume_bytes, 0)
             broker.stop()  # clean stop: everything split; then a cold start
             dropped = drop_caches()
             broker.start()
@@ -546,18 +534,7 @@ class Run:
         broker = self.broker(**{"queue.checkpoint.interval.ms": 3_600_000})
         try:
             create_topics(broker.bootstrap, {"recover": 8})
-            conf = clients.producer_conf(broker.bootstrap, "1")
-            produced, _ = measured(
-                broker.pid,
-                clients.entry,
-                "produce",
-                conf,
-                "recover",
-                11_760,
-                3600.0,
-                target,
-                0,
-            )
+            produced, _ = produce(broker, "recover", 11_760, 3600.0, target, 0)
             broker.kill()
             state = journal_state(broker.data_dir)
             dropped = drop_caches()
