@@ -60,7 +60,6 @@ _OPEN_FLAGS = os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
 INLINE_WRITE_BYTES = 1024 * 1024
 # journal pages that are split and durable are dropped from the page cache in steps of this
 PAGE_RELEASE_MIN_BYTES = 8 * 1024 * 1024
-_FADV_DONTNEED = getattr(os, "POSIX_FADV_DONTNEED", None)
 
 
 class CorruptEntryError(Exception):
@@ -267,17 +266,13 @@ def release_pages(ranges: list[tuple[str, int, int]]) -> None:
     instead of a second copy of every produced byte, and new journal writes reuse the freed
     pages. Clean pages only (a dirty page is written back, not dropped); a range whose
     segment is gone is skipped."""
-    if _FADV_DONTNEED is None:
-        return
     for path, start, length in ranges:
         try:
             fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
         except OSError:
             continue
         try:
-            os.posix_fadvise(fd, start, length, _FADV_DONTNEED)
-        except OSError as exc:
-            log.debug("%s: page release failed: %s", path, exc)
+            drop_pages(fd, start, length)
         finally:
             os.close(fd)
 
