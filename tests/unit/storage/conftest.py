@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import mmap
+import os
 import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -125,3 +129,40 @@ def abandon(engine: StorageEngine) -> None:
     if engine._splitter is not None:
         engine._splitter.close()
     engine._files.close_all()
+
+
+PAGE = mmap.PAGESIZE
+
+_libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+_libc.mmap.restype = ctypes.c_void_p
+_libc.mmap.argtypes = [
+    ctypes.c_void_p,
+    ctypes.c_size_t,
+    ctypes.c_int,
+    ctypes.c_int,
+    ctypes.c_int,
+    ctypes.c_long,
+]
+_libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+_libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+_MAP_FAILED = ctypes.c_void_p(-1).value
+
+
+def cached_pages(path: Path) -> list[bool]:
+    """For each page of ``path``: is it in the page cache? mincore(2) on a mapping of the
+    file, which reads nothing (a probing read would start the readahead it observes)."""
+    size = path.stat().st_size
+    if size == 0:
+        return []
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        addr = _libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+        assert addr not in (None, _MAP_FAILED), os.strerror(ctypes.get_errno())
+        try:
+            vec = ctypes.create_string_buffer((size + PAGE - 1) // PAGE)
+            assert _libc.mincore(addr, size, vec) == 0, os.strerror(ctypes.get_errno())
+            return [bool(b & 1) for b in vec.raw]
+        finally:
+            _libc.munmap(addr, size)
+    finally:
+        os.close(fd)

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import ctypes
-import mmap
 import os
 import resource
 import signal
@@ -14,7 +12,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import SMALL_LOG, add_topic, build_batch, new_engine, read_all, wait_split
+from conftest import (
+    PAGE,
+    SMALL_LOG,
+    add_topic,
+    build_batch,
+    cached_pages,
+    new_engine,
+    read_all,
+    wait_split,
+)
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -295,37 +302,6 @@ def test_a_writer_bug_fails_the_group_instead_of_hanging_it(
     run(main())
 
 
-def _resident_pages(path: Path, start: int, length: int) -> int:
-    """Pages of ``path`` in [start, start + length) that are in the page cache (mincore)."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.mmap.restype = ctypes.c_void_p
-    libc.mmap.argtypes = [
-        ctypes.c_void_p,
-        ctypes.c_size_t,
-        ctypes.c_int,
-        ctypes.c_int,
-        ctypes.c_int,
-        ctypes.c_long,
-    ]
-    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
-    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-    page = mmap.PAGESIZE
-    first, last = start // page, (start + length) // page  # whole pages only
-    count = last - first
-    if count <= 0:
-        return 0
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        addr = libc.mmap(None, count * page, mmap.PROT_READ, mmap.MAP_SHARED, fd, first * page)
-        assert addr not in (None, ctypes.c_void_p(-1).value)
-        vec = ctypes.create_string_buffer(count)
-        assert libc.mincore(addr, count * page, vec) == 0
-        libc.munmap(addr, count * page)
-    finally:
-        os.close(fd)
-    return sum(b & 1 for b in vec.raw)
-
-
 @pytest.mark.skipif(not hasattr(os, "posix_fadvise"), reason="needs posix_fadvise")
 def test_journal_pages_are_released_once_split_and_durable(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -350,7 +326,7 @@ def test_journal_pages_are_released_once_split_and_durable(
         assert journal.released_end == split == journal.written_end
         await asyncio.sleep(0.2)  # the release runs in an executor thread
         path = Path(journal.path(0))
-        assert _resident_pages(path, 0, split) == 0
+        assert not any(cached_pages(path)[: split // PAGE])  # its whole pages below split
         # the queue log keeps its pages (consumers read it), and every byte reads back
         assert read_all(engine, "t", 0) == b"".join(batches)  # patched in place when queued
         await engine.close()

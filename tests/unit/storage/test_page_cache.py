@@ -1,56 +1,26 @@
 """Recovery keeps no page cache of what it read once: the journal it scanned and re-split and the
-queue-log tails it validated; and it still recovers every batch. Whether a page is cached is
-observed with mincore(2) on a mapping of the file, which reads nothing (a probing read would
-start the readahead it is meant to observe)."""
+queue-log tails it validated; and it still recovers every batch. Residency comes from
+``cached_pages`` (conftest.py: mincore, which reads nothing)."""
 
 from __future__ import annotations
 
 import asyncio
-import ctypes
-import ctypes.util
-import mmap
 import os
 from pathlib import Path
 
 import pytest
-from conftest import abandon, add_topic, build_batch, new_engine, read_all, wait_split
+from conftest import (
+    PAGE,
+    abandon,
+    add_topic,
+    build_batch,
+    cached_pages,
+    new_engine,
+    read_all,
+    wait_split,
+)
 
 from stonemq.storage.page_cache import drop_pages
-
-PAGE = mmap.PAGESIZE
-
-_libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-_libc.mmap.restype = ctypes.c_void_p
-_libc.mmap.argtypes = [
-    ctypes.c_void_p,
-    ctypes.c_size_t,
-    ctypes.c_int,
-    ctypes.c_int,
-    ctypes.c_int,
-    ctypes.c_long,
-]
-_libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-_libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
-_MAP_FAILED = ctypes.c_void_p(-1).value
-
-
-def cached_pages(path: Path) -> list[bool]:
-    """For each page of ``path``: is it in the page cache?"""
-    size = path.stat().st_size
-    if size == 0:
-        return []
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        addr = _libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
-        assert addr != _MAP_FAILED, os.strerror(ctypes.get_errno())
-        try:
-            vec = ctypes.create_string_buffer((size + PAGE - 1) // PAGE)
-            assert _libc.mincore(addr, size, vec) == 0, os.strerror(ctypes.get_errno())
-            return [bool(b & 1) for b in vec.raw]
-        finally:
-            _libc.munmap(addr, size)
-    finally:
-        os.close(fd)
 
 
 def load(path: Path) -> None:
