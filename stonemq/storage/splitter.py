@@ -94,11 +94,13 @@ class Splitter:
         self.bytes_split += end - pos
         return end - pos
 
-    def split_to(self, j: int, limit: int, advanced: set[QueueLog]) -> int:
-        """Split everything of journal ``j`` below ``limit`` (shutdown)."""
+    def split_to(
+        self, j: int, limit: int, advanced: set[QueueLog], batch_bytes: int | None = None
+    ) -> int:
+        """Split everything of journal ``j`` below ``limit`` (shutdown and recovery)."""
         total = 0
         while True:
-            n = self.step(j, limit, advanced)
+            n = self.step(j, limit, advanced, batch_bytes)
             if n == 0:
                 return total
             total += n
@@ -109,13 +111,8 @@ class Splitter:
         once; see ``page_cache``), then the reader goes back to reading through the cache."""
         reader = self.readers[j]
         reader.read_once = True
-        total = 0
         try:
-            while True:
-                n = self.step(j, limit, advanced, RECOVERY_READ_BYTES)
-                if n == 0:
-                    return total
-                total += n
+            return self.split_to(j, limit, advanced, RECOVERY_READ_BYTES)
         finally:
             reader.read_once = False
 
