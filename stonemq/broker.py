@@ -42,6 +42,7 @@ class Broker:
                 explicit="queue_max_open_files" in settings.model_fields_set,
             ),
             splitter_batch_bytes=settings.splitter_batch_bytes,
+            queue_cache_retain_bytes=settings.queue_cache_retain_bytes,
             log_retention_check_interval_ms=settings.log_retention_check_interval_ms,
         )
         self.topics = TopicManager(settings, self.metadata, self.storage)

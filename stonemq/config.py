@@ -81,6 +81,13 @@ class Settings(BaseSettings):
     # loop is held for shorter; against 4 MiB it split faster at 1 partition (~290 vs ~240
     # MB/s, 1 KiB records) and lowered the peak PSS at 1,000 partitions by ~1.5 MB
     splitter_batch_bytes: int = Field(MIB, gt=0, description="journal bytes split per pass")
+    queue_cache_retain_bytes: int = Field(
+        1024 * MIB,
+        ge=-1,
+        description="queue-log bytes, the most recently written, left in the OS page cache; "
+        "older written pages are written back and dropped, so the cache stays bounded and new "
+        "writes reuse the pages freed (-1: no bound, the OS decides as with Kafka)",
+    )
     splitter_max_lag_bytes: int = Field(
         64 * MIB,
         ge=-1,

@@ -408,6 +408,7 @@ _LONG_SETTINGS = frozenset(
         "journal_segment_bytes",
         "splitter_batch_bytes",
         "splitter_max_lag_bytes",
+        "queue_cache_retain_bytes",
         "log_local_retention_bytes",
     }
 )

@@ -44,9 +44,9 @@ from stonemq.storage.journal import (
     JournalLog,
     encode_entry_prefix,
     fsync_paths,
-    release_pages,
 )
 from stonemq.storage.open_files import OpenFiles
+from stonemq.storage.page_cache import Range, WrittenPages, drop_ranges, release_written
 from stonemq.storage.queue_log import QueueLog, create_queue_log_dir, queue_log_dir
 from stonemq.storage.splitter import Splitter
 
@@ -159,6 +159,7 @@ class StorageEngine:
         queue_checkpoint_interval_ms: int,
         max_open_files: int,
         splitter_batch_bytes: int,
+        queue_cache_retain_bytes: int,
         log_retention_check_interval_ms: int = 300_000,
     ) -> None:
         if flush_policy not in FLUSH_POLICIES:
@@ -177,6 +178,8 @@ class StorageEngine:
         self.local_retention: Callable[[QueueLog, int], int] | None = None
         self._splitter_batch_bytes = splitter_batch_bytes
         self._files = OpenFiles(max_open_files)
+        # queue-log pages older than the write-behind window leave the page cache
+        self._written_pages = WrittenPages(queue_cache_retain_bytes)
         self._journals = [
             JournalLog(
                 self._journal_partition_dir(j),
@@ -349,6 +352,7 @@ class StorageEngine:
                 state.journal,
                 state.config,
                 self._files,
+                self._written_pages,
             )
         return queue
 
@@ -576,7 +580,7 @@ class StorageEngine:
     def _on_split(self, advanced: set[QueueLog]) -> None:
         for watcher in self.split_watchers:
             watcher()
-        self._release_journal_pages()
+        self._release_pages()
         self._dirty |= advanced
         listener = self._listener
         rolled = False
@@ -591,17 +595,21 @@ class StorageEngine:
         if rolled and self._checkpoint_wake is not None:
             self._checkpoint_wake.set()
 
-    def _release_journal_pages(self) -> None:
-        """Drop the page cache of journal bytes that are split and durable (in an executor
-        thread; see ``release_pages``)."""
+    def _release_pages(self) -> None:
+        """Drop the page cache of journal bytes that are split and durable and of queue-log
+        bytes past the write-behind window (in an executor thread; see ``page_cache.py``)."""
         splitter = self._splitter
         if splitter is None or self._closed:
             return
-        ranges: list[tuple[str, int, int]] = []
+        loop = asyncio.get_running_loop()
+        ranges: list[Range] = []
         for j, journal in enumerate(self._journals):
             ranges.extend(journal.pages_to_release(splitter.positions[j]))
         if ranges:
-            asyncio.get_running_loop().run_in_executor(None, release_pages, ranges)
+            loop.run_in_executor(None, drop_ranges, ranges)
+        hint, drop = self._written_pages.due()
+        if hint or drop:
+            loop.run_in_executor(None, release_written, hint, drop)
 
     # -- flushing and checkpoints -------------------------------------------------------------
     async def _interval_fsync_loop(self) -> None:
@@ -620,7 +628,7 @@ class StorageEngine:
                     journal.failed = StorageError(f"journal-{journal.index} fsync failed: {exc}")
                     continue
                 journal.mark_durable(end)
-            self._release_journal_pages()
+            self._release_pages()
 
     async def _checkpoint_loop(self) -> None:
         assert self._checkpoint_wake is not None

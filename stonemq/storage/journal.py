@@ -259,24 +259,6 @@ def fsync_paths(paths: list[str]) -> None:
             os.close(fd)
 
 
-def release_pages(ranges: list[tuple[str, int, int]]) -> None:
-    """Drop the page cache of journal ranges (path, start, length) that are split and
-    durable: the splitter has copied them into queue logs, and only a crash recovery would
-    read them again, from disk. Consumers read queue logs, so the page cache keeps those
-    instead of a second copy of every produced byte, and new journal writes reuse the freed
-    pages. Clean pages only (a dirty page is written back, not dropped); a range whose
-    segment is gone is skipped."""
-    for path, start, length in ranges:
-        try:
-            fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-        except OSError:
-            continue
-        try:
-            drop_pages(fd, start, length)
-        finally:
-            os.close(fd)
-
-
 class JournalReader:
     """Reads entries of one journal partition from its files, by journal position.
 
@@ -627,7 +609,10 @@ class JournalLog:
 
     def pages_to_release(self, split_position: int) -> list[tuple[str, int, int]]:
         """(path, start, length) of the journal bytes split and durable since the last
-        release, once there are ``PAGE_RELEASE_MIN_BYTES`` of them (see ``release_pages``)."""
+        release, once there are ``PAGE_RELEASE_MIN_BYTES`` of them, for ``drop_ranges``: the
+        splitter has copied them into queue logs, and only a crash recovery would read them
+        again, from disk. Consumers read queue logs, so the page cache keeps those instead of
+        a second copy of every produced byte, and new journal writes reuse the freed pages."""
         end = min(self.durable_end, split_position)
         start = max(self.released_end, self.segments[0] if self.segments else end)
         if end - start < PAGE_RELEASE_MIN_BYTES:

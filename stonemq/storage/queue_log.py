@@ -25,6 +25,7 @@ from stonemq.protocol.record_batch import (
 )
 from stonemq.storage.checkpoint import QueueRecoveryPoint
 from stonemq.storage.open_files import OpenFiles
+from stonemq.storage.page_cache import WrittenPages
 from stonemq.storage.segment import (
     INDEX_SUFFIX,
     LOG_SUFFIX,
@@ -70,6 +71,7 @@ class QueueLog:
         "log_start",
         "new_files",
         "next_offset",
+        "pages",
         "partition",
         "segments",
         "topic",
@@ -84,6 +86,7 @@ class QueueLog:
         journal_partition: int,
         config: object,
         files: OpenFiles,
+        pages: WrittenPages | None = None,
     ) -> None:
         self.directory = directory
         self.topic = topic
@@ -91,6 +94,7 @@ class QueueLog:
         self.journal_partition = journal_partition
         self.config = config  # a LogConfig: segment_bytes, segment_ms, index_interval_bytes...
         self.files = files
+        self.pages = pages  # the write-behind window appends are noted in (page_cache.py)
         self.segments: list[Segment] = []
         self.next_offset = 0
         self.log_start = 0  # raised by retention and DeleteRecords; see log_start_offset
@@ -178,7 +182,11 @@ class QueueLog:
             self._new_segment(header.base_offset)
         elif self._should_roll(self.segments[-1], header):
             self.roll(header.base_offset)
-        self.segments[-1].append(self.files, batch, header, self.config.index_interval_bytes)
+        active = self.segments[-1]
+        start = active.size
+        active.append(self.files, batch, header, self.config.index_interval_bytes)
+        if self.pages is not None:
+            self.pages.note(active.log_path, start, active.size)
         self.next_offset = header.next_offset
         self.last_journal_position = journal_position
         if self.first_unflushed_journal_position is None:

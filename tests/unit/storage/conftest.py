@@ -55,6 +55,7 @@ ENGINE_DEFAULTS: dict[str, Any] = {
     "queue_checkpoint_interval_ms": 60_000,
     "max_open_files": 64,
     "splitter_batch_bytes": 1 << 20,
+    "queue_cache_retain_bytes": 1 << 20,  # small: reads after the pages were dropped
 }
 
 SMALL_LOG = LogConfig(segment_bytes=16 * 1024, index_interval_bytes=512)

@@ -1,5 +1,6 @@
 """Recovery keeps no page cache of what it read once: the journal it scanned and re-split and the
-queue-log tails it validated; and it still recovers every batch. Residency comes from
+queue-log tails it validated; and it still recovers every batch. Queue-log pages a window
+(``queue.cache.retain.bytes``) old leave the cache, the newest stay. Residency comes from
 ``cached_pages`` (conftest.py: mincore, which reads nothing)."""
 
 from __future__ import annotations
@@ -20,7 +21,9 @@ from conftest import (
     wait_split,
 )
 
-from stonemq.storage.page_cache import drop_pages
+from stonemq.protocol.record_batch import parse_header
+from stonemq.storage.engine import LogConfig, StorageEngine
+from stonemq.storage.page_cache import FOLIO_MAX_BYTES, drop_pages
 
 
 def load(path: Path) -> None:
@@ -102,3 +105,44 @@ def test_recovery_reads_through_no_page_cache_and_recovers_every_batch(droppable
         got = [bytes(data).count(v) for v in values[partition]]
         assert got == [1] * len(values[partition])
         assert engine.high_watermark("t", partition) == len(values[partition])
+
+
+def test_queue_log_pages_past_the_window_leave_the_page_cache(droppable: Path) -> None:
+    window = 1 << 20
+    big_segments = LogConfig(segment_bytes=1 << 30, index_interval_bytes=4096)
+
+    async def produce(engine: StorageEngine, batches: list[bytearray]) -> None:
+        appends = [engine.append("t", 0, b, parse_header(b).record_count) for b in batches]
+        await asyncio.gather(*(a.written for a in appends))
+        await wait_split(engine)
+
+    async def main() -> None:
+        engine = new_engine(
+            droppable / "broker", queue_cache_retain_bytes=window, journal_segment_bytes=1 << 24
+        )
+        add_topic(engine, config=big_segments)
+        engine.start(lambda *a: None)
+        old = [build_batch([os.urandom(1000)] * 100) for _ in range(50)]  # ~5 MB
+        await produce(engine, old)
+        await engine.flush()  # written back: clean, so a drop can take it
+        new = [build_batch([os.urandom(1000)] * 100) for _ in range(30)]
+        await produce(engine, new)
+        (segment,) = sorted((droppable / "broker" / "queues").rglob("*.log"))
+        old_bytes = sum(map(len, old))
+        # but for a folio (up to 2 MiB) that also holds new, dirty bytes
+        kept = (old_bytes - FOLIO_MAX_BYTES) // PAGE
+        deadline = asyncio.get_running_loop().time() + 5
+        while any(cached_pages(segment)[:kept]):  # the drop runs in an executor thread
+            if asyncio.get_running_loop().time() > deadline:
+                left = [i for i, cached in enumerate(cached_pages(segment)[:kept]) if cached]
+                raise AssertionError(f"pages a window old are still cached: {left[:20]}...")
+            await asyncio.sleep(0.05)
+        pages = cached_pages(segment)
+        size = segment.stat().st_size
+        assert all(pages[-((window // 2) // PAGE) :]), "the newest half window was dropped"
+        data = read_all(engine, "t", 0)  # and everything reads back, from disk or cache
+        assert [bytes(data).count(bytes(b[61:])) for b in old + new] == [1] * 80
+        assert size == len(data)
+        await engine.close()
+
+    asyncio.run(asyncio.wait_for(main(), 20))

@@ -1,0 +1,127 @@
+"""WrittenPages: which queue-log ranges leave the page cache, and when (pure logic; the drop
+itself is tested against the kernel in test_page_cache.py)."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from stonemq.storage.page_cache import MAX_RANGES, WrittenPages
+
+PATHS = ["a.log", "b.log", "c.log"]
+
+writes_strategy = st.lists(
+    st.tuples(st.sampled_from(PATHS), st.integers(min_value=1, max_value=3000)),
+    min_size=1,
+    max_size=60,
+)
+
+
+class Model:
+    """The files as written: each write's (path, start, end, total bytes written after it)."""
+
+    def __init__(self) -> None:
+        self.size = dict.fromkeys(PATHS, 0)
+        self.writes: list[tuple[str, int, int, int]] = []
+        self.total = 0
+
+    def write(self, pages: WrittenPages, path: str, n: int) -> None:
+        start = self.size[path]
+        self.size[path] = start + n
+        self.total += n
+        self.writes.append((path, start, start + n, self.total))
+        pages.note(path, start, start + n)
+
+    def newest_overlapping(self, path: str, offset: int, length: int) -> int:
+        """The write mark of the newest write overlapping ``[offset, offset + length)``."""
+        return max(
+            mark
+            for p, start, end, mark in self.writes
+            if p == path and start < offset + length and offset < end
+        )
+
+
+@settings(max_examples=200, deadline=None)
+@given(retain=st.integers(min_value=0, max_value=8192), writes=writes_strategy)
+def test_writeback_starts_half_a_window_on_and_the_drop_a_window_on(
+    retain: int, writes: list[tuple[str, int]]
+) -> None:
+    pages = WrittenPages(retain)
+    model = Model()
+    for path, n in writes:
+        model.write(pages, path, n)
+        hint, drop = pages.due()
+        for ranges, min_age in ((hint, retain // 2), (drop, retain)):
+            for hinted_path, offset, length in ranges:
+                assert length > 0
+                age = model.total - model.newest_overlapping(hinted_path, offset, length)
+                assert age >= min_age, (hinted_path, offset, length, age)
+
+
+@settings(max_examples=200, deadline=None)
+@given(retain=st.integers(min_value=0, max_value=8192), writes=writes_strategy)
+def test_every_byte_is_written_back_and_dropped_once_a_window_has_been_written_after_it(
+    retain: int, writes: list[tuple[str, int]]
+) -> None:
+    pages = WrittenPages(retain)
+    model = Model()
+    hints: list[tuple[str, int, int]] = []
+    drops: list[tuple[str, int, int]] = []
+
+    def collect() -> None:
+        hint, drop = pages.due()
+        hints.extend(hint)
+        drops.extend(drop)
+
+    for path, n in writes:
+        model.write(pages, path, n)
+        collect()
+    written = dict(model.size)
+    # a window (and a merged range's worth) more, to another file
+    model.size["d.log"] = 0
+    for _ in range(3):
+        model.write(pages, "d.log", retain // 2 + 4096)
+        collect()
+    for ranges in (hints, drops):
+        for path in PATHS:
+            covered = [False] * written[path]
+            for hinted_path, offset, length in ranges:
+                if hinted_path == path:
+                    for i in range(offset, min(offset + length, written[path])):
+                        covered[i] = True
+            assert all(covered), path
+
+
+def test_the_newest_bytes_stay_and_a_busy_file_goes_in_steps() -> None:
+    pages = WrittenPages(1 << 20)
+    for i in range(64):  # 4 MiB to one file, 64 KiB at a time
+        pages.note("a.log", i << 16, (i + 1) << 16)
+    hint, drop = pages.due()
+    assert hint and drop, "3.5 MiB past a 1 MiB window"
+    # in ranges of an eighth of the window; none in the newest half window
+    assert max(offset + length for _, offset, length in hint) <= (4 << 20) - (512 << 10)
+    assert all(length == 128 << 10 for _, offset, length in hint)
+    # a drop starts at the folio boundary below it (older bytes of the same file)
+    assert max(offset + length for _, offset, length in drop) <= 3 << 20
+    assert all(offset % (2 << 20) == 0 for _, offset, _ in drop)
+
+
+def test_tracking_is_bounded_when_writes_spread_over_many_files() -> None:
+    pages = WrittenPages(1 << 40)  # a window no test fills: only the bound makes ranges due
+    hinted = dropped = 0
+    for i in range(5 * MAX_RANGES):
+        pages.note(f"{i}.log", 0, 100)
+        hint, drop = pages.due()
+        hinted += len(hint)
+        dropped += len(drop)
+        assert len(pages) <= MAX_RANGES
+    # the oldest were written back and dropped early instead of kept
+    assert hinted >= 4 * MAX_RANGES and dropped >= 3 * MAX_RANGES
+
+
+def test_minus_one_tracks_nothing() -> None:
+    pages = WrittenPages(-1)
+    for i in range(100):
+        pages.note("a.log", i * 1000, (i + 1) * 1000)
+    assert len(pages) == 0
+    assert pages.due() == ([], [])
