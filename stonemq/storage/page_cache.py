@@ -27,6 +27,7 @@ import ctypes
 import ctypes.util
 import os
 from collections.abc import Callable, Iterator
+from typing import Any
 
 RECOVERY_READ_BYTES = 3 * 1024 * 1024
 """One recovery read: large enough for the disk's sequential rate, and under the broker's
@@ -36,7 +37,14 @@ where 8 MiB reads, each mapped fresh, ran at about half the rate."""
 RANGE_MAX_BYTES = 4 * 1024 * 1024
 """Contiguous writes to one file merge into one tracked range up to this size (an eighth of
 the window if that is less), so a busy partition is dropped in steps, not in one range that
-also holds its newest bytes."""
+also holds its newest bytes. A range also stops taking writes a quarter window after its
+first, so a quiet partition's range does not hold back the ones behind it."""
+
+RELEASE_MIN_BYTES = 8 * 1024 * 1024
+"""Due ranges are handed out once this many bytes of them (an eighth of the window if that is
+less), or ``MAX_RANGES // 8`` ranges, have gathered: one executor job per step of
+megabytes, not one per split step, which held the event loop's GIL often enough to show in
+the tail latency."""
 
 FOLIO_MAX_BYTES = 2 * 1024 * 1024
 """The largest page-cache folio: a drop only takes folios wholly inside its range, so a range
@@ -44,8 +52,8 @@ is dropped from the folio boundary below its start (those bytes of the file are 
 already past the window)."""
 
 MAX_RANGES = 4096
-"""The most ranges tracked (under 1 MB), half of them at each stage: writes spread thinly over
-more files than that within one window are dropped sooner than the window says, rather than
+"""The most ranges tracked (under 1 MB), half of them at each stage: writes spread over more
+files than that within one window are dropped sooner than the window says, rather than
 tracked without bound."""
 
 _FADV_DONTNEED = getattr(os, "POSIX_FADV_DONTNEED", None)
@@ -134,15 +142,32 @@ class WrittenPages:
     pages consumers at the tail no longer need.
     """
 
-    __slots__ = ("_fresh", "_hinted", "_range_max_bytes", "_written", "retain_bytes")
+    __slots__ = (
+        "_drop",
+        "_due_bytes",
+        "_fresh",
+        "_hint",
+        "_hinted",
+        "_open",
+        "_range_max_bytes",
+        "_release_min_bytes",
+        "_written",
+        "retain_bytes",
+    )
 
     def __init__(self, retain_bytes: int) -> None:
         self.retain_bytes = retain_bytes
         self._range_max_bytes = max(min(RANGE_MAX_BYTES, retain_bytes // 8), 1)
+        self._release_min_bytes = min(RELEASE_MIN_BYTES, retain_bytes // 8)
         self._written = 0  # bytes noted so far: a range's age is this minus its end mark
-        # (path, start, end, written mark at its end): not hinted yet, then hinted once
-        self._fresh: collections.deque[tuple[str, int, int, int]] = collections.deque()
-        self._hinted: collections.deque[tuple[str, int, int, int]] = collections.deque()
+        # [path, start, end, written mark at its end, written mark at its first write], in
+        # the order of their first write: not hinted yet, then hinted once
+        self._fresh: collections.deque[list[Any]] = collections.deque()
+        self._hinted: collections.deque[list[Any]] = collections.deque()
+        self._open: dict[str, list[Any]] = {}  # each file's range still taking writes
+        self._hint: list[Range] = []  # due, not handed out yet
+        self._drop: list[Range] = []
+        self._due_bytes = 0
 
     def __len__(self) -> int:
         return len(self._fresh) + len(self._hinted)
@@ -151,34 +176,45 @@ class WrittenPages:
         """``[start, end)`` of ``path`` was just written."""
         if self.retain_bytes < 0 or end <= start:
             return
-        self._written += end - start
-        fresh = self._fresh
-        if fresh:
-            last_path, last_start, last_end, _ = fresh[-1]
-            if (
-                last_path == path
-                and last_end == start
-                and end - last_start <= self._range_max_bytes
-            ):
-                fresh[-1] = (path, last_start, end, self._written)
-                return
-        fresh.append((path, start, end, self._written))
+        first = self._written
+        self._written = written = first + end - start
+        item = self._open.get(path)
+        if (
+            item is not None
+            and item[2] == start
+            and end - item[1] <= self._range_max_bytes
+            and first - item[4] < self.retain_bytes // 4
+        ):
+            item[2] = end
+            item[3] = written
+            return
+        item = [path, start, end, written, first]
+        self._fresh.append(item)
+        self._open[path] = item
 
     def due(self) -> tuple[list[Range], list[Range]]:
         """The ranges whose writeback is to start now, and those to drop now, oldest first
-        (for ``release_written``)."""
+        (for ``release_written``); empty until enough are due (``RELEASE_MIN_BYTES``)."""
         fresh, hinted = self._fresh, self._hinted
-        if not fresh and not hinted:
-            return [], []
         written, retain = self._written, self.retain_bytes
-        hint: list[Range] = []
-        drop: list[Range] = []
         while fresh and (written - fresh[0][3] >= retain // 2 or len(fresh) > MAX_RANGES // 2):
             item = fresh.popleft()
+            path, start, end = item[0], item[1], item[2]
+            if self._open.get(path) is item:
+                del self._open[path]
             hinted.append(item)
-            hint.append((item[0], item[1], item[2] - item[1]))
+            self._hint.append((path, start, end - start))
+            self._due_bytes += end - start
         while hinted and (written - hinted[0][3] >= retain or len(hinted) > MAX_RANGES // 2):
-            path, start, end, _ = hinted.popleft()
+            path, start, end = hinted.popleft()[:3]
             start -= start % FOLIO_MAX_BYTES
-            drop.append((path, start, end - start))
+            self._drop.append((path, start, end - start))
+            self._due_bytes += end - start
+        if (
+            self._due_bytes < self._release_min_bytes
+            and len(self._hint) + len(self._drop) < MAX_RANGES // 8
+        ):
+            return [], []
+        hint, drop = self._hint, self._drop
+        self._hint, self._drop, self._due_bytes = [], [], 0
         return hint, drop

@@ -125,3 +125,29 @@ def test_minus_one_tracks_nothing() -> None:
         pages.note("a.log", i * 1000, (i + 1) * 1000)
     assert len(pages) == 0
     assert pages.due() == ([], [])
+
+
+def test_interleaved_writes_to_a_few_files_stay_a_few_ranges() -> None:
+    pages = WrittenPages(1 << 30)
+    size = dict.fromkeys(PATHS, 0)
+    for _ in range(1000):  # small appends to three partitions, interleaved
+        for path in PATHS:
+            pages.note(path, size[path], size[path] + 4096)
+            size[path] += 4096
+    assert len(pages) == len(PATHS)
+    assert pages.due() == ([], [])
+
+
+def test_due_ranges_are_handed_out_in_steps_of_megabytes() -> None:
+    pages = WrittenPages(64 << 20)  # steps of an eighth: 8 MiB
+    size = 0
+    handed: list[int] = []
+    for _ in range(2048):  # 128 MiB in 64 KiB appends to one file
+        pages.note("a.log", size, size + (64 << 10))
+        size += 64 << 10
+        hint, drop = pages.due()
+        if hint or drop:
+            handed.append(sum(length for _, _, length in hint + drop))
+    assert handed, "two windows written"
+    assert all(n >= 8 << 20 for n in handed)
+    assert len(handed) < 2048 // 64  # not one hand-out per append
