@@ -3,10 +3,12 @@
 Owns (a) the ingest ceiling: a bare uvloop server (``python -m bench.baselines ceiling-server``)
 that receives length-prefixed 1 MiB frames into a preallocated buffer and appends each frame to
 a file with ``os.write`` (no fsync; a zero-length frame asks for a reply), and the client that
-feeds it; (b) Redis Streams: starting Debian's ``redis-server`` (appendonly yes, appendfsync
-everysec) in a temp dir on a free loopback port, and redis-py workers for pipelined XADD and
-XREAD; (c) starting the storage-free broker of :mod:`bench.sink`. Workers report over a
-``multiprocessing`` queue like :mod:`bench.clients`.
+feeds it; with ``--retain-bytes`` the same server keeps only that window of what it wrote in
+the page cache, through StoneMQ's own ``WrittenPages`` (the ceiling for a writer that, like
+StoneMQ's queue logs, recycles its pages); (b) Redis Streams: starting Debian's
+``redis-server`` (appendonly yes, appendfsync everysec) in a temp dir on a free loopback port,
+and redis-py workers for pipelined XADD and XREAD; (c) starting the storage-free broker of
+:mod:`bench.sink`. Workers report over a ``multiprocessing`` queue like :mod:`bench.clients`.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import procs
+from stonemq.storage.page_cache import WrittenPages, release_written
 
 FRAME = 1024 * 1024
 _LEN = struct.Struct(">I")
@@ -36,8 +39,10 @@ _LEN = struct.Struct(">I")
 class _Ingest(asyncio.BufferedProtocol):
     """Frames into one preallocated buffer; each complete frame is appended with os.write."""
 
-    def __init__(self, fd: int) -> None:
+    def __init__(self, fd: int, path: str, retain_bytes: int) -> None:
         self.fd = fd
+        self.path = path
+        self.pages = WrittenPages(retain_bytes)
         self.buf = bytearray(8 * FRAME)
         self.view = memoryview(self.buf)
         self.filled = 0
@@ -68,7 +73,11 @@ class _Ingest(asyncio.BufferedProtocol):
                 chunk = view[pos + 4 : end]
                 while chunk:
                     chunk = chunk[os.write(self.fd, chunk) :]
+                self.pages.note(self.path, self.total, self.total + length)
                 self.total += length
+                hint, drop = self.pages.due()
+                if hint or drop:
+                    asyncio.get_running_loop().run_in_executor(None, release_written, hint, drop)
             pos = end
         if pos:
             rest = self.filled - pos
@@ -76,10 +85,10 @@ class _Ingest(asyncio.BufferedProtocol):
             self.filled = rest
 
 
-async def _serve_ceiling(port: int, path: str) -> None:
+async def _serve_ceiling(port: int, path: str, retain_bytes: int) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     loop = asyncio.get_running_loop()
-    server = await loop.create_server(lambda: _Ingest(fd), "127.0.0.1", port)
+    server = await loop.create_server(lambda: _Ingest(fd, path, retain_bytes), "127.0.0.1", port)
     print("ceiling server ready", flush=True)
     async with server:
         await server.serve_forever()
@@ -114,10 +123,12 @@ def ceiling_client(q: Queue[Any], port: int, duration: float, max_bytes: int) ->
 
 
 class CeilingServer:
-    """The ceiling server as a child process, appending to ``workdir/ceiling.data``."""
+    """The ceiling server as a child process, appending to ``workdir/ceiling.data``; with
+    ``retain_bytes`` >= 0, dropping what it wrote behind that window."""
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, retain_bytes: int = -1) -> None:
         self.workdir = workdir
+        self.retain_bytes = retain_bytes
         self.port = procs.free_port()
         self.path = workdir / "ceiling.data"
         self.proc: subprocess.Popen[bytes] | None = None
@@ -128,6 +139,7 @@ class CeilingServer:
         self.workdir.mkdir(parents=True, exist_ok=True)
         cmd = [sys.executable, "-m", "bench.baselines", "ceiling-server"]
         cmd += ["--port", str(self.port), "--file", str(self.path)]
+        cmd += ["--retain-bytes", str(self.retain_bytes)]
         self.proc = procs.spawn(cmd, self.workdir / "ceiling.log")
         for _ in range(500):
             if procs.accepts_connections(self.port):
@@ -269,10 +281,13 @@ def main() -> None:
     ceiling = sub.add_parser("ceiling-server", help="the bare uvloop ingest server")
     ceiling.add_argument("--port", type=int, required=True)
     ceiling.add_argument("--file", required=True)
+    ceiling.add_argument(
+        "--retain-bytes", type=int, default=-1, help="page-cache window (-1: keep all)"
+    )
     args = parser.parse_args()
     import uvloop
 
-    uvloop.run(_serve_ceiling(args.port, args.file))
+    uvloop.run(_serve_ceiling(args.port, args.file, args.retain_bytes))
 
 
 if __name__ == "__main__":
