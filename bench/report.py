@@ -585,7 +585,14 @@ def charts(res: dict[str, Any], out: Path) -> list[str]:
                 label="Redis Streams XADD",
             )
         if res.get("ceiling"):
-            ax1.axhline(res["ceiling"]["mb_s"], color="k", ls=":", label="bare ingest ceiling")
+            ax1.axhline(res["ceiling"]["mb_s"], color="k", ls=":", label="bare ingest ceiling (a)")
+        if res.get("ceiling_retain"):
+            ax1.axhline(
+                res["ceiling_retain"]["mb_s"],
+                color="k",
+                ls="--",
+                label="(a') with a page-cache window",
+            )
         for ax, unit in ((ax1, "MB/s"), (ax2, "msg/s")):
             ax.set_xscale("log")
             ax.set_yscale("log")
