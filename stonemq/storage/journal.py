@@ -37,7 +37,7 @@ from typing import Any, NamedTuple
 from crc32c import crc32c
 
 from stonemq.storage.errors import StorageError
-from stonemq.storage.page_cache import RECOVERY_READ_BYTES, drop_pages
+from stonemq.storage.page_cache import RECOVERY_READ_BYTES, Range, drop_pages
 
 log = logging.getLogger(__name__)
 
@@ -607,7 +607,7 @@ class JournalLog:
     def mark_durable(self, end: int) -> None:
         self.durable_end = max(self.durable_end, end)
 
-    def pages_to_release(self, split_position: int) -> list[tuple[str, int, int]]:
+    def pages_to_release(self, split_position: int) -> list[Range]:
         """(path, start, length) of the journal bytes split and durable since the last
         release, once there are ``PAGE_RELEASE_MIN_BYTES`` of them, for ``drop_ranges``: the
         splitter has copied them into queue logs, and only a crash recovery would read them

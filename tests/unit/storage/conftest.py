@@ -105,6 +105,23 @@ def engine_factory(tmp_path: Path) -> Callable[..., StorageEngine]:
     return make
 
 
+async def produce(
+    engine: StorageEngine, topic: str, partition: int, batches: Sequence[bytearray]
+) -> list[int]:
+    """Append ``batches`` to one partition and wait until each is in its journal file; their
+    base offsets."""
+    import asyncio
+
+    from stonemq.protocol.record_batch import parse_header
+
+    appends = [
+        engine.append(topic, partition, batch, parse_header(batch).record_count)
+        for batch in batches
+    ]
+    await asyncio.gather(*(a.written for a in appends))
+    return [a.base_offset for a in appends]
+
+
 async def wait_split(engine: StorageEngine, timeout_s: float = 5.0) -> None:
     """Wait until the splitter has split everything the journals made visible."""
     import asyncio

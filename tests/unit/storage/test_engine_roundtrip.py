@@ -19,6 +19,7 @@ from conftest import (
     build_batch,
     cached_pages,
     new_engine,
+    produce,
     read_all,
     wait_split,
 )
@@ -30,7 +31,6 @@ from stonemq.storage import journal as journal_module
 from stonemq.storage.engine import (
     LogConfig,
     OffsetOutOfRangeError,
-    StorageEngine,
     StorageError,
     UnknownPartitionError,
 )
@@ -38,17 +38,6 @@ from stonemq.storage.engine import (
 
 def run(coro: Coroutine[Any, Any, None]) -> None:
     return asyncio.run(asyncio.wait_for(coro, 10))
-
-
-async def _produce(
-    engine: StorageEngine, topic: str, partition: int, batches: list[bytearray]
-) -> list[int]:
-    results = []
-    for batch in batches:
-        count = parse_header(batch).record_count
-        results.append(engine.append(topic, partition, batch, count))
-    await asyncio.gather(*(r.written for r in results))
-    return [r.base_offset for r in results]
 
 
 def test_offsets_are_contiguous_and_batches_come_back_intact(tmp_path: Path) -> None:
@@ -59,7 +48,7 @@ def test_offsets_are_contiguous_and_batches_come_back_intact(tmp_path: Path) -> 
         seen: dict[tuple[str, int], int] = {}
         engine.start(lambda t, p, hw: seen.__setitem__((t, p), hw))
         batches = [build_batch([b"x" * (i * 37 % 700)] * (1 + i % 4)) for i in range(200)]
-        bases = await _produce(engine, "t", 1, [bytearray(b) for b in batches])
+        bases = await produce(engine, "t", 1, [bytearray(b) for b in batches])
         await wait_split(engine)
         counts = [parse_header(b).record_count for b in batches]
         assert bases == [sum(counts[:i]) for i in range(len(counts))]
@@ -104,7 +93,7 @@ def test_read_from_any_offset_returns_the_batch_holding_it(
         add_topic(engine)
         engine.start(lambda *a: None)
         batches = [build_batch([b"v" * size] * count) for count, size in sizes]
-        bases = await _produce(engine, "t", 0, batches)
+        bases = await produce(engine, "t", 0, batches)
         await wait_split(engine)
         hw = engine.high_watermark("t", 0)
         offset = offset_seed % hw
@@ -132,7 +121,7 @@ def test_read_edges(tmp_path: Path) -> None:
         with pytest.raises(OffsetOutOfRangeError):
             engine.read("t", 0, 1, 100)
         big = build_batch([b"z" * 5000])
-        await _produce(engine, "t", 0, [big, build_batch([b"a"] * 3)])
+        await produce(engine, "t", 0, [big, build_batch([b"a"] * 3)])
         await wait_split(engine)
         one = engine.read("t", 0, 0, 10).data  # bigger than max_bytes: still one batch
         assert parse_header(one).size == len(one) == len(big)
@@ -168,7 +157,7 @@ def test_offset_for_timestamp_and_max_timestamp(
         add_topic(engine, config=config)
         engine.start(lambda *a: None)
         batches = [build_batch([b"r"] * len(ts), ts, compression=compression) for ts in timestamps]
-        await _produce(engine, "t", 0, batches)
+        await produce(engine, "t", 0, batches)
         await wait_split(engine)
         flat = [t for ts in timestamps for t in ts]
         expected = next(((o, t) for o, t in enumerate(flat) if t >= target), None)
@@ -202,7 +191,7 @@ def test_batch_headers_for_producer_state(tmp_path: Path) -> None:
         engine = new_engine(tmp_path)
         add_topic(engine)
         engine.start(lambda *a: None)
-        await _produce(
+        await produce(
             engine,
             "t",
             0,
@@ -260,7 +249,7 @@ def test_a_group_larger_than_the_inline_bound_goes_to_the_writer_thread(
         add_topic(engine)
         engine.start(lambda *a: None)
         journal = engine._journals[0]
-        await _produce(engine, "t", 0, [build_batch([b"s" * 100])])
+        await produce(engine, "t", 0, [build_batch([b"s" * 100])])
         assert journal._writer is None
         pending = [engine.append("t", 0, build_batch([b"l" * 600]), 1) for _ in range(2)]
         await asyncio.sleep(0)  # the flush runs: 2 x 600+ bytes, handed to the thread
@@ -284,7 +273,7 @@ def test_a_writer_bug_fails_the_group_instead_of_hanging_it(
         engine = new_engine(tmp_path)
         add_topic(engine)
         engine.start(lambda *a: None)
-        await _produce(engine, "t", 0, [build_batch([b"a"])])
+        await produce(engine, "t", 0, [build_batch([b"a"])])
         real = journal_module._write_entries
 
         def broken(*args: Any) -> Any:
@@ -295,7 +284,7 @@ def test_a_writer_bug_fails_the_group_instead_of_hanging_it(
         with pytest.raises(StorageError):
             await asyncio.wait_for(failing.written, 5)
         monkeypatch.setattr(journal_module, "_write_entries", real)
-        (base,) = await _produce(engine, "t", 0, [build_batch([b"c"])])
+        (base,) = await produce(engine, "t", 0, [build_batch([b"c"])])
         assert base == 1  # the failed offset was given back: no gap
         await engine.close()
 
@@ -316,7 +305,7 @@ def test_journal_pages_are_released_once_split_and_durable(
         engine.start(lambda *a: None)
         journal = engine._journals[0]
         batches = [build_batch([os.urandom(1000)] * 50) for _ in range(20)]  # ~1 MB
-        await _produce(engine, "t", 0, batches)
+        await produce(engine, "t", 0, batches)
         await wait_split(engine)
         split = engine._splitter.positions[0]
         loop = asyncio.get_running_loop()
@@ -339,7 +328,7 @@ def test_write_failure_fails_futures_and_leaves_no_gap(tmp_path: Path) -> None:
         engine = new_engine(tmp_path)
         add_topic(engine)
         engine.start(lambda *a: None)
-        await _produce(engine, "t", 0, [build_batch([b"a"] * 2)])
+        await produce(engine, "t", 0, [build_batch([b"a"] * 2)])
         journal = engine._journals[0]
         # a file size limit makes the next write short and then fail (EFBIG), like ENOSPC
         old_handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
@@ -356,7 +345,7 @@ def test_write_failure_fails_futures_and_leaves_no_gap(tmp_path: Path) -> None:
             signal.signal(signal.SIGXFSZ, old_handler)
         assert engine.log_end_offset("t", 0) == 2  # rolled back to the first failed offset
         assert os.path.getsize(journal.path(0)) == journal.written_end  # short write undone
-        (base,) = await _produce(engine, "t", 0, [build_batch([b"c"])])
+        (base,) = await produce(engine, "t", 0, [build_batch([b"c"])])
         assert base == 2
         await wait_split(engine)
         data = engine.read("t", 0, 0, 10_000).data
@@ -372,13 +361,13 @@ def test_remove_topic_drops_pending_entries_and_directories(tmp_path: Path) -> N
         add_topic(engine, "gone", 2)
         add_topic(engine, "kept", 1, topic_id=uuid.uuid4())
         engine.start(lambda *a: None)
-        await _produce(engine, "gone", 0, [build_batch([b"a"])])
+        await produce(engine, "gone", 0, [build_batch([b"a"])])
         await wait_split(engine)
         assert (tmp_path / "queues" / "gone-0").is_dir()
         r = engine.append("gone", 1, build_batch([b"b"]), 1)
         await r.written
         engine.remove_topic("gone")
-        await _produce(engine, "kept", 0, [build_batch([b"k"])])
+        await produce(engine, "kept", 0, [build_batch([b"k"])])
         await wait_split(engine)
         assert not (tmp_path / "queues" / "gone-0").exists()
         assert not (tmp_path / "queues" / "gone-1").exists()
@@ -387,7 +376,7 @@ def test_remove_topic_drops_pending_entries_and_directories(tmp_path: Path) -> N
         assert engine.high_watermark("kept", 0) == 1
         # recreated under the same name: a new topic id, fresh offsets
         engine.add_partition(uuid.uuid4(), "gone", 0, 0, SMALL_LOG)
-        (base,) = await _produce(engine, "gone", 0, [build_batch([b"new"])])
+        (base,) = await produce(engine, "gone", 0, [build_batch([b"new"])])
         assert base == 0
         await wait_split(engine)
         assert engine.high_watermark("gone", 0) == 1
@@ -402,8 +391,8 @@ def test_records_survive_compression(tmp_path: Path) -> None:
         add_topic(engine)
         engine.start(lambda *a: None)
         values = [b"value-%d" % i for i in range(20)]
-        await _produce(engine, "t", 0, [build_batch(values[:10], compression="zstd")])
-        await _produce(engine, "t", 0, [build_batch(values[10:], compression="lz4")])
+        await produce(engine, "t", 0, [build_batch(values[:10], compression="zstd")])
+        await produce(engine, "t", 0, [build_batch(values[10:], compression="lz4")])
         await wait_split(engine)
         data = engine.read("t", 0, 0, 100_000).data
         records = [
@@ -439,7 +428,7 @@ def test_new_partitions_are_created_ahead_of_their_first_batch(tmp_path: Path) -
         add_topic(engine, "early", 3)
         engine.start(lambda *a: None)
         assert engine.high_watermark("early", 1) == 0
-        (base,) = await _produce(engine, "early", 1, [build_batch([b"x", b"y"])])
+        (base,) = await produce(engine, "early", 1, [build_batch([b"x", b"y"])])
         assert base == 0
         await wait_split(engine)
         assert engine.high_watermark("early", 1) == 2

@@ -17,12 +17,12 @@ from conftest import (
     build_batch,
     cached_pages,
     new_engine,
+    produce,
     read_all,
     wait_split,
 )
 
-from stonemq.protocol.record_batch import parse_header
-from stonemq.storage.engine import LogConfig, StorageEngine
+from stonemq.storage.engine import LogConfig
 from stonemq.storage.page_cache import FOLIO_MAX_BYTES, drop_pages
 
 
@@ -111,11 +111,6 @@ def test_queue_log_pages_past_the_window_leave_the_page_cache(droppable: Path) -
     window = 1 << 20
     big_segments = LogConfig(segment_bytes=1 << 30, index_interval_bytes=4096)
 
-    async def produce(engine: StorageEngine, batches: list[bytearray]) -> None:
-        appends = [engine.append("t", 0, b, parse_header(b).record_count) for b in batches]
-        await asyncio.gather(*(a.written for a in appends))
-        await wait_split(engine)
-
     async def main() -> None:
         engine = new_engine(
             droppable / "broker", queue_cache_retain_bytes=window, journal_segment_bytes=1 << 24
@@ -123,10 +118,12 @@ def test_queue_log_pages_past_the_window_leave_the_page_cache(droppable: Path) -
         add_topic(engine, config=big_segments)
         engine.start(lambda *a: None)
         old = [build_batch([os.urandom(1000)] * 100) for _ in range(50)]  # ~5 MB
-        await produce(engine, old)
+        await produce(engine, "t", 0, old)
+        await wait_split(engine)
         await engine.flush()  # written back: clean, so a drop can take it
         new = [build_batch([os.urandom(1000)] * 100) for _ in range(30)]
-        await produce(engine, new)
+        await produce(engine, "t", 0, new)
+        await wait_split(engine)
         (segment,) = sorted((droppable / "broker" / "queues").rglob("*.log"))
         old_bytes = sum(map(len, old))
         # but for a folio (up to 2 MiB) that also holds new, dirty bytes
