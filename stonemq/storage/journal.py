@@ -37,7 +37,7 @@ from typing import Any, NamedTuple
 from crc32c import crc32c
 
 from stonemq.storage.errors import StorageError
-from stonemq.storage.page_cache import RECOVERY_READ_BYTES, Range, drop_pages
+from stonemq.storage.page_cache import PAGE_BYTES, RECOVERY_READ_BYTES, Range, drop_pages
 
 log = logging.getLogger(__name__)
 
@@ -612,11 +612,15 @@ class JournalLog:
         release, once there are ``PAGE_RELEASE_MIN_BYTES`` of them, for ``drop_ranges``: the
         splitter has copied them into queue logs, and only a crash recovery would read them
         again, from disk. Consumers read queue logs, so the page cache keeps those instead of
-        a second copy of every produced byte, and new journal writes reuse the freed pages."""
+        a second copy of every produced byte, and new journal writes reuse the freed pages.
+        The active segment is released up to the page boundary below: its partly written
+        last page stays for the next write (``page_cache.PAGE_BYTES``)."""
         end = min(self.durable_end, split_position)
         start = max(self.released_end, self.segments[0] if self.segments else end)
         if end - start < PAGE_RELEASE_MIN_BYTES:
             return []
+        if self.segments and end > self.segments[-1]:
+            end -= (end - self.segments[-1]) % PAGE_BYTES
         ranges = []
         for i, base in enumerate(self.segments):
             seg_end = self.segments[i + 1] if i + 1 < len(self.segments) else end

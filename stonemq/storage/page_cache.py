@@ -25,6 +25,7 @@ import collections
 import contextlib
 import ctypes
 import ctypes.util
+import mmap
 import os
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -50,6 +51,14 @@ FOLIO_MAX_BYTES = 2 * 1024 * 1024
 """The largest page-cache folio: a drop only takes folios wholly inside its range, so a range
 is dropped from the folio boundary below its start (those bytes of the file are older, so
 already past the window)."""
+
+PAGE_BYTES = mmap.PAGESIZE
+"""A range is written back and dropped up to the page boundary below its end: a drop that
+reaches the end of the file takes the partly written last page too (Linux drops it there), and
+the next append into that page then reads it back from disk first, on the event loop. With
+10,000 partitions written in turn that was most appends: 236 MB of disk reads during a 20 s
+produce-only run and a sixth of the broker's CPU in ``ext4_block_write_begin``. The page
+stays cached until a later range of the file takes it; the last one of each file stays."""
 
 MAX_RANGES = 4096
 """The most ranges tracked (under 1 MB), half of them at each stage: writes spread over more
@@ -203,13 +212,18 @@ class WrittenPages:
             if self._open.get(path) is item:
                 del self._open[path]
             hinted.append(item)
-            self._hint.append((path, start, end - start))
-            self._due_bytes += end - start
+            start -= start % PAGE_BYTES  # whole pages (PAGE_BYTES): the partly written
+            end -= end % PAGE_BYTES  # last one stays
+            if end > start:
+                self._hint.append((path, start, end - start))
+                self._due_bytes += end - start
         while hinted and (written - hinted[0][3] >= retain or len(hinted) > MAX_RANGES // 2):
             path, start, end = hinted.popleft()[:3]
             start -= start % FOLIO_MAX_BYTES
-            self._drop.append((path, start, end - start))
-            self._due_bytes += end - start
+            end -= end % PAGE_BYTES
+            if end > start:
+                self._drop.append((path, start, end - start))
+                self._due_bytes += end - start
         if (
             self._due_bytes < self._release_min_bytes
             and len(self._hint) + len(self._drop) < MAX_RANGES // 8

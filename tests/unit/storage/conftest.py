@@ -184,3 +184,11 @@ def cached_pages(path: Path) -> list[bool]:
             _libc.munmap(addr, size)
     finally:
         os.close(fd)
+
+
+def read_from_disk_bytes() -> int:
+    """Bytes this process (all its threads) caused to be read from the disk: /proc/self/io."""
+    for line in Path("/proc/self/io").read_text().splitlines():
+        if line.startswith("read_bytes:"):
+            return int(line.split()[1])
+    raise AssertionError("no read_bytes in /proc/self/io")

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from conftest import (
     PAGE,
+    TOPIC_ID,
     abandon,
     add_topic,
     build_batch,
@@ -19,6 +20,7 @@ from conftest import (
     new_engine,
     produce,
     read_all,
+    read_from_disk_bytes,
     wait_split,
 )
 
@@ -143,3 +145,52 @@ def test_queue_log_pages_past_the_window_leave_the_page_cache(droppable: Path) -
         await engine.close()
 
     asyncio.run(asyncio.wait_for(main(), 20))
+
+
+def test_appends_after_a_drop_read_nothing_back_from_disk(droppable: Path) -> None:
+    # A drop reaching the end of a file takes its partly written last page too, and the next
+    # append into that page reads it back from disk first, on the event loop. Drops end at
+    # the page boundary below the range instead: the last page stays. (The journal's release
+    # is tested in test_engine_roundtrip.py.)
+    window = 256 << 10
+    big_segments = LogConfig(segment_bytes=1 << 30, index_interval_bytes=4096)
+    root = droppable / "broker"
+    quiet = range(8)  # partitions appended to, left alone past a window, appended to again
+
+    async def main() -> None:
+        engine = new_engine(
+            root,
+            queue_cache_retain_bytes=window,
+            journal_partitions=1,
+            journal_segment_bytes=1 << 30,
+        )
+        for p in range(len(quiet) + 1):  # all in the one journal partition
+            engine.add_partition(TOPIC_ID, "t", p, 0, big_segments)
+        engine.start(lambda *a: None)
+
+        async def append_to_quiet() -> None:
+            for p in quiet:  # ~5 KB each: every file ends inside a page
+                await produce(engine, "t", p, [build_batch([os.urandom(1000)] * 5)])
+            await wait_split(engine)
+
+        await append_to_quiet()
+        # a busy partition writes many windows after them
+        busy = [build_batch([os.urandom(1000)] * 100) for _ in range(100)]  # ~10 MB
+        await produce(engine, "t", len(quiet), busy)
+        await wait_split(engine)
+        segments = [next((root / "queues" / f"t-{p}").glob("*.log")) for p in quiet]
+        deadline = asyncio.get_running_loop().time() + 5
+        while any(cached_pages(path)[0] for path in segments):
+            # the drops run in an executor thread
+            assert asyncio.get_running_loop().time() < deadline, "older pages not dropped"
+            await asyncio.sleep(0.05)
+        for path in segments:
+            assert path.stat().st_size % PAGE, f"{path.name} ends on a page boundary"
+            assert cached_pages(path)[-1], f"{path.name}: its partly written page was dropped"
+
+        before = read_from_disk_bytes()
+        await append_to_quiet()
+        assert read_from_disk_bytes() == before
+        await engine.close()
+
+    asyncio.run(asyncio.wait_for(main(), 30))
