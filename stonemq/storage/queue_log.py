@@ -16,6 +16,7 @@ import operator
 import os
 import shutil
 import time
+from typing import TYPE_CHECKING
 
 from stonemq.protocol.record_batch import (
     TIMESTAMP_LOG_APPEND_TIME,
@@ -33,6 +34,9 @@ from stonemq.storage.segment import (
     Segment,
     segment_file,
 )
+
+if TYPE_CHECKING:
+    from stonemq.storage.engine import LogConfig  # engine imports this module
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +88,7 @@ class QueueLog:
         topic: str,
         partition: int,
         journal_partition: int,
-        config: object,
+        config: LogConfig,
         files: OpenFiles,
         pages: WrittenPages | None = None,
     ) -> None:
@@ -358,7 +362,7 @@ class QueueLog:
 
     def batch_headers(self) -> list[BatchHeader]:
         """Headers of every stored batch, oldest first (header reads only)."""
-        headers = []
+        headers: list[BatchHeader] = []
         for seg in self.segments:
             headers.extend(h for _, h in seg.iter_headers(self.files))
         return headers
