@@ -20,10 +20,13 @@ Three kinds are kept (see :mod:`stonemq.storage.engine`):
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass
+
+from stonemq.storage import fileio
 
 log = logging.getLogger(__name__)
 
@@ -35,12 +38,9 @@ QUEUE_RECOVERY_POINT_FILE = "recovery-point-offset-checkpoint"
 LOG_START_OFFSET_FILE = "log-start-offset-checkpoint"
 
 
-def fsync_dir(directory: str) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+class CheckpointNotDurableError(OSError):
+    """The new checkpoint replaced the old one, but the directory fsync that makes the rename
+    durable failed: after a power loss either file may be there."""
 
 
 class CheckpointFile:
@@ -55,16 +55,22 @@ class CheckpointFile:
         lines = [" ".join(str(f) for f in entry) for entry in entries]
         text = f"{CHECKPOINT_VERSION}\n{len(lines)}\n" + "".join(line + "\n" for line in lines)
         tmp = self.path + ".tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        fd = fileio.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
             data = memoryview(text.encode())
             while data:
-                data = data[os.write(fd, data) :]
-            os.fsync(fd)
+                done = fileio.write(fd, data)
+                if done <= 0:
+                    raise OSError(errno.ENOSPC, f"{tmp}: write made no progress")
+                data = data[done:]
+            fileio.fsync(fd)
         finally:
-            os.close(fd)
-        os.replace(tmp, self.path)
-        fsync_dir(os.path.dirname(self.path) or ".")
+            fileio.close(fd)
+        fileio.replace(tmp, self.path)
+        try:
+            fileio.fsync_dir(os.path.dirname(self.path) or ".")
+        except OSError as exc:
+            raise CheckpointNotDurableError(exc.errno, f"{self.path}: {exc}") from exc
 
     def read(self) -> list[list[str]] | None:
         """The entries, or None when the file is missing or malformed (logged)."""

@@ -15,7 +15,6 @@ import collections
 import contextlib
 import logging
 import os
-import shutil
 import threading
 import time
 import uuid
@@ -25,11 +24,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from stonemq.protocol.record_batch import set_base_offset
+from stonemq.storage import fileio
 from stonemq.storage.checkpoint import (
     JOURNAL_RECOVERY_POINT_FILE,
     LOG_START_OFFSET_FILE,
     QUEUE_RECOVERY_POINT_FILE,
     SPLIT_POSITION_FILE,
+    CheckpointNotDurableError,
     QueueRecoveryPoint,
     read_offsets,
     read_positions,
@@ -39,16 +40,18 @@ from stonemq.storage.checkpoint import (
     write_queue_recovery_points,
 )
 from stonemq.storage.errors import OffsetOutOfRangeError, StorageError, UnknownPartitionError
+from stonemq.storage.fileio import FsyncError, fsync_paths
+from stonemq.storage.health import Event, is_space_error
 from stonemq.storage.journal import (
+    ENTRY_PREFIX_BATCH_BYTES,
     FLUSH_POLICIES,
     JournalLog,
     encode_entry_prefix,
-    fsync_paths,
 )
 from stonemq.storage.open_files import OpenFiles
 from stonemq.storage.page_cache import Range, WrittenPages, drop_ranges, release_written
 from stonemq.storage.queue_log import QueueLog, create_queue_log_dir, queue_log_dir
-from stonemq.storage.splitter import Splitter
+from stonemq.storage.splitter import SplitError, Splitter
 
 __all__ = [
     "AppendResult",
@@ -118,6 +121,36 @@ class RecoveryReport:
     queue_bytes_truncated: int
 
 
+class _Flushing:
+    """A queue log taken by a flush: its state at the start, to restore if the flush fails."""
+
+    __slots__ = ("first_unflushed", "paths", "point", "queue", "unflushed")
+
+    def __init__(
+        self,
+        queue: QueueLog,
+        point: QueueRecoveryPoint,
+        first_unflushed: int | None,
+        unflushed: list[str],
+        paths: list[str],
+    ) -> None:
+        self.queue = queue
+        self.point = point
+        self.first_unflushed = first_unflushed
+        self.unflushed = unflushed
+        self.paths = paths
+
+    def restore_dirty(self) -> None:
+        """Make the queue log dirty again as it was, plus what was appended since."""
+        queue = self.queue
+        if self.first_unflushed is not None:
+            current = queue.first_unflushed_journal_position
+            queue.first_unflushed_journal_position = (
+                self.first_unflushed if current is None else min(self.first_unflushed, current)
+            )
+        queue.unflushed = self.unflushed + queue.unflushed
+
+
 SplitListener = Callable[[str, int, int], None]
 """Called as ``listener(topic, partition, new_high_watermark)`` after the splitter advances."""
 
@@ -168,8 +201,8 @@ class StorageEngine:
             raise ValueError("journal_partitions must be at least 1")
         self._journal_dir = str(journal_dir)
         self._queue_dir = str(queue_dir)
-        os.makedirs(self._journal_dir, exist_ok=True)
-        os.makedirs(self._queue_dir, exist_ok=True)
+        fileio.makedirs(self._journal_dir)
+        fileio.makedirs(self._queue_dir)
         self._flush_policy = flush_policy
         self._flush_interval_ms = flush_interval_ms
         self._checkpoint_interval_ms = queue_checkpoint_interval_ms
@@ -198,7 +231,9 @@ class StorageEngine:
         # log start offsets that retention or DeleteRecords advanced (checkpointed)
         self._log_starts: dict[tuple[str, int], int] = {}
         self._log_starts_changed = False
-        self._last_checkpoint: tuple[object, ...] | None = None
+        # (journal recovery points, replay positions) as last written to the checkpoints
+        self._last_checkpoint: tuple[dict[int, int], dict[int, int]] | None = None
+        self._rewrite_checkpoints = True  # every checkpoint file is written by the next round
         self._dirty: set[QueueLog] = set()
         self._splitter: Splitter | None = None
         self._recovered = False
@@ -304,7 +339,7 @@ class StorageEngine:
                     if not self._create_pending:
                         self._create_pending = set()  # a set never shrinks its table
                 else:  # its topic was deleted while it was being made: no stray directory
-                    shutil.rmtree(directory, ignore_errors=True)
+                    fileio.rmtree(directory)
 
     def update_config(self, topic: str, config: LogConfig) -> None:
         for state in self._topics.get(topic, ()):
@@ -320,7 +355,7 @@ class StorageEngine:
             path = self._queue_path(topic, state.partition)
             with self._create_lock:
                 self._create_pending.discard(path)
-            shutil.rmtree(path, ignore_errors=True)
+            fileio.rmtree(path)
 
     def _forget(self, state: _Partition) -> None:
         key = (state.topic, state.partition)
@@ -395,7 +430,11 @@ class StorageEngine:
         if self._splitter is not None:
             self._splitter.close()
         self._splitter = Splitter(
-            [j.directory for j in self._journals], starts, self._resolve, self._splitter_batch_bytes
+            [j.directory for j in self._journals],
+            starts,
+            self._resolve,
+            self._splitter_batch_bytes,
+            [j.health for j in self._journals],
         )
         replayed = 0
         for j, journal in enumerate(self._journals):
@@ -453,7 +492,8 @@ class StorageEngine:
         journal_rps = {j.index: j.durable_end for j in self._journals}
         queue_rps = {key: rp for key, rp in self._queue_rps.items() if key in self._by_name}
         self._write_checkpoints(journal_rps, replay, queue_rps, dict(self._log_starts))
-        self._last_checkpoint = (tuple(journal_rps.items()), tuple(replay.items()))
+        self._last_checkpoint = (dict(journal_rps), dict(replay))
+        self._rewrite_checkpoints = False
         if changed:
             log.info("recovery: %d queue logs fsynced and checkpointed", len(changed))
 
@@ -508,9 +548,12 @@ class StorageEngine:
                 await journal.drain()
             advanced: set[QueueLog] = set()
             for j, journal in enumerate(self._journals):
+                if not journal.health.splits:
+                    continue  # offline: the next start replays it
                 try:
                     self._splitter.split_to(j, journal.visible_end, advanced)
-                except StorageError as exc:
+                except SplitError as exc:
+                    self._splitter.failed(exc)
                     log.error("final split of journal-%d failed: %s", j, exc)
             self._on_split(advanced)
             if self._checkpoint_lock is None:
@@ -532,11 +575,17 @@ class StorageEngine:
 
     # -- write path ---------------------------------------------------------------------------
     def append(
-        self, topic: str, partition: int, batch: bytes | bytearray, record_count: int
+        self,
+        topic: str,
+        partition: int,
+        batch: bytes | bytearray,
+        record_count: int,
+        leader_epoch: int = 0,
     ) -> AppendResult:
         """Assign offsets to one validated RecordBatch v2 and queue it on its journal
-        partition (group commit) with its base offset patched in: the batch's bytes are
-        written as they are, without a copy (a ``bytearray`` is also patched in place).
+        partition (group commit) with its base offset and partition leader epoch patched in:
+        the batch's bytes are written as they are, without a copy (a ``bytearray`` has its
+        base offset patched in place too). Neither field is covered by the batch's CRC.
         Raises StorageError / UnknownPartitionError synchronously when it cannot even be
         queued.
 
@@ -548,24 +597,26 @@ class StorageEngine:
             raise StorageError("storage is closed")
         self._ensure_recovered()
         journal = self._journals[state.journal]
-        if journal.failed is not None:
-            raise journal.failed
-        split_failed = self._splitter.failed.get(state.journal) if self._splitter else None
-        if split_failed is not None:  # its queue logs cannot be written: do not pile up
-            raise StorageError(f"queue log write failing: {split_failed}")
+        journal.health.check_append()  # offline, or its queue logs cannot be written
         base = state.next_offset
         if isinstance(batch, bytearray):
             set_base_offset(batch, 0, base)
-        prefix = encode_entry_prefix(state.topic_id, partition, base, record_count, batch)
-        body = memoryview(batch)[8:]
+        prefix = encode_entry_prefix(
+            state.topic_id, partition, base, record_count, batch, leader_epoch
+        )
+        body = memoryview(batch)[ENTRY_PREFIX_BATCH_BYTES:]
         written: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         journal.enqueue(prefix, body, (written, state, base, len(prefix) + len(body)))
         state.next_offset = base + record_count
         queue = state.queue
         return AppendResult(base, queue.log_start_offset if queue is not None else 0, written)
 
-    def _on_journal_failed(self, metas: list[tuple[Any, Any, int, int]]) -> None:
-        """A journal write failed: give the failed offsets back so no gap is left."""
+    def _on_journal_failed(self, metas: list[tuple[Any, Any, int, int]], give_back: bool) -> None:
+        """Journal entries failed (a failed write and every entry queued behind it): give
+        their offsets back so no gap is left, unless the journal partition went offline
+        (it takes no more appends in this process)."""
+        if not give_back:
+            return
         lowest: dict[_Partition, int] = {}
         for _, state, base, _ in metas:
             if base < lowest.get(state, base + 1):
@@ -609,26 +660,62 @@ class StorageEngine:
             loop.run_in_executor(None, drop_ranges, ranges)
         hint, drop = self._written_pages.due()
         if hint or drop:
-            loop.run_in_executor(None, release_written, hint, drop)
+            loop.run_in_executor(None, release_written, hint, drop).add_done_callback(
+                self._written_back
+            )
+
+    def _written_back(self, fut: asyncio.Future[dict[str, OSError]]) -> None:
+        """A write-back wait failed for some queue-log files: the kernel reported the error
+        once, to this wait, and a later fsync may succeed as if nothing was lost. Those queue
+        logs fail and their journal partitions go offline before any checkpoint can count
+        the lost bytes as durable."""
+        if fut.cancelled():
+            return
+        exc = fut.exception()
+        failed: dict[str, BaseException] = {"?": exc} if exc is not None else dict(fut.result())
+        for path, error in failed.items():
+            queue = self._queue_for_path(path)
+            if queue is None:
+                for journal in self._journals:  # cannot tell whose: trust none
+                    journal.health.on(Event.QUEUE_WRITEBACK_FAILED, f"{path}: {error}")
+                continue
+            self._fail_queue(queue, Event.QUEUE_WRITEBACK_FAILED, f"{path}: {error}")
+
+    def _queue_for_path(self, path: str) -> QueueLog | None:
+        """The open queue log a file of ``<queue dir>/<topic>-<partition>/`` belongs to."""
+        topic, _, partition = os.path.basename(os.path.dirname(path)).rpartition("-")
+        state = self._by_name.get((topic, int(partition))) if partition.isdigit() else None
+        return state.queue if state is not None else None
+
+    def _fail_queue(self, queue: QueueLog, event: Event, detail: object) -> None:
+        """A queue log's bytes are no longer known good: it answers reads with a storage
+        error, and its journal partition goes offline (``health.py``)."""
+        if queue.failed is None:
+            queue.failed = StorageError(f"{queue.topic}-{queue.partition}: {event.value}: {detail}")
+        self._journals[queue.journal_partition].health.on(event, detail)
 
     # -- flushing and checkpoints -------------------------------------------------------------
     async def _interval_fsync_loop(self) -> None:
-        loop = asyncio.get_running_loop()
         while not self._closed:
             await asyncio.sleep(self._flush_interval_ms / 1000)
             for journal in self._journals:
-                end = journal.written_end
-                paths = journal.sync_paths(end)
-                if not paths:
-                    continue
-                try:
-                    await loop.run_in_executor(None, fsync_paths, paths)
-                except OSError as exc:
-                    log.error("journal-%d: fsync failed, offline: %s", journal.index, exc)
-                    journal.failed = StorageError(f"journal-{journal.index} fsync failed: {exc}")
-                    continue
-                journal.mark_durable(end)
+                await self._fsync_journal(journal, journal.written_end)
             self._release_pages()
+
+    async def _fsync_journal(self, journal: JournalLog, end: int) -> bool:
+        """fsync ``journal`` up to ``end`` (off the loop); False when it is or goes offline.
+        A failed fsync is never retried: it takes the journal partition offline."""
+        if journal.health.offline:
+            return False
+        paths = journal.sync_paths(end)
+        if paths:
+            try:
+                await asyncio.get_running_loop().run_in_executor(None, fsync_paths, paths)
+            except OSError as exc:
+                journal.mark_fsync_failed(exc)
+                return False
+        journal.mark_durable(end)
+        return True
 
     async def _checkpoint_loop(self) -> None:
         assert self._checkpoint_wake is not None
@@ -672,78 +759,98 @@ class StorageEngine:
 
     async def _flush_queues(self, queues: list[QueueLog], journal_to_end: bool = False) -> None:
         """Flush ``queues``: their journals first (single-node rule), then their files, then
-        the checkpoints; then delete journal segments every queue log has flushed past."""
+        the checkpoints; then delete journal segments every queue log has flushed past.
+
+        Failure rules (``health.py``): a journal partition that is offline, or goes offline
+        because an fsync of its journal or of one of its queue logs fails here, is frozen:
+        its queue logs' recovery points, its checkpointed positions and its journal segments
+        stay as they were, so the next start replays everything it may have lost. The other
+        journal partitions' checkpoints still move."""
         assert self._checkpoint_lock is not None and self._splitter is not None
         async with self._checkpoint_lock:
             loop = asyncio.get_running_loop()
             split_positions = list(self._splitter.positions)
-            snapshot: list[tuple[QueueLog, QueueRecoveryPoint, int | None, list[str]]] = []
-            paths: list[str] = []
+            snapshot: list[_Flushing] = []
             for queue in queues:
-                if queue.segments:
-                    paths.extend(queue.flush_targets())
+                if self._journals[queue.journal_partition].health.offline or queue.failed:
+                    continue  # frozen until restart
+                targets = queue.flush_targets() if queue.segments else []
                 snapshot.append(
-                    (
+                    _Flushing(
                         queue,
                         queue.recovery_point(),
                         queue.first_unflushed_journal_position,
                         queue.unflushed,
+                        targets,
                     )
                 )
                 queue.mark_flushing()
                 self._dirty.discard(queue)
+            for journal, position in zip(self._journals, split_positions, strict=True):
+                await self._fsync_journal(
+                    journal, journal.written_end if journal_to_end else position
+                )
+            failed: dict[str, OSError] = {}
             try:
-                journal_ends = [
-                    j.written_end if journal_to_end else split_positions[i]
-                    for i, j in enumerate(self._journals)
-                ]
-                journal_paths = []
-                for journal, end in zip(self._journals, journal_ends, strict=True):
-                    journal_paths.extend(journal.sync_paths(end))
-                await loop.run_in_executor(None, fsync_paths, journal_paths)
-                for journal, end in zip(self._journals, journal_ends, strict=True):
-                    journal.mark_durable(end)
+                paths = [path for item in snapshot for path in item.paths]
                 await loop.run_in_executor(None, fsync_paths, paths)
-            except OSError:
-                for queue, _, first, unflushed in snapshot:  # still dirty: retry next time
-                    if first is not None:
-                        current = queue.first_unflushed_journal_position
-                        queue.first_unflushed_journal_position = (
-                            first if current is None else min(first, current)
-                        )
-                    queue.unflushed = unflushed + queue.unflushed
-                    self._dirty.add(queue)
-                raise
-            for queue, rp, _, _ in snapshot:
-                if queue.segments or rp.offset:
-                    self._queue_rps[(queue.topic, queue.partition)] = rp
+            except FsyncError as exc:
+                failed = exc.failed
+            for item in snapshot:
+                bad = [path for path in item.paths if path in failed]
+                if bad:
+                    self._fail_queue(item.queue, Event.QUEUE_FSYNC_FAILED, failed[bad[0]])
+                if bad or self._journals[item.queue.journal_partition].health.offline:
+                    item.restore_dirty()
+                    self._dirty.add(item.queue)
+                elif item.queue.segments or item.point.offset:
+                    self._queue_rps[(item.queue.topic, item.queue.partition)] = item.point
             replay = dict(enumerate(split_positions))
             for queue in self._dirty:
                 first = queue.first_unflushed_journal_position
                 if first is not None and first < replay[queue.journal_partition]:
                     replay[queue.journal_partition] = first
             journal_rps = {j.index: j.durable_end for j in self._journals}
+            for journal in self._journals:  # an offline journal partition's positions stay
+                if journal.health.offline and self._last_checkpoint is not None:
+                    journal_rps[journal.index] = self._last_checkpoint[0][journal.index]
+                    replay[journal.index] = self._last_checkpoint[1][journal.index]
+            rewrite = self._rewrite_checkpoints
             queue_rps: dict[tuple[str, int], QueueRecoveryPoint] | None = None
-            if snapshot or self._last_checkpoint is None:
+            if snapshot or rewrite:
                 queue_rps = {key: rp for key, rp in self._queue_rps.items() if key in self._by_name}
             log_starts = None
-            if self._log_starts_changed or self._last_checkpoint is None:
+            if self._log_starts_changed or rewrite:
                 self._log_starts_changed = False
                 log_starts = dict(self._log_starts)
-            positions = (tuple(journal_rps.items()), tuple(replay.items()))
-            changed = positions != self._last_checkpoint
-            if queue_rps is not None or log_starts is not None or changed:
+            positions = (dict(journal_rps), dict(replay))
+            if (
+                queue_rps is not None
+                or log_starts is not None
+                or positions != self._last_checkpoint
+            ):
                 try:
                     await loop.run_in_executor(
                         None, self._write_checkpoints, journal_rps, replay, queue_rps, log_starts
                     )
-                except OSError:
-                    self._last_checkpoint = None  # rewrite every file next time
-                    self._log_starts_changed = True
+                except OSError as exc:
+                    self._checkpoint_failed(exc)
                     raise
                 self._last_checkpoint = positions
+                self._rewrite_checkpoints = False
             for journal in self._journals:
                 journal.delete_segments_before(min(replay[journal.index], journal.durable_end))
+
+    def _checkpoint_failed(self, exc: OSError) -> None:
+        """A checkpoint write failed. Before its rename, for lack of space: the old file
+        stands, the next round writes every file again. Anything else, or a rename whose
+        directory fsync failed (the new file may or may not survive a power loss): no
+        journal partition can trust a checkpoint any more, so all go offline."""
+        if is_space_error(exc) and not isinstance(exc, CheckpointNotDurableError):
+            self._rewrite_checkpoints = True
+            return
+        for journal in self._journals:
+            journal.health.on(Event.CHECKPOINT_FAILED, exc)
 
     def _write_checkpoints(
         self,
@@ -858,16 +965,25 @@ class StorageEngine:
 
     def read(self, topic: str, partition: int, offset: int, max_bytes: int) -> ReadResult:
         """Whole batches from the batch containing ``offset``, up to ``max_bytes`` but at least
-        one batch; empty data when offset == high watermark. Raises OffsetOutOfRangeError."""
-        queue = self._state(topic, partition).queue
+        one batch. Empty data from the high watermark (what is split) up to the log end (what
+        is acknowledged), as Kafka answers a fetch between its high watermark and log end;
+        only an offset below the log start or above the log end raises
+        OffsetOutOfRangeError. A queue log whose files failed raises StorageError."""
+        state = self._state(topic, partition)
+        queue = state.queue
+        end = state.next_offset
         if queue is None:
-            if offset != 0:
-                raise OffsetOutOfRangeError(f"{topic}-{partition} offset {offset} (empty log)")
+            if not 0 <= offset <= end:
+                raise OffsetOutOfRangeError(
+                    f"{topic}-{partition} offset {offset} outside [0, {end}]"
+                )
             return ReadResult(b"", 0, 0)
+        if queue.failed is not None:
+            raise StorageError(str(queue.failed))
         start, hw = queue.log_start_offset, queue.next_offset
-        if offset < start or offset > hw:
+        if offset < start or offset > max(end, hw):
             raise OffsetOutOfRangeError(
-                f"{topic}-{partition} offset {offset} outside [{start}, {hw}]"
+                f"{topic}-{partition} offset {offset} outside [{start}, {max(end, hw)}]"
             )
         data = queue.read(offset, max_bytes) if offset < hw else b""
         return ReadResult(data, hw, start)
@@ -915,16 +1031,17 @@ class StorageEngine:
         return [j.written_end for j in self._journals]
 
     def split_lag_bytes(self) -> int:
-        """Journal bytes written but not yet split, over the journals whose split is not
-        failing (produces to those are refused; their lag would never shrink)."""
+        """Journal bytes written but not yet split, over the journals that take appends
+        (produces to the others are refused; their lag would never shrink)."""
         splitter = self._splitter
         if splitter is None:
             return 0
-        failed = splitter.failed
         return sum(
             journal.written_end - position
-            for j, (journal, position) in enumerate(
-                zip(self._journals, splitter.positions, strict=True)
-            )
-            if j not in failed
+            for journal, position in zip(self._journals, splitter.positions, strict=True)
+            if journal.health.accepts_appends
         )
+
+    def journal_health(self) -> list[str]:
+        """Each journal partition's state (``health.py``), for logs, metrics and tests."""
+        return [journal.health.state.value for journal in self._journals]

@@ -7,6 +7,11 @@ class StorageError(Exception):
     """An I/O failure (ENOSPC, EIO...) on the journal or a queue log: KAFKA_STORAGE_ERROR."""
 
 
+class CutBackError(OSError):
+    """A failed write left a partial record in a file and cutting it back failed too: the
+    file's state is unknown (fatal, see ``health.py``)."""
+
+
 class OffsetOutOfRangeError(Exception):
     """Requested offset is below the log start or above the high watermark."""
 

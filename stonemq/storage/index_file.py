@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import os
 
+from stonemq.storage import fileio
 from stonemq.storage.open_files import OpenFiles
 
 log = logging.getLogger(__name__)
@@ -54,7 +55,7 @@ class IndexFile:
         size = os.fstat(fd).st_size
         torn = size % self.entry_size
         if torn:
-            os.ftruncate(fd, size - torn)
+            fileio.ftruncate(fd, size - torn)
         self.entries = self.written = size // self.entry_size
         self._pending = None
 
@@ -64,7 +65,7 @@ class IndexFile:
             assert self._pending is not None
             at = (i - self.written) * size
             return bytes(self._pending[at : at + size])
-        return os.pread(files.get(self.path), size, i * size)
+        return fileio.pread(files.get(self.path), size, i * size)
 
     def add(self, files: OpenFiles, data: bytes) -> None:
         pending = self._pending
@@ -88,7 +89,7 @@ class IndexFile:
         try:
             fd = files.get(self.path)
             while done < len(pending):
-                done += os.pwrite(fd, memoryview(pending)[done:], at + done)
+                done += fileio.pwrite(fd, memoryview(pending)[done:], at + done)
         except OSError as exc:
             log.warning("%s: %d index entries dropped: %s", self.path, self.pending_entries, exc)
             self.entries = self.written = (at + done) // self.entry_size
@@ -104,6 +105,6 @@ class IndexFile:
             del self._pending[(count - self.written) * self.entry_size :]
         else:
             self._pending = None
-            os.ftruncate(files.get(self.path), count * self.entry_size)
+            fileio.ftruncate(files.get(self.path), count * self.entry_size)
             self.written = count
         self.entries = count

@@ -25,8 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
-import contextlib
-import ctypes
+import errno
 import logging
 import os
 import struct
@@ -36,7 +35,10 @@ from typing import Any, NamedTuple
 
 from crc32c import crc32c
 
+from stonemq.storage import fileio
 from stonemq.storage.errors import StorageError
+from stonemq.storage.fileio import fsync_paths
+from stonemq.storage.health import Event, JournalHealth, is_space_error
 from stonemq.storage.page_cache import PAGE_BYTES, RECOVERY_READ_BYTES, Range, drop_pages
 
 log = logging.getLogger(__name__)
@@ -75,20 +77,30 @@ def encode_entry_header(
     return struct.pack(">II", len(tail) + 4 + len(batch), crc) + tail
 
 
-_BASE_OFFSET = struct.Struct(">q")
+_BATCH_HEAD = struct.Struct(">qii")  # base offset, batch length, partition leader epoch
+ENTRY_PREFIX_BATCH_BYTES = _BATCH_HEAD.size
+"""The batch bytes :func:`encode_entry_prefix` covers: the rest follows unchanged."""
 
 
 def encode_entry_prefix(
-    topic_id: bytes, partition: int, base_offset: int, record_count: int, batch: Any
+    topic_id: bytes,
+    partition: int,
+    base_offset: int,
+    record_count: int,
+    batch: Any,
+    leader_epoch: int = 0,
 ) -> bytes:
-    """The entry header plus the batch's first 8 bytes with ``base_offset`` patched in: with
-    ``batch[8:]`` after it, a whole entry for a batch as the producer sent it, which stays
-    unchanged (a RecordBatch's CRC does not cover its base offset), so nothing is copied."""
-    head = _BASE_OFFSET.pack(base_offset)
-    body = memoryview(batch)[8:]
+    """The entry header plus the batch's first 16 bytes with ``base_offset`` and the
+    partition ``leader_epoch`` patched in: with ``batch[16:]`` after it, a whole entry for a
+    batch as the producer sent it, which stays unchanged (a RecordBatch's CRC covers neither
+    field), so nothing is copied."""
+    (length,) = struct.unpack_from(">i", batch, 8)
+    head = _BATCH_HEAD.pack(base_offset, length, leader_epoch)
+    body = memoryview(batch)[ENTRY_PREFIX_BATCH_BYTES:]
     tail = _ENTRY_TAIL.pack(ENTRY_VERSION, topic_id, partition, base_offset, record_count)
     crc = crc32c(body, crc32c(head, crc32c(tail)))
-    return struct.pack(">II", len(tail) + 4 + 8 + len(body), crc) + tail + head
+    size = len(tail) + 4 + ENTRY_PREFIX_BATCH_BYTES + len(body)
+    return struct.pack(">II", size, crc) + tail + head
 
 
 def encode_entry(
@@ -200,65 +212,6 @@ def list_segments(directory: str) -> list[int]:
     return bases
 
 
-# From this many paths on, one syncfs(2) per filesystem is cheaper than an fsync per file
-# (a flush of 100,000 idle queue logs, a clean stop): both leave every named file durable.
-SYNCFS_MIN_PATHS = 256
-
-
-def _syncfs_function() -> Callable[[int], int] | None:
-    try:
-        func = ctypes.CDLL(None, use_errno=True).syncfs
-    except (AttributeError, OSError):
-        return None
-    func.argtypes = [ctypes.c_int]
-    func.restype = ctypes.c_int
-    return func  # type: ignore[no-any-return]
-
-
-_syncfs = _syncfs_function()
-
-
-def _syncfs_paths(paths: list[str]) -> bool:
-    """syncfs the filesystem of each of ``paths``, once per device. False when unavailable."""
-    if _syncfs is None:
-        return False
-    devices: dict[int, str] = {}
-    for path in paths:
-        try:
-            dev = os.stat(path).st_dev
-        except FileNotFoundError:
-            continue
-        devices.setdefault(dev, path)
-    for path in devices.values():
-        try:
-            fd = os.open(path, os.O_RDONLY)
-        except FileNotFoundError:  # deleted meanwhile: any other path of the device will do
-            continue
-        try:
-            if _syncfs(fd) != 0:
-                err = ctypes.get_errno()
-                raise OSError(err, f"syncfs: {os.strerror(err)}", path)
-        finally:
-            os.close(fd)
-    return True
-
-
-def fsync_paths(paths: list[str]) -> None:
-    """fsync files by path (thread-safe: own descriptors). A deleted file needs no sync.
-    Many paths: one syncfs per filesystem instead (Linux reports writeback errors to it)."""
-    if len(paths) >= SYNCFS_MIN_PATHS and _syncfs_paths(paths):
-        return
-    for path in paths:
-        try:
-            fd = os.open(path, os.O_RDONLY)
-        except FileNotFoundError:
-            continue
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
 class JournalReader:
     """Reads entries of one journal partition from its files, by journal position.
 
@@ -275,7 +228,7 @@ class JournalReader:
 
     def close(self) -> None:
         if self._fd >= 0:
-            os.close(self._fd)
+            fileio.close(self._fd)
         self._fd = -1
         self._fd_base = -1
 
@@ -292,14 +245,14 @@ class JournalReader:
                 if self._fd_base != base:
                     self.close()
                     try:
-                        self._fd = os.open(
+                        self._fd = fileio.open(
                             os.path.join(self.directory, segment_name(base)), os.O_RDONLY
                         )
                     except FileNotFoundError:
                         self._bases = list_segments(self.directory)
                         continue
                     self._fd_base = base
-                data = os.pread(self._fd, n, pos - base)
+                data = fileio.pread(self._fd, n, pos - base)
                 if data or attempt:
                     return data
             # past the known segments or at a segment's end: a roll may have added one
@@ -341,7 +294,7 @@ class JournalLog:
         segment_bytes: int,
         flush_policy: str,
         on_visible: Callable[[], None] | None = None,
-        on_failed: Callable[[list[_PendingMeta]], None] | None = None,
+        on_failed: Callable[[list[_PendingMeta], bool], None] | None = None,
     ) -> None:
         if flush_policy not in FLUSH_POLICIES:
             raise ValueError(f"flush_policy must be one of {FLUSH_POLICIES}")
@@ -350,15 +303,17 @@ class JournalLog:
         self.segment_bytes = segment_bytes
         self.flush_policy = flush_policy
         self.on_visible = on_visible or (lambda: None)
-        self.on_failed = on_failed or (lambda metas: None)
-        os.makedirs(directory, exist_ok=True)
+        # called with the entries whose write failed (and every entry queued behind them)
+        # and whether their offsets are given back (no: the partition went offline)
+        self.on_failed = on_failed or (lambda metas, give_back: None)
+        fileio.makedirs(directory)
         self.segments: list[int] = list_segments(directory)
         self._fd = -1
         self.active_size = 0
         self.written_end = 0  # bytes in the files
         self.durable_end = 0  # bytes known fsynced
         self.released_end = 0  # page cache dropped below this (split and durable)
-        self.failed: StorageError | None = None
+        self.health = JournalHealth(index)  # the failure rules: stonemq/storage/health.py
         self._pending: list[Any] = []
         self._pending_meta: list[_PendingMeta] = []
         self._flush_scheduled = False
@@ -415,10 +370,10 @@ class JournalLog:
             for base in self.segments:
                 size = os.path.getsize(self.path(base))
                 if base > end:
-                    os.unlink(self.path(base))
+                    fileio.unlink(self.path(base))
                     truncated += size
                 elif base + size > end:
-                    os.truncate(self.path(base), end - base)
+                    fileio.truncate(self.path(base), end - base)
                     truncated += base + size - end
             log.warning(
                 "journal-%d: truncated %d bytes at position %d (%s)",
@@ -434,7 +389,7 @@ class JournalLog:
     def _open_active(self, base: int) -> None:
         if not self.segments or self.segments[-1] != base:
             self.segments.append(base)
-        self._fd = os.open(self.path(base), _OPEN_FLAGS, 0o644)
+        self._fd = fileio.open(self.path(base), _OPEN_FLAGS, 0o644)
         self.active_size = os.fstat(self._fd).st_size
         self.written_end = base + self.active_size
         self.durable_end = self.written_end
@@ -457,8 +412,7 @@ class JournalLog:
 
     def enqueue(self, header: bytes, batch: Any, meta: _PendingMeta) -> None:
         """Queue one entry; the flush runs once per event-loop iteration."""
-        if self.failed is not None:
-            raise self.failed
+        self.health.check_append()
         self._pending.append(header)
         self._pending.append(batch)
         self._pending_meta.append(meta)
@@ -521,7 +475,11 @@ class JournalLog:
         return _Written(self._fd, [], self.active_size, 0, [], OSError(str(exc)), None, None)
 
     def _take(self, done: _Written, metas: list[_PendingMeta]) -> None:
-        """On the loop: take a group's outcome into the journal's state."""
+        """On the loop: take a group's outcome into the journal's state and apply the failure
+        rules (``health.py``). Entries are answered in order: those before a failed write are
+        acknowledged (under ``always`` only once fsynced); the failed ones and every entry
+        queued behind them fail, so no entry written later can hold an offset handed out
+        again. Their offsets are given back unless the partition went offline."""
         self._fd = done.fd
         self.segments.extend(done.new_bases)
         self.active_size = done.active_size
@@ -529,32 +487,35 @@ class JournalLog:
         if self.flush_policy == "interval":
             for old_path, end in done.rolled:  # a full segment is fsynced soon after its roll
                 self._fsync_rolled(old_path, end)
+        health = self.health
         if done.truncate_error is not None:
-            self.failed = StorageError(
-                f"journal-{self.index} cannot truncate: {done.truncate_error}"
-            )
-        if done.written < len(metas):
-            failed = metas[done.written :]
+            health.on(Event.JOURNAL_CUT_BACK_FAILED, done.truncate_error)
+        if done.fsync_error is not None:
+            health.on(Event.JOURNAL_FSYNC_FAILED, done.fsync_error)
+        if done.error is not None:
+            space = is_space_error(done.error)
+            health.on(Event.JOURNAL_WRITE_FULL if space else Event.JOURNAL_WRITE_ERROR, done.error)
+        elif done.written:
+            health.on(Event.JOURNAL_WRITE_OK)
+        # under always, written entries whose fsync failed are not durable: none is acked
+        written = metas[: done.written] if done.fsync_error is None else []
+        failed = metas[len(written) :]
+        if failed:
+            behind, self._pending, self._pending_meta = self._pending_meta, [], []
+            failed.extend(behind)
+            why = done.fsync_error or done.error or done.truncate_error
             log.error(
-                "journal-%d: write of %d entries failed: %s", self.index, len(failed), done.error
+                "journal-%d: %d entries failed (%d queued behind the failed write): %s",
+                self.index,
+                len(failed),
+                len(behind),
+                why,
             )
-            self.on_failed(failed)
+            self.on_failed(failed, not health.offline)
             for meta in failed:
                 if not meta[0].done():
-                    meta[0].set_exception(StorageError(f"journal write failed: {done.error}"))
-        written = metas[: done.written]
-        if written and done.fsync_error is not None:
-            # after a failed fsync the page cache state is unknown: stop taking writes
-            log.error(
-                "journal-%d: fsync failed, journal partition offline: %s",
-                self.index,
-                done.fsync_error,
-            )
-            self.failed = StorageError(f"journal-{self.index} fsync failed: {done.fsync_error}")
-            for meta in written:
-                if not meta[0].done():
-                    meta[0].set_exception(StorageError(f"journal fsync failed: {done.fsync_error}"))
-        elif written:
+                    meta[0].set_exception(StorageError(f"journal write failed: {why}"))
+        if written:
             if self.flush_policy == "always":
                 self.durable_end = max(self.durable_end, self.written_end)
             for meta in written:
@@ -569,14 +530,19 @@ class JournalLog:
         loop = self._loop or asyncio.get_running_loop()
 
         def synced(f: asyncio.Future[None]) -> None:
-            if f.exception() is None:
+            exc = f.exception()
+            if exc is None:
                 self.durable_end = max(self.durable_end, end)
             else:
-                log.error("journal-%d: fsync on roll failed: %s", self.index, f.exception())
+                self.health.on(Event.JOURNAL_FSYNC_FAILED, f"on roll: {exc}")
 
         loop.run_in_executor(None, fsync_paths, [old_path, self.directory]).add_done_callback(
             synced
         )
+
+    def mark_fsync_failed(self, exc: BaseException) -> None:
+        """An fsync of this journal's files failed (interval flush, checkpoint round)."""
+        self.health.on(Event.JOURNAL_FSYNC_FAILED, exc)
 
     async def drain(self) -> None:
         """Wait until nothing is queued, being written or being fsynced."""
@@ -636,12 +602,22 @@ class JournalLog:
         self.durable_end = self.written_end
 
     def delete_segments_before(self, position: int) -> int:
-        """Delete whole non-active segments that end at or before ``position``."""
+        """Delete whole non-active segments that end at or before ``position`` (never while
+        the partition is offline: the next start replays from them). A segment that cannot
+        be unlinked stays listed and is tried again next time."""
+        if self.health.offline:
+            return 0
         deleted = 0
         while len(self.segments) > 1 and self.segments[1] <= position:
-            base = self.segments.pop(0)
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.path(base))
+            base = self.segments[0]
+            try:
+                fileio.unlink(self.path(base))
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                log.warning("journal-%d: cannot delete segment %d: %s", self.index, base, exc)
+                break
+            self.segments.pop(0)
             deleted += 1
         return deleted
 
@@ -650,7 +626,7 @@ class JournalLog:
             self._writer.shutdown(wait=True)  # after drain() nothing is running
             self._writer = None
         if self._fd >= 0:
-            os.close(self._fd)
+            fileio.close(self._fd)
             self._fd = -1
 
 
@@ -694,14 +670,14 @@ def _write_entries(
             new_base = base + size
             try:
                 new_path = os.path.join(directory, segment_name(new_base))
-                new_fd = os.open(new_path, _OPEN_FLAGS, 0o644)
+                new_fd = fileio.open(new_path, _OPEN_FLAGS, 0o644)
             except OSError as exc:
                 error = exc
                 break
             if policy == "always":
                 to_fsync.append(fd)
             else:
-                os.close(fd)
+                fileio.close(fd)
                 rolled.append((os.path.join(directory, segment_name(base)), new_base))
             fd, base, size = new_fd, new_base, 0
             new_bases.append(new_base)
@@ -715,7 +691,7 @@ def _write_entries(
         except OSError as exc:
             error = exc
             try:
-                os.ftruncate(fd, size)  # leave no partial entry behind (ENOSPC, EIO)
+                fileio.ftruncate(fd, size)  # leave no partial entry behind (ENOSPC, EIO)
             except OSError as cut:
                 truncate_error = cut
             break
@@ -726,18 +702,14 @@ def _write_entries(
         if i:
             try:
                 for old in to_fsync:
-                    os.fsync(old)
+                    fileio.fsync(old)
                 if new_bases:  # the new segments' directory entries, durable with the acks
-                    dir_fd = os.open(directory, os.O_RDONLY)
-                    try:
-                        os.fsync(dir_fd)
-                    finally:
-                        os.close(dir_fd)
-                os.fsync(fd)
+                    fileio.fsync_dir(directory)
+                fileio.fsync(fd)
             except OSError as exc:
                 fsync_error = exc
         for old in to_fsync:
-            os.close(old)
+            fileio.close(old)
     return _Written(fd, new_bases, size, i, rolled, error, truncate_error, fsync_error)
 
 
@@ -751,7 +723,9 @@ def _pwrite_all(fd: int, buffers: list[Any], pos: int) -> None:
     start = 0
     while start < len(views):
         chunk = views[start : start + _IOV_MAX]
-        done = os.pwritev(fd, chunk, pos)
+        done = fileio.pwritev(fd, chunk, pos)
+        if done <= 0:  # no progress: never loop on it
+            raise OSError(errno.ENOSPC, "write made no progress")
         pos += done
         for view in chunk:
             if done >= len(view):

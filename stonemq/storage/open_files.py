@@ -13,6 +13,8 @@ import os
 import resource
 from collections import OrderedDict
 
+from stonemq.storage import fileio
+
 log = logging.getLogger(__name__)
 
 # descriptors kept free beyond the cache: client sockets, journal segments, checkpoint and
@@ -82,8 +84,8 @@ class OpenFiles:
             return fd
         while len(fds) >= self.max_open_files:
             _, old = fds.popitem(last=False)
-            os.close(old)
-        fd = os.open(path, _OPEN_FLAGS, 0o644)
+            fileio.close(old)
+        fd = fileio.open(path, _OPEN_FLAGS, 0o644)
         self.opens += 1
         fds[path] = fd
         return fd
@@ -92,7 +94,7 @@ class OpenFiles:
         """Close ``path`` if it is open (before deleting or renaming it)."""
         fd = self._fds.pop(path, None)
         if fd is not None:
-            os.close(fd)
+            fileio.close(fd)
 
     def close_under(self, directory: str) -> None:
         """Close every open file inside ``directory``."""
@@ -103,4 +105,4 @@ class OpenFiles:
     def close_all(self) -> None:
         while self._fds:
             _, fd = self._fds.popitem()
-            os.close(fd)
+            fileio.close(fd)

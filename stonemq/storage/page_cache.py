@@ -23,12 +23,12 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import ctypes
-import ctypes.util
 import mmap
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
+
+from stonemq.storage import fileio
 
 RECOVERY_READ_BYTES = 3 * 1024 * 1024
 """One recovery read: large enough for the disk's sequential rate, and under the broker's
@@ -80,65 +80,58 @@ def drop_pages(fd: int, offset: int, length: int) -> None:
             os.posix_fadvise(fd, offset, length, _FADV_DONTNEED)
 
 
-_SYNC_FILE_RANGE_WAIT_BEFORE = 1  # from linux/fs.h
-_SYNC_FILE_RANGE_WRITE = 2
-_SYNC_FILE_RANGE_WAIT_AFTER = 4
-
-
-def _load_sync_file_range() -> Callable[[int, int, int, int], int] | None:
-    name = ctypes.util.find_library("c")
-    try:
-        func = ctypes.CDLL(name, use_errno=True).sync_file_range
-    except (OSError, AttributeError, TypeError):
-        return None
-    func.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
-    func.restype = ctypes.c_int
-    return func
-
-
-_sync_file_range = _load_sync_file_range()
-
-
 def write_back(fd: int, offset: int, length: int, wait: bool) -> None:
     """Start writing back ``fd``'s dirty pages in the range, and with ``wait`` also wait until
     every page in it is clean (Linux ``sync_file_range``: no fsync, no metadata; elsewhere
-    ``POSIX_FADV_DONTNEED``, which starts writeback but cannot wait)."""
-    if _sync_file_range is None:
+    ``POSIX_FADV_DONTNEED``, which starts writeback but cannot wait). With ``wait`` it
+    raises the kernel's write-back error, which it reports once: whoever sees it must act on
+    it, since a later fsync through another descriptor may succeed as if nothing was lost."""
+    if not fileio.HAS_SYNC_FILE_RANGE:
         drop_pages(fd, offset, length)
         return
-    flags = _SYNC_FILE_RANGE_WRITE
+    flags = fileio.SYNC_FILE_RANGE_WRITE
     if wait:
-        flags |= _SYNC_FILE_RANGE_WAIT_BEFORE | _SYNC_FILE_RANGE_WAIT_AFTER
-    _sync_file_range(fd, offset, length, flags)  # a hint: an error leaves pages cached
+        flags |= fileio.SYNC_FILE_RANGE_WAIT_BEFORE | fileio.SYNC_FILE_RANGE_WAIT_AFTER
+        fileio.sync_file_range(fd, offset, length, flags)
+        return
+    with contextlib.suppress(OSError):  # starting write-back is a hint; waiting reports
+        fileio.sync_file_range(fd, offset, length, flags)
 
 
-def _each_open(ranges: list[Range]) -> Iterator[tuple[int, int, int]]:
-    """(fd, offset, length) for each range whose file can be opened, by path: executor threads
-    do not share the event loop's descriptors; a file that is gone is skipped."""
+def _each_open(ranges: list[Range]) -> Iterator[tuple[str, int, int, int]]:
+    """(path, fd, offset, length) for each range whose file can be opened, by path: executor
+    threads do not share the event loop's descriptors; a file that is gone is skipped."""
     for path, offset, length in ranges:
         try:
-            fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            fd = fileio.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
         except OSError:
             continue
         try:
-            yield fd, offset, length
+            yield path, fd, offset, length
         finally:
-            os.close(fd)
+            fileio.close(fd)
 
 
-def release_written(hint: list[Range], drop: list[Range]) -> None:
+def release_written(hint: list[Range], drop: list[Range]) -> dict[str, OSError]:
     """:class:`WrittenPages`' two stages: start the writeback of ``hint``; wait for that of
-    ``drop`` (usually done since its hint) and drop its pages."""
-    for fd, offset, length in _each_open(hint):
+    ``drop`` (usually done since its hint) and drop its pages. Returns the files whose
+    write-back failed (their pages are kept): the caller takes what they hold offline."""
+    failed: dict[str, OSError] = {}
+    for _, fd, offset, length in _each_open(hint):
         write_back(fd, offset, length, wait=False)
-    for fd, offset, length in _each_open(drop):
-        write_back(fd, offset, length, wait=True)
+    for path, fd, offset, length in _each_open(drop):
+        try:
+            write_back(fd, offset, length, wait=True)
+        except OSError as exc:
+            failed[path] = exc
+            continue
         drop_pages(fd, offset, length)
+    return failed
 
 
 def drop_ranges(ranges: list[Range]) -> None:
     """``drop_pages`` on each (path, offset, length) of clean pages (in an executor thread)."""
-    for fd, offset, length in _each_open(ranges):
+    for _, fd, offset, length in _each_open(ranges):
         drop_pages(fd, offset, length)
 
 

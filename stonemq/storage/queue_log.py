@@ -14,7 +14,6 @@ import contextlib
 import logging
 import operator
 import os
-import shutil
 import time
 from typing import TYPE_CHECKING
 
@@ -24,6 +23,7 @@ from stonemq.protocol.record_batch import (
     iter_records,
     parse_header,
 )
+from stonemq.storage import fileio
 from stonemq.storage.checkpoint import QueueRecoveryPoint
 from stonemq.storage.open_files import OpenFiles
 from stonemq.storage.page_cache import WrittenPages
@@ -57,8 +57,8 @@ def create_queue_log_dir(directory: str) -> None:
     truncates. Not fsynced: an empty directory lost to a crash costs nothing, and the first
     flush after the first batch fsyncs the directory entries (``QueueLog.new_files``)."""
     if not os.path.isdir(directory):
-        os.makedirs(directory, exist_ok=True)
-    os.close(os.open(segment_file(directory, 0, LOG_SUFFIX), _CREATE_FLAGS, 0o644))
+        fileio.makedirs(directory)
+    fileio.close(fileio.open(segment_file(directory, 0, LOG_SUFFIX), _CREATE_FLAGS, 0o644))
 
 
 class QueueLog:
@@ -68,6 +68,7 @@ class QueueLog:
         "config",
         "created_ms",
         "directory",
+        "failed",
         "files",
         "first_unflushed_journal_position",
         "journal_partition",
@@ -108,6 +109,9 @@ class QueueLog:
         self.first_unflushed_journal_position: int | None = None
         self.unflushed: list[str] = []  # files of segments sealed since the last flush
         self.new_files = False  # a segment was created since the last flush: fsync the dir
+        # set when a write, fsync or write-back of its files failed (health.py): its bytes
+        # are no longer known good, so reads answer with this error until a restart
+        self.failed: Exception | None = None
 
     # -- state ----------------------------------------------------------------------------
     @property
@@ -182,7 +186,7 @@ class QueueLog:
             )
         if not self.segments:
             if not os.path.isdir(self.directory):  # a stat; usually created ahead (engine)
-                os.makedirs(self.directory, exist_ok=True)
+                fileio.makedirs(self.directory)
             self._new_segment(header.base_offset)
         elif self._should_roll(self.segments[-1], header):
             self.roll(header.base_offset)
@@ -295,7 +299,7 @@ class QueueLog:
             for path in seg.paths:
                 self.files.close(path)
                 with contextlib.suppress(FileNotFoundError):
-                    os.unlink(path)
+                    fileio.unlink(path)
                 if path in self.unflushed:
                     self.unflushed.remove(path)
             log.info(
@@ -319,8 +323,11 @@ class QueueLog:
         return b""
 
     def offset_for_timestamp(self, timestamp_ms: int) -> tuple[int, int] | None:
-        """(offset, timestamp) of the first record with timestamp >= ``timestamp_ms``."""
+        """(offset, timestamp) of the first record at or after the log start offset with
+        timestamp >= ``timestamp_ms``, as Kafka searches (records below the log start, left in
+        its first segment by DeleteRecords or retention, are not readable)."""
         files = self.files
+        log_start = self.log_start_offset
         for seg in self.segments:
             max_ts, _ = seg.ensure_max_timestamp(files)
             if max_ts < timestamp_ms:
@@ -330,35 +337,51 @@ class QueueLog:
                 files, seg.base_offset - 1 if start_offset is None else start_offset - 1
             )
             for pos, header in seg.iter_headers(files, start):
-                if header.max_timestamp < timestamp_ms:
+                if header.max_timestamp < timestamp_ms or header.last_offset < log_start:
                     continue
                 if header.timestamp_type == TIMESTAMP_LOG_APPEND_TIME:
-                    return header.base_offset, header.max_timestamp
+                    return max(header.base_offset, log_start), header.max_timestamp
                 for record in iter_records(seg.read(files, pos, header.size)):
-                    if record.timestamp >= timestamp_ms:
+                    if record.timestamp >= timestamp_ms and record.offset >= log_start:
                         return record.offset, record.timestamp
         return None
 
     def max_timestamp(self) -> tuple[int, int] | None:
-        """(offset, timestamp) of the first record with the largest timestamp."""
+        """(offset, timestamp) of the first record at or after the log start offset with the
+        largest timestamp."""
+        log_start = self.log_start_offset
         best: tuple[int, int, Segment] | None = None
-        for seg in self.segments:
-            ts, offset = seg.ensure_max_timestamp(self.files)
+        for i, seg in enumerate(self.segments):
+            if i == 0 and log_start > seg.base_offset:  # only its batches from the log start
+                found = self._max_batch_from(seg, log_start)
+            else:
+                found = seg.ensure_max_timestamp(self.files)
+            ts, offset = found
             if ts >= 0 and (best is None or ts > best[0]):
                 best = (ts, offset, seg)
         if best is None:
             return None
         ts, offset, seg = best
-        found = seg.find_batch(self.files, offset)
-        if found is None:
+        found_batch = seg.find_batch(self.files, offset)
+        if found_batch is None:
             return None
-        pos, header = found
+        pos, header = found_batch
         if header.timestamp_type == TIMESTAMP_LOG_APPEND_TIME:
-            return header.base_offset, header.max_timestamp
+            return max(header.base_offset, log_start), header.max_timestamp
         for record in iter_records(seg.read(self.files, pos, header.size)):
-            if record.timestamp == header.max_timestamp:
+            if record.timestamp == header.max_timestamp and record.offset >= log_start:
                 return record.offset, record.timestamp
         return header.last_offset, header.max_timestamp
+
+    def _max_batch_from(self, seg: Segment, offset: int) -> tuple[int, int]:
+        """(max timestamp, its batch's base offset) over ``seg``'s batches that end at or
+        after ``offset``; (-1, -1) when there are none."""
+        best = (-1, -1)
+        _, start = seg.offset_index.lookup(self.files, offset)
+        for _, header in seg.iter_headers(self.files, start):
+            if header.last_offset >= offset and header.max_timestamp > best[0]:
+                best = (header.max_timestamp, header.base_offset)
+        return best
 
     def batch_headers(self) -> list[BatchHeader]:
         """Headers of every stored batch, oldest first (header reads only)."""
@@ -451,7 +474,7 @@ class QueueLog:
             for path in seg.paths:
                 self.files.close(path)
                 with contextlib.suppress(FileNotFoundError):
-                    os.unlink(path)
+                    fileio.unlink(path)
             log.warning(
                 "%s-%d: deleted segment %d (%s)", self.topic, self.partition, seg.base_offset, why
             )
@@ -461,7 +484,7 @@ class QueueLog:
     def delete(self) -> None:
         """Remove the directory and everything in it."""
         self.files.close_under(self.directory)
-        shutil.rmtree(self.directory, ignore_errors=True)
+        fileio.rmtree(self.directory)
         self.segments = []
 
 
@@ -480,6 +503,6 @@ def _list_bases(directory: str) -> list[int]:
             and stem.isdigit()
             and not os.path.exists(segment_file(directory, int(stem), LOG_SUFFIX))
         ):
-            os.unlink(os.path.join(directory, name))  # an index without its log
+            fileio.unlink(os.path.join(directory, name))  # an index without its log
     bases.sort()
     return bases

@@ -8,6 +8,7 @@ length fields. Files are reached through the :class:`OpenFiles` cache and never 
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import struct
@@ -21,6 +22,8 @@ from stonemq.protocol.record_batch import (
     crc_ok,
     parse_header,
 )
+from stonemq.storage import fileio
+from stonemq.storage.errors import CutBackError
 from stonemq.storage.offset_index import OffsetIndex
 from stonemq.storage.open_files import OpenFiles
 from stonemq.storage.page_cache import RECOVERY_READ_BYTES, drop_pages
@@ -112,10 +115,15 @@ class Segment:
         n = len(batch)
         try:
             while done < n:
-                done += os.pwrite(fd, batch[done:], pos + done)
-        except OSError:
-            with contextlib.suppress(OSError):
-                os.ftruncate(fd, pos)  # leave no partial batch behind (ENOSPC, EFBIG)
+                wrote = fileio.pwrite(fd, batch[done:], pos + done)
+                if wrote <= 0:  # no progress: never loop on it
+                    raise OSError(errno.ENOSPC, f"{self.log_path}: write made no progress")
+                done += wrote
+        except OSError as exc:
+            try:
+                fileio.ftruncate(fd, pos)  # leave no partial batch behind (ENOSPC, EIO)
+            except OSError as cut:
+                raise CutBackError(cut.errno, f"{self.log_path}: {exc}; cut back: {cut}") from exc
             raise
         self.size = pos + n
         try:
@@ -155,7 +163,7 @@ class Segment:
 
     # -- read -----------------------------------------------------------------------------
     def read(self, files: OpenFiles, pos: int, n: int) -> bytes:
-        return os.pread(files.get(self.log_path), n, pos)
+        return fileio.pread(files.get(self.log_path), n, pos)
 
     def iter_headers(
         self, files: OpenFiles, start: int = 0, end: int | None = None
@@ -164,7 +172,7 @@ class Segment:
         stop = self.size if end is None else min(end, self.size)
         pos = start
         while stop - pos >= HEADER_SIZE:
-            chunk = os.pread(files.get(self.log_path), min(_SCAN_CHUNK_BYTES, stop - pos), pos)
+            chunk = fileio.pread(files.get(self.log_path), min(_SCAN_CHUNK_BYTES, stop - pos), pos)
             at = 0
             while len(chunk) - at >= HEADER_SIZE:
                 header = parse_header(chunk, at)
@@ -189,7 +197,7 @@ class Segment:
         the next ``READ_AHEAD_BYTES`` now (asynchronously), so the next fetch finds them in
         the page cache instead of waiting for the disk on the event loop."""
         fd = files.get(self.log_path)
-        data = os.pread(fd, min(max(max_bytes, HEADER_SIZE), self.size - pos), pos)
+        data = fileio.pread(fd, min(max(max_bytes, HEADER_SIZE), self.size - pos), pos)
         n = len(data)
         ahead = min(READ_AHEAD_BYTES, self.size - pos - n)
         if ahead > 0 and _FADV_WILLNEED is not None:
@@ -203,7 +211,7 @@ class Segment:
             at += size
         if at == 0 and n >= LOG_OVERHEAD:  # the first batch alone is bigger than max_bytes
             size = _LENGTH.unpack_from(data, 8)[0] + LOG_OVERHEAD
-            return os.pread(fd, size, pos)
+            return fileio.pread(fd, size, pos)
         return data if at == n else memoryview(data)[:at]
 
     def ensure_max_timestamp(self, files: OpenFiles) -> tuple[int, int]:
@@ -253,7 +261,7 @@ class Segment:
         file_size = os.fstat(fd).st_size
         pos = start
         while pos < file_size:
-            chunk = os.pread(fd, min(RECOVERY_READ_BYTES, file_size - pos), pos)
+            chunk = fileio.pread(fd, min(RECOVERY_READ_BYTES, file_size - pos), pos)
             at = 0
             while len(chunk) - at >= HEADER_SIZE:
                 try:
@@ -262,7 +270,7 @@ class Segment:
                     break
                 if at + header.size > len(chunk):
                     if at == 0 and pos + header.size <= file_size:
-                        chunk = os.pread(fd, header.size, pos)  # one batch bigger than a chunk
+                        chunk = fileio.pread(fd, header.size, pos)  # one batch bigger than a chunk
                         continue
                     break
                 if header.base_offset < next_offset or not crc_ok(chunk, at, header):
@@ -278,5 +286,5 @@ class Segment:
             break
         cut = file_size - self.size
         if cut:
-            os.ftruncate(fd, self.size)
+            fileio.ftruncate(fd, self.size)
         return next_offset, cut

@@ -17,7 +17,8 @@ import logging
 from collections.abc import Callable
 
 from stonemq.protocol.record_batch import RecordBatchError
-from stonemq.storage.errors import StorageError
+from stonemq.storage.errors import CutBackError, StorageError
+from stonemq.storage.health import FATAL, Event, JournalHealth, is_space_error
 from stonemq.storage.journal import JournalEntry, JournalReader
 from stonemq.storage.page_cache import RECOVERY_READ_BYTES
 from stonemq.storage.queue_log import QueueLog
@@ -29,6 +30,24 @@ Resolver = Callable[[bytes, int], "QueueLog | None"]
 _RETRY_AFTER_ERROR_S = 1.0
 
 
+class SplitError(StorageError):
+    """A queue log fed from journal ``journal`` could not be written."""
+
+    def __init__(self, journal: int, queue: QueueLog, cause: OSError) -> None:
+        super().__init__(
+            f"cannot write {queue.topic}-{queue.partition} from journal-{journal}: {cause}"
+        )
+        self.journal = journal
+        self.queue = queue
+        self.cause = cause
+
+    @property
+    def event(self) -> Event:
+        if isinstance(self.cause, CutBackError):
+            return Event.QUEUE_CUT_BACK_FAILED
+        return Event.SPLIT_FULL if is_space_error(self.cause) else Event.QUEUE_WRITE_ERROR
+
+
 class Splitter:
     """Moves journal entries into QueueLogs, journal partition by journal partition."""
 
@@ -38,15 +57,16 @@ class Splitter:
         positions: list[int],
         resolve: Resolver,
         batch_bytes: int,
+        healths: list[JournalHealth] | None = None,
     ) -> None:
         self.readers = [JournalReader(d) for d in journal_dirs]
         self.positions = list(positions)  # split position per journal partition
         self.resolve = resolve
         self.batch_bytes = batch_bytes
         self.bytes_split = 0
-        # journal partitions whose last step failed to write a queue log (ENOSPC, EIO...):
-        # produces routed to them are refused until a step succeeds again
-        self.failed: dict[int, StorageError] = {}
+        # each journal partition's failure state (health.py): a failed queue-log write is
+        # reported there; an offline journal partition is not split any more
+        self.healths = healths or [JournalHealth(j) for j in range(len(journal_dirs))]
 
     def step(
         self, j: int, limit: int, advanced: set[QueueLog], batch_bytes: int | None = None
@@ -87,9 +107,7 @@ class Splitter:
                     )
                 except OSError as exc:
                     # retry the whole step later: what was appended is skipped then
-                    raise StorageError(
-                        f"cannot write {queue.topic}-{queue.partition} from journal-{j}: {exc}"
-                    ) from exc
+                    raise SplitError(j, queue, exc) from exc
         self.positions[j] = end
         self.bytes_split += end - pos
         return end - pos
@@ -127,18 +145,18 @@ class Splitter:
         while True:
             wake.clear()
             progressed = False
-            for j in range(len(self.readers)):
+            for j, health in enumerate(self.healths):
+                if not health.splits:
+                    continue  # offline: the next start replays it
                 advanced: set[QueueLog] = set()
                 consumed = 0
                 try:
                     consumed = self.step(j, limit(j), advanced)
                     if consumed:
                         progressed = True
-                        if self.failed.pop(j, None) is not None:
-                            log.info("splitter: journal-%d splits again", j)
-                except StorageError as exc:
-                    log.error("splitter: %s; retrying", exc)
-                    self.failed[j] = exc
+                        health.on(Event.SPLIT_OK)
+                except SplitError as exc:
+                    self.failed(exc)
                     progressed = True  # retry without waiting for a journal write
                     await asyncio.sleep(_RETRY_AFTER_ERROR_S)
                 if advanced or consumed:
@@ -146,6 +164,15 @@ class Splitter:
                 await asyncio.sleep(0)
             if not progressed:
                 await wake.wait()
+
+    def failed(self, exc: SplitError) -> None:
+        """Apply the failure rules to a failed split step: for lack of space the step is
+        retried (produces to the journal partition are refused meanwhile); any other error
+        fails the queue log and takes the journal partition offline."""
+        event = exc.event
+        if event in FATAL and exc.queue.failed is None:
+            exc.queue.failed = exc
+        self.healths[exc.journal].on(event, exc)
 
     def close(self) -> None:
         for reader in self.readers:

@@ -284,8 +284,16 @@ def test_a_writer_bug_fails_the_group_instead_of_hanging_it(
         with pytest.raises(StorageError):
             await asyncio.wait_for(failing.written, 5)
         monkeypatch.setattr(journal_module, "_write_entries", real)
+        # nothing is known of what the writer left in the file: fail-stop (health.py)
+        assert engine.journal_health()[0] == "offline"
+        with pytest.raises(StorageError):
+            engine.append("t", 0, build_batch([b"c"]), 1)
+        await engine.close()
+        engine = new_engine(tmp_path)  # a restart brings the partition back
+        add_topic(engine)
+        engine.start(lambda *a: None)
         (base,) = await produce(engine, "t", 0, [build_batch([b"c"])])
-        assert base == 1  # the failed offset was given back: no gap
+        assert base == 1  # the failed entry never became an offset: no gap
         await engine.close()
 
     run(main())

@@ -15,9 +15,9 @@ from conftest import build_batch, new_engine, read_all, wait_split
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from stonemq.storage import journal
+from stonemq.storage import fileio
 from stonemq.storage.engine import LogConfig, StorageEngine
-from stonemq.storage.journal import SYNCFS_MIN_PATHS, fsync_paths
+from stonemq.storage.fileio import SYNCFS_MIN_PATHS, fsync_paths
 from stonemq.storage.offset_index import OffsetIndex
 from stonemq.storage.open_files import OpenFiles
 from stonemq.storage.time_index import TimeIndex
@@ -254,7 +254,7 @@ def test_fsync_paths_takes_files_dirs_and_missing_paths(tmp_path: Path, count: i
         b"%d" % i for i in range(count)
     ]
     if sys.platform == "linux":
-        assert journal._syncfs is not None  # the many-paths case above took syncfs
+        assert fileio.HAS_SYNCFS  # the many-paths case above took syncfs
 
 
 _FIT_SCRIPT = """

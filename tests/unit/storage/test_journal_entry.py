@@ -68,15 +68,22 @@ def test_garbage_raises() -> None:
     st.integers(0, 2**31 - 1),
     st.integers(0, 2**63 - 1),
     st.integers(1, 2**31 - 1),
-    st.binary(min_size=8, max_size=300),
+    st.binary(min_size=16, max_size=300),
+    st.integers(-1, 2**31 - 1),
 )
 def test_prefix_and_unchanged_batch_make_the_patched_entry(
-    topic_id: bytes, partition: int, base: int, count: int, batch: bytes
+    topic_id: bytes, partition: int, base: int, count: int, batch: bytes, epoch: int
 ) -> None:
-    """What the produce path writes (a prefix, then the batch as received after its first 8
-    bytes) is byte for byte the entry of the batch with its base offset patched in."""
-    written = encode_entry_prefix(topic_id, partition, base, count, batch) + batch[8:]
-    patched = base.to_bytes(8, "big", signed=True) + batch[8:]
+    """What the produce path writes (a prefix, then the batch as received after its first 16
+    bytes) is byte for byte the entry of the batch with its base offset and partition leader
+    epoch patched in (the batch length between them unchanged)."""
+    written = encode_entry_prefix(topic_id, partition, base, count, batch, epoch) + batch[16:]
+    patched = (
+        base.to_bytes(8, "big", signed=True)
+        + batch[8:12]
+        + epoch.to_bytes(4, "big", signed=True)
+        + batch[16:]
+    )
     assert written == encode_entry(topic_id, partition, base, count, patched)
     (entry,), used = decode_entries(memoryview(written), 0, verify=True)
     assert used == len(written) and bytes(entry.batch) == patched

@@ -1,0 +1,241 @@
+"""The storage's I/O boundary: every system call storage makes on its files goes through here.
+
+Journal, queue-log, index and checkpoint code call ``fileio.pwrite(...)``,
+``fileio.fsync(...)`` and so on (always through the module attribute, never a name imported
+from it), so one place can replace them: :func:`install` swaps in a :class:`FileOps` whose
+methods may fail on a schedule (``stonemq.storage.faults``), which is how the tests inject
+ENOSPC, EIO, short writes and failed fsyncs, write-backs, renames and unlinks into a real
+engine, and how they model what a power loss keeps (only what an fsync made durable).
+
+The default operations are the plain ``os`` calls, plus two Linux calls through ctypes
+(``sync_file_range``, ``syncfs``) that, unlike ``os`` functions, return an error code: here
+they raise :class:`OSError` like the rest, so a write-back error is never lost on the way.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import shutil
+from collections.abc import Callable, Sequence
+from typing import Any
+
+_libc_name = ctypes.util.find_library("c")
+
+
+def _libc_function(name: str, argtypes: list[Any]) -> Callable[..., int] | None:
+    try:
+        func = getattr(ctypes.CDLL(_libc_name, use_errno=True), name)
+    except (OSError, AttributeError, TypeError):
+        return None
+    func.argtypes = argtypes
+    func.restype = ctypes.c_int
+    return func  # type: ignore[no-any-return]
+
+
+_sync_file_range = _libc_function(
+    "sync_file_range", [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+)
+_syncfs = _libc_function("syncfs", [ctypes.c_int])
+
+SYNC_FILE_RANGE_WAIT_BEFORE = 1  # from linux/fs.h
+SYNC_FILE_RANGE_WRITE = 2
+SYNC_FILE_RANGE_WAIT_AFTER = 4
+
+HAS_SYNC_FILE_RANGE = _sync_file_range is not None
+HAS_SYNCFS = _syncfs is not None
+
+
+def _raise_errno(what: str, target: object) -> None:
+    err = ctypes.get_errno()
+    raise OSError(err, f"{what}: {os.strerror(err)}", str(target))
+
+
+class FileOps:
+    """The real operations. A subclass (``faults.FaultyFileOps``) overrides what it injects."""
+
+    def open(self, path: str, flags: int, mode: int = 0o644) -> int:
+        return os.open(path, flags, mode)
+
+    def close(self, fd: int) -> None:
+        os.close(fd)
+
+    def pread(self, fd: int, n: int, pos: int) -> bytes:
+        return os.pread(fd, n, pos)
+
+    def pwrite(self, fd: int, data: Any, pos: int) -> int:
+        return os.pwrite(fd, data, pos)
+
+    def pwritev(self, fd: int, buffers: Sequence[Any], pos: int) -> int:
+        return os.pwritev(fd, buffers, pos)
+
+    def write(self, fd: int, data: Any) -> int:
+        return os.write(fd, data)
+
+    def fsync(self, fd: int) -> None:
+        os.fsync(fd)
+
+    def ftruncate(self, fd: int, size: int) -> None:
+        os.ftruncate(fd, size)
+
+    def truncate(self, path: str, size: int) -> None:
+        os.truncate(path, size)
+
+    def sync_file_range(self, fd: int, offset: int, length: int, flags: int) -> None:
+        """Linux ``sync_file_range``; raises OSError on failure (a write-back error included:
+        the kernel reports it once per descriptor, so it must not be dropped here)."""
+        if _sync_file_range is None:
+            raise OSError(38, "sync_file_range is not available")  # ENOSYS
+        if _sync_file_range(fd, offset, length, flags) != 0:
+            _raise_errno("sync_file_range", fd)
+
+    def syncfs(self, fd: int) -> None:
+        if _syncfs is None:
+            raise OSError(38, "syncfs is not available")
+        if _syncfs(fd) != 0:
+            _raise_errno("syncfs", fd)
+
+    def replace(self, src: str, dst: str) -> None:
+        os.replace(src, dst)
+
+    def unlink(self, path: str) -> None:
+        os.unlink(path)
+
+    def makedirs(self, path: str) -> None:
+        os.makedirs(path, exist_ok=True)
+
+    def rmtree(self, path: str) -> None:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+_REAL = FileOps()
+_active: FileOps = _REAL
+
+# The module-level names the storage calls; :func:`install` rebinds them.
+open = _REAL.open
+close = _REAL.close
+pread = _REAL.pread
+pwrite = _REAL.pwrite
+pwritev = _REAL.pwritev
+write = _REAL.write
+fsync = _REAL.fsync
+ftruncate = _REAL.ftruncate
+truncate = _REAL.truncate
+sync_file_range = _REAL.sync_file_range
+syncfs = _REAL.syncfs
+replace = _REAL.replace
+unlink = _REAL.unlink
+makedirs = _REAL.makedirs
+rmtree = _REAL.rmtree
+
+_NAMES = (
+    "open",
+    "close",
+    "pread",
+    "pwrite",
+    "pwritev",
+    "write",
+    "fsync",
+    "ftruncate",
+    "truncate",
+    "sync_file_range",
+    "syncfs",
+    "replace",
+    "unlink",
+    "makedirs",
+    "rmtree",
+)
+
+
+def install(ops: FileOps | None) -> FileOps:
+    """Route every storage system call through ``ops`` (None: the real ones again); returns
+    the operations that were active before."""
+    global _active
+    previous = _active
+    _active = ops if ops is not None else _REAL
+    module = globals()
+    for name in _NAMES:
+        module[name] = getattr(_active, name)
+    return previous
+
+
+def active() -> FileOps:
+    return _active
+
+
+def fsync_dir(directory: str) -> None:
+    """fsync a directory: its entries (files created, renamed or deleted in it) durable."""
+    fd = open(directory, os.O_RDONLY)
+    try:
+        fsync(fd)
+    finally:
+        close(fd)
+
+
+# From this many paths on, one syncfs(2) per filesystem is cheaper than an fsync per file
+# (a flush of 100,000 idle queue logs, a clean stop): both leave every named file durable.
+SYNCFS_MIN_PATHS = 256
+
+
+class FsyncError(OSError):
+    """Some paths of an :func:`fsync_paths` call could not be made durable: ``failed`` names
+    them (with syncfs, every path of the failed filesystem)."""
+
+    def __init__(self, failed: dict[str, OSError]) -> None:
+        first = next(iter(failed.values()))
+        super().__init__(first.errno, f"fsync failed for {len(failed)} path(s): {first}")
+        self.failed = failed
+
+
+def _syncfs_paths(paths: list[str], failed: dict[str, OSError]) -> bool:
+    """syncfs the filesystem of each of ``paths``, once per device; a failure counts against
+    every path of that device. False when syncfs is unavailable."""
+    if not HAS_SYNCFS:
+        return False
+    devices: dict[int, list[str]] = {}
+    for path in paths:
+        try:
+            dev = os.stat(path).st_dev
+        except FileNotFoundError:
+            continue
+        devices.setdefault(dev, []).append(path)
+    for group in devices.values():
+        for path in group:  # any path of the device will do; a deleted one will not
+            try:
+                fd = open(path, os.O_RDONLY)
+            except FileNotFoundError:
+                continue
+            try:
+                syncfs(fd)
+            except OSError as exc:
+                failed.update(dict.fromkeys(group, exc))
+            finally:
+                close(fd)
+            break
+    return True
+
+
+def fsync_paths(paths: list[str]) -> None:
+    """fsync files and directories by path (thread-safe: own descriptors); a deleted file
+    needs no sync. Many paths: one syncfs per filesystem instead (Linux reports writeback
+    errors to it too). Every path is tried; raises :class:`FsyncError` naming each one that
+    failed, so the caller can take exactly what they belong to offline."""
+    failed: dict[str, OSError] = {}
+    if not (len(paths) >= SYNCFS_MIN_PATHS and _syncfs_paths(paths, failed)):
+        for path in paths:
+            try:
+                fd = open(path, os.O_RDONLY)
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                failed[path] = exc
+                continue
+            try:
+                fsync(fd)
+            except OSError as exc:
+                failed[path] = exc
+            finally:
+                close(fd)
+    if failed:
+        raise FsyncError(failed)
