@@ -132,7 +132,7 @@ class Durability:
         return any(path == r or path.startswith(r + os.sep) for r in self.roots)
 
     def _sync_tree(self, root: str) -> None:
-        for directory, dirs, files in os.walk(root):
+        for directory, _dirs, files in os.walk(root):
             self.synced(directory)
             for name in files:
                 self.synced(os.path.join(directory, name))
@@ -182,8 +182,6 @@ class Durability:
     def _image(self, directory: str) -> dict[str, Any]:
         out: dict[str, Any] = {}
         for name, ino in self.names.get(directory, {}).items():
-            if name.endswith(".tmp"):
-                pass  # a checkpoint's temporary file: kept too, as a machine crash could
             if self.kinds.get(ino):
                 out[name] = self._image(os.path.join(directory, name))
             else:

@@ -6,9 +6,10 @@ it), and the transition table below decides the partition's :class:`Health`:
 
 * ``ONLINE``: appends and splitting go on.
 * ``JOURNAL_FULL``: the last journal write failed for lack of space (ENOSPC, EDQUOT), a file
-  size limit (EFBIG) or file descriptors and was cut back cleanly; its entries, and every entry queued behind them,
-  failed with their offsets given back. Appends are still tried, so writes resume by
-  themselves when space returns (the next successful write is ``JOURNAL_WRITE_OK``).
+  size limit (EFBIG) or file descriptors and was cut back cleanly; its entries, and every
+  entry queued behind them, failed with their offsets given back. Appends are still tried,
+  so writes resume by themselves when space returns (the next successful write is
+  ``JOURNAL_WRITE_OK``).
 * ``SPLIT_FULL``: a queue log fed from this journal partition could not be written for lack
   of space; the splitter retries, and appends are refused meanwhile (so the unsplit journal
   does not pile up) until a split step succeeds (``SPLIT_OK``).
