@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING
 
 from stonemq.config import Settings
 from stonemq.coordinator.group_store import GroupRuntime
-from stonemq.coordinator.producer_state import ProducerStateManager
 from stonemq.handlers.fetch_waiters import FetchWaiters
 from stonemq.metadata.sqlite import SqliteMetadataStore
 from stonemq.storage.engine import StorageEngine
@@ -46,7 +45,6 @@ class Broker:
             log_retention_check_interval_ms=settings.log_retention_check_interval_ms,
         )
         self.topics = TopicManager(settings, self.metadata, self.storage)
-        self.producers = ProducerStateManager(self.storage)
         self.fetch_waiters = FetchWaiters()
         self.groups = GroupRuntime(settings, self.storage, self.topics)
         self.tier = _tier_service(settings, self.topics)

@@ -3,8 +3,10 @@
 Per partition, in order: the topic name (internal topics are the broker's own) and its
 existence (auto-create when allowed); exactly one RecordBatch v2 (magic 2 only:
 UNSUPPORTED_FOR_MESSAGE_FORMAT otherwise); its size against ``max.message.bytes``
-(MESSAGE_TOO_LARGE); CRC-32C (CORRUPT_MESSAGE); the idempotent producer's sequence
-(OUT_OF_ORDER_SEQUENCE_NUMBER; a duplicate is answered as success with the original offset);
+(MESSAGE_TOO_LARGE); CRC-32C (CORRUPT_MESSAGE); the idempotent producer's epoch and sequence,
+checked by storage against the partition's producer state (INVALID_PRODUCER_EPOCH,
+OUT_OF_ORDER_SEQUENCE_NUMBER; a duplicate is answered as success with the original's offset,
+once the original is known to be stored: stonemq/storage/producer_state.py);
 LogAppendTime when the topic asks for it. The batch is then handed to the journal as opaque
 bytes: no per-record work. All of that happens before the first await, so pipelined requests
 keep their order.
@@ -35,18 +37,29 @@ from stonemq.protocol.record_batch import (
     validate_produce_records,
 )
 from stonemq.storage.engine import StorageError, UnknownPartitionError
+from stonemq.storage.errors import (
+    DuplicateSequenceError,
+    InvalidProducerEpochError,
+    OutOfOrderSequenceError,
+    ProducerStateError,
+)
 from stonemq.topics import AdminError
 
 log = logging.getLogger("stonemq.produce")
 
 _BACKGROUND: set[asyncio.Future[None]] = set()
 
+_PRODUCER_ERRORS = {
+    InvalidProducerEpochError: ErrorCode.invalid_producer_epoch,
+    OutOfOrderSequenceError: ErrorCode.out_of_order_sequence_number,
+}
+
 INTERNAL_TOPICS = frozenset({OFFSETS_TOPIC})
 """Topics only the broker appends to; clients get INVALID_TOPIC_EXCEPTION, as from Kafka."""
 
 
 class _PartitionResult:
-    __slots__ = ("append_time", "base_offset", "error", "index", "message", "undo", "written")
+    __slots__ = ("append_time", "base_offset", "error", "index", "message", "written")
 
     def __init__(self, index: int) -> None:
         self.index = index
@@ -55,7 +68,6 @@ class _PartitionResult:
         self.base_offset = -1
         self.append_time = -1
         self.written: asyncio.Future[None] | None = None
-        self.undo: tuple[int, int] | None = None  # (producer id, base offset) to forget
 
     def fail(self, error: ErrorCode, message: str | None = None) -> _PartitionResult:
         self.error, self.message = error, message
@@ -171,20 +183,22 @@ def _append_one(
     except InvalidRecordError as exc:
         result.fail(ErrorCode.invalid_record, str(exc))
         return
-    check = broker.producers.check(topic, partition, header)
-    if check.error != ErrorCode.none:
-        result.fail(check.error)
-        return
-    if check.duplicate_offset >= 0:
-        result.base_offset = check.duplicate_offset
-        return
     batch: bytes | bytearray = records  # written as received: no copy
     if log_append_time:
         batch = bytearray(records)
         result.append_time = int(time.time() * 1000)
         set_log_append_time(batch, 0, result.append_time)
     try:
-        appended = broker.storage.append(topic, partition, batch, header.record_count)
+        appended = broker.storage.append(
+            topic, partition, batch, header.record_count, producer=header
+        )
+    except DuplicateSequenceError as dup:  # answered with the original's offset once stored
+        result.base_offset = dup.base_offset
+        result.written = dup.written  # type: ignore[assignment]
+        return
+    except ProducerStateError as exc:
+        result.fail(_PRODUCER_ERRORS[type(exc)], str(exc))
+        return
     except UnknownPartitionError:
         result.fail(ErrorCode.unknown_topic_or_partition)
         return
@@ -193,9 +207,6 @@ def _append_one(
         return
     result.base_offset = appended.base_offset
     result.written = appended.written
-    broker.producers.appended(topic, partition, header, appended.base_offset)
-    if header.producer_id >= 0 and header.base_sequence >= 0:
-        result.undo = (header.producer_id, appended.base_offset)
 
 
 async def _settle(ctx: RequestContext, topics: list[tuple[str, list[_PartitionResult]]]) -> None:
@@ -208,8 +219,6 @@ async def _settle(ctx: RequestContext, topics: list[tuple[str, list[_PartitionRe
                 await r.written
             except StorageError as exc:
                 log.error("journal write failed for %s-%d: %s", name, r.index, exc)
-                if r.undo is not None:
-                    ctx.broker.producers.forget(name, r.index, *r.undo)
                 r.fail(ErrorCode.kafka_storage_error, str(exc))
 
 

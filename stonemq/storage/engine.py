@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from stonemq.protocol.record_batch import set_base_offset
+from stonemq.protocol.record_batch import BatchHeader, set_base_offset
 from stonemq.storage import fileio
 from stonemq.storage.checkpoint import (
     JOURNAL_RECOVERY_POINT_FILE,
@@ -50,12 +50,12 @@ from stonemq.storage.journal import (
 )
 from stonemq.storage.open_files import OpenFiles
 from stonemq.storage.page_cache import Range, WrittenPages, drop_ranges, release_written
+from stonemq.storage.producer_state import BatchSeq, write_snapshot
 from stonemq.storage.queue_log import QueueLog, create_queue_log_dir, queue_log_dir
 from stonemq.storage.splitter import SplitError, Splitter
 
 __all__ = [
     "AppendResult",
-    "BatchHeaderInfo",
     "LogConfig",
     "OffsetOutOfRangeError",
     "ReadResult",
@@ -102,18 +102,6 @@ class ReadResult:
 
 
 @dataclass(frozen=True, slots=True)
-class BatchHeaderInfo:
-    """What producer-state rebuild needs from one stored batch."""
-
-    base_offset: int
-    last_offset: int
-    producer_id: int
-    producer_epoch: int
-    base_sequence: int
-    max_timestamp: int
-
-
-@dataclass(frozen=True, slots=True)
 class RecoveryReport:
     duration_s: float
     journal_bytes_replayed: int
@@ -149,6 +137,18 @@ class _Flushing:
                 self.first_unflushed if current is None else min(self.first_unflushed, current)
             )
         queue.unflushed = self.unflushed + queue.unflushed
+
+
+def _write_snapshots(snapshots: list[tuple[str, int, bytes]]) -> list[str]:
+    """Write producer snapshots (directory, offset, bytes) in an executor thread; a snapshot
+    that cannot be written is only logged: recovery then replays from an older one."""
+    written = []
+    for directory, offset, data in snapshots:
+        try:
+            written.append(write_snapshot(directory, offset, data))
+        except OSError as exc:
+            log.warning("producer snapshot %s at %d not written: %s", directory, offset, exc)
+    return written
 
 
 SplitListener = Callable[[str, int, int], None]
@@ -194,6 +194,8 @@ class StorageEngine:
         splitter_batch_bytes: int,
         queue_cache_retain_bytes: int,
         log_retention_check_interval_ms: int = 300_000,
+        producer_id_expiration_ms: int = 86_400_000,
+        producer_id_expiration_check_interval_ms: int = 600_000,
     ) -> None:
         if flush_policy not in FLUSH_POLICIES:
             raise ValueError(f"flush_policy must be one of {FLUSH_POLICIES}, not {flush_policy!r}")
@@ -207,6 +209,8 @@ class StorageEngine:
         self._flush_interval_ms = flush_interval_ms
         self._checkpoint_interval_ms = queue_checkpoint_interval_ms
         self._retention_check_interval_ms = log_retention_check_interval_ms
+        self._producer_expiration_ms = producer_id_expiration_ms
+        self._producer_expiration_check_ms = producer_id_expiration_check_interval_ms
         # tiered storage's local.retention.* cutoff (stonemq/tiering/service.py), if any
         self.local_retention: Callable[[QueueLog, int], int] | None = None
         self._splitter_batch_bytes = splitter_batch_bytes
@@ -520,6 +524,7 @@ class StorageEngine:
             ),
             loop.create_task(self._checkpoint_loop(), name="stonemq-checkpoint"),
             loop.create_task(self._retention_loop(), name="stonemq-retention"),
+            loop.create_task(self._producer_expiration_loop(), name="stonemq-producer-expiry"),
         ]
         if self._flush_policy == "interval":
             self._tasks.append(
@@ -556,6 +561,7 @@ class StorageEngine:
                     self._splitter.failed(exc)
                     log.error("final split of journal-%d failed: %s", j, exc)
             self._on_split(advanced)
+            await self._snapshot_producers()
             if self._checkpoint_lock is None:
                 self._checkpoint_lock = asyncio.Lock()
             try:
@@ -573,6 +579,25 @@ class StorageEngine:
             self._creator.shutdown(wait=True)
             self._creator = None
 
+    async def _snapshot_producers(self) -> None:
+        """At a clean stop: a producer snapshot of every queue log that took batches since its
+        last one, so the next start loads them instead of replaying batch headers."""
+        snapshots = []
+        for state in self._by_name.values():
+            queue = state.queue
+            if queue is None or not queue.segments or queue.failed is not None:
+                continue
+            if queue.producers is None or queue.producers.snapshot_offset != queue.next_offset:
+                snapshots.append((queue.directory, *queue.take_snapshot()))
+        if not snapshots:
+            return
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, _write_snapshots, snapshots)
+        try:
+            await loop.run_in_executor(None, fsync_paths, sorted({d for d, _, _ in snapshots}))
+        except OSError as exc:  # a lost snapshot costs a replay at the next start, no data
+            log.warning("producer snapshot directories not synced: %s", exc)
+
     # -- write path ---------------------------------------------------------------------------
     def append(
         self,
@@ -581,11 +606,17 @@ class StorageEngine:
         batch: bytes | bytearray,
         record_count: int,
         leader_epoch: int = 0,
+        producer: BatchHeader | None = None,
     ) -> AppendResult:
         """Assign offsets to one validated RecordBatch v2 and queue it on its journal
         partition (group commit) with its base offset and partition leader epoch patched in:
         the batch's bytes are written as they are, without a copy (a ``bytearray`` has its
         base offset patched in place too). Neither field is covered by the batch's CRC.
+
+        ``producer``: the batch's header when it comes from an idempotent producer; its
+        sequence is checked against the partition's producer state first, which raises
+        DuplicateSequenceError, OutOfOrderSequenceError or InvalidProducerEpochError
+        (``producer_state.py``).
         Raises StorageError / UnknownPartitionError synchronously when it cannot even be
         queued.
 
@@ -598,6 +629,15 @@ class StorageEngine:
         self._ensure_recovered()
         journal = self._journals[state.journal]
         journal.health.check_append()  # offline, or its queue logs cannot be written
+        producers = None
+        if producer is not None and producer.producer_id >= 0 and producer.base_sequence >= 0:
+            producers = self._open_queue(state).producer_state()
+            producers.check(
+                producer.producer_id,
+                producer.producer_epoch,
+                producer.base_sequence,
+                producer.last_sequence,
+            )
         base = state.next_offset
         if isinstance(batch, bytearray):
             set_base_offset(batch, 0, base)
@@ -608,6 +648,20 @@ class StorageEngine:
         written: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         journal.enqueue(prefix, body, (written, state, base, len(prefix) + len(body)))
         state.next_offset = base + record_count
+        if producers is not None:
+            assert producer is not None
+            producers.appended(
+                producer.producer_id,
+                producer.producer_epoch,
+                BatchSeq(
+                    producer.base_sequence,
+                    producer.last_sequence,
+                    base,
+                    base + record_count - 1,
+                    written,
+                ),
+                producer.max_timestamp,
+            )
         queue = state.queue
         return AppendResult(base, queue.log_start_offset if queue is not None else 0, written)
 
@@ -615,14 +669,16 @@ class StorageEngine:
         """Journal entries failed (a failed write and every entry queued behind it): give
         their offsets back so no gap is left, unless the journal partition went offline
         (it takes no more appends in this process)."""
-        if not give_back:
-            return
         lowest: dict[_Partition, int] = {}
         for _, state, base, _ in metas:
             if base < lowest.get(state, base + 1):
                 lowest[state] = base
         for state, base in lowest.items():
-            state.next_offset = min(state.next_offset, base)
+            queue = state.queue
+            if queue is not None and queue.producers is not None:
+                queue.producers.failed(base)  # never a duplicate of what was not stored
+            if give_back:
+                state.next_offset = min(state.next_offset, base)
 
     def _on_journal_visible(self) -> None:
         if self._split_wake is not None:
@@ -635,7 +691,11 @@ class StorageEngine:
         self._dirty |= advanced
         listener = self._listener
         rolled = False
+        snapshots: list[tuple[str, int, bytes]] = []
         for queue in advanced:
+            if queue.snapshot_due is not None:
+                snapshots.append((queue.directory, *queue.snapshot_due))
+                queue.snapshot_due = None
             if queue.unflushed:
                 rolled = True
             if listener is not None:
@@ -645,6 +705,8 @@ class StorageEngine:
                     log.exception("split listener failed")
         if rolled and self._checkpoint_wake is not None:
             self._checkpoint_wake.set()
+        if snapshots and not self._closed:
+            asyncio.get_running_loop().run_in_executor(None, _write_snapshots, snapshots)
 
     def _release_pages(self) -> None:
         """Drop the page cache of journal bytes that are split and durable and of queue-log
@@ -935,6 +997,23 @@ class StorageEngine:
                 advanced += 1
         return advanced
 
+    def expire_producers(self, now_ms: int | None = None) -> int:
+        """Forget idempotent producers idle for ``producer.id.expiration.ms``."""
+        now = int(time.time() * 1000) if now_ms is None else now_ms
+        expired = 0
+        for state in self._by_name.values():
+            queue = state.queue
+            if queue is not None and queue.producers is not None:
+                expired += queue.producers.expire(now, self._producer_expiration_ms)
+        if expired:
+            log.info("expired %d idle producer ids", expired)
+        return expired
+
+    async def _producer_expiration_loop(self) -> None:
+        while not self._closed:
+            await asyncio.sleep(self._producer_expiration_check_ms / 1000)
+            self.expire_producers()
+
     async def _retention_loop(self) -> None:
         while not self._closed:
             await asyncio.sleep(self._retention_check_interval_ms / 1000)
@@ -1000,24 +1079,6 @@ class StorageEngine:
         """(offset, timestamp) of the record with the largest timestamp; None if empty."""
         queue = self._state(topic, partition).queue
         return queue.max_timestamp() if queue is not None else None
-
-    def batch_headers(self, topic: str, partition: int) -> list[BatchHeaderInfo]:
-        """Headers of the stored batches that carry a producer id (newest last)."""
-        queue = self._state(topic, partition).queue
-        if queue is None:
-            return []
-        return [
-            BatchHeaderInfo(
-                h.base_offset,
-                h.last_offset,
-                h.producer_id,
-                h.producer_epoch,
-                h.base_sequence,
-                h.max_timestamp,
-            )
-            for h in queue.batch_headers()
-            if h.producer_id >= 0
-        ]
 
     # -- introspection (tests, metrics) -------------------------------------------------------
     @property

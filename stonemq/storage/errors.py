@@ -18,3 +18,26 @@ class OffsetOutOfRangeError(Exception):
 
 class UnknownPartitionError(Exception):
     """(topic, partition) was never registered, or its topic was removed."""
+
+
+class ProducerStateError(Exception):
+    """A batch from an idempotent producer that the partition's producer state refuses."""
+
+
+class InvalidProducerEpochError(ProducerStateError):
+    """The producer's epoch is older than the partition's: INVALID_PRODUCER_EPOCH."""
+
+
+class OutOfOrderSequenceError(ProducerStateError):
+    """The batch does not follow the producer's last sequence: OUT_OF_ORDER_SEQUENCE_NUMBER."""
+
+
+class DuplicateSequenceError(ProducerStateError):
+    """The batch repeats one of the producer's last batches: answered as success with the
+    offset the original got, once ``written`` (the original's journal write, when it is
+    still pending) has succeeded."""
+
+    def __init__(self, base_offset: int, written: object = None) -> None:
+        super().__init__(f"duplicate of the batch at offset {base_offset}")
+        self.base_offset = base_offset
+        self.written = written

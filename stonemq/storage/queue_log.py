@@ -27,6 +27,7 @@ from stonemq.storage import fileio
 from stonemq.storage.checkpoint import QueueRecoveryPoint
 from stonemq.storage.open_files import OpenFiles
 from stonemq.storage.page_cache import WrittenPages
+from stonemq.storage.producer_state import ProducerState, load_snapshot
 from stonemq.storage.segment import (
     INDEX_SUFFIX,
     LOG_SUFFIX,
@@ -78,7 +79,9 @@ class QueueLog:
         "next_offset",
         "pages",
         "partition",
+        "producers",
         "segments",
+        "snapshot_due",
         "topic",
         "unflushed",
     )
@@ -112,6 +115,9 @@ class QueueLog:
         # set when a write, fsync or write-back of its files failed (health.py): its bytes
         # are no longer known good, so reads answer with this error until a restart
         self.failed: Exception | None = None
+        # idempotent producers of the batches held here, and pending ones (producer_state.py)
+        self.producers: ProducerState | None = None
+        self.snapshot_due: tuple[int, bytes] | None = None  # (offset, bytes) taken at a roll
 
     # -- state ----------------------------------------------------------------------------
     @property
@@ -199,7 +205,33 @@ class QueueLog:
         self.last_journal_position = journal_position
         if self.first_unflushed_journal_position is None:
             self.first_unflushed_journal_position = journal_position
+        if header.producer_id >= 0 and header.base_sequence >= 0:
+            self._apply_producer(header)
         return True
+
+    def producer_state(self) -> ProducerState:
+        """The partition's producer state (created empty on first use)."""
+        state = self.producers
+        if state is None:
+            state = self.producers = ProducerState()
+        return state
+
+    def _apply_producer(self, header: BatchHeader) -> None:
+        self.producer_state().applied(
+            header.producer_id,
+            header.producer_epoch,
+            header.base_sequence,
+            header.last_sequence,
+            header.base_offset,
+            header.last_offset,
+            header.max_timestamp,
+        )
+
+    def take_snapshot(self) -> tuple[int, bytes]:
+        """The producer state of every batch held (below the log end), as a snapshot."""
+        state = self.producer_state()
+        state.snapshot_offset = self.next_offset
+        return self.next_offset, state.encode()
 
     def _should_roll(self, seg: Segment, header: BatchHeader) -> bool:
         if seg.size == 0:
@@ -229,7 +261,9 @@ class QueueLog:
 
     def roll(self, base_offset: int) -> None:
         """Seal the active segment and start one at ``base_offset``; the sealed files are
-        fsynced by the next flush."""
+        fsynced by the next flush. The producer state as of the roll is taken as a snapshot
+        for the engine to write (off the event loop), as Kafka does at each roll."""
+        self.snapshot_due = self.take_snapshot()
         active = self.segments[-1]
         active.seal(self.files)
         self.unflushed.extend(active.paths)
@@ -383,13 +417,6 @@ class QueueLog:
                 best = (header.max_timestamp, header.base_offset)
         return best
 
-    def batch_headers(self) -> list[BatchHeader]:
-        """Headers of every stored batch, oldest first (header reads only)."""
-        headers: list[BatchHeader] = []
-        for seg in self.segments:
-            headers.extend(h for _, h in seg.iter_headers(self.files))
-        return headers
-
     # -- recovery and removal -------------------------------------------------------------
     def recover(self, recovery_point: QueueRecoveryPoint | None, log_start: int = 0) -> int:
         """Load the segments; keep the flushed part (up to ``recovery_point``), validate the
@@ -465,7 +492,24 @@ class QueueLog:
                 files.close(path)
         if self.segments:
             self.created_ms = int(time.time() * 1000)
+        self._recover_producers()
         return truncated
+
+    def _recover_producers(self) -> None:
+        """Load the newest producer snapshot at or below the log end and replay the batch
+        headers after it (at most what was appended since the last roll or clean stop)."""
+        state, offset = load_snapshot(self.directory, self.next_offset)
+        self.producers = state
+        start = max(offset, self.log_start_offset)
+        if start >= self.next_offset or not self.segments:
+            return
+        files = self.files
+        for seg in self.segments[self._segment_index(start) :]:
+            _, pos = seg.offset_index.lookup(files, start)
+            for _, header in seg.iter_headers(files, pos, read_once=True):
+                idempotent = header.producer_id >= 0 and header.base_sequence >= 0
+                if idempotent and header.base_offset >= start:
+                    self._apply_producer(header)
 
     def _drop_from(self, index: int, why: str) -> int:
         dropped = 0

@@ -166,18 +166,22 @@ class Segment:
         return fileio.pread(files.get(self.log_path), n, pos)
 
     def iter_headers(
-        self, files: OpenFiles, start: int = 0, end: int | None = None
+        self, files: OpenFiles, start: int = 0, end: int | None = None, read_once: bool = False
     ) -> Iterator[tuple[int, BatchHeader]]:
-        """(position, header) of each batch from ``start`` (a batch boundary) to ``end``."""
+        """(position, header) of each batch from ``start`` (a batch boundary) to ``end``;
+        ``read_once`` drops the pages read from the page cache behind it (recovery)."""
         stop = self.size if end is None else min(end, self.size)
         pos = start
         while stop - pos >= HEADER_SIZE:
-            chunk = fileio.pread(files.get(self.log_path), min(_SCAN_CHUNK_BYTES, stop - pos), pos)
+            fd = files.get(self.log_path)
+            chunk = fileio.pread(fd, min(_SCAN_CHUNK_BYTES, stop - pos), pos)
             at = 0
             while len(chunk) - at >= HEADER_SIZE:
                 header = parse_header(chunk, at)
                 yield pos + at, header
                 at += header.size
+            if read_once:
+                drop_pages(files.get(self.log_path), pos, len(chunk))
             if at == 0:
                 return
             pos += at

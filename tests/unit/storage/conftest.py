@@ -123,14 +123,19 @@ async def produce(
 
 
 async def wait_split(engine: StorageEngine, timeout_s: float = 5.0) -> None:
-    """Wait until the splitter has split everything the journals made visible."""
+    """Wait until the splitter has split everything the journals made visible (an offline
+    journal partition is not split any more)."""
     import asyncio
 
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
     while True:
-        ends = [j.visible_end for j in engine._journals]
-        if engine.split_positions() == ends and not any(j.has_pending for j in engine._journals):
+        positions = engine.split_positions()
+        ends = [
+            j.visible_end if j.health.splits else positions[i]
+            for i, j in enumerate(engine._journals)
+        ]
+        if positions == ends and not any(j.has_pending for j in engine._journals):
             return
         assert loop.time() < deadline, "splitter did not catch up"
         await asyncio.sleep(0.001)
@@ -192,3 +197,47 @@ def read_from_disk_bytes() -> int:
         if line.startswith("read_bytes:"):
             return int(line.split()[1])
     raise AssertionError("no read_bytes in /proc/self/io")
+
+
+def fd_path(fd: int) -> str:
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return f"fd:{fd}"
+
+
+class OsFaults:
+    """Real ``os`` calls that fail: ``fail("pwritev", "journal-0", errno.ENOSPC)`` makes the
+    next call of ``os.pwritev`` on a file whose path contains ``journal-0`` raise. Patching
+    ``os`` itself (not the storage's own wrappers) keeps these tests valid for any version
+    of the storage code."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.monkeypatch = monkeypatch
+        self.rules: list[list[Any]] = []  # [name, match, errno, times left]
+        self.seen: list[tuple[str, str]] = []
+        self._patched: set[str] = set()
+
+    def fail(self, name: str, match: str, error: int, times: int = 1) -> None:
+        self.rules.append([name, match, error, times])
+        if name in self._patched:
+            return
+        self._patched.add(name)
+        real = getattr(os, name)
+
+        def faulty(*args: Any, **kwargs: Any) -> Any:
+            target = args[0]
+            path = fd_path(target) if isinstance(target, int) else str(target)
+            for rule in self.rules:
+                if rule[0] == name and rule[1] in path and rule[3] != 0:
+                    rule[3] -= 1
+                    self.seen.append((name, path))
+                    raise OSError(rule[2], f"injected {name}: {os.strerror(rule[2])}", path)
+            return real(*args, **kwargs)
+
+        self.monkeypatch.setattr(os, name, faulty)
+
+
+@pytest.fixture
+def os_faults(monkeypatch: pytest.MonkeyPatch) -> OsFaults:
+    return OsFaults(monkeypatch)

@@ -182,38 +182,7 @@ def test_empty_partition_timestamps(tmp_path: Path) -> None:
     engine.recover()
     assert engine.offset_for_timestamp("t", 0, 0) is None
     assert engine.max_timestamp("t", 0) is None
-    assert engine.batch_headers("t", 0) == []
     run(engine.close())
-
-
-def test_batch_headers_for_producer_state(tmp_path: Path) -> None:
-    async def main() -> None:
-        engine = new_engine(tmp_path)
-        add_topic(engine)
-        engine.start(lambda *a: None)
-        await produce(
-            engine,
-            "t",
-            0,
-            [
-                build_batch([b"a"] * 2, producer_id=7, producer_epoch=1, base_sequence=0),
-                build_batch([b"b"]),
-                build_batch(
-                    [b"c"] * 3, [5, 9, 6], producer_id=7, producer_epoch=1, base_sequence=2
-                ),
-            ],
-        )
-        await wait_split(engine)
-        infos = engine.batch_headers("t", 0)
-        assert [(i.base_offset, i.last_offset, i.base_sequence) for i in infos] == [
-            (0, 1, 0),
-            (3, 5, 2),
-        ]
-        assert infos[1].producer_id == 7 and infos[1].producer_epoch == 1
-        assert infos[1].max_timestamp == 9
-        await engine.close()
-
-    run(main())
 
 
 @pytest.mark.parametrize("policy", ["always", "interval", "never"])
