@@ -43,6 +43,10 @@ class Broker:
             splitter_batch_bytes=settings.splitter_batch_bytes,
             queue_cache_retain_bytes=settings.queue_cache_retain_bytes,
             log_retention_check_interval_ms=settings.log_retention_check_interval_ms,
+            producer_id_expiration_ms=settings.producer_id_expiration_ms,
+            producer_id_expiration_check_interval_ms=(
+                settings.producer_id_expiration_check_interval_ms
+            ),
         )
         self.topics = TopicManager(settings, self.metadata, self.storage)
         self.fetch_waiters = FetchWaiters()

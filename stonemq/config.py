@@ -96,6 +96,13 @@ class Settings(BaseSettings):
         "trail acknowledged data under a producer faster than the splitter",
     )
 
+    producer_id_expiration_ms: int = Field(
+        86_400_000,
+        ge=1,
+        description="an idempotent producer's state is dropped after this long without a batch",
+    )
+    producer_id_expiration_check_interval_ms: int = Field(600_000, gt=0)
+
     # -- consumer groups and committed offsets -----------------------------------------------
     group_initial_rebalance_delay_ms: int = Field(
         3000, ge=0, description="wait for more members before an empty group's first rebalance"

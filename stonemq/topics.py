@@ -20,6 +20,7 @@ from typing import Protocol
 from kio.schema.errors import ErrorCode
 
 from stonemq.config import Settings
+from stonemq.coordinator.group_log import OFFSETS_TOPIC
 from stonemq.metadata.store import MetadataStore, TopicExistsError, TopicRecord, UnknownTopicError
 from stonemq.storage.engine import LogConfig
 from stonemq.topic_configs import (
@@ -61,6 +62,19 @@ MAX_PARTITIONS = 1_000_000
 a billion partitions)."""
 
 _LEGAL_NAME = re.compile(r"[a-zA-Z0-9._-]+")
+
+INTERNAL_TOPICS = frozenset({OFFSETS_TOPIC})
+"""Topics only the broker writes, trims and deletes: clients get INVALID_TOPIC_EXCEPTION for a
+produce, DeleteRecords or DeleteTopics on them, as Kafka's broker answers the first two."""
+
+PINNED_INTERNAL_CONFIGS = {"retention.ms": "-1", "retention.bytes": "-1"}
+"""Overrides every internal topic holds whatever the broker defaults say: the group
+coordinator trims ``__consumer_offsets`` itself (snapshots, then DeleteRecords), and a
+broker-wide ``log.retention.*`` must never delete committed offsets."""
+
+
+def is_internal(name: str) -> bool:
+    return name in INTERNAL_TOPICS
 
 
 class InvalidTopicError(AdminError):
@@ -269,6 +283,8 @@ class TopicManager:
                 f"Number of partitions {num_partitions} exceeds the limit of {MAX_PARTITIONS}."
             )
         overrides = validate_topic_configs(configs or {})
+        if is_internal(name):
+            overrides.update(PINNED_INTERNAL_CONFIGS)
         if self.store.get_topic(name) is not None:
             raise TopicAlreadyExistsError(f"Topic '{name}' already exists.")
         other = self._collisions.get(collision_key(name))
@@ -300,6 +316,13 @@ class TopicManager:
             self.storage.add_partition(record.topic_id, name, partition, journal, config.log_config)
         return CreatedTopic(record, config)
 
+    def pin_internal(self, name: str) -> None:
+        """Give an internal topic created before its configs were pinned its pinned configs."""
+        record = self.require(name)
+        missing = {k: v for k, v in PINNED_INTERNAL_CONFIGS.items() if record.configs.get(k) != v}
+        if missing:
+            self.alter_configs(name, {**record.configs, **missing})
+
     def ensure(self, name: str) -> TopicRecord:
         """The topic, auto-created with the broker defaults if ``auto.create.topics.enable``.
 
@@ -319,7 +342,11 @@ class TopicManager:
 
     # -- delete -------------------------------------------------------------------------------
     def delete(self, name: str) -> TopicRecord:
-        """Delete a topic from the store and its data from storage."""
+        """Delete a topic from the store and its data from storage (never an internal one)."""
+        if is_internal(name):
+            raise InvalidTopicError(
+                f"Topic {name} is a kafka internal topic and is not allowed to be deleted"
+            )
         try:
             record = self.store.delete_topic(name)
         except UnknownTopicError:
@@ -375,6 +402,13 @@ class TopicManager:
         """Replace the topic's whole override set (AlterConfigs)."""
         self.require(name)
         overrides = validate_topic_configs(configs)
+        if is_internal(name):
+            for key, value in PINNED_INTERNAL_CONFIGS.items():
+                if overrides.setdefault(key, value) != value:
+                    raise InvalidConfigError(
+                        f"{key} of the internal topic {name} is managed by the broker "
+                        f"and stays {value}"
+                    )
         config = resolve_topic(self.settings, self._broker_dynamic, overrides)
         validate_tiered_retention(config.values)
         if validate_only:

@@ -76,12 +76,11 @@ class OffsetsLog:
             record = self.topics.create(
                 OFFSETS_TOPIC,
                 self.settings.offsets_topic_num_partitions,
-                {
-                    "retention.ms": "-1",  # only snapshots truncate it
-                    "segment.bytes": str(self.settings.offsets_topic_segment_bytes),
-                },
+                {"segment.bytes": str(self.settings.offsets_topic_segment_bytes)},
             ).record
             log.info("created %s with %d partitions", OFFSETS_TOPIC, record.partitions)
+        else:
+            self.topics.pin_internal(OFFSETS_TOPIC)  # created by an older version
         self._partitions = record.partitions
         return record.partitions
 

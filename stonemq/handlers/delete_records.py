@@ -2,7 +2,8 @@
 
 Per partition, as Kafka answers: an unknown topic or partition is UNKNOWN_TOPIC_OR_PARTITION;
 an offset of -1 means the high watermark; an offset above the high watermark (or below -1) is
-OFFSET_OUT_OF_RANGE; otherwise the log start offset becomes max(current, offset), whole
+OFFSET_OUT_OF_RANGE; an internal topic is INVALID_TOPIC_EXCEPTION (its coordinator trims it);
+otherwise the log start offset becomes max(current, offset), whole
 queue-log segments below it are deleted, and ``low_watermark`` is the new log start offset.
 A storage failure is KAFKA_STORAGE_ERROR. The work is synchronous, so ``timeout`` never
 expires.
@@ -17,6 +18,7 @@ from kio.schema.errors import ErrorCode
 from stonemq.handlers.context import RequestContext
 from stonemq.handlers.registry import api
 from stonemq.storage.engine import OffsetOutOfRangeError, StorageError, UnknownPartitionError
+from stonemq.topics import is_internal
 
 
 @api(21, 0, 2)
@@ -29,6 +31,8 @@ async def handle_delete_records(ctx: RequestContext, request: Any) -> Any:
             low_watermark, error = -1, ErrorCode.none
             if record is None or not 0 <= p.partition_index < record.partitions:
                 error = ErrorCode.unknown_topic_or_partition
+            elif is_internal(topic.name):  # Kafka: "Cannot delete records of internal topic"
+                error = ErrorCode.invalid_topic_exception
             else:
                 try:
                     low_watermark = ctx.broker.storage.delete_records(

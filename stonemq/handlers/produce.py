@@ -26,7 +26,6 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 
-from stonemq.coordinator.group_log import OFFSETS_TOPIC
 from stonemq.handlers.context import RequestContext
 from stonemq.handlers.registry import api
 from stonemq.protocol.record_batch import (
@@ -43,7 +42,7 @@ from stonemq.storage.errors import (
     OutOfOrderSequenceError,
     ProducerStateError,
 )
-from stonemq.topics import AdminError
+from stonemq.topics import AdminError, is_internal
 
 log = logging.getLogger("stonemq.produce")
 
@@ -53,9 +52,6 @@ _PRODUCER_ERRORS = {
     InvalidProducerEpochError: ErrorCode.invalid_producer_epoch,
     OutOfOrderSequenceError: ErrorCode.out_of_order_sequence_number,
 }
-
-INTERNAL_TOPICS = frozenset({OFFSETS_TOPIC})
-"""Topics only the broker appends to; clients get INVALID_TOPIC_EXCEPTION, as from Kafka."""
 
 
 class _PartitionResult:
@@ -94,7 +90,7 @@ async def handle_produce(ctx: RequestContext, request: Any) -> Any:
             for r in results:
                 r.fail(ErrorCode.invalid_required_acks)
             continue
-        if name in INTERNAL_TOPICS:
+        if is_internal(name):
             for r in results:
                 r.fail(ErrorCode.invalid_topic_exception, f"Cannot append to internal topic {name}")
             continue
