@@ -55,6 +55,14 @@ class Broker:
         if self.tier is not None:
             self.storage.local_retention = self.tier.local_cutoff
         self.started_at = time.time()
+        if settings.default_replication_factor > self.topics.live_brokers():
+            log.warning(
+                "default.replication.factor=%d cannot be met by %d broker: topics created "
+                "without an explicit replication factor (and auto-created ones) get "
+                "INVALID_REPLICATION_FACTOR, as from Kafka",
+                settings.default_replication_factor,
+                self.topics.live_brokers(),
+            )
 
     @property
     def broker_id(self) -> int:

@@ -171,6 +171,7 @@ class CreatedTopic:
 
     record: TopicRecord
     config: TopicConfig
+    replication_factor: int = 1
 
 
 class TopicManager:
@@ -269,9 +270,12 @@ class TopicManager:
         configs: Mapping[str, str | None] | None = None,
         *,
         validate_only: bool = False,
+        replication_factor: int = -1,
     ) -> CreatedTopic:
-        """Create a topic (``num_partitions`` -1 means the ``num.partitions`` default)."""
+        """Create a topic (``num_partitions`` -1 means the ``num.partitions`` default,
+        ``replication_factor`` -1 the ``default.replication.factor``)."""
         validate_topic_name(name)
+        replication_factor = self.check_replication_factor(replication_factor)
         if num_partitions == -1:
             num_partitions = self.default_partitions()
         if num_partitions <= 0:
@@ -303,7 +307,7 @@ class TopicManager:
                 journal_partitions=tuple(journals),
                 configs=overrides,
             )
-            return CreatedTopic(record, config)
+            return CreatedTopic(record, config, replication_factor)
         try:
             record = self.store.create_topic(name, journals, overrides)
         except TopicExistsError:
@@ -314,7 +318,29 @@ class TopicManager:
         self._produce.pop(name, None)
         for partition, journal in enumerate(record.journal_partitions):
             self.storage.add_partition(record.topic_id, name, partition, journal, config.log_config)
-        return CreatedTopic(record, config)
+        return CreatedTopic(record, config, replication_factor)
+
+    def live_brokers(self) -> int:
+        """How many brokers can hold a replica (one: this single node)."""
+        return 1
+
+    def check_replication_factor(self, replication_factor: int) -> int:
+        """The replication factor a new topic gets (-1: ``default.replication.factor``), or
+        INVALID_REPLICATION_FACTOR when the live brokers cannot hold that many replicas."""
+        if replication_factor == -1:
+            replication_factor = int(self.broker_setting("default.replication.factor"))  # type: ignore[call-overload]
+        if replication_factor <= 0:
+            raise InvalidReplicationFactorError(
+                "Replication factor must be larger than 0, or -1 to use the default value."
+            )
+        brokers = self.live_brokers()
+        if replication_factor > brokers:
+            raise InvalidReplicationFactorError(
+                f"Unable to replicate the partition {replication_factor} time(s): The target "
+                f"replication factor of {replication_factor} cannot be reached because only "
+                f"{brokers} broker(s) are registered."
+            )
+        return replication_factor
 
     def pin_internal(self, name: str) -> None:
         """Give an internal topic created before its configs were pinned its pinned configs."""

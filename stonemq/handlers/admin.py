@@ -21,7 +21,6 @@ from kio.schema.errors import ErrorCode
 from stonemq.handlers.context import RequestContext
 from stonemq.handlers.registry import api
 from stonemq.topic_configs import AdminError, ConfigEntry, InvalidRequestError
-from stonemq.topics import InvalidReplicationFactorError
 
 log = logging.getLogger("stonemq.admin")
 
@@ -96,6 +95,7 @@ async def handle_create_topics(ctx: RequestContext, request: Any) -> Any:
                 num_partitions,
                 {c.name: c.value for c in topic.configs},
                 validate_only=request.validate_only,
+                replication_factor=1 if topic.assignments else topic.replication_factor,
             )
         if not outcome.ok:
             results.append(
@@ -121,7 +121,7 @@ async def handle_create_topics(ctx: RequestContext, request: Any) -> Any:
                     topic.name,
                     topic_id=created.record.topic_id,
                     num_partitions=created.record.partitions,
-                    replication_factor=1,
+                    replication_factor=created.replication_factor,
                     configs=configs,
                 )
             )
@@ -158,22 +158,7 @@ def _requested_partitions(topic: Any, broker_id: int) -> int:
                     f"broker, {broker_id}."
                 )
         return len(indexes)
-    _check_replication_factor(topic.replication_factor)
     return int(topic.num_partitions)
-
-
-def _check_replication_factor(replication_factor: int) -> None:
-    if replication_factor in (-1, 1):
-        return
-    if replication_factor <= 0:
-        raise InvalidReplicationFactorError(
-            "Replication factor must be larger than 0, or -1 to use the default value."
-        )
-    raise InvalidReplicationFactorError(
-        f"Unable to replicate the partition {replication_factor} time(s): The target "
-        f"replication factor of {replication_factor} cannot be reached because only 1 "
-        "broker(s) are registered."
-    )
 
 
 def _create_result(

@@ -31,6 +31,7 @@ from .rawclient import (
 pytestmark = pytest.mark.timeout(120)
 
 INVALID_TOPIC_EXCEPTION = 17
+INVALID_REPLICATION_FACTOR = 38
 
 
 def test_offsets_for_times_never_answers_below_the_log_start(module_broker) -> None:
@@ -191,3 +192,20 @@ def committed(bootstrap: str, group: str, topic: str) -> int:
         return tp.offset
     finally:
         consumer.close()
+
+
+@pytest.mark.broker_settings(**{"default.replication.factor": 3})
+def test_default_replication_factor_is_honoured(broker) -> None:
+    """default.replication.factor was accepted and ignored. A single broker cannot hold three
+    replicas: topics created without a factor get INVALID_REPLICATION_FACTOR, as from Kafka,
+    an explicit factor of 1 works, and the broker says so at start."""
+    from confluent_kafka.admin import NewTopic
+
+    client = admin(broker.bootstrap)
+    futures = client.create_topics([NewTopic("rf-default", num_partitions=1)])
+    with pytest.raises(Exception) as err:
+        futures["rf-default"].result(timeout=20)
+    assert err.value.args[0].code() == INVALID_REPLICATION_FACTOR
+    futures = client.create_topics([NewTopic("rf-one", num_partitions=1, replication_factor=1)])
+    futures["rf-one"].result(timeout=20)
+    assert "default.replication.factor=3 cannot be met" in broker.log()
