@@ -96,20 +96,22 @@ def check_storage(journal_dir: str, queue_dir: str) -> CheckReport:
             report.queue_logs.append(summary)
             topic, _, partition = name.rpartition("-")
             key = (topic, int(partition)) if partition.isdigit() else None
+            start = starts.get(key) if key else None
+            if start is not None:
+                summary.log_start_offset = max(summary.log_start_offset, start)
+                if summary.segments == 0:  # an empty log starts, and ends, at its log start
+                    summary.next_offset = max(summary.next_offset, start)
+                elif start > summary.next_offset:
+                    report.defects.append(
+                        f"{name}: log start offset {start} is past the log end "
+                        f"{summary.next_offset}"
+                    )
             rp = points.get(key) if key else None
             if rp is not None and rp.offset > summary.next_offset:
                 report.defects.append(
                     f"{name}: recovery point offset {rp.offset} is past the log end "
                     f"{summary.next_offset} (flushed data missing)"
                 )
-            start = starts.get(key) if key else None
-            if start is not None:
-                summary.log_start_offset = max(summary.log_start_offset, start)
-                if start > summary.next_offset:
-                    report.defects.append(
-                        f"{name}: log start offset {start} is past the log end "
-                        f"{summary.next_offset}"
-                    )
     return report
 
 

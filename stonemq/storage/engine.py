@@ -203,8 +203,8 @@ class StorageEngine:
             raise ValueError("journal_partitions must be at least 1")
         self._journal_dir = str(journal_dir)
         self._queue_dir = str(queue_dir)
-        fileio.makedirs(self._journal_dir)
-        fileio.makedirs(self._queue_dir)
+        fileio.makedirs_durable(self._journal_dir)
+        fileio.makedirs_durable(self._queue_dir)
         self._flush_policy = flush_policy
         self._flush_interval_ms = flush_interval_ms
         self._checkpoint_interval_ms = queue_checkpoint_interval_ms

@@ -120,9 +120,12 @@ class Durability:
     def __init__(self, roots: Iterable[str]) -> None:
         self.roots = [os.path.abspath(r) for r in roots]
         self._lock = threading.Lock()
-        self.contents: dict[int, bytes] = {}  # inode -> bytes at its last fsync
-        self.names: dict[str, dict[str, int]] = {}  # directory -> {name: inode} at its fsync
-        self.kinds: dict[int, bool] = {}  # inode -> is a directory
+        # files are known by (inode, generation): an inode number comes back for a new file
+        # once the old one is gone, so each death bumps its generation
+        self.generations: dict[int, int] = {}
+        self.contents: dict[tuple[int, int], bytes] = {}  # file -> bytes at its last fsync
+        self.names: dict[str, dict[str, tuple[int, int]]] = {}  # directory -> {name: file}
+        self.kinds: dict[tuple[int, int], bool] = {}  # file -> is a directory
         for root in self.roots:
             os.makedirs(root, exist_ok=True)
             self._sync_tree(root)
@@ -137,6 +140,28 @@ class Durability:
             for name in files:
                 self.synced(os.path.join(directory, name))
 
+    def _id(self, ino: int) -> tuple[int, int]:
+        return ino, self.generations.get(ino, 0)
+
+    def dying(self, path: str) -> None:
+        """``path`` is about to be unlinked or replaced (a whole tree, for a directory): its
+        inodes may come back as new files."""
+        path = os.path.abspath(path)
+        if not self._covered(path) or not os.path.lexists(path):
+            return
+        targets = [path]
+        if os.path.isdir(path) and not os.path.islink(path):
+            for directory, dirs, files in os.walk(path):
+                targets.extend(os.path.join(directory, name) for name in dirs + files)
+        with self._lock:
+            for target in targets:
+                try:
+                    st = os.lstat(target)
+                except FileNotFoundError:
+                    continue
+                if stat.S_ISDIR(st.st_mode) or st.st_nlink <= 1:
+                    self.generations[st.st_ino] = self.generations.get(st.st_ino, 0) + 1
+
     def synced(self, path: str) -> None:
         """``path`` (a file or a directory) was just fsynced successfully."""
         path = os.path.abspath(path)
@@ -150,16 +175,16 @@ class Durability:
             if stat.S_ISDIR(st.st_mode):
                 entries = {}
                 for entry in os.scandir(path):
-                    with_ino = entry.inode()
-                    entries[entry.name] = with_ino
+                    file_id = self._id(entry.inode())
+                    entries[entry.name] = file_id
                     if entry.is_dir(follow_symlinks=False):
-                        self.kinds[with_ino] = True
+                        self.kinds[file_id] = True
                 self.names[path] = entries
-                self.kinds[st.st_ino] = True
+                self.kinds[self._id(st.st_ino)] = True
             else:
                 with open(path, "rb") as f:
-                    self.contents[st.st_ino] = f.read()
-                self.kinds[st.st_ino] = False
+                    self.contents[self._id(st.st_ino)] = f.read()
+                self.kinds[self._id(st.st_ino)] = False
 
     def synced_all(self) -> None:
         """syncfs: everything under the roots is durable."""
@@ -176,16 +201,17 @@ class Durability:
         self.contents.clear()
         self.names.clear()
         self.kinds.clear()
+        self.generations.clear()
         for root in self.roots:
             self._sync_tree(root)
 
     def _image(self, directory: str) -> dict[str, Any]:
         out: dict[str, Any] = {}
-        for name, ino in self.names.get(directory, {}).items():
-            if self.kinds.get(ino):
+        for name, file_id in self.names.get(directory, {}).items():
+            if self.kinds.get(file_id):
                 out[name] = self._image(os.path.join(directory, name))
             else:
-                out[name] = self.contents.get(ino, b"")
+                out[name] = self.contents.get(file_id, b"")
         return out
 
     def _write(self, directory: str, image: dict[str, Any]) -> None:
@@ -273,10 +299,6 @@ class FaultyFileOps(FileOps):
         self._check("ftruncate", self._path(fd))
         super().ftruncate(fd, size)
 
-    def truncate(self, path: str, size: int) -> None:
-        self._check("truncate", path)
-        super().truncate(path, size)
-
     # -- durability -------------------------------------------------------------------------
     def fsync(self, fd: int) -> None:
         path = self._path(fd)
@@ -299,11 +321,24 @@ class FaultyFileOps(FileOps):
     # -- names ------------------------------------------------------------------------------
     def replace(self, src: str, dst: str) -> None:
         self._check("replace", dst)
+        if self.durability is not None:
+            self.durability.dying(dst)
         super().replace(src, dst)
 
     def unlink(self, path: str) -> None:
         self._check("unlink", path)
+        if self.durability is not None:
+            self.durability.dying(path)
         super().unlink(path)
+
+    def rmtree(self, path: str) -> None:
+        if self.durability is not None:
+            self.durability.dying(path)
+        super().rmtree(path)
+
+    def truncate(self, path: str, size: int) -> None:
+        self._check("truncate", path)
+        super().truncate(path, size)
 
     def makedirs(self, path: str) -> None:
         if not os.path.isdir(path):

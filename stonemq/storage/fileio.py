@@ -164,6 +164,19 @@ def active() -> FileOps:
     return _active
 
 
+def makedirs_durable(path: str) -> None:
+    """Create ``path`` and any missing parents, each made durable in its parent (a new
+    directory's name is only durable once its parent is fsynced)."""
+    missing = []
+    current = os.path.abspath(path)
+    while not os.path.isdir(current):
+        missing.append(current)
+        current = os.path.dirname(current)
+    for directory in reversed(missing):
+        makedirs(directory)
+        fsync_dir(os.path.dirname(directory))
+
+
 def fsync_dir(directory: str) -> None:
     """fsync a directory: its entries (files created, renamed or deleted in it) durable."""
     fd = open(directory, os.O_RDONLY)

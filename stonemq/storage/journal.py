@@ -306,13 +306,14 @@ class JournalLog:
         # called with the entries whose write failed (and every entry queued behind them)
         # and whether their offsets are given back (no: the partition went offline)
         self.on_failed = on_failed or (lambda metas, give_back: None)
-        fileio.makedirs(directory)
+        fileio.makedirs_durable(directory)
         self.segments: list[int] = list_segments(directory)
         self._fd = -1
         self.active_size = 0
         self.written_end = 0  # bytes in the files
         self.durable_end = 0  # bytes known fsynced
         self.released_end = 0  # page cache dropped below this (split and durable)
+        self._dir_synced_base = -1  # segments up to this base have durable directory entries
         self.health = JournalHealth(index)  # the failure rules: stonemq/storage/health.py
         self._pending: list[Any] = []
         self._pending_meta: list[_PendingMeta] = []
@@ -387,12 +388,18 @@ class JournalLog:
         return end - start, truncated
 
     def _open_active(self, base: int) -> None:
+        """Open (creating it if need be) the active segment at ``base``. Nothing of what the
+        files hold counts as durable yet: the caller fsyncs them (``fsync_now``)."""
         if not self.segments or self.segments[-1] != base:
             self.segments.append(base)
+        created = not os.path.exists(self.path(base))
         self._fd = fileio.open(self.path(base), _OPEN_FLAGS, 0o644)
         self.active_size = os.fstat(self._fd).st_size
         self.written_end = base + self.active_size
-        self.durable_end = self.written_end
+        self.durable_end = self.segments[0]
+        self._dir_synced_base = -1
+        if created:  # its name durable before anything written to it is acknowledged
+            fileio.fsync_dir(self.directory)
 
     def open(self) -> None:
         """Open for appending without a recovery scan (a fresh or trusted journal)."""
@@ -518,6 +525,7 @@ class JournalLog:
         if written:
             if self.flush_policy == "always":
                 self.durable_end = max(self.durable_end, self.written_end)
+                self._dir_synced_base = self.segments[-1]  # rolls fsynced the directory
             for meta in written:
                 if not meta[0].done():
                     meta[0].set_result(None)
@@ -531,8 +539,9 @@ class JournalLog:
 
         def synced(f: asyncio.Future[None]) -> None:
             exc = f.exception()
-            if exc is None:
+            if exc is None:  # the old segment's bytes and the new one's name are durable
                 self.durable_end = max(self.durable_end, end)
+                self._dir_synced_base = max(self._dir_synced_base, end)
             else:
                 self.health.on(Event.JOURNAL_FSYNC_FAILED, f"on roll: {exc}")
 
@@ -566,12 +575,16 @@ class JournalLog:
             seg_end = self.segments[i + 1] if i + 1 < len(self.segments) else self.written_end
             if seg_end > self.durable_end and base < end:
                 paths.append(self.path(base))
-        if len(paths) > 1:
+        if any(base > self._dir_synced_base for base in self.segments if base < end):
             paths.append(self.directory)  # segments created since: their directory entries
         return paths
 
     def mark_durable(self, end: int) -> None:
+        """The files were fsynced up to ``end`` (the paths ``sync_paths(end)`` named)."""
         self.durable_end = max(self.durable_end, end)
+        below = [base for base in self.segments if base < end]
+        if below:
+            self._dir_synced_base = max(self._dir_synced_base, below[-1])
 
     def pages_to_release(self, split_position: int) -> list[Range]:
         """(path, start, length) of the journal bytes split and durable since the last
@@ -599,7 +612,7 @@ class JournalLog:
     def fsync_now(self) -> None:
         """Blocking fsync of everything written (recovery and shutdown)."""
         fsync_paths(self.sync_paths(self.written_end))
-        self.durable_end = self.written_end
+        self.mark_durable(self.written_end)
 
     def delete_segments_before(self, position: int) -> int:
         """Delete whole non-active segments that end at or before ``position`` (never while

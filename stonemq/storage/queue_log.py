@@ -179,8 +179,10 @@ class QueueLog:
         (and changes nothing) when the log already holds its offsets: re-splitting is a no-op.
         """
         header = parse_header(batch)
-        if header.base_offset < self.next_offset:
-            return False
+        if header.base_offset < self.next_offset and (
+            self.segments or header.next_offset <= self.next_offset
+        ):
+            return False  # held already (an empty log takes a batch holding its log start)
         if header.base_offset > self.next_offset and self.segments:
             log.warning(
                 "%s-%d: offsets %d..%d missing before split batch at %d",
@@ -429,13 +431,14 @@ class QueueLog:
             seg.size = os.path.getsize(seg.log_path)
         self.log_start = log_start
         if not self.segments:
-            self.next_offset = max(recovery_point.offset if recovery_point else 0, log_start)
-            if self.next_offset:
+            flushed = recovery_point.offset if recovery_point else 0
+            self.next_offset = max(flushed, log_start)
+            if flushed > log_start:
                 log.warning(
                     "%s-%d: no segments although flushed up to offset %d",
                     self.topic,
                     self.partition,
-                    self.next_offset,
+                    flushed,
                 )
             return 0
         start_index = 0
@@ -484,6 +487,13 @@ class QueueLog:
                 break
         if self.segments and self.segments[-1].size == 0 and len(self.segments) > 1:
             self._drop_from(len(self.segments) - 1, "empty")
+        if expected < log_start:
+            # a crash took back batches the log start had already moved past (its checkpoint
+            # was durable, they were not): the log restarts at the log start, as Kafka's does,
+            # so no offset below it is handed out again; a batch in the journal that holds the
+            # log start is split in again (``append``)
+            truncated += self._drop_from(0, "wholly below the log start offset")
+            expected = log_start
         self.next_offset = expected
         for seg in self.segments[start_index:]:
             seg.write_index_entries(files)  # re-indexed above; fsynced with the recovery checkpoint
