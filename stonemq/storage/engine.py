@@ -52,6 +52,7 @@ from stonemq.storage.open_files import OpenFiles
 from stonemq.storage.page_cache import Range, WrittenPages, drop_ranges, release_written
 from stonemq.storage.producer_state import BatchSeq, write_snapshot
 from stonemq.storage.queue_log import QueueLog, create_queue_log_dir, queue_log_dir
+from stonemq.storage.space import SplitHeadroom
 from stonemq.storage.splitter import SplitError, Splitter
 
 __all__ = [
@@ -228,6 +229,8 @@ class StorageEngine:
             )
             for j in range(journal_partitions)
         ]
+        # appends wait while the read directory lacks room to split what is acknowledged
+        self._headroom = SplitHeadroom(self._queue_dir, self.unsplit_bytes)
         self._by_name: dict[tuple[str, int], _Partition] = {}
         self._by_id: dict[tuple[bytes, int], _Partition] = {}
         self._topics: dict[str, list[_Partition]] = {}
@@ -486,7 +489,9 @@ class StorageEngine:
         paths: list[str] = []
         for queue, rp in changed:
             paths.extend(queue.paths_from(rp.segment_base if rp is not None else -1))
-        fsync_paths(paths)
+            # which names a crash left durable is unknown: the directory and its entry too
+            paths.extend((queue.directory, os.path.dirname(queue.directory)))
+        fsync_paths(sorted(set(paths), key=paths.index))
         for queue, _ in changed:
             queue.mark_flushing()
             self._queue_rps[(queue.topic, queue.partition)] = queue.recovery_point()
@@ -645,6 +650,7 @@ class StorageEngine:
             state.topic_id, partition, base, record_count, batch, leader_epoch
         )
         body = memoryview(batch)[ENTRY_PREFIX_BATCH_BYTES:]
+        self._headroom.check(len(prefix) + len(body))
         written: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         journal.enqueue(prefix, body, (written, state, base, len(prefix) + len(body)))
         state.next_offset = base + record_count
@@ -1102,6 +1108,15 @@ class StorageEngine:
             for journal, position in zip(self._journals, splitter.positions, strict=True)
             if journal.health.accepts_appends
         )
+
+    def unsplit_bytes(self) -> int:
+        """Journal bytes queued, written or being written that the splitter has not split."""
+        positions = self._splitter.positions if self._splitter is not None else None
+        total = 0
+        for j, journal in enumerate(self._journals):
+            total += journal.queued_bytes
+            total += journal.written_end - (positions[j] if positions else journal.written_end)
+        return total
 
     def journal_health(self) -> list[str]:
         """Each journal partition's state (``health.py``), for logs, metrics and tests."""

@@ -10,9 +10,12 @@ it), and the transition table below decides the partition's :class:`Health`:
   entry queued behind them, failed with their offsets given back. Appends are still tried,
   so writes resume by themselves when space returns (the next successful write is
   ``JOURNAL_WRITE_OK``).
-* ``SPLIT_FULL``: a queue log fed from this journal partition could not be written for lack
-  of space; the splitter retries, and appends are refused meanwhile (so the unsplit journal
-  does not pile up) until a split step succeeds (``SPLIT_OK``).
+* ``SPLIT_FULL``: a queue log could not be written for lack of space. The read directory is
+  one filesystem, so every journal partition enters this state together; the splitter
+  retries, and appends are refused meanwhile (so the unsplit journal does not pile up)
+  until a split step succeeds (``SPLIT_OK``, again for all). Appends also wait, before any
+  write fails, while the read directory lacks the room to split what is acknowledged
+  (``space.py``).
 * ``OFFLINE``: fail-stop until restart. Any other write error (EIO...), a failed write that
   could not be cut back, a failed fsync or write-back of the journal or of a queue log fed
   from it, or a failed directory fsync of a checkpoint: the page cache's state is unknown

@@ -317,6 +317,7 @@ class JournalLog:
         self.health = JournalHealth(index)  # the failure rules: stonemq/storage/health.py
         self._pending: list[Any] = []
         self._pending_meta: list[_PendingMeta] = []
+        self.queued_bytes = 0  # entries queued or being written, not yet in the files
         self._flush_scheduled = False
         # the group being written (and fsynced) by the writer thread; one at a time
         self._io_in_flight: asyncio.Future[_Written] | None = None
@@ -423,6 +424,7 @@ class JournalLog:
         self._pending.append(header)
         self._pending.append(batch)
         self._pending_meta.append(meta)
+        self.queued_bytes += meta[3]
         if not self._flush_scheduled and self._io_in_flight is None:
             self._flush_scheduled = True
             loop = self._loop
@@ -491,6 +493,7 @@ class JournalLog:
         self.segments.extend(done.new_bases)
         self.active_size = done.active_size
         self.written_end = self.segments[-1] + done.active_size
+        self.queued_bytes -= sum(meta[3] for meta in metas)
         if self.flush_policy == "interval":
             for old_path, end in done.rolled:  # a full segment is fsynced soon after its roll
                 self._fsync_rolled(old_path, end)
@@ -509,6 +512,7 @@ class JournalLog:
         failed = metas[len(written) :]
         if failed:
             behind, self._pending, self._pending_meta = self._pending_meta, [], []
+            self.queued_bytes -= sum(meta[3] for meta in behind)
             failed.extend(behind)
             why = done.fsync_error or done.error or done.truncate_error
             log.error(

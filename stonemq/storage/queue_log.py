@@ -502,6 +502,9 @@ class QueueLog:
                 files.close(path)
         if self.segments:
             self.created_ms = int(time.time() * 1000)
+            # the names of files made before a crash may not be durable: the first flush
+            # fsyncs the directory (and its entry in the parent) again
+            self.new_files = True
         self._recover_producers()
         return truncated
 

@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 from stonemq.protocol.record_batch import RecordBatchError
 from stonemq.storage.errors import CutBackError, StorageError
-from stonemq.storage.health import FATAL, Event, JournalHealth, is_space_error
+from stonemq.storage.health import FATAL, Event, Health, JournalHealth, is_space_error
 from stonemq.storage.journal import JournalEntry, JournalReader
 from stonemq.storage.page_cache import RECOVERY_READ_BYTES
 from stonemq.storage.queue_log import QueueLog
@@ -154,7 +154,9 @@ class Splitter:
                     consumed = self.step(j, limit(j), advanced)
                     if consumed:
                         progressed = True
-                        health.on(Event.SPLIT_OK)
+                        if health.state is Health.SPLIT_FULL:  # the read directory has room
+                            for each in self.healths:
+                                each.on(Event.SPLIT_OK)
                 except SplitError as exc:
                     self.failed(exc)
                     progressed = True  # retry without waiting for a journal write
@@ -172,7 +174,11 @@ class Splitter:
         event = exc.event
         if event in FATAL and exc.queue.failed is None:
             exc.queue.failed = exc
-        self.healths[exc.journal].on(event, exc)
+        if event is Event.SPLIT_FULL:  # one read directory: every journal's split needs it
+            for health in self.healths:
+                health.on(event, exc)
+        else:
+            self.healths[exc.journal].on(event, exc)
 
     def close(self) -> None:
         for reader in self.readers:

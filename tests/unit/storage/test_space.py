@@ -1,0 +1,106 @@
+"""The splitter's headroom (``space.py``) on a real, small filesystem: producers can never fill
+the disk with journal bytes the splitter then has no room to split.
+
+Needs root (or CAP_SYS_ADMIN) to mount a tmpfs; skipped with that reason otherwise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import subprocess
+from pathlib import Path
+
+import pytest
+from conftest import add_topic, build_batch, new_engine, read_all
+
+from stonemq.storage.engine import StorageError
+from stonemq.storage.errors import CutBackError
+from stonemq.storage.health import Health, JournalHealth
+from stonemq.storage.queue_log import QueueLog
+from stonemq.storage.splitter import SplitError, Splitter
+
+FS_BYTES = 8 << 20
+
+
+@pytest.fixture
+def small_fs(tmp_path: Path):  # type: ignore[no-untyped-def]
+    mount_point = tmp_path / "small-fs"
+    mount_point.mkdir()
+    result = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={FS_BYTES}", "tmpfs", str(mount_point)],
+        capture_output=True,
+        text=True,
+    )
+    if result.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here (needs root): {result.stderr.strip()}")
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(["umount", "-l", str(mount_point)], check=False)
+
+
+def test_appends_stop_while_the_splitter_would_lack_room(small_fs: Path) -> None:
+    """With the splitter held back, producers append until the broker refuses: before the
+    headroom rule they filled the disk with journal bytes, the splitter then failed for
+    lack of space forever and nothing acknowledged became readable, even after a restart.
+    Now appends stop while the room to split them is still there, and once the splitter
+    runs every acknowledged batch is served."""
+
+    async def main() -> None:
+        engine = new_engine(small_fs, journal_segment_bytes=256 * 1024)
+        add_topic(engine, partitions=2)
+        engine.recover()  # no start(): nothing is split yet
+        acked: dict[int, list[bytes]] = {0: [], 1: []}
+        refused = 0
+        for i in range(2000):
+            batch = build_batch([bytes([i % 256]) * 4000])
+            try:
+                result = engine.append("t", i % 2, batch, 1)
+                await result.written
+            except StorageError:
+                refused += 1
+                if refused >= 5:
+                    break
+                continue
+            acked[i % 2].append(bytes(batch[16:]))
+        assert refused >= 5, "the disk never filled"
+        assert sum(map(len, acked.values())) > 200
+        engine.start(lambda *a: None)  # the splitter runs: there is room for all of it
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 10
+        while any(engine.high_watermark("t", p) < len(acked[p]) for p in acked):
+            assert loop.time() < deadline, f"splitter stuck: {engine.journal_health()}"
+            await asyncio.sleep(0.05)
+        for p, batches in acked.items():
+            data = read_all(engine, "t", p)
+            stored = []
+            pos = 0
+            while pos < len(data):
+                size = int.from_bytes(data[pos + 8 : pos + 12], "big") + 12
+                stored.append(bytes(data[pos + 16 : pos + size]))
+                pos += size
+            assert stored == batches
+        await engine.close()
+
+    asyncio.run(main())
+
+
+def test_a_full_read_directory_stops_appends_to_every_journal_partition(tmp_path: Path) -> None:
+    """The queue logs of every journal partition live in one read directory: when a split
+    fails for lack of space, appends to all journal partitions wait (else the others would
+    take the space back), and one successful split lets them all go on."""
+    healths = [JournalHealth(j) for j in range(3)]
+    splitter = Splitter(
+        [str(tmp_path / f"j{j}") for j in range(3)], [0, 0, 0], lambda *a: None, 1 << 20, healths
+    )
+    queue = QueueLog(str(tmp_path / "q"), "t", 0, 1, None, None)  # type: ignore[arg-type]
+    splitter.failed(SplitError(1, queue, OSError(errno.ENOSPC, "no space")))
+    assert [h.state for h in healths] == [Health.SPLIT_FULL] * 3
+    for health in healths:
+        with pytest.raises(StorageError):
+            health.check_append()
+    assert queue.failed is None  # lack of space fails no queue log
+    splitter.failed(SplitError(2, queue, CutBackError(errno.EIO, "cut back failed")))
+    assert [h.state for h in healths] == [Health.SPLIT_FULL, Health.SPLIT_FULL, Health.OFFLINE]
+    assert queue.failed is not None
