@@ -231,6 +231,7 @@ def rebase_producers(model: Model) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(max(600, EXAMPLES * 4))  # the whole search, not one example
 @settings(
     max_examples=EXAMPLES,
     deadline=None,
