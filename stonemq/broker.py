@@ -3,6 +3,7 @@ their start and stop order. Handlers reach the parts through ``ctx.broker``."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from typing import TYPE_CHECKING
@@ -50,6 +51,9 @@ class Broker:
         )
         self.topics = TopicManager(settings, self.metadata, self.storage)
         self.fetch_waiters = FetchWaiters()
+        # partitions whose next produce waits for a batch validated off the event loop: the
+        # batches after it are appended behind it (handlers/produce.py)
+        self.produce_gates: dict[tuple[str, int], asyncio.Future[None]] = {}
         self.groups = GroupRuntime(settings, self.storage, self.topics)
         self.tier = _tier_service(settings, self.topics)
         if self.tier is not None:

@@ -61,6 +61,14 @@ class Settings(BaseSettings):
     default_replication_factor: int = Field(1, gt=0)
     message_max_bytes: int = Field(1_048_588, gt=0, description="default max.message.bytes")
     log_message_timestamp_type: TimestampType = "CreateTime"
+    log_message_timestamp_before_max_ms: int = Field(2**63 - 1, ge=0)
+    log_message_timestamp_after_max_ms: int = Field(3_600_000, ge=0, description="Kafka 4's")
+    batch_max_uncompressed_bytes: int = Field(
+        64 * MIB,
+        gt=0,
+        description="the most a produced compressed batch may decompress to (the broker "
+        "decompresses it to validate its records, as Kafka does): MESSAGE_TOO_LARGE beyond",
+    )
     log_segment_bytes: int = Field(1024 * MIB, ge=14)
     log_roll_ms: int = Field(7 * 24 * 3600 * 1000, gt=0)
     log_retention_ms: int = Field(7 * 24 * 3600 * 1000, ge=-1)

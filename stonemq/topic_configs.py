@@ -305,6 +305,22 @@ TOPIC_CONFIGS: dict[str, TopicConfigKey] = {
             validator=_at_least(-2),
         ),
         TopicConfigKey(
+            "message.timestamp.before.max.ms",
+            ConfigType.LONG,
+            "How far before the broker's time a record's CreateTime may be; an older one is "
+            "refused with INVALID_TIMESTAMP.",
+            synonym="log.message.timestamp.before.max.ms",
+            validator=_at_least(0),
+        ),
+        TopicConfigKey(
+            "message.timestamp.after.max.ms",
+            ConfigType.LONG,
+            "How far after the broker's time a record's CreateTime may be; a later one is "
+            "refused with INVALID_TIMESTAMP.",
+            synonym="log.message.timestamp.after.max.ms",
+            validator=_at_least(0),
+        ),
+        TopicConfigKey(
             "message.timestamp.type",
             ConfigType.STRING,
             "Whether the timestamp in a message is the producer's CreateTime or the broker's "
@@ -372,6 +388,8 @@ DYNAMIC_BROKER_CONFIGS: frozenset[str] = frozenset(
         "log.index.size.max.bytes",
         "message.max.bytes",
         "log.message.timestamp.type",
+        "log.message.timestamp.before.max.ms",
+        "log.message.timestamp.after.max.ms",
         "num.partitions",
         "auto.create.topics.enable",
     }
@@ -404,6 +422,7 @@ _BROKER_DOCS: dict[str, str] = {
 
 _LONG_SETTINGS = frozenset(
     {
+        "batch_max_uncompressed_bytes",
         "log_retention_bytes",
         "journal_segment_bytes",
         "splitter_batch_bytes",

@@ -22,6 +22,7 @@ from kio.schema.errors import ErrorCode
 from stonemq.config import Settings
 from stonemq.coordinator.group_log import OFFSETS_TOPIC
 from stonemq.metadata.store import MetadataStore, TopicExistsError, TopicRecord, UnknownTopicError
+from stonemq.protocol.record_batch import RecordLimits
 from stonemq.storage.engine import LogConfig
 from stonemq.topic_configs import (
     AdminError,
@@ -163,6 +164,7 @@ class ProduceConfig:
 
     max_message_bytes: int
     log_append_time: bool  # message.timestamp.type == LogAppendTime
+    limits: RecordLimits  # the validator's record rules
 
 
 @dataclass(frozen=True, slots=True)
@@ -242,9 +244,16 @@ class TopicManager:
         cached = self._produce.get(name)
         if cached is None:
             config = self.effective_config(name)
+            log_append_time = config.timestamp_type == "LogAppendTime"
             cached = ProduceConfig(
                 max_message_bytes=config.max_message_bytes,
-                log_append_time=config.timestamp_type == "LogAppendTime",
+                log_append_time=log_append_time,
+                limits=RecordLimits(
+                    max_uncompressed_bytes=self.settings.batch_max_uncompressed_bytes,
+                    timestamp_before_max_ms=int(config.values["message.timestamp.before.max.ms"]),
+                    timestamp_after_max_ms=int(config.values["message.timestamp.after.max.ms"]),
+                    log_append_time=log_append_time,
+                ),
             )
             self._produce[name] = cached
         return cached

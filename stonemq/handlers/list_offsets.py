@@ -15,7 +15,7 @@ from kio.schema.errors import ErrorCode
 
 from stonemq.handlers.context import RequestContext
 from stonemq.handlers.registry import api
-from stonemq.storage.engine import UnknownPartitionError
+from stonemq.storage.engine import StorageError, UnknownPartitionError
 
 LATEST = -1
 EARLIEST = -2
@@ -39,6 +39,8 @@ async def handle_list_offsets(ctx: RequestContext, request: Any) -> Any:
                     )
                 except UnknownPartitionError:
                     error, offset, timestamp = ErrorCode.unknown_topic_or_partition, -1, -1
+                except StorageError:  # a failed queue log, or records that cannot be decoded
+                    error, offset, timestamp = ErrorCode.kafka_storage_error, -1, -1
             partitions.append(
                 ctx.build(
                     "ListOffsetsPartitionResponse",
@@ -64,14 +66,14 @@ async def _lookup(ctx: RequestContext, topic: str, partition: int, target: int) 
         start = storage.log_start_offset(topic, partition)
         return (tier.log_start(topic, partition, start) if tier else start), -1
     if target == MAX_TIMESTAMP:
-        found = storage.max_timestamp(topic, partition)
+        found = await storage.max_timestamp(topic, partition)
     else:
         found = None
         if tier is not None:  # archived records below the local log start come first
             start = storage.log_start_offset(topic, partition)
             found = await tier.offset_for_timestamp(topic, partition, target, start)
         if found is None:
-            found = storage.offset_for_timestamp(topic, partition, target)
+            found = await storage.offset_for_timestamp(topic, partition, target)
     if found is None:
         return -1, -1
     offset, timestamp = found

@@ -22,6 +22,7 @@ import asyncio
 import datetime
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from kio.schema.errors import ErrorCode
@@ -29,11 +30,18 @@ from kio.schema.errors import ErrorCode
 from stonemq.handlers.context import RequestContext
 from stonemq.handlers.registry import api
 from stonemq.protocol.record_batch import (
+    COMPRESSION_NONE,
+    BatchHeader,
     CorruptRecordError,
     InvalidRecordError,
+    InvalidTimestampError,
+    RecordBatchError,
+    RecordsTooLargeError,
     UnsupportedMagicError,
+    check_batch,
+    check_records,
     set_log_append_time,
-    validate_produce_records,
+    set_max_timestamp,
 )
 from stonemq.storage.engine import StorageError, UnknownPartitionError
 from stonemq.storage.errors import (
@@ -42,7 +50,7 @@ from stonemq.storage.errors import (
     OutOfOrderSequenceError,
     ProducerStateError,
 )
-from stonemq.topics import AdminError, is_internal
+from stonemq.topics import AdminError, ProduceConfig, is_internal
 
 log = logging.getLogger("stonemq.produce")
 
@@ -105,14 +113,7 @@ async def handle_produce(ctx: RequestContext, request: Any) -> Any:
             if not 0 <= data.index < record.partitions:
                 result.fail(ErrorCode.unknown_topic_or_partition)
                 continue
-            _append_one(
-                ctx,
-                name,
-                result,
-                data.records,
-                produce_config.max_message_bytes,
-                produce_config.log_append_time,
-            )
+            _append_one(ctx, name, result, data.records, produce_config)
 
     if acks == 0:
         pending = [r for _, rs in topics for r in rs if r.written is not None]
@@ -153,40 +154,134 @@ def _append_one(
     topic: str,
     result: _PartitionResult,
     records: bytes | None,
-    max_message_bytes: int,
-    log_append_time: bool,
+    config: ProduceConfig,
 ) -> None:
-    broker = ctx.broker
+    """Validate one partition's batch and append it, before the request's first await (so
+    pipelined batches keep their order); a large compressed batch is validated in a thread
+    and appended after, with later batches to its partition queued behind it."""
     partition = result.index
     if not records:
         result.fail(ErrorCode.invalid_record, "produce request without a record batch")
         return
-    if len(records) > max_message_bytes:
+    if len(records) > config.max_message_bytes:
         result.fail(
             ErrorCode.message_too_large,
-            f"batch of {len(records)} bytes exceeds max.message.bytes {max_message_bytes}",
+            f"batch of {len(records)} bytes exceeds max.message.bytes {config.max_message_bytes}",
         )
         return
     try:
-        header = validate_produce_records(records)
-    except UnsupportedMagicError as exc:
-        result.fail(ErrorCode.unsupported_for_message_format, str(exc))
+        header = check_batch(records)
+    except RecordBatchError as exc:
+        _refuse(ctx, topic, result, exc)
         return
-    except CorruptRecordError as exc:
-        log.warning("corrupt batch for %s-%d from %s: %s", topic, partition, ctx.client_id, exc)
-        result.fail(ErrorCode.corrupt_message, str(exc))
-        return
-    except InvalidRecordError as exc:
-        result.fail(ErrorCode.invalid_record, str(exc))
-        return
-    batch: bytes | bytearray = records  # written as received: no copy
-    if log_append_time:
-        batch = bytearray(records)
-        result.append_time = int(time.time() * 1000)
-        set_log_append_time(batch, 0, result.append_time)
+    gates = ctx.broker.produce_gates
+    key = (topic, partition)
+    waiting = gates.get(key)
+    deferred = waiting is not None or (
+        header.compression != COMPRESSION_NONE and len(records) > INLINE_COMPRESSED_BYTES
+    )
+    if not deferred:
+        limits = config.limits
+        bound = min(limits.max_uncompressed_bytes, INLINE_UNCOMPRESSED_BYTES)
+        try:
+            max_timestamp = check_records(records, header, limits, _now_ms(), bound)
+        except RecordsTooLargeError:
+            if bound >= limits.max_uncompressed_bytes:
+                result.fail(ErrorCode.message_too_large, "records decompress past the bound")
+                return
+            deferred = True  # too large to decompress on the event loop
+        except RecordBatchError as exc:
+            _refuse(ctx, topic, result, exc)
+            return
+        else:
+            _store(ctx, topic, result, records, header, config, max_timestamp)
+            return
+    gate: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    gates[key] = gate
+    written: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    result.written = written
+    task = asyncio.ensure_future(
+        _append_later(ctx, topic, result, records, header, config, waiting, gate, written)
+    )
+    _BACKGROUND.add(task)
+    task.add_done_callback(_BACKGROUND.discard)
+
+
+async def _append_later(
+    ctx: RequestContext,
+    topic: str,
+    result: _PartitionResult,
+    records: bytes,
+    header: BatchHeader,
+    config: ProduceConfig,
+    waiting: asyncio.Future[None] | None,
+    gate: asyncio.Future[None],
+    written: asyncio.Future[None],
+) -> None:
+    """The deferred half of :func:`_append_one`: validate in the validator thread, wait for
+    the batch ahead on the partition to be appended, append; ``gate`` lets the next batch go,
+    ``written`` carries this one's outcome to the response."""
+    loop = asyncio.get_running_loop()
+    key = (topic, result.index)
     try:
-        appended = broker.storage.append(
-            topic, partition, batch, header.record_count, producer=header
+        try:
+            max_timestamp = await loop.run_in_executor(
+                _validator(), check_records, records, header, config.limits, _now_ms()
+            )
+        except RecordBatchError as exc:
+            _refuse(ctx, topic, result, exc)
+            return
+        if waiting is not None:
+            await asyncio.shield(waiting)
+        _store(ctx, topic, result, records, header, config, max_timestamp)
+    finally:
+        if ctx.broker.produce_gates.get(key) is gate:
+            del ctx.broker.produce_gates[key]
+        gate.set_result(None)
+        _chain(result.written if result.written is not written else None, written)
+
+
+def _chain(source: asyncio.Future[None] | None, target: asyncio.Future[None]) -> None:
+    """Resolve ``target`` as ``source`` resolves (at once when there is none)."""
+    if source is None:
+        target.set_result(None)
+        return
+
+    def copy(done: asyncio.Future[None]) -> None:
+        if target.done():
+            return
+        if done.cancelled():
+            target.cancel()
+        elif done.exception() is not None:
+            target.set_exception(done.exception())  # type: ignore[arg-type]
+        else:
+            target.set_result(None)
+
+    source.add_done_callback(copy)
+
+
+def _store(
+    ctx: RequestContext,
+    topic: str,
+    result: _PartitionResult,
+    records: bytes,
+    header: BatchHeader,
+    config: ProduceConfig,
+    max_timestamp: int,
+) -> None:
+    """Append a validated batch (as received unless a timestamp must be set, as Kafka
+    rewrites a LogAppendTime topic's batches or a wrong max timestamp)."""
+    batch: bytes | bytearray = records  # written as received: no copy
+    if config.log_append_time:
+        batch = bytearray(records)
+        result.append_time = _now_ms()
+        set_log_append_time(batch, 0, result.append_time)
+    elif header.max_timestamp != max_timestamp:
+        batch = bytearray(records)
+        set_max_timestamp(batch, 0, max_timestamp)
+    try:
+        appended = ctx.broker.storage.append(
+            topic, result.index, batch, header.record_count, producer=header
         )
     except DuplicateSequenceError as dup:  # answered with the original's offset once stored
         result.base_offset = dup.base_offset
@@ -203,6 +298,44 @@ def _append_one(
         return
     result.base_offset = appended.base_offset
     result.written = appended.written
+
+
+def _refuse(ctx: RequestContext, topic: str, result: _PartitionResult, exc: Exception) -> None:
+    """Answer a batch the validator refused with its Kafka error (and log corrupt ones)."""
+    error = _BATCH_ERRORS.get(type(exc), ErrorCode.invalid_record)
+    if error == ErrorCode.corrupt_message:
+        log.warning("corrupt batch for %s-%d from %s: %s", topic, result.index, ctx.client_id, exc)
+    result.fail(error, str(exc))
+
+
+_BATCH_ERRORS = {
+    UnsupportedMagicError: ErrorCode.unsupported_for_message_format,
+    CorruptRecordError: ErrorCode.corrupt_message,
+    InvalidRecordError: ErrorCode.invalid_record,
+    InvalidTimestampError: ErrorCode.invalid_timestamp,
+    RecordsTooLargeError: ErrorCode.message_too_large,
+}
+
+INLINE_COMPRESSED_BYTES = 64 * 1024
+"""A compressed batch up to this size is validated on the event loop (its records decompress
+to at most ``INLINE_UNCOMPRESSED_BYTES`` there: a millisecond or so); a larger one, or one
+that decompresses to more, in the validator thread."""
+INLINE_UNCOMPRESSED_BYTES = 1024 * 1024
+
+_pool: ThreadPoolExecutor | None = None
+
+
+def _validator() -> ThreadPoolExecutor:
+    """One thread validates large compressed batches (the codecs release the GIL): at most
+    one decompression of up to ``batch.max.uncompressed.bytes`` is in memory at a time."""
+    global _pool
+    if _pool is None:
+        _pool = ThreadPoolExecutor(1, thread_name_prefix="stonemq-validator")
+    return _pool
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
 
 
 async def _settle(ctx: RequestContext, topics: list[tuple[str, list[_PartitionResult]]]) -> None:

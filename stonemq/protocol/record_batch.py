@@ -1,9 +1,17 @@
-"""RecordBatch v2 (magic 2): the 61-byte header, its CRC-32C, base-offset and timestamp patches.
+"""RecordBatch v2 (magic 2): the one record codec and batch validator every path uses.
 
-The broker treats a batch as opaque bytes on the hot path: it reads this header, checks the
-CRC (computed in C by ``crc32c``) and patches the base offset; it never touches the records.
-:func:`iter_records` decodes records (decompressing) for the few paths that need them
-(ListOffsets by timestamp, tools), never for produce or fetch.
+The 61-byte header (:data:`BATCH_HEADER`), its CRC-32C, the base-offset and timestamp patches;
+Kafka's zigzag varints (:func:`read_varint`, :func:`write_varint`); bounded decompression
+(:func:`decompress`: nothing past ``batch.max.uncompressed.bytes`` is ever produced); the
+record walk (:func:`scan_records`: the C extension ``_recordscan``, or its Python twin);
+the validator of produced batches, Kafka's LogValidator rules with its error codes
+(:func:`check_batch`, cheap, and :func:`check_records`, which walks every record and may
+decompress); record decoding (:func:`iter_records`) for the paths that need records
+(ListOffsets by timestamp, the group log, tools; the tiering decoder's vectorized path reads
+these same fields), and the one batch builder (:func:`encode_batch`).
+
+On the produce path a batch stays opaque bytes: the validator walks its records in C without
+copying them or making an object per record, and the batch is written as received.
 
 Layout (big-endian)::
 
@@ -19,12 +27,15 @@ The CRC covers bytes 21..end. Magic sits at byte 16 in every message format, so 
 
 from __future__ import annotations
 
-import gzip
 import struct
-from collections.abc import Iterator
+import time
+import zlib
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import cramjam
+import lz4.frame
+import zstandard
 from crc32c import crc32c
 
 HEADER_SIZE = 61
@@ -32,7 +43,10 @@ LOG_OVERHEAD = 12  # base_offset + batch_length: the bytes not counted by batch_
 MIN_BATCH_LENGTH = HEADER_SIZE - LOG_OVERHEAD  # 49
 CRC_START = 21
 
-_HEADER = struct.Struct(">qiibIhiqqqhii")
+BATCH_HEADER = struct.Struct(">qiibIhiqqqhii")
+"""The 61-byte RecordBatch v2 header: the one struct every reader and writer uses."""
+_HEADER = BATCH_HEADER
+NO_TIMESTAMP = -1
 _I64 = struct.Struct(">q")
 _U32 = struct.Struct(">I")
 _I16 = struct.Struct(">h")
@@ -144,33 +158,6 @@ def crc_ok(buf: bytes | bytearray | memoryview, pos: int, header: BatchHeader) -
     return crc32c(memoryview(buf)[pos + CRC_START : end]) == header.crc
 
 
-def validate_produce_records(buf: bytes | bytearray | memoryview) -> BatchHeader:
-    """Check that ``buf`` is exactly one valid v2 batch, as Kafka requires for produce v3+.
-
-    Raises :class:`CorruptRecordError` (lengths, CRC), :class:`UnsupportedMagicError`, or
-    :class:`InvalidRecordError`. Returns the parsed header.
-    """
-    header = parse_header(buf, 0)
-    if header.size != len(buf):
-        if header.size > len(buf):
-            raise CorruptRecordError(
-                f"batch length field says {header.size} bytes, only {len(buf)} present"
-            )
-        raise InvalidRecordError("produce records must hold exactly one record batch")
-    if not crc_ok(buf, 0, header):
-        raise CorruptRecordError("record batch CRC-32C mismatch")
-    if header.record_count <= 0 or header.record_count != header.last_offset_delta + 1:
-        raise InvalidRecordError(
-            f"record count {header.record_count} does not match last offset delta "
-            f"{header.last_offset_delta}"
-        )
-    if header.compression > COMPRESSION_ZSTD:
-        raise InvalidRecordError(f"unknown compression codec {header.compression}")
-    if header.is_control:
-        raise InvalidRecordError("clients may not produce control batches")
-    return header
-
-
 def set_base_offset(buf: bytearray | memoryview, pos: int, base_offset: int) -> None:
     """Patch the base offset in place (outside the CRC, so the CRC stays valid)."""
     _I64.pack_into(buf, pos, base_offset)
@@ -203,9 +190,341 @@ def iter_batches(
         pos += header.size
 
 
-# --- records (not for the hot path) ------------------------------------------------------
+# --- varints: the one reader and writer of Kafka's zigzag varints ---------------------------
+def read_varint(buf: bytes | bytearray | memoryview, pos: int) -> tuple[int, int]:
+    """A zigzag varint at ``pos``: (value, next position); one-byte values take one test.
+    Raises CorruptRecordError past the end of ``buf`` or after ten bytes."""
+    try:
+        b = buf[pos]
+        if b < 0x80:
+            return (b >> 1) ^ -(b & 1), pos + 1
+        raw = b & 0x7F
+        shift = 7
+        while True:
+            pos += 1
+            b = buf[pos]
+            raw |= (b & 0x7F) << shift
+            if b < 0x80:
+                return (raw >> 1) ^ -(raw & 1), pos + 1
+            shift += 7
+            if shift > 63:
+                raise CorruptRecordError("varint too long")
+    except IndexError:
+        raise CorruptRecordError("varint runs past the end of the records") from None
 
 
+def write_varint(value: int, out: bytearray) -> None:
+    """Append ``value`` as a zigzag varint."""
+    raw = (value << 1) ^ (value >> 63)
+    while raw & ~0x7F:
+        out.append((raw & 0x7F) | 0x80)
+        raw >>= 7
+    out.append(raw)
+
+
+def read_bytes(buf: bytes | bytearray | memoryview, pos: int) -> tuple[bytes | None, int]:
+    """A varint-length field (-1: null) at ``pos``: (bytes or None, next position)."""
+    length, pos = read_varint(buf, pos)
+    if length < 0:
+        if length != -1:
+            raise CorruptRecordError(f"field length {length}")
+        return None, pos
+    end = pos + length
+    if end > len(buf):
+        raise CorruptRecordError("record field runs past the end of the records")
+    return bytes(buf[pos:end]), end
+
+
+def write_bytes(value: bytes | None, out: bytearray) -> None:
+    if value is None:
+        write_varint(-1, out)
+    else:
+        write_varint(len(value), out)
+        out += value
+
+
+# --- decompression, bounded ------------------------------------------------------------------
+MAX_UNCOMPRESSED_BYTES = 64 * 1024 * 1024
+"""What a batch may decompress to at most (``batch.max.uncompressed.bytes``): a 33 KB zstd
+batch of zeros holds a gigabyte."""
+
+_XERIAL_MAGIC = b"\x82SNAPPY\x00"
+
+
+class RecordsTooLargeError(RecordBatchError):
+    """A compressed batch whose records exceed what the broker decompresses: the producer's
+    batch is too large (MESSAGE_TOO_LARGE; Kafka's Java client then splits it)."""
+
+
+def _too_large(max_bytes: int) -> RecordsTooLargeError:
+    return RecordsTooLargeError(f"records decompress to more than {max_bytes} bytes")
+
+
+def _snappy_decompress(data: bytes | memoryview, max_bytes: int) -> bytes:
+    """Kafka's snappy is the xerial framing (Java clients, librdkafka) or, rarely, raw; each
+    raw block states its length up front, checked before it is decompressed."""
+
+    def block(raw: bytes | memoryview, budget: int) -> bytes:
+        if cramjam.snappy.decompress_raw_len(raw) > budget:
+            raise _too_large(max_bytes)
+        return bytes(cramjam.snappy.decompress_raw(raw))
+
+    if bytes(data[:8]) != _XERIAL_MAGIC:
+        return block(data, max_bytes)
+    out = bytearray()
+    pos = 16  # magic(8) + version(4) + compatible version(4)
+    while pos + 4 <= len(data):
+        (chunk,) = struct.unpack_from(">i", data, pos)
+        pos += 4
+        if chunk < 0 or pos + chunk > len(data):
+            raise CorruptRecordError("snappy chunk runs past the end of the batch")
+        out += block(data[pos : pos + chunk], max_bytes - len(out))
+        pos += chunk
+    return bytes(out)
+
+
+def decompress(
+    codec: int, data: bytes | memoryview, max_bytes: int = MAX_UNCOMPRESSED_BYTES
+) -> bytes:
+    """The records of a compressed batch, never more than ``max_bytes`` of them
+    (RecordsTooLargeError: nothing beyond the bound is ever produced); CorruptRecordError
+    when the bytes are not of the codec. Releases the GIL in the codecs: callers with large
+    inputs run it in a thread."""
+    try:
+        if codec == COMPRESSION_NONE:
+            out = bytes(data)
+        elif codec == COMPRESSION_GZIP:
+            inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+            out = inflater.decompress(data, max_bytes + 1)
+            if len(out) <= max_bytes and not inflater.eof:
+                raise CorruptRecordError("gzip stream truncated")
+        elif codec == COMPRESSION_SNAPPY:
+            out = _snappy_decompress(data, max_bytes)
+        elif codec == COMPRESSION_LZ4:
+            out = lz4.frame.LZ4FrameDecompressor().decompress(bytes(data), max_length=max_bytes + 1)
+        elif codec == COMPRESSION_ZSTD:
+            with zstandard.ZstdDecompressor().stream_reader(bytes(data)) as reader:
+                out = reader.read(max_bytes + 1)
+        else:
+            raise InvalidRecordError(f"unknown compression codec {codec}")
+    except RecordBatchError:
+        raise
+    except Exception as exc:  # each codec raises its own types for garbage
+        raise CorruptRecordError(f"{COMPRESSION_NAMES.get(codec, codec)}: {exc}") from None
+    if len(out) > max_bytes:
+        raise _too_large(max_bytes)
+    return out
+
+
+# --- the record walk ---------------------------------------------------------------------------
+SCAN_ERRORS = {
+    1: "a length runs past the end of the records",
+    2: "a varint is longer than its type allows",
+    3: "a record's fields do not add up to its length",
+    4: "a negative header count",
+    5: "a negative header key length",
+    6: "an offset delta that is not the record's index",
+    7: "bytes after the last record",
+    8: "a negative length",
+}
+"""The rules the record walk checks, by the status it returns (Kafka's DefaultRecord.readFrom:
+each broken rule is an InvalidRecordException, INVALID_RECORD)."""
+
+
+def scan_records_py(
+    buf: bytes | bytearray | memoryview, start: int, end: int, count: int
+) -> tuple[int, int, int, int]:
+    """The pure-Python record walk: ``_recordscan.scan``'s twin, same rules and answers."""
+    mv = memoryview(buf)
+
+    def varint(pos: int, limit: int, max_bytes: int) -> tuple[int, int]:
+        raw = shift = 0
+        for _ in range(max_bytes):
+            if pos >= limit:
+                raise _Scan(1)
+            b = mv[pos]
+            pos += 1
+            raw |= (b & 0x7F) << shift
+            if not b & 0x80:
+                if max_bytes == 5 and raw > 0xFFFFFFFF:
+                    raise _Scan(2)
+                return (raw >> 1) ^ -(raw & 1), pos
+            shift += 7
+        raise _Scan(2)
+
+    def skip(pos: int, limit: int, nullable: bool, negative: int) -> int:
+        length, pos = varint(pos, limit, 5)
+        if length < 0:
+            if length == -1 and nullable:
+                return pos
+            raise _Scan(negative)
+        if length > limit - pos:
+            raise _Scan(1)
+        return pos + length
+
+    pos = start
+    low, high = 2**63 - 1, -(2**63)
+    index = 0
+    try:
+        for index in range(count):
+            length, pos = varint(pos, end, 5)
+            if length < 1:
+                raise _Scan(8)
+            if length > end - pos:
+                raise _Scan(1)
+            record_end = pos + length
+            ts_delta, pos = varint(pos + 1, record_end, 10)
+            offset_delta, pos = varint(pos, record_end, 5)
+            if offset_delta != index:
+                raise _Scan(6)
+            pos = skip(pos, record_end, True, 8)
+            pos = skip(pos, record_end, True, 8)
+            headers, pos = varint(pos, record_end, 5)
+            if headers < 0:
+                raise _Scan(4)
+            for _ in range(headers):
+                pos = skip(pos, record_end, False, 5)
+                pos = skip(pos, record_end, True, 8)
+            if pos != record_end:
+                raise _Scan(3)
+            low, high = min(low, ts_delta), max(high, ts_delta)
+        else:
+            index = count
+        if pos != end:
+            raise _Scan(7)
+    except _Scan as failed:
+        return failed.status, index, 0, 0
+    if count == 0:
+        return 0, 0, 0, 0
+    return 0, count, low, high
+
+
+class _Scan(Exception):
+    def __init__(self, status: int) -> None:
+        self.status = status
+
+
+try:  # the C walk (setup.py builds it); the Python twin when it was not built
+    from stonemq.protocol._recordscan import scan as scan_records
+except ImportError:  # pragma: no cover - depends on the build
+    scan_records = scan_records_py
+
+
+# --- the batch validator (Kafka's LogValidator rules) -----------------------------------------
+@dataclass(frozen=True, slots=True)
+class RecordLimits:
+    """A topic's rules for the records of a produced batch."""
+
+    max_uncompressed_bytes: int = MAX_UNCOMPRESSED_BYTES
+    timestamp_before_max_ms: int = 2**63 - 1  # message.timestamp.before.max.ms
+    timestamp_after_max_ms: int = 3_600_000  # message.timestamp.after.max.ms (Kafka 4: 1 h)
+    log_append_time: bool = False  # message.timestamp.type=LogAppendTime: no check
+
+
+class InvalidTimestampError(RecordBatchError):
+    """A record timestamp outside the topic's bounds, or a client batch flagged
+    LogAppendTime: INVALID_TIMESTAMP."""
+
+
+def check_batch(buf: bytes | bytearray | memoryview) -> BatchHeader:
+    """The batch-level rules for a produced batch (cheap: header and CRC only); raises the
+    RecordBatchError that names the Kafka error. See :func:`validate_produce_records`."""
+    header = parse_header(buf, 0)
+    if header.size != len(buf):
+        if header.size > len(buf):
+            raise CorruptRecordError(
+                f"batch length field says {header.size} bytes, only {len(buf)} present"
+            )
+        raise InvalidRecordError("produce records must hold exactly one record batch")
+    if not crc_ok(buf, 0, header):
+        raise CorruptRecordError("record batch CRC-32C mismatch")
+    if header.record_count <= 0 or header.record_count != header.last_offset_delta + 1:
+        raise InvalidRecordError(
+            f"record count {header.record_count} does not match last offset delta "
+            f"{header.last_offset_delta}"
+        )
+    if header.compression > COMPRESSION_ZSTD:
+        raise InvalidRecordError(f"unknown compression codec {header.compression}")
+    if header.is_control:
+        raise InvalidRecordError("clients may not produce control batches")
+    if header.producer_id >= 0 and header.base_sequence < 0:
+        raise InvalidRecordError(
+            f"invalid sequence number {header.base_sequence} in a batch with producer id "
+            f"{header.producer_id}"
+        )
+    if header.timestamp_type == TIMESTAMP_LOG_APPEND_TIME:
+        raise InvalidTimestampError("producers may not set the timestamp type to LogAppendTime")
+    return header
+
+
+def check_records(
+    buf: bytes | bytearray | memoryview,
+    header: BatchHeader,
+    limits: RecordLimits,
+    now_ms: int,
+    max_uncompressed_bytes: int | None = None,
+) -> int:
+    """The record-level rules: every record well formed (decompressing a compressed batch,
+    at most ``max_uncompressed_bytes``, default the limits'), and CreateTime timestamps within
+    the topic's bounds. Returns the records' largest timestamp (what the batch's max
+    timestamp must say). Raises InvalidRecordError, CorruptRecordError,
+    RecordsTooLargeError or InvalidTimestampError."""
+    count = header.record_count
+    if header.compression == COMPRESSION_NONE:
+        status, index, low, high = scan_records(buf, HEADER_SIZE, header.size, count)
+    else:
+        bound = (
+            limits.max_uncompressed_bytes
+            if max_uncompressed_bytes is None
+            else max_uncompressed_bytes
+        )
+        body = decompress(header.compression, memoryview(buf)[HEADER_SIZE : header.size], bound)
+        status, index, low, high = scan_records(body, 0, len(body), count)
+    if status:
+        raise InvalidRecordError(f"record {index}: {SCAN_ERRORS.get(status, status)}")
+    first, last = header.base_timestamp + low, header.base_timestamp + high
+    if not limits.log_append_time and first != NO_TIMESTAMP:
+        if now_ms - first > limits.timestamp_before_max_ms:
+            raise InvalidTimestampError(
+                f"timestamp {first} is more than message.timestamp.before.max.ms "
+                f"({limits.timestamp_before_max_ms}) before the broker's time {now_ms}"
+            )
+        if last - now_ms > limits.timestamp_after_max_ms:
+            raise InvalidTimestampError(
+                f"timestamp {last} is more than message.timestamp.after.max.ms "
+                f"({limits.timestamp_after_max_ms}) after the broker's time {now_ms}"
+            )
+    return last
+
+
+def validate_produce_records(
+    buf: bytes | bytearray | memoryview,
+    limits: RecordLimits | None = None,
+    now_ms: int | None = None,
+) -> BatchHeader:
+    """Check that ``buf`` is exactly one valid v2 batch with valid records, as Kafka's
+    LogValidator does for a produce (both steps at once; the produce path runs
+    :func:`check_records` of a large compressed batch in a thread)."""
+    header = check_batch(buf)
+    check_records(
+        buf, header, limits or RecordLimits(), now_ms if now_ms is not None else _now_ms()
+    )
+    return header
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def set_max_timestamp(buf: bytearray, pos: int, timestamp_ms: int) -> None:
+    """Set a CreateTime batch's max timestamp (Kafka rewrites a wrong one) and re-CRC it."""
+    _I64.pack_into(buf, pos + 35, timestamp_ms)
+    (length,) = struct.unpack_from(">i", buf, pos + 8)
+    end = pos + length + LOG_OVERHEAD
+    _U32.pack_into(buf, pos + 17, crc32c(memoryview(buf)[pos + CRC_START : end]))
+
+
+# --- records (decoded: never on the produce or fetch path) ------------------------------------
 @dataclass(frozen=True, slots=True)
 class Record:
     offset: int
@@ -215,85 +534,109 @@ class Record:
     headers: tuple[tuple[str, bytes | None], ...]
 
 
-def _read_varint(buf: memoryview, pos: int) -> tuple[int, int]:
-    shift = 0
-    raw = 0
-    while True:
-        if pos >= len(buf):
-            raise CorruptRecordError("varint runs past the end of the records")
-        byte = buf[pos]
-        pos += 1
-        raw |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            break
-        shift += 7
-        if shift > 63:
-            raise CorruptRecordError("varint too long")
-    return (raw >> 1) ^ -(raw & 1), pos
-
-
-def _read_bytes(buf: memoryview, pos: int) -> tuple[bytes | None, int]:
-    length, pos = _read_varint(buf, pos)
-    if length < 0:
-        return None, pos
-    if pos + length > len(buf):
-        raise CorruptRecordError("record field runs past the end of the records")
-    return bytes(buf[pos : pos + length]), pos + length
-
-
-_XERIAL_MAGIC = b"\x82SNAPPY\x00"
-
-
-def _snappy_decompress(data: bytes) -> bytes:
-    """Kafka's snappy is the xerial framing (Java clients, librdkafka) or, rarely, raw."""
-    if data.startswith(_XERIAL_MAGIC):
-        out = bytearray()
-        pos = 16  # magic(8) + version(4) + compatible version(4)
-        while pos + 4 <= len(data):
-            (chunk,) = struct.unpack_from(">i", data, pos)
-            pos += 4
-            out += bytes(cramjam.snappy.decompress_raw(data[pos : pos + chunk]))
-            pos += chunk
-        return bytes(out)
-    return bytes(cramjam.snappy.decompress_raw(data))
-
-
-def decompress(codec: int, data: bytes) -> bytes:
-    if codec == COMPRESSION_NONE:
-        return data
-    if codec == COMPRESSION_GZIP:
-        return gzip.decompress(data)
-    if codec == COMPRESSION_SNAPPY:
-        return _snappy_decompress(data)
-    if codec == COMPRESSION_LZ4:
-        return bytes(cramjam.lz4.decompress(data))
-    if codec == COMPRESSION_ZSTD:
-        return bytes(cramjam.zstd.decompress(data))
-    raise InvalidRecordError(f"unknown compression codec {codec}")
-
-
-def iter_records(batch: bytes | bytearray | memoryview) -> Iterator[Record]:
-    """Decode every record of one whole batch (decompressing), with absolute offsets."""
+def iter_records(
+    batch: bytes | bytearray | memoryview, max_uncompressed_bytes: int = MAX_UNCOMPRESSED_BYTES
+) -> Iterator[Record]:
+    """Decode every record of one whole batch (decompressing, bounded), absolute offsets."""
     header = parse_header(batch, 0)
-    body = bytes(memoryview(batch)[HEADER_SIZE : header.size])
-    view = memoryview(decompress(header.compression, body))
+    if header.record_count < 0:
+        raise CorruptRecordError(f"negative record count {header.record_count}")
+    body = memoryview(batch)[HEADER_SIZE : header.size]
+    if header.compression != COMPRESSION_NONE:
+        body = memoryview(decompress(header.compression, body, max_uncompressed_bytes))
     log_append = header.timestamp_type == TIMESTAMP_LOG_APPEND_TIME
     pos = 0
     for _ in range(header.record_count):
-        length, pos = _read_varint(view, pos)
+        length, pos = read_varint(body, pos)
         end = pos + length
-        pos += 1  # attributes
-        ts_delta, pos = _read_varint(view, pos)
-        offset_delta, pos = _read_varint(view, pos)
-        key, pos = _read_bytes(view, pos)
-        value, pos = _read_bytes(view, pos)
-        count, pos = _read_varint(view, pos)
+        if length < 1 or end > len(body):
+            raise CorruptRecordError("record runs past the end of its batch")
+        ts_delta, pos = read_varint(body, pos + 1)  # + 1: attributes
+        offset_delta, pos = read_varint(body, pos)
+        key, pos = read_bytes(body, pos)
+        value, pos = read_bytes(body, pos)
+        count, pos = read_varint(body, pos)
+        if count < 0:
+            raise CorruptRecordError(f"negative header count {count}")
         headers = []
         for _ in range(count):
-            hkey, pos = _read_bytes(view, pos)
-            hval, pos = _read_bytes(view, pos)
+            hkey, pos = read_bytes(body, pos)
+            hval, pos = read_bytes(body, pos)
             headers.append(((hkey or b"").decode("utf-8", "replace"), hval))
         if pos != end:
             raise CorruptRecordError("record length does not match its fields")
         timestamp = header.max_timestamp if log_append else header.base_timestamp + ts_delta
         yield Record(header.base_offset + offset_delta, timestamp, key, value, tuple(headers))
+
+
+# --- encoding: the one batch builder (the group log, cold reads, tests) ------------------------
+def encode_records(
+    records: Iterable[
+        tuple[int, int, bytes | None, bytes | None, Sequence[tuple[str, bytes | None]]]
+    ],
+    out: bytearray,
+) -> int:
+    """Append records ``(offset delta, timestamp delta, key, value, headers)`` to ``out``;
+    returns how many."""
+    count = 0
+    for offset_delta, ts_delta, key, value, headers in records:
+        body = bytearray(b"\0")  # attributes
+        write_varint(ts_delta, body)
+        write_varint(offset_delta, body)
+        write_bytes(key, body)
+        write_bytes(value, body)
+        write_varint(len(headers), body)
+        for hkey, hvalue in headers:
+            write_bytes(hkey.encode(), body)
+            write_bytes(hvalue, body)
+        write_varint(len(body), out)
+        out += body
+        count += 1
+    return count
+
+
+def encode_batch(
+    base_offset: int,
+    records: Sequence[tuple[int, bytes | None, bytes | None, Sequence[tuple[str, bytes | None]]]],
+    *,
+    log_append_time: int = -1,
+    producer_id: int = -1,
+    producer_epoch: int = -1,
+    base_sequence: int = -1,
+    partition_leader_epoch: int = -1,
+) -> bytes:
+    """One uncompressed RecordBatch v2 of ``records`` ``(timestamp, key, value, headers)`` at
+    consecutive offsets from ``base_offset``; ``log_append_time`` >= 0 marks it LogAppendTime
+    with that max timestamp."""
+    stamps = [r[0] for r in records]
+    base_ts = min(stamps) if stamps else 0
+    body = bytearray()
+    count = encode_records(
+        (
+            (i, ts - base_ts, key, value, headers)
+            for i, (ts, key, value, headers) in enumerate(records)
+        ),
+        body,
+    )
+    attributes = _ATTR_TIMESTAMP_TYPE if log_append_time >= 0 else 0
+    max_ts = log_append_time if log_append_time >= 0 else (max(stamps) if stamps else -1)
+    head = bytearray(
+        BATCH_HEADER.pack(
+            base_offset,
+            HEADER_SIZE - LOG_OVERHEAD + len(body),
+            partition_leader_epoch,
+            2,
+            0,
+            attributes,
+            count - 1,
+            base_ts,
+            max_ts,
+            producer_id,
+            producer_epoch,
+            base_sequence,
+            count,
+        )
+    )
+    head += body
+    _U32.pack_into(head, 17, crc32c(memoryview(head)[CRC_START:]))
+    return bytes(head)

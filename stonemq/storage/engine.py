@@ -51,7 +51,12 @@ from stonemq.storage.journal import (
 from stonemq.storage.open_files import OpenFiles
 from stonemq.storage.page_cache import Range, WrittenPages, drop_ranges, release_written
 from stonemq.storage.producer_state import BatchSeq, write_snapshot
-from stonemq.storage.queue_log import QueueLog, create_queue_log_dir, queue_log_dir
+from stonemq.storage.queue_log import (
+    QueueLog,
+    create_queue_log_dir,
+    first_record_at,
+    queue_log_dir,
+)
 from stonemq.storage.space import SplitHeadroom
 from stonemq.storage.splitter import SplitError, Splitter
 
@@ -1073,18 +1078,37 @@ class StorageEngine:
         data = queue.read(offset, max_bytes) if offset < hw else b""
         return ReadResult(data, hw, start)
 
-    def offset_for_timestamp(
+    async def offset_for_timestamp(
         self, topic: str, partition: int, timestamp_ms: int
     ) -> tuple[int, int] | None:
-        """(offset, timestamp) of the first record with timestamp >= timestamp_ms, via the
-        time index; None when there is none."""
+        """(offset, timestamp) of the first record at or after the log start with timestamp
+        >= timestamp_ms, via the time index; None when there is none. Candidate batches are
+        found and read on the loop; their records are decoded (decompressed, bounded) in a
+        thread. StorageError when stored records cannot be decoded."""
         queue = self._state(topic, partition).queue
-        return queue.offset_for_timestamp(timestamp_ms) if queue is not None else None
+        if queue is None:
+            return None
+        loop = asyncio.get_running_loop()
+        log_start = queue.log_start_offset
+        for _, data in queue.time_candidates(timestamp_ms):
+            found = await loop.run_in_executor(None, first_record_at, data, timestamp_ms, log_start)
+            if found is not None:
+                return found
+        return None
 
-    def max_timestamp(self, topic: str, partition: int) -> tuple[int, int] | None:
-        """(offset, timestamp) of the record with the largest timestamp; None if empty."""
+    async def max_timestamp(self, topic: str, partition: int) -> tuple[int, int] | None:
+        """(offset, timestamp) of the first record at or after the log start with the
+        largest timestamp; None if empty (records decoded in a thread)."""
         queue = self._state(topic, partition).queue
-        return queue.max_timestamp() if queue is not None else None
+        found = queue.max_timestamp_batch() if queue is not None else None
+        if found is None:
+            return None
+        header, data = found
+        log_start = queue.log_start_offset  # type: ignore[union-attr]
+        record = await asyncio.get_running_loop().run_in_executor(
+            None, first_record_at, data, header.max_timestamp, log_start, True
+        )
+        return record if record is not None else (header.last_offset, header.max_timestamp)
 
     # -- introspection (tests, metrics) -------------------------------------------------------
     @property

@@ -15,16 +15,19 @@ import logging
 import operator
 import os
 import time
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from stonemq.protocol.record_batch import (
     TIMESTAMP_LOG_APPEND_TIME,
     BatchHeader,
+    RecordBatchError,
     iter_records,
     parse_header,
 )
 from stonemq.storage import fileio
 from stonemq.storage.checkpoint import QueueRecoveryPoint
+from stonemq.storage.errors import StorageError
 from stonemq.storage.open_files import OpenFiles
 from stonemq.storage.page_cache import WrittenPages
 from stonemq.storage.producer_state import ProducerState, load_snapshot
@@ -43,6 +46,27 @@ log = logging.getLogger(__name__)
 
 _base = operator.attrgetter("base_offset")
 _MAX_RELATIVE_OFFSET = (1 << 31) - 1
+
+
+def first_record_at(
+    batch: bytes, timestamp_ms: int, log_start: int, exact: bool = False
+) -> tuple[int, int] | None:
+    """(offset, timestamp) of the first record of ``batch`` at or after ``log_start`` whose
+    timestamp is >= ``timestamp_ms`` (== with ``exact``); decodes the records (bounded
+    decompression), so it runs in a thread. A LogAppendTime batch's records all carry its
+    max timestamp. Raises StorageError for records that cannot be decoded."""
+    header = parse_header(batch)
+    if header.timestamp_type == TIMESTAMP_LOG_APPEND_TIME:
+        return max(header.base_offset, log_start), header.max_timestamp
+    try:
+        for record in iter_records(batch):
+            if record.offset < log_start:
+                continue
+            if record.timestamp == timestamp_ms or (not exact and record.timestamp > timestamp_ms):
+                return record.offset, record.timestamp
+    except RecordBatchError as exc:
+        raise StorageError(f"batch at {header.base_offset} cannot be decoded: {exc}") from exc
+    return None
 
 
 def queue_log_dir(queue_dir: str, topic: str, partition: int) -> str:
@@ -358,10 +382,10 @@ class QueueLog:
                 return seg.read_batches(self.files, found[0], max_bytes)
         return b""
 
-    def offset_for_timestamp(self, timestamp_ms: int) -> tuple[int, int] | None:
-        """(offset, timestamp) of the first record at or after the log start offset with
-        timestamp >= ``timestamp_ms``, as Kafka searches (records below the log start, left in
-        its first segment by DeleteRecords or retention, are not readable)."""
+    def time_candidates(self, timestamp_ms: int) -> Iterator[tuple[BatchHeader, bytes]]:
+        """The batches, from the log start on, whose max timestamp is >= ``timestamp_ms``,
+        with their bytes (header reads and one pread per candidate; the records are decoded
+        by the caller, off the event loop: :func:`first_record_at`)."""
         files = self.files
         log_start = self.log_start_offset
         for seg in self.segments:
@@ -375,16 +399,10 @@ class QueueLog:
             for pos, header in seg.iter_headers(files, start):
                 if header.max_timestamp < timestamp_ms or header.last_offset < log_start:
                     continue
-                if header.timestamp_type == TIMESTAMP_LOG_APPEND_TIME:
-                    return max(header.base_offset, log_start), header.max_timestamp
-                for record in iter_records(seg.read(files, pos, header.size)):
-                    if record.timestamp >= timestamp_ms and record.offset >= log_start:
-                        return record.offset, record.timestamp
-        return None
+                yield header, seg.read(files, pos, header.size)
 
-    def max_timestamp(self) -> tuple[int, int] | None:
-        """(offset, timestamp) of the first record at or after the log start offset with the
-        largest timestamp."""
+    def max_timestamp_batch(self) -> tuple[BatchHeader, bytes] | None:
+        """The batch, from the log start on, holding the largest timestamp, with its bytes."""
         log_start = self.log_start_offset
         best: tuple[int, int, Segment] | None = None
         for i, seg in enumerate(self.segments):
@@ -397,17 +415,12 @@ class QueueLog:
                 best = (ts, offset, seg)
         if best is None:
             return None
-        ts, offset, seg = best
+        _, offset, seg = best
         found_batch = seg.find_batch(self.files, offset)
         if found_batch is None:
             return None
         pos, header = found_batch
-        if header.timestamp_type == TIMESTAMP_LOG_APPEND_TIME:
-            return max(header.base_offset, log_start), header.max_timestamp
-        for record in iter_records(seg.read(self.files, pos, header.size)):
-            if record.timestamp == header.max_timestamp and record.offset >= log_start:
-                return record.offset, record.timestamp
-        return header.last_offset, header.max_timestamp
+        return header, seg.read(self.files, pos, header.size)
 
     def _max_batch_from(self, seg: Segment, offset: int) -> tuple[int, int]:
         """(max timestamp, its batch's base offset) over ``seg``'s batches that end at or

@@ -110,3 +110,137 @@ def test_sequence_fields() -> None:
     batch = build([(None, b"v", [], 1)] * 3, producer_id=7, base_sequence=10)
     header = rb.parse_header(batch)
     assert (header.producer_id, header.base_sequence, header.last_sequence) == (7, 10, 12)
+
+
+# -- the record walk: C and Python twins, Kafka's record rules -----------------------------------
+def body_of(batch: bytearray) -> bytes:
+    return bytes(batch[rb.HEADER_SIZE :])
+
+
+@settings(max_examples=300, deadline=None)
+@given(records=records_st, data=st.data())
+def test_the_c_walk_and_its_python_twin_agree_on_any_bytes(records, data) -> None:
+    """Valid records, and the same bytes with bytes flipped, cut or added: both walks give
+    the same answer, and the valid ones pass."""
+    body = bytearray(body_of(build(records)))
+    count = len(records)
+    assert rb.scan_records_py(body, 0, len(body), count)[0] == 0
+    for _ in range(data.draw(st.integers(0, 4))):
+        action = data.draw(st.sampled_from(["flip", "cut", "add", "count"]))
+        if action == "flip" and body:
+            body[data.draw(st.integers(0, len(body) - 1))] ^= data.draw(st.integers(1, 255))
+        elif action == "cut" and body:
+            del body[data.draw(st.integers(0, len(body) - 1)) :]
+        elif action == "add":
+            body += data.draw(st.binary(min_size=1, max_size=8))
+        else:
+            count = data.draw(st.integers(0, len(records) + 2))
+    assert rb.scan_records(bytes(body), 0, len(body), count) == rb.scan_records_py(
+        body, 0, len(body), count
+    )
+
+
+def test_the_c_walk_is_built() -> None:
+    """CI builds the extension (setup.py); without it produce would walk records in Python."""
+    assert rb.scan_records is not rb.scan_records_py
+
+
+def reseal(batch: bytearray) -> bytearray:
+    """Recompute the CRC: the garbage below is CRC-valid, as a buggy client would send it."""
+    struct.pack_into(">I", batch, 17, rb.crc32c(bytes(batch[rb.CRC_START :])))
+    return batch
+
+
+def garbage_batch(codec: int, records: bytes, count: int) -> bytearray:
+    """A batch whose header is right (CRC included) and whose records are ``records``."""
+    head = bytearray(build([(b"k", b"v", [], 1000)])[: rb.HEADER_SIZE])
+    payload = records
+    if codec:
+        payload = {
+            1: lambda d: __import__("gzip").compress(d),
+            2: lambda d: bytes(rb.cramjam.snappy.compress_raw(d)),
+            3: lambda d: rb.lz4.frame.compress(d),
+            4: lambda d: rb.zstandard.ZstdCompressor().compress(d),
+        }[codec](records)
+    batch = head + payload
+    struct.pack_into(">i", batch, 8, len(batch) - rb.LOG_OVERHEAD)
+    struct.pack_into(">h", batch, 21, codec)
+    struct.pack_into(">i", batch, 23, count - 1)
+    struct.pack_into(">i", batch, 57, count)
+    return reseal(batch)
+
+
+@pytest.mark.parametrize("codec", [0, 1, 2, 3, 4])
+def test_crc_valid_garbage_records_are_invalid(codec: int) -> None:
+    """Reproduced (hostile-input issue, item 4): a batch with a correct CRC and garbage records
+    was stored with error 0; Kafka answers INVALID_RECORD (CORRUPT_MESSAGE for bad bytes of
+    a codec) and never stores it."""
+    with pytest.raises((rb.InvalidRecordError, rb.CorruptRecordError)):
+        rb.validate_produce_records(garbage_batch(codec, b"\x55" * 200, 3))
+
+
+def test_a_record_count_that_does_not_match_the_records_is_invalid() -> None:
+    three = build([(b"k", b"v", [], 1000)] * 3)
+    body = body_of(build([(b"k", b"v", [], 1000)] * 2))
+    batch = three[: rb.HEADER_SIZE] + body  # says 3 records, holds 2
+    struct.pack_into(">i", batch, 8, len(batch) - rb.LOG_OVERHEAD)
+    with pytest.raises(rb.InvalidRecordError):
+        rb.validate_produce_records(reseal(batch))
+
+
+def test_a_producer_id_with_no_sequence_is_invalid() -> None:
+    batch = build([(b"k", b"v", [], 1000)], producer_id=5, base_sequence=0)
+    struct.pack_into(">i", batch, 53, -1)
+    with pytest.raises(rb.InvalidRecordError, match="sequence"):
+        rb.validate_produce_records(reseal(batch))
+
+
+def test_a_client_batch_flagged_log_append_time_is_an_invalid_timestamp() -> None:
+    batch = build([(b"k", b"v", [], 1000)])
+    struct.pack_into(">h", batch, 21, 0x08)
+    with pytest.raises(rb.InvalidTimestampError):
+        rb.validate_produce_records(reseal(batch))
+
+
+@pytest.mark.parametrize("codec", [1, 2, 3, 4])
+def test_a_decompression_bomb_stops_at_the_bound(codec: int) -> None:
+    """Reproduced (item 5): a small batch of compressed zeros held a gigabyte. Nothing beyond
+    the bound is produced, and the answer is MESSAGE_TOO_LARGE (RecordsTooLargeError)."""
+    bomb = garbage_batch(codec, b"\0" * (64 << 20), 1)
+    assert len(bomb) < 8 << 20
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        with pytest.raises(rb.RecordsTooLargeError):
+            rb.check_records(bomb, rb.parse_header(bomb), rb.RecordLimits(), 0, 1 << 20)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 24 << 20, f"decompressing toward the bound took {peak} bytes"
+
+
+def test_timestamps_outside_the_topic_bounds_are_invalid() -> None:
+    now = 10_000_000
+    batch = build([(b"k", b"v", [], now + 3_600_001)])
+    with pytest.raises(rb.InvalidTimestampError):
+        rb.validate_produce_records(batch, rb.RecordLimits(), now)
+    rb.validate_produce_records(batch, rb.RecordLimits(timestamp_after_max_ms=2**62), now)
+    old = build([(b"k", b"v", [], 5)])
+    with pytest.raises(rb.InvalidTimestampError):
+        rb.validate_produce_records(old, rb.RecordLimits(timestamp_before_max_ms=1000), now)
+    rb.validate_produce_records(old, rb.RecordLimits(log_append_time=True), now)
+
+
+def test_encode_batch_round_trips_through_the_validator_and_decoder() -> None:
+    records = [
+        (1000 + i, b"k%d" % i, None if i == 2 else b"v" * i, [("h", b"x")]) for i in range(5)
+    ]
+    batch = rb.encode_batch(42, records, producer_id=3, producer_epoch=1, base_sequence=7)
+    header = rb.validate_produce_records(batch, rb.RecordLimits(), 1500)
+    assert (header.base_offset, header.record_count, header.max_timestamp) == (42, 5, 1004)
+    decoded = list(rb.iter_records(batch))
+    assert [(r.offset, r.timestamp, r.key, r.value) for r in decoded] == [
+        (42 + i, ts, k, v) for i, (ts, k, v, _) in enumerate(records)
+    ]
+    assert decoded[0].headers == (("h", b"x"),)

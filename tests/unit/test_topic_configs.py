@@ -42,6 +42,8 @@ def test_registry_names_and_synonyms() -> None:
         "index.interval.bytes": "log.index.interval.bytes",
         "max.message.bytes": "message.max.bytes",
         "message.timestamp.type": "log.message.timestamp.type",
+        "message.timestamp.before.max.ms": "log.message.timestamp.before.max.ms",
+        "message.timestamp.after.max.ms": "log.message.timestamp.after.max.ms",
         "compression.type": None,
         "min.insync.replicas": None,
         "remote.storage.enable": None,

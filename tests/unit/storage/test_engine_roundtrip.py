@@ -161,28 +161,31 @@ def test_offset_for_timestamp_and_max_timestamp(
         await wait_split(engine)
         flat = [t for ts in timestamps for t in ts]
         expected = next(((o, t) for o, t in enumerate(flat) if t >= target), None)
-        assert engine.offset_for_timestamp("t", 0, target) == expected
+        assert await engine.offset_for_timestamp("t", 0, target) == expected
         top = max(flat)
-        assert engine.max_timestamp("t", 0) == (flat.index(top), top)
+        assert await engine.max_timestamp("t", 0) == (flat.index(top), top)
         await engine.close()
         # the same answers from indexes loaded from disk
         engine = new_engine(root)
         add_topic(engine, config=config)
         engine.recover()
-        assert engine.offset_for_timestamp("t", 0, target) == expected
-        assert engine.max_timestamp("t", 0) == (flat.index(top), top)
+        assert await engine.offset_for_timestamp("t", 0, target) == expected
+        assert await engine.max_timestamp("t", 0) == (flat.index(top), top)
         await engine.close()
 
     run(main())
 
 
 def test_empty_partition_timestamps(tmp_path: Path) -> None:
-    engine = new_engine(tmp_path)
-    add_topic(engine)
-    engine.recover()
-    assert engine.offset_for_timestamp("t", 0, 0) is None
-    assert engine.max_timestamp("t", 0) is None
-    run(engine.close())
+    async def main() -> None:
+        engine = new_engine(tmp_path)
+        add_topic(engine)
+        engine.recover()
+        assert await engine.offset_for_timestamp("t", 0, 0) is None
+        assert await engine.max_timestamp("t", 0) is None
+        await engine.close()
+
+    run(main())
 
 
 @pytest.mark.parametrize("policy", ["always", "interval", "never"])

@@ -56,15 +56,15 @@ def test_offsets_by_timestamp_start_at_the_log_start(tmp_path: Path) -> None:
             await engine.append("t", 0, batch, 3).written
         await wait_split(engine)
         engine.delete_records("t", 0, 4)  # inside the second batch
-        assert engine.offset_for_timestamp("t", 0, 0) == (4, 1101)
-        assert engine.offset_for_timestamp("t", 0, 1101) == (4, 1101)
-        assert engine.offset_for_timestamp("t", 0, 1102) == (5, 1102)
-        assert engine.offset_for_timestamp("t", 0, 1301) == (10, 1301)
-        assert engine.offset_for_timestamp("t", 0, 1303) is None
-        assert engine.max_timestamp("t", 0) == (11, 1302)
+        assert await engine.offset_for_timestamp("t", 0, 0) == (4, 1101)
+        assert await engine.offset_for_timestamp("t", 0, 1101) == (4, 1101)
+        assert await engine.offset_for_timestamp("t", 0, 1102) == (5, 1102)
+        assert await engine.offset_for_timestamp("t", 0, 1301) == (10, 1301)
+        assert await engine.offset_for_timestamp("t", 0, 1303) is None
+        assert await engine.max_timestamp("t", 0) == (11, 1302)
         engine.delete_records("t", 0, 12)
-        assert engine.offset_for_timestamp("t", 0, 0) is None
-        assert engine.max_timestamp("t", 0) is None
+        assert await engine.offset_for_timestamp("t", 0, 0) is None
+        assert await engine.max_timestamp("t", 0) is None
         await engine.close()
 
     asyncio.run(main())
