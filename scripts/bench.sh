@@ -38,7 +38,7 @@ if [ ! -x "$VENV/bin/python" ]; then
     run "create $VENV" "$PYTHON" -m venv "$VENV"
 fi
 STAMP="$VENV/.stonemq-bench-deps"
-want="$(sha256sum "$ROOT/pyproject.toml" | cut -d' ' -f1)"
+want="$(cat "$ROOT/pyproject.toml" "$ROOT/setup.py" "$ROOT"/stonemq/protocol/*.c | sha256sum | cut -d' ' -f1)"
 if [ "$want" != "$(cat "$STAMP" 2>/dev/null || true)" ] \
     || ! "$VENV/bin/python" -c 'import stonemq, confluent_kafka, redis, matplotlib, psutil, pyspark' \
         >/dev/null 2>&1 || [ ! -x "$VENV/bin/py-spy" ]; then

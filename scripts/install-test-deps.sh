@@ -29,6 +29,13 @@ if command -v "$PYTHON" >/dev/null 2>&1 && [ ! -x "$VENV/bin/python" ] \
     && ! "$PYTHON" -c 'import ensurepip, venv' >/dev/null 2>&1; then
     missing+=(python3-venv)
 fi
+# the record validator's C walk (setup.py) builds with a C compiler and the Python headers
+command -v gcc >/dev/null 2>&1 || missing+=(gcc)
+if command -v "$PYTHON" >/dev/null 2>&1 && ! "$PYTHON" -c \
+    'import os, sysconfig; assert os.path.exists(sysconfig.get_paths()["include"] + "/Python.h")' \
+    >/dev/null 2>&1; then
+    missing+=(python3-dev)
+fi
 if [ "${#missing[@]}" -gt 0 ]; then
     apt_install "${missing[@]}"
 fi
@@ -43,10 +50,10 @@ if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -c 'import sys' >/dev/nul
     run "create $VENV" "$PYTHON" -m venv --clear "$VENV"
 fi
 
-# Reinstall only when pyproject.toml changed since the last successful install (or the
-# editable install went missing).
+# Reinstall only when the build inputs (pyproject.toml, setup.py, the C extension) changed since
+# the last successful install (or the editable install went missing).
 PY_STAMP="$VENV/.stonemq-test-deps"
-py_want="$(sha256sum "$ROOT/pyproject.toml" | cut -d' ' -f1)"
+py_want="$(cat "$ROOT/pyproject.toml" "$ROOT/setup.py" "$ROOT"/stonemq/protocol/*.c | sha256sum | cut -d' ' -f1)"
 py_have="$(cat "$PY_STAMP" 2>/dev/null || true)"
 if [ "$py_want" != "$py_have" ] || [ ! -x "$VENV/bin/stonemq" ] || [ ! -x "$VENV/bin/pytest" ] \
     || ! "$VENV/bin/python" -c 'import stonemq, confluent_kafka, kafka, aiokafka' >/dev/null 2>&1; then

@@ -29,7 +29,7 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 
 STAMP="$VENV/.stonemq-serve"
-want="$(sha256sum "$ROOT/pyproject.toml" | cut -d' ' -f1)"
+want="$(cat "$ROOT/pyproject.toml" "$ROOT/setup.py" "$ROOT"/stonemq/protocol/*.c | sha256sum | cut -d' ' -f1)"
 if [ "$want" != "$(cat "$STAMP" 2>/dev/null || true)" ] || [ ! -x "$VENV/bin/stonemq" ] \
     || ! "$VENV/bin/python" -c 'import stonemq' >/dev/null 2>&1; then
     log="$(mktemp -t stonemq-serve-install.XXXXXX)"
