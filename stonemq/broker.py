@@ -99,6 +99,7 @@ class Broker:
         if self.tier is not None:
             await self.tier.close()
         await self.storage.close()
+        self.topics.close()
         self.metadata.close()
 
 

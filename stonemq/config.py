@@ -58,6 +58,12 @@ class Settings(BaseSettings):
     # -- topics ----------------------------------------------------------------------------------
     auto_create_topics_enable: bool = True
     num_partitions: int = Field(1, gt=0)
+    max_partitions: int = Field(
+        200_000, gt=0, description="partitions this broker holds at most, over all topics"
+    )
+    max_partitions_per_request: int = Field(
+        100_000, gt=0, description="partitions one CreateTopics or CreatePartitions may add"
+    )
     default_replication_factor: int = Field(1, gt=0)
     message_max_bytes: int = Field(1_048_588, gt=0, description="default max.message.bytes")
     log_message_timestamp_type: TimestampType = "CreateTime"

@@ -10,12 +10,15 @@ resolved configuration so the produce path can read ``max.message.bytes`` and
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import re
 import uuid
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol, TypeVar
 
 from kio.schema.errors import ErrorCode
 
@@ -58,6 +61,13 @@ __all__ = [
 ]
 
 MAX_NAME_LENGTH = 249
+log = logging.getLogger("stonemq.topics")
+
+_T = TypeVar("_T")
+
+STEP_PARTITIONS = 2000
+"""Partitions registered with storage per event-loop turn by a create of many."""
+
 MAX_PARTITIONS = 1_000_000
 """A sanity bound on one topic's partition count (Kafka has none; a typo should not allocate
 a billion partitions)."""
@@ -88,6 +98,10 @@ class TopicAlreadyExistsError(AdminError):
 
 class InvalidPartitionsError(AdminError):
     error_code = ErrorCode.invalid_partitions
+
+
+class PolicyViolationError(AdminError):
+    error_code = ErrorCode.policy_violation
 
 
 class InvalidReplicationFactorError(AdminError):
@@ -155,7 +169,7 @@ class StorageTopics(Protocol):
 
     def update_config(self, topic: str, config: LogConfig) -> None: ...
 
-    def remove_topic(self, topic: str) -> None: ...
+    async def remove_topic(self, topic: str) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,6 +179,31 @@ class ProduceConfig:
     max_message_bytes: int
     log_append_time: bool  # message.timestamp.type == LogAppendTime
     limits: RecordLimits  # the validator's record rules
+
+
+@dataclass(frozen=True, slots=True)
+class _CreatePlan:
+    """A create that passed every check: what it writes."""
+
+    name: str
+    journals: list[int]
+    overrides: dict[str, str]
+    config: TopicConfig
+    replication_factor: int
+
+    @property
+    def partitions(self) -> int:
+        return len(self.journals)
+
+    def preview(self) -> CreatedTopic:
+        """What a validate_only create answers (with a fresh id)."""
+        record = TopicRecord(
+            name=self.name,
+            topic_id=uuid.uuid4(),
+            journal_partitions=tuple(self.journals),
+            configs=self.overrides,
+        )
+        return CreatedTopic(record, self.config, self.replication_factor)
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,6 +227,10 @@ class TopicManager:
         self._produce: dict[str, ProduceConfig] = {}
         self._collisions: dict[str, str] = {}
         self._ids: dict[uuid.UUID, str] = {}
+        self._deleting: set[str] = set()  # names whose deletion is still in progress
+        self._auto_creating: dict[str, asyncio.Future[TopicRecord]] = {}
+        self._in_flight = 0  # partitions of creates in progress (against max.partitions)
+        self._store_thread: ThreadPoolExecutor | None = None
         for record in store.list_topics():
             self._collisions[collision_key(record.name)] = record.name
             self._ids[record.topic_id] = record.name
@@ -281,8 +324,47 @@ class TopicManager:
         validate_only: bool = False,
         replication_factor: int = -1,
     ) -> CreatedTopic:
-        """Create a topic (``num_partitions`` -1 means the ``num.partitions`` default,
-        ``replication_factor`` -1 the ``default.replication.factor``)."""
+        """Create a topic at once, on the calling thread (start-up, internal topics, tests);
+        clients' requests go through :meth:`create_async`. ``num_partitions`` -1 means the
+        ``num.partitions`` default, ``replication_factor`` -1 the
+        ``default.replication.factor``."""
+        plan = self._plan_create(name, num_partitions, configs, replication_factor)
+        if validate_only:
+            return plan.preview()
+        record = self._store_create(plan)
+        self._register(record, plan.config.log_config, 0, plan.config)
+        return CreatedTopic(record, plan.config, plan.replication_factor)
+
+    async def create_async(
+        self,
+        name: str,
+        num_partitions: int = -1,
+        configs: Mapping[str, str | None] | None = None,
+        *,
+        validate_only: bool = False,
+        replication_factor: int = -1,
+    ) -> CreatedTopic:
+        """:meth:`create` without holding the event loop: the metadata store's commit runs in
+        its thread, and storage takes the partitions ``STEP_PARTITIONS`` at a time."""
+        plan = self._plan_create(name, num_partitions, configs, replication_factor)
+        if validate_only:
+            return plan.preview()
+        self._in_flight += plan.partitions
+        try:
+            record = await self._in_store_thread(self._store_create, plan)
+        finally:
+            self._in_flight -= plan.partitions
+        await self._register_async(record, plan.config.log_config, 0, plan.config)
+        return CreatedTopic(record, plan.config, plan.replication_factor)
+
+    def _plan_create(
+        self,
+        name: str,
+        num_partitions: int,
+        configs: Mapping[str, str | None] | None,
+        replication_factor: int,
+    ) -> _CreatePlan:
+        """Every check of a create, and what it will write."""
         validate_topic_name(name)
         replication_factor = self.check_replication_factor(replication_factor)
         if num_partitions == -1:
@@ -291,13 +373,12 @@ class TopicManager:
             raise InvalidPartitionsError(
                 "Number of partitions was set to an invalid non-positive value."
             )
-        if num_partitions > MAX_PARTITIONS:
-            raise InvalidPartitionsError(
-                f"Number of partitions {num_partitions} exceeds the limit of {MAX_PARTITIONS}."
-            )
+        self.check_partition_limits(num_partitions)
         overrides = validate_topic_configs(configs or {})
         if is_internal(name):
             overrides.update(PINNED_INTERNAL_CONFIGS)
+        if name in self._deleting:
+            raise TopicAlreadyExistsError(f"Topic '{name}' is marked for deletion.")
         if self.store.get_topic(name) is not None:
             raise TopicAlreadyExistsError(f"Topic '{name}' already exists.")
         other = self._collisions.get(collision_key(name))
@@ -309,25 +390,61 @@ class TopicManager:
             journal_partition_for(name, p, self.settings.journal_partitions)
             for p in range(num_partitions)
         ]
-        if validate_only:
-            record = TopicRecord(
-                name=name,
-                topic_id=uuid.uuid4(),
-                journal_partitions=tuple(journals),
-                configs=overrides,
-            )
-            return CreatedTopic(record, config, replication_factor)
+        return _CreatePlan(name, journals, overrides, config, replication_factor)
+
+    def _store_create(self, plan: _CreatePlan) -> TopicRecord:
+        """Write the topic to the metadata store (in the store's thread from create_async)."""
         try:
-            record = self.store.create_topic(name, journals, overrides)
+            return self.store.create_topic(plan.name, plan.journals, plan.overrides)
         except TopicExistsError:
-            raise TopicAlreadyExistsError(f"Topic '{name}' already exists.") from None
-        self._collisions[collision_key(name)] = name
-        self._ids[record.topic_id] = name
-        self._configs[name] = config
-        self._produce.pop(name, None)
-        for partition, journal in enumerate(record.journal_partitions):
-            self.storage.add_partition(record.topic_id, name, partition, journal, config.log_config)
-        return CreatedTopic(record, config, replication_factor)
+            raise TopicAlreadyExistsError(f"Topic '{plan.name}' already exists.") from None
+
+    def _registered(self, record: TopicRecord, config: TopicConfig | None = None) -> None:
+        """The caches after a topic was created or grew."""
+        self._collisions[collision_key(record.name)] = record.name
+        self._ids[record.topic_id] = record.name
+        self._produce.pop(record.name, None)
+        if config is not None:
+            self._configs[record.name] = config
+
+    def _register(
+        self,
+        record: TopicRecord,
+        log_config: LogConfig,
+        first: int,
+        config: TopicConfig | None = None,
+    ) -> None:
+        self._registered(record, config)
+        for partition in range(first, record.partitions):
+            self.storage.add_partition(
+                record.topic_id,
+                record.name,
+                partition,
+                record.journal_partitions[partition],
+                log_config,
+            )
+
+    async def _register_async(
+        self,
+        record: TopicRecord,
+        log_config: LogConfig,
+        first: int,
+        config: TopicConfig | None = None,
+    ) -> None:
+        """:meth:`_register`, ``STEP_PARTITIONS`` partitions per event-loop turn."""
+        self._registered(record, config)
+        for start in range(first, record.partitions, STEP_PARTITIONS):
+            stop = min(start + STEP_PARTITIONS, record.partitions)
+            for partition in range(start, stop):
+                self.storage.add_partition(
+                    record.topic_id,
+                    record.name,
+                    partition,
+                    record.journal_partitions[partition],
+                    log_config,
+                )
+            if stop < record.partitions:
+                await asyncio.sleep(0)
 
     def live_brokers(self) -> int:
         """How many brokers can hold a replica (one: this single node)."""
@@ -351,46 +468,120 @@ class TopicManager:
             )
         return replication_factor
 
-    def pin_internal(self, name: str) -> None:
-        """Give an internal topic created before its configs were pinned its pinned configs."""
-        record = self.require(name)
-        missing = {k: v for k, v in PINNED_INTERNAL_CONFIGS.items() if record.configs.get(k) != v}
-        if missing:
-            self.alter_configs(name, {**record.configs, **missing})
+    def partition_count(self) -> int:
+        """Partitions of every topic, plus those of creates in progress."""
+        return sum(record.partitions for record in self.store.list_topics()) + self._in_flight
+
+    def check_partition_limits(self, adding: int) -> None:
+        """POLICY_VIOLATION when ``adding`` partitions would pass ``max.partitions`` (the
+        broker's total) or ``max.partitions.per.request``, or INVALID_PARTITIONS past one
+        topic's sanity bound."""
+        if adding > MAX_PARTITIONS:
+            raise InvalidPartitionsError(
+                f"Number of partitions {adding} exceeds the limit of {MAX_PARTITIONS}."
+            )
+        per_request = self.settings.max_partitions_per_request
+        if adding > per_request:
+            raise PolicyViolationError(
+                f"A request may create at most {per_request} partitions "
+                f"(max.partitions.per.request), not {adding}."
+            )
+        total = self.partition_count()
+        if total + adding > self.settings.max_partitions:
+            raise PolicyViolationError(
+                f"Adding {adding} partitions to the broker's {total} would pass max.partitions "
+                f"({self.settings.max_partitions})."
+            )
+
+    async def _in_store_thread(self, fn: Callable[..., _T], *args: Any) -> _T:
+        """Run a metadata-store write in the store's thread: its commit waits on an fsync."""
+        if self._store_thread is None:
+            self._store_thread = ThreadPoolExecutor(1, thread_name_prefix="stonemq-metadata")
+        return await asyncio.get_running_loop().run_in_executor(self._store_thread, fn, *args)
+
+    def close(self) -> None:
+        """Wait for the metadata store's writes in progress (before the store closes)."""
+        if self._store_thread is not None:
+            self._store_thread.shutdown(wait=True)
+            self._store_thread = None
 
     def ensure(self, name: str) -> TopicRecord:
-        """The topic, auto-created with the broker defaults if ``auto.create.topics.enable``.
+        """The topic, auto-created with the broker defaults if ``auto.create.topics.enable``
+        (at once: internal callers and tests; Metadata requests use :meth:`ensure_async`).
 
         Raises :class:`InvalidTopicError` for an illegal name and
         :class:`UnknownTopicOrPartitionError` when it does not exist and may not be created.
         """
-        record = self.store.get_topic(name)
+        record = self._may_create(name)
         if record is not None:
             return record
-        validate_topic_name(name)
-        if not self.broker_setting("auto.create.topics.enable"):
-            raise UnknownTopicOrPartitionError(f"Topic {name} does not exist")
         try:
             return self.create(name).record
         except TopicAlreadyExistsError:
             return self.require(name)
 
+    def ensure_soon(self, name: str) -> TopicRecord | None:
+        """The topic; or None while it is auto-created in the background (started here when
+        allowed). A produce to it meanwhile is answered UNKNOWN_TOPIC_OR_PARTITION, which
+        clients retry after a metadata refresh, as Kafka answers a produce to a topic it
+        does not know."""
+        record = self._may_create(name)
+        if record is None and name not in self._auto_creating:
+            task = asyncio.ensure_future(self.ensure_async(name))
+            self._auto_creating[name] = task
+            task.add_done_callback(lambda t: self._auto_created(name, t))
+        return record
+
+    def _auto_created(self, name: str, task: asyncio.Future[TopicRecord]) -> None:
+        self._auto_creating.pop(name, None)
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("auto-creating topic %s failed: %s", name, task.exception())
+
+    async def ensure_async(self, name: str) -> TopicRecord:
+        """:meth:`ensure` without holding the event loop (:meth:`create_async`)."""
+        record = self._may_create(name)
+        if record is not None:
+            return record
+        try:
+            return (await self.create_async(name)).record
+        except TopicAlreadyExistsError:
+            return self.require(name)
+
+    def _may_create(self, name: str) -> TopicRecord | None:
+        """The topic if it exists; None if it may be auto-created; else the error."""
+        record = self.store.get_topic(name)
+        if record is not None:
+            return record
+        validate_topic_name(name)
+        if not self.broker_setting("auto.create.topics.enable") or name in self._deleting:
+            raise UnknownTopicOrPartitionError(f"Topic {name} does not exist")
+        return None
+
     # -- delete -------------------------------------------------------------------------------
-    def delete(self, name: str) -> TopicRecord:
-        """Delete a topic from the store and its data from storage (never an internal one)."""
+    async def delete(self, name: str) -> TopicRecord:
+        """Delete a topic (never an internal one) from the store, in its thread, then from
+        storage, in steps; its name stays taken (TOPIC_ALREADY_EXISTS, "marked for deletion")
+        until its directories are gone."""
         if is_internal(name):
             raise InvalidTopicError(
                 f"Topic {name} is a kafka internal topic and is not allowed to be deleted"
             )
+        if name in self._deleting:
+            raise UnknownTopicOrPartitionError(f"Topic {name} is already being deleted")
+        self.require(name)
+        self._deleting.add(name)
         try:
-            record = self.store.delete_topic(name)
-        except UnknownTopicError:
-            raise UnknownTopicOrPartitionError(f"Topic {name} does not exist") from None
-        if self._collisions.get(collision_key(name)) == name:
-            del self._collisions[collision_key(name)]
-        self._ids.pop(record.topic_id, None)
-        self._forget(name)
-        self.storage.remove_topic(name)
+            try:
+                record = await self._in_store_thread(self.store.delete_topic, name)
+            except UnknownTopicError:
+                raise UnknownTopicOrPartitionError(f"Topic {name} does not exist") from None
+            if self._collisions.get(collision_key(name)) == name:
+                del self._collisions[collision_key(name)]
+            self._ids.pop(record.topic_id, None)
+            self._forget(name)
+            await self.storage.remove_topic(name)
+        finally:
+            self._deleting.discard(name)
         return record
 
     def _forget(self, name: str) -> None:
@@ -398,8 +589,11 @@ class TopicManager:
         self._produce.pop(name, None)
 
     # -- partitions ---------------------------------------------------------------------------
-    def add_partitions(self, name: str, total: int, *, validate_only: bool = False) -> TopicRecord:
-        """Grow ``name`` to ``total`` partitions; new partitions get journal partitions too."""
+    async def add_partitions(
+        self, name: str, total: int, *, validate_only: bool = False
+    ) -> TopicRecord:
+        """Grow ``name`` to ``total`` partitions; new partitions get journal partitions too
+        (the store's commit in its thread, storage in steps)."""
         record = self.require(name)
         current = record.partitions
         if total < current:
@@ -413,6 +607,7 @@ class TopicManager:
             raise InvalidPartitionsError(
                 f"Number of partitions {total} exceeds the limit of {MAX_PARTITIONS}."
             )
+        self.check_partition_limits(total - current)
         journals = self.settings.journal_partitions
         new = [journal_partition_for(name, p, journals) for p in range(current, total)]
         if validate_only:
@@ -422,12 +617,12 @@ class TopicManager:
                 journal_partitions=record.journal_partitions + tuple(new),
                 configs=record.configs,
             )
-        record = self.store.add_partitions(name, new)
-        log_config = self.effective_config(name).log_config
-        for partition in range(current, total):
-            self.storage.add_partition(
-                record.topic_id, name, partition, record.journal_partitions[partition], log_config
-            )
+        self._in_flight += len(new)
+        try:
+            record = await self._in_store_thread(self.store.add_partitions, name, new)
+        finally:
+            self._in_flight -= len(new)
+        await self._register_async(record, self.effective_config(name).log_config, current)
         return record
 
     # -- configs ------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from kio.schema.errors import ErrorCode
 from stonemq.handlers.context import RequestContext
 from stonemq.handlers.registry import api
 from stonemq.topic_configs import AdminError, ConfigEntry, InvalidRequestError
+from stonemq.topics import PolicyViolationError
 
 log = logging.getLogger("stonemq.admin")
 
@@ -76,6 +77,7 @@ async def handle_create_topics(ctx: RequestContext, request: Any) -> Any:
     broker_id = ctx.broker.settings.broker_id
     duplicates = _duplicates(t.name for t in request.topics)
     results = []
+    requested = 0  # partitions this request creates (max.partitions.per.request)
     for topic in request.topics:
         if topic.name in duplicates:
             results.append(
@@ -90,7 +92,14 @@ async def handle_create_topics(ctx: RequestContext, request: Any) -> Any:
             continue
         with _Outcome() as outcome:
             num_partitions = _requested_partitions(topic, broker_id)
-            created = topics.create(
+            requested += topics.default_partitions() if num_partitions == -1 else num_partitions
+            if requested > ctx.broker.settings.max_partitions_per_request:
+                raise PolicyViolationError(
+                    f"A request may create at most "
+                    f"{ctx.broker.settings.max_partitions_per_request} partitions "
+                    "(max.partitions.per.request)."
+                )
+            created = await topics.create_async(
                 topic.name,
                 num_partitions,
                 {c.name: c.value for c in topic.configs},
@@ -210,7 +219,7 @@ async def handle_delete_topics(ctx: RequestContext, request: Any) -> Any:
                 name = topics.by_id(topic_id).name
             tier = getattr(ctx.broker, "tier", None)
             tiered = tier is not None and tier.tiered(name)
-            record = topics.delete(name)
+            record = await topics.delete(name)
             topic_id = record.topic_id
             if tier is not None and tiered:
                 # its cold data goes too, in the tier pool (a re-created topic of the same
@@ -253,7 +262,9 @@ async def handle_create_partitions(ctx: RequestContext, request: Any) -> Any:
                             f"Replica assignment {list(assignment.broker_ids)} is not possible: "
                             f"this cluster has one broker, {broker_id}."
                         )
-            topics.add_partitions(topic.name, topic.count, validate_only=request.validate_only)
+            await topics.add_partitions(
+                topic.name, topic.count, validate_only=request.validate_only
+            )
         results.append(
             ctx.build(
                 "CreatePartitionsTopicResult",

@@ -40,7 +40,7 @@ async def handle_metadata(ctx: RequestContext, request: Any) -> Any:
                     topics.append(_topic(ctx, record, ErrorCode.none, record.name))
                 continue
             try:
-                record = _lookup(ctx, name, allow_create)
+                record = await _lookup(ctx, name, allow_create)
             except AdminError as exc:
                 topics.append(_topic(ctx, None, exc.error_code, name))
             else:
@@ -91,10 +91,10 @@ def _topic(
     )
 
 
-def _lookup(ctx: RequestContext, name: str, allow_create: bool) -> TopicRecord:
+async def _lookup(ctx: RequestContext, name: str, allow_create: bool) -> TopicRecord:
     topics = ctx.broker.topics
     if allow_create:
-        return topics.ensure(name)
+        return await topics.ensure_async(name)
     validate_topic_name(name)
     record = topics.get(name)
     if record is None:

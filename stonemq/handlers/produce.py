@@ -50,7 +50,7 @@ from stonemq.storage.errors import (
     OutOfOrderSequenceError,
     ProducerStateError,
 )
-from stonemq.topics import AdminError, ProduceConfig, is_internal
+from stonemq.topics import AdminError, ProduceConfig, UnknownTopicOrPartitionError, is_internal
 
 log = logging.getLogger("stonemq.produce")
 
@@ -103,7 +103,9 @@ async def handle_produce(ctx: RequestContext, request: Any) -> Any:
                 r.fail(ErrorCode.invalid_topic_exception, f"Cannot append to internal topic {name}")
             continue
         try:
-            record = broker.topics.ensure(name)
+            record = broker.topics.ensure_soon(name)
+            if record is None:  # being auto-created: the client retries
+                raise UnknownTopicOrPartitionError(f"Topic {name} is being created")
             produce_config = broker.topics.produce_config(name)
         except AdminError as exc:
             for r in results:

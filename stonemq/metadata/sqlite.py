@@ -15,6 +15,7 @@ from __future__ import annotations
 import base64
 import json
 import sqlite3
+import threading
 import uuid
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -80,7 +81,10 @@ class SqliteMetadataStore(MetadataStore):
     def __init__(self, path: str | Path, *, cluster_id: str | None = None) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._conn = sqlite3.connect(self.path, isolation_level=None)
+        # writes come from the broker's metadata thread (TopicManager) and, for small ones,
+        # from the event loop: one connection, one lock around every use of it
+        self._conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        self._lock = threading.RLock()
         try:
             self._conn.execute("PRAGMA journal_mode=WAL")
             self._conn.execute("PRAGMA synchronous=FULL")
@@ -104,13 +108,14 @@ class SqliteMetadataStore(MetadataStore):
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
         """One write transaction; committed (durably) on normal exit, rolled back on error."""
-        self._conn.execute("BEGIN IMMEDIATE")
-        try:
-            yield self._conn
-        except BaseException:
-            self._conn.execute("ROLLBACK")
-            raise
-        self._conn.execute("COMMIT")
+        with self._lock:
+            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._conn
+            except BaseException:
+                self._conn.execute("ROLLBACK")
+                raise
+            self._conn.execute("COMMIT")
 
     def _migrate(self) -> None:
         with self._tx() as db:
@@ -162,7 +167,10 @@ class SqliteMetadataStore(MetadataStore):
 
     # -- cluster ----------------------------------------------------------------------------------
     def cluster_id(self) -> str:
-        row = self._conn.execute("SELECT value FROM cluster WHERE key = 'cluster_id'").fetchone()
+        with self._lock:
+            row = self._conn.execute(
+                "SELECT value FROM cluster WHERE key = 'cluster_id'"
+            ).fetchone()
         if row:
             return str(row[0])
         value = self._seed_cluster_id or new_cluster_id()
@@ -252,12 +260,9 @@ class SqliteMetadataStore(MetadataStore):
 
     # -- broker configs ---------------------------------------------------------------------------
     def broker_configs(self) -> dict[str, str]:
-        return {
-            name: value
-            for name, value in self._conn.execute(
-                "SELECT name, value FROM broker_configs ORDER BY name"
-            )
-        }
+        with self._lock:
+            rows = self._conn.execute("SELECT name, value FROM broker_configs ORDER BY name")
+            return {name: value for name, value in rows}
 
     def set_broker_configs(self, configs: Mapping[str, str]) -> None:
         with self._tx() as db:
@@ -269,6 +274,10 @@ class SqliteMetadataStore(MetadataStore):
 
     # -- producer ids -----------------------------------------------------------------------------
     def allocate_producer_id(self) -> int:
+        with self._lock:
+            return self._allocate_producer_id()
+
+    def _allocate_producer_id(self) -> int:
         if self._pid_next >= self._pid_end:
             with self._tx() as db:
                 start = int(db.execute("SELECT next_block_start FROM producer_ids").fetchone()[0])
@@ -281,7 +290,8 @@ class SqliteMetadataStore(MetadataStore):
         return pid
 
     def close(self) -> None:
-        self._conn.close()
+        with self._lock:
+            self._conn.close()
 
 
 def _dump(configs: Mapping[str, str]) -> str:

@@ -145,6 +145,17 @@ class _Flushing:
         queue.unflushed = self.unflushed + queue.unflushed
 
 
+STEP_PARTITIONS = 2000
+"""Partitions added or forgotten per event-loop turn when a topic of many is created or
+deleted (about a millisecond of work)."""
+
+
+def _remove_dirs(paths: list[str]) -> None:
+    """Directory thread: delete deleted partitions' queue-log directories."""
+    for path in paths:
+        fileio.rmtree(path)
+
+
 def _write_snapshots(snapshots: list[tuple[str, int, bytes]]) -> list[str]:
     """Write producer snapshots (directory, offset, bytes) in an executor thread; a snapshot
     that cannot be written is only logged: recovery then replays from an older one."""
@@ -359,31 +370,43 @@ class StorageEngine:
             if state.queue is not None:
                 state.queue.config = config
 
-    def remove_topic(self, topic: str) -> None:
-        """Forget the topic and delete its queue-log directories; journal entries still
-        pending for it are dropped by the splitter."""
-        for state in list(self._topics.get(topic, ())):
-            self._forget(state)
-            path = self._queue_path(topic, state.partition)
-            with self._create_lock:
-                self._create_pending.discard(path)
-            fileio.rmtree(path)
+    async def remove_topic(self, topic: str) -> None:
+        """Forget the topic, ``STEP_PARTITIONS`` partitions at a time (the loop serves other
+        clients between steps), then delete its queue-log directories in the directory
+        thread, in order with the directories it was asked to create before; returns once
+        they are gone. Journal entries still pending for it are dropped by the splitter."""
+        states = self._topics.pop(topic, [])
+        paths = []
+        for i, state in enumerate(states, 1):
+            self._forget(state, listed=False)
+            paths.append(self._queue_path(topic, state.partition))
+            if i % STEP_PARTITIONS == 0:
+                await asyncio.sleep(0)
+        if not paths:
+            return
+        with self._create_lock:
+            self._create_pending.difference_update(paths)
+        if self._creator is None:
+            self._creator = ThreadPoolExecutor(1, thread_name_prefix="stonemq-create")
+        await asyncio.get_running_loop().run_in_executor(self._creator, _remove_dirs, paths)
 
-    def _forget(self, state: _Partition) -> None:
+    def _forget(self, state: _Partition, listed: bool = True) -> None:
+        """Drop a partition's state and close its files (``listed``: also take it out of its
+        topic's list, which a whole-topic removal drops at once)."""
         key = (state.topic, state.partition)
         self._by_name.pop(key, None)
         self._by_id.pop((state.topic_id, state.partition), None)
         self._queue_rps.pop(key, None)
         if self._log_starts.pop(key, None) is not None:
             self._log_starts_changed = True
-        states = self._topics.get(state.topic)
+        states = self._topics.get(state.topic) if listed else None
         if states is not None:
             states.remove(state)
             if not states:
                 del self._topics[state.topic]
         if state.queue is not None:
             self._dirty.discard(state.queue)
-            state.queue.delete()
+            state.queue.close_files()
             state.queue = None
 
     def _queue_path(self, topic: str, partition: int) -> str:

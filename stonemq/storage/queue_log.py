@@ -551,10 +551,11 @@ class QueueLog:
         del self.segments[index:]
         return dropped
 
-    def delete(self) -> None:
-        """Remove the directory and everything in it."""
-        self.files.close_under(self.directory)
-        fileio.rmtree(self.directory)
+    def close_files(self) -> None:
+        """Close every file of its segments (before its directory is deleted)."""
+        for seg in self.segments:
+            for path in seg.paths:
+                self.files.close(path)
         self.segments = []
 
 

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import string
 import uuid
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -53,10 +55,15 @@ class RecordingStorage:
     def update_config(self, topic: str, config: LogConfig) -> None:
         self.configs[topic] = config
 
-    def remove_topic(self, topic: str) -> None:
+    async def remove_topic(self, topic: str) -> None:
         self.removed.append(topic)
         self.partitions = {k: v for k, v in self.partitions.items() if k[0] != topic}
         self.configs.pop(topic, None)
+
+
+def grow(topics: TopicManager, name: str, total: int, **kwargs: Any) -> Any:
+    """``add_partitions`` (a coroutine: the store's commit runs in its thread)."""
+    return asyncio.run(topics.add_partitions(name, total, **kwargs))
 
 
 @pytest.fixture
@@ -124,7 +131,7 @@ def test_dot_underscore_collision(topics: TopicManager) -> None:
         topics.create("a_b", 1)
     with pytest.raises(TopicAlreadyExistsError):
         topics.create("a.b", 1)
-    topics.delete("a.b")
+    asyncio.run(topics.delete("a.b"))
     topics.create("a_b", 1)
 
 
@@ -245,12 +252,12 @@ def test_delete(
 ) -> None:
     record = topics.create("t", 2).record
     assert topics.by_id(record.topic_id) == record
-    assert topics.delete("t") == record
+    assert asyncio.run(topics.delete("t")) == record
     assert store.get_topic("t") is None
     assert storage.removed == ["t"]
     assert storage.partitions == {}
     with pytest.raises(UnknownTopicOrPartitionError):
-        topics.delete("t")
+        asyncio.run(topics.delete("t"))
     with pytest.raises(UnknownTopicIdError):
         topics.by_id(record.topic_id)
     with pytest.raises(UnknownTopicOrPartitionError):
@@ -262,7 +269,7 @@ def test_delete(
 # -- partitions ------------------------------------------------------------------------------
 def test_add_partitions(topics: TopicManager, storage: RecordingStorage) -> None:
     record = topics.create("t", 2, {"segment.ms": "777"}).record
-    grown = topics.add_partitions("t", 5)
+    grown = grow(topics, "t", 5)
     assert grown.partitions == 5
     assert grown.journal_partitions[:2] == record.journal_partitions
     assert grown.topic_id == record.topic_id
@@ -270,16 +277,16 @@ def test_add_partitions(topics: TopicManager, storage: RecordingStorage) -> None
         assert storage.partitions[("t", p)][1] == grown.journal_partitions[p]
         assert storage.partitions[("t", p)][2].segment_ms == 777
     with pytest.raises(InvalidPartitionsError):
-        topics.add_partitions("t", 5)
+        grow(topics, "t", 5)
     with pytest.raises(InvalidPartitionsError):
-        topics.add_partitions("t", 3)
+        grow(topics, "t", 3)
     with pytest.raises(UnknownTopicOrPartitionError):
-        topics.add_partitions("nope", 3)
+        grow(topics, "nope", 3)
 
 
 def test_add_partitions_validate_only(topics: TopicManager, storage: RecordingStorage) -> None:
     topics.create("t", 1)
-    assert topics.add_partitions("t", 4, validate_only=True).partitions == 4
+    assert grow(topics, "t", 4, validate_only=True).partitions == 4
     assert topics.require("t").partitions == 1
     assert ("t", 1) not in storage.partitions
 

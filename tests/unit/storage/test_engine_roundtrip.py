@@ -352,7 +352,7 @@ def test_remove_topic_drops_pending_entries_and_directories(tmp_path: Path) -> N
         assert (tmp_path / "queues" / "gone-0").is_dir()
         r = engine.append("gone", 1, build_batch([b"b"]), 1)
         await r.written
-        engine.remove_topic("gone")
+        await engine.remove_topic("gone")
         await produce(engine, "kept", 0, [build_batch([b"k"])])
         await wait_split(engine)
         assert not (tmp_path / "queues" / "gone-0").exists()
@@ -401,7 +401,7 @@ def test_new_partitions_are_created_ahead_of_their_first_batch(tmp_path: Path) -
         engine.start(lambda *a: None)
         add_topic(engine, "early", 3)
         add_topic(engine, "dropped", 2, topic_id=uuid.uuid4())
-        engine.remove_topic("dropped")
+        await engine.remove_topic("dropped")
         assert await engine.wait_precreated(10)
         for p in range(3):
             log_file = tmp_path / "queues" / f"early-{p}" / f"{0:020d}.log"

@@ -251,7 +251,7 @@ def test_snapshots_go_with_the_topic(tmp_path: Path) -> None:
         while not list_snapshots(directory):  # written off the loop after a roll
             assert asyncio.get_running_loop().time() < deadline, "no snapshot at the rolls"
             await asyncio.sleep(0.01)
-        engine.remove_topic("t")
+        await engine.remove_topic("t")
         assert not Path(directory).exists()
         await engine.close()
 
