@@ -9,7 +9,9 @@ import time
 
 from stonemq.broker import Broker
 from stonemq.config import Settings
-from stonemq.server.connection import Connection, RequestBudget
+from stonemq.server.budget import RequestBudget
+from stonemq.server.connection import Connection
+from stonemq.server.dispatcher import Dispatcher
 from stonemq.server.lock import DirectoryLock
 
 log = logging.getLogger("stonemq.server")
@@ -48,16 +50,13 @@ async def _serve_locked(settings: Settings, stop: asyncio.Event) -> None:
     broker.recover()
     broker.start()
     connections: set[Connection] = set()
-    budget = RequestBudget(
-        settings.queued_max_request_bytes,
-        broker.storage.split_lag_bytes,
-        settings.splitter_max_lag_bytes,
-    )
-    broker.storage.split_watchers.append(budget.recheck)
+    budget = RequestBudget(settings.queued_max_request_bytes)
+    dispatcher = Dispatcher(broker.storage.split_lag_bytes, settings.splitter_max_lag_bytes)
+    broker.storage.split_watchers.append(dispatcher.recheck)
     host, port = settings.listen_address
     try:
         server = await loop.create_server(
-            lambda: Connection(broker, connections, budget),
+            lambda: Connection(broker, connections, budget, dispatcher),
             host,
             port,
             reuse_address=True,

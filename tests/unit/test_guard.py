@@ -12,6 +12,7 @@ import contextlib
 import dataclasses
 import io
 import os
+import re
 import struct
 import subprocess
 import sys
@@ -97,8 +98,14 @@ def test_valid_requests_pass_and_decode_as_kio_decodes_them(case: tuple[int, int
     cls = type(entity)
     body = encode(entity)
     assert guard.check(guard.compile_walker(cls), body, 0) == len(body)
-    decoded = decode(api_key, version, body)
-    assert decoded == entity_reader(cls)(body, 0)[0] == entity
+    try:
+        alone = entity_reader(cls)(body, 0)[0]
+    except Exception as exc:  # kio refuses a few values it can write (a timedelta_i64 past
+        # Python's timedelta range): then so does decode_request, for the same reason
+        with pytest.raises(RequestDecodeError, match=re.escape(str(exc))):
+            decode(api_key, version, body)
+        return
+    assert decode(api_key, version, body) == alone == entity
 
 
 NON_NULLABLE_ARRAYS = [

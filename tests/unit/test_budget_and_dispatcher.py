@@ -1,0 +1,131 @@
+"""The request budget's reading rules and the dispatcher's rounds and split-lag holds, on
+stand-in connections (the rules are pure; the broker-level behaviour is tested over sockets
+in tests/integration/test_hostile_requests.py and test_backpressure.py)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from stonemq.server.budget import RequestBudget
+from stonemq.server.dispatcher import Dispatcher
+
+
+class _Reader:
+    def __init__(self) -> None:
+        self.woken = 0
+
+    def update_reading(self) -> None:
+        self.woken += 1
+
+
+def test_request_budget_lets_one_in_and_wakes_waiters_below_the_limit() -> None:
+    budget = RequestBudget(100)
+    assert not budget.exhausted
+    budget.take(5000)  # one request larger than the limit is always let in
+    assert budget.exhausted
+    a, b = _Reader(), _Reader()
+    budget.waiting |= {a, b}
+    budget.give_back(4900)  # 100 left: at the limit
+    assert budget.exhausted and (a.woken, b.woken) == (0, 0)
+    budget.give_back(1)
+    assert not budget.exhausted and (a.woken, b.woken) == (1, 1)
+    assert not budget.waiting
+    unlimited = RequestBudget(-1)
+    unlimited.take(1 << 40)
+    assert not unlimited.exhausted
+    assert unlimited.may_read(a, growing=True)
+
+
+def test_past_the_limit_only_the_first_partial_frame_grows() -> None:
+    budget = RequestBudget(1000)
+    first, second, small = _Reader(), _Reader(), _Reader()
+    assert budget.may_read(first, growing=True)  # under the limit: anyone grows
+    budget.reserve(first, 800)
+    assert budget.may_read(second, growing=True)
+    budget.reserve(second, 400)  # 1200 reserved: past the limit
+    assert budget.owner is first
+    assert budget.may_read(first, growing=True)
+    assert not budget.may_read(second, growing=True)
+    assert budget.may_read(small, growing=False)  # nothing in flight: small reads go on
+    budget.waiting.add(second)
+    budget.reserve(first, 0)  # its frame arrived whole: the next partial frame owns
+    assert budget.owner is second and second.woken == 1
+    assert budget.may_read(second, growing=True)
+    budget.forget(second)
+    assert budget.used_bytes == 0 and budget.owner is None
+
+
+def test_requests_in_flight_past_the_limit_stop_all_but_the_owner() -> None:
+    budget = RequestBudget(1000)
+    owner, other = _Reader(), _Reader()
+    budget.may_read(owner, growing=True)
+    budget.reserve(owner, 100)
+    budget.take(2000)
+    assert budget.may_read(owner, growing=False)  # its frame must be able to finish
+    assert not budget.may_read(other, growing=False)
+    budget.waiting |= {owner, other}
+    budget.recheck()
+    assert (owner.woken, other.woken) == (1, 0)
+
+
+class _Conn:
+    """Stands in for a connection: a queue of named requests, a log of what started."""
+
+    def __init__(
+        self, name: str, requests: list[str], started: list[str], produce_held: Callable[[], bool]
+    ) -> None:
+        self.name = name
+        self.requests = requests
+        self.started = started
+        self.produce_held = produce_held
+        self.released = 0
+        self.dispatcher: Dispatcher | None = None
+
+    def start_next(self) -> bool:
+        if self.requests[0] == "produce" and self.produce_held():
+            assert self.dispatcher is not None
+            self.dispatcher.hold(self)
+            return False
+        self.started.append(f"{self.name}:{self.requests.pop(0)}")
+        return bool(self.requests)
+
+    def release(self) -> None:
+        self.released += 1
+        assert self.dispatcher is not None
+        self.dispatcher.ready(self)
+
+
+def test_rounds_start_one_request_per_connection_and_hold_only_produces() -> None:
+    lag = [0]
+    dispatcher = Dispatcher(lambda: lag[0], max_lag_bytes=1000)
+    started: list[str] = []
+
+    async def run() -> None:
+        held = lambda: dispatcher.produce_held  # noqa: E731
+        hog = _Conn("hog", ["metadata"] * 5, started, held)
+        producer = _Conn("p", ["produce", "produce"], started, held)
+        consumer = _Conn("c", ["fetch", "heartbeat"], started, held)
+        for conn in (hog, producer, consumer):
+            conn.dispatcher = dispatcher
+        lag[0] = 5000  # the splitter lags: produces wait, the others do not
+        for conn in (hog, producer, consumer):
+            dispatcher.ready(conn)
+        for _ in range(10):
+            await asyncio.sleep(0)
+        assert started == [
+            "hog:metadata", "c:fetch",
+            "hog:metadata", "c:heartbeat",
+            "hog:metadata", "hog:metadata", "hog:metadata",
+        ]  # fmt: skip
+        assert dispatcher.held == {producer}
+        dispatcher.recheck()
+        assert producer.released == 0  # still lagging
+        lag[0] = 1000
+        dispatcher.recheck()
+        for _ in range(4):
+            await asyncio.sleep(0)
+        assert producer.released == 1 and not dispatcher.held
+        assert started[-2:] == ["p:produce", "p:produce"]
+
+    asyncio.run(run())
