@@ -7,7 +7,7 @@ allows it (v4+), with ``num.partitions`` partitions.
 As in Kafka (KafkaApis.handleTopicMetadataRequest), a topic entry a version cannot carry (a
 null name before v12, where topic ids do not exist, or a topic id there) makes the request
 invalid: the answer is Kafka's error response, every requested topic with INVALID_REQUEST.
-A null name without a topic id names nothing in any version and is answered the same way.
+(From v12 a null name without a topic id is that topic's INVALID_TOPIC_EXCEPTION.)
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ def _invalid_request(version: int, topics: Any) -> str | None:
     """Why Kafka would throw InvalidRequestException for these topic entries, or None."""
     for wanted in topics or ():
         topic_id = getattr(wanted, "topic_id", None)
-        if wanted.name is None and (version < TOPIC_IDS_VERSION or topic_id is None):
+        if wanted.name is None and version < TOPIC_IDS_VERSION:
             return f"Topic name can not be null for version {version}"
         if topic_id is not None and version < TOPIC_IDS_VERSION:
             return f"Topic IDs are not supported in requests for version {version}"
