@@ -12,17 +12,30 @@ A connection reads into the buffer it has while the requests in flight are under
 (with nothing in flight one request is always let in). To grow its buffer for a frame still
 arriving, the reservations count too: past the limit only the connection whose partial frame
 started first (the owner) may read on, and the others wait until it has its whole frame or
-the total falls back under the limit. The owner always progresses, so nothing deadlocks, and
+the total falls back under the limit. The owner always may read, so nothing deadlocks, and
 small requests (consumers, heartbeats, admin) are never held back by partial frames alone.
+An owner whose peer stops sending would still hold the others' large requests back: one that
+has received nothing for ``PARTIAL_STALL_S`` since it last could read, while others wait, is
+closed (:meth:`RequestBudget.stalled_owner`; the listener checks every second).
 """
 
 from __future__ import annotations
 
 from typing import Protocol
 
+PARTIAL_STALL_S = 5.0
+
 
 class Reader(Protocol):
     """What the budget wakes: a connection that re-evaluates whether it may read."""
+
+    # monotonic time of its last receive, or of when it last resumed reading if later
+    receiving_since: float
+
+    @property
+    def reading(self) -> bool:
+        """Not paused by the broker (for any reason): silence is then the peer's."""
+        ...
 
     def update_reading(self) -> None: ...
 
@@ -65,6 +78,14 @@ class RequestBudget:
             return False
         limit = self.limit_bytes
         return not growing or limit < 0 or self.used_bytes < limit
+
+    def stalled_owner(self, now: float, stall_s: float = PARTIAL_STALL_S) -> Reader | None:
+        """The owner, if others wait and it has been free to read for ``stall_s`` but has
+        received nothing."""
+        owner = self.owner
+        if owner is None or not self.waiting or not owner.reading:
+            return None
+        return owner if now - owner.receiving_since >= stall_s else None
 
     def reserve(self, conn: Reader, nbytes: int) -> None:
         """``conn`` now holds ``nbytes`` of buffer beyond its first 64 KiB (0: none)."""

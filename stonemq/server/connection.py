@@ -96,7 +96,7 @@ class Connection(asyncio.BufferedProtocol):
         self._held = False
         self._reading_paused = False
         self._writing_paused = False
-        self.last_active = time.monotonic()
+        self.last_active = self.receiving_since = time.monotonic()
 
     # -- asyncio callbacks ------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -126,7 +126,7 @@ class Connection(asyncio.BufferedProtocol):
 
     def buffer_updated(self, nbytes: int) -> None:
         self._decoder.buffer_updated(nbytes)
-        self.last_active = time.monotonic()
+        self.last_active = self.receiving_since = time.monotonic()
         self._take_frames()
         self.update_reading()
 
@@ -297,6 +297,11 @@ class Connection(asyncio.BufferedProtocol):
         elif not should_pause and self._reading_paused:
             self._transport.resume_reading()
             self._reading_paused = False
+            self.receiving_since = time.monotonic()
+
+    @property
+    def reading(self) -> bool:
+        return not self._reading_paused
 
     # -- closing ----------------------------------------------------------------------------
     @property

@@ -14,6 +14,8 @@ from stonemq.server.dispatcher import Dispatcher
 class _Reader:
     def __init__(self) -> None:
         self.woken = 0
+        self.receiving_since = 0.0
+        self.reading = True
 
     def update_reading(self) -> None:
         self.woken += 1
@@ -67,6 +69,21 @@ def test_requests_in_flight_past_the_limit_stop_all_but_the_owner() -> None:
     budget.waiting |= {owner, other}
     budget.recheck()
     assert (owner.woken, other.woken) == (1, 0)
+
+
+def test_an_owner_silent_while_others_wait_is_the_stalled_one() -> None:
+    budget = RequestBudget(1000)
+    owner, other = _Reader(), _Reader()
+    budget.may_read(owner, growing=True)
+    budget.reserve(owner, 2000)
+    owner.receiving_since = 100.0
+    assert budget.stalled_owner(now=200.0, stall_s=5) is None  # nobody waits for it
+    assert not budget.may_read(other, growing=True)
+    budget.waiting.add(other)
+    assert budget.stalled_owner(now=104.0, stall_s=5) is None  # silent for 4 s only
+    assert budget.stalled_owner(now=105.0, stall_s=5) is owner
+    owner.reading = False  # paused by the broker (say its client reads no responses)
+    assert budget.stalled_owner(now=300.0, stall_s=5) is None
 
 
 class _Conn:
