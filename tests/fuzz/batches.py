@@ -13,6 +13,8 @@ import time
 import cramjam
 from crc32c import crc32c
 
+from .layout import encode_uvarint
+
 GZIP, SNAPPY, LZ4, ZSTD = 1, 2, 3, 4
 CODECS = (GZIP, SNAPPY, LZ4, ZSTD)
 _HEADER = struct.Struct(">qiibIhiqqqhii")  # RecordBatch v2 header, 61 bytes
@@ -21,13 +23,7 @@ XERIAL_HEADER = b"\x82SNAPPY\x00" + struct.pack(">ii", 1, 1)
 
 def varint(value: int) -> bytes:
     """Zigzag varint, as records use."""
-    zigzag = (value << 1) ^ (value >> 63)
-    out = bytearray()
-    while zigzag >= 0x80:
-        out.append(zigzag & 0x7F | 0x80)
-        zigzag >>= 7
-    out.append(zigzag)
-    return bytes(out)
+    return encode_uvarint((value << 1) ^ (value >> 63))
 
 
 def _sized(data: bytes | None) -> bytes:

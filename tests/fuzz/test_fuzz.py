@@ -22,7 +22,9 @@ import pytest
 from .harness import Campaign
 from .mutators import FAMILIES, STORAGE_FAMILIES
 
-pytestmark = [pytest.mark.fuzz]
+SECONDS = float(os.environ.get("STONEMQ_FUZZ_SECONDS", "25"))
+# a crash or a huge-partition case can take a while before the run ends: room for it
+pytestmark = [pytest.mark.fuzz, pytest.mark.timeout(int(SECONDS) + 300)]
 
 
 def _families() -> list[str]:
@@ -42,10 +44,8 @@ def _seed() -> str:
     return str(random.SystemRandom().getrandbits(32)) if seed == "random" else seed
 
 
-def test_fuzz_campaign(broker_factory, request) -> None:
-    seconds = float(os.environ.get("STONEMQ_FUZZ_SECONDS", "25"))
+def test_fuzz_campaign(broker_factory) -> None:
     only = os.environ.get("STONEMQ_FUZZ_CASE")
-    request.node.add_marker(pytest.mark.timeout(int(seconds) + 180))
     broker = broker_factory()
     campaign = Campaign(
         broker, _seed(), _families(), float(os.environ.get("STONEMQ_FUZZ_RSS_MB", "512"))
@@ -53,6 +53,6 @@ def test_fuzz_campaign(broker_factory, request) -> None:
     print(f"\nfuzz seed {campaign.seed}")
     campaign.setup()
     cases = [int(i) for i in only.split(",")] if only else None
-    report = campaign.run(seconds, cases)
+    report = campaign.run(SECONDS, cases)
     print(report.text())
     assert not report.findings, report.text()

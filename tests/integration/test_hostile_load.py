@@ -19,25 +19,22 @@ import pytest
 from confluent_kafka.admin import NewTopic
 from fuzz import batches
 from kio.schema.metadata.v1.request import MetadataRequest as MetadataV1
-from kio.static.primitive import i16, i32
 
 from stonemq.server.budget import PARTIAL_STALL_S
 
 from .helpers import admin, create_topic
 from .rawclient import (
     RawConnection,
-    build,
     encode,
     fetch_raw,
     frame,
-    ms,
+    produce_request,
+    produce_request_to,
     request_header,
     schema,
 )
 
 pytestmark = pytest.mark.timeout(120)
-
-MESSAGE_TOO_LARGE = 10
 
 
 def rss_mb(broker: Any) -> float:
@@ -125,25 +122,9 @@ def test_split_lag_holds_producers_only(broker_factory) -> None:
         }
     )
     topic = create_topic(broker.bootstrap, partitions=500)
-    mod = schema("produce", 7, "request")
     rng = random.Random(7)
-    request = build(
-        mod.ProduceRequest,
-        acks=i16(1),
-        timeout=ms(10000),
-        topic_data=(
-            build(
-                mod.TopicProduceData,
-                name=topic,
-                partition_data=tuple(
-                    build(
-                        mod.PartitionProduceData, index=i32(p), records=batches.simple_batch(rng, 1)
-                    )
-                    for p in range(500)
-                ),
-            ),
-        ),
-    )
+    records = {p: batches.simple_batch(rng, 1) for p in range(500)}
+    request = produce_request_to(topic, records, acks=1)
     response_type = schema("produce", 7, "response").ProduceResponse
     stop = threading.Event()
     acked: list[int] = []
@@ -224,21 +205,7 @@ def test_a_stalled_partial_frame_does_not_hold_back_a_large_request(broker_facto
     try:
         time.sleep(0.5)
         records = batches.simple_batch(random.Random(1), 1)[:-1] + bytes(5 << 20)
-        mod = schema("produce", 7, "request")
-        request = build(
-            mod.ProduceRequest,
-            acks=i16(1),
-            timeout=ms(10000),
-            topic_data=(
-                build(
-                    mod.TopicProduceData,
-                    name=topic,
-                    partition_data=(
-                        build(mod.PartitionProduceData, index=i32(0), records=records),
-                    ),
-                ),
-            ),
-        )
+        request = produce_request(topic, 0, records, acks=1)
         answered: list[float] = []
         began = time.monotonic()
 

@@ -10,34 +10,28 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import io
 import os
 import re
-import struct
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-from fuzz.layout import Length, encode_uvarint, lengths
+from fuzz.layout import lengths
+from fuzz.mutators import hostile_length
+from fuzz.values import ADVERTISED, encode, request_header
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kio.index import load_request_schema
-from kio.serial import entity_reader, entity_writer
+from kio.serial import entity_reader
 from kio.static.primitive import Records
 
-from stonemq.handlers import REGISTRY
 from stonemq.protocol import guard
 from stonemq.protocol.codec import RequestDecodeError, decode_request, parse_header_prefix
 
 st.register_type_strategy(Records, st.binary(max_size=64))
 
-ADVERTISED = [
-    (spec.api_key, version)
-    for spec in sorted(REGISTRY.values(), key=lambda s: s.api_key)
-    for version in range(spec.min_version, spec.max_version + 1)
-]
 SETTINGS = settings(
     max_examples=400,
     deadline=None,
@@ -46,20 +40,8 @@ SETTINGS = settings(
 )
 
 
-def encode(entity: Any) -> bytes:
-    out = io.BytesIO()
-    entity_writer(type(entity))(out, entity)
-    return out.getvalue()
-
-
-def request_frame(api_key: int, version: int, body: bytes) -> bytes:
-    """Header v1 (or v2 with an empty tag section for flexible versions) + body."""
-    flexible = load_request_schema(api_key, version).__flexible__
-    return struct.pack(">hhih", api_key, version, 7, -1) + (b"\0" if flexible else b"") + body
-
-
 def decode(api_key: int, version: int, body: bytes) -> Any:
-    frame = request_frame(api_key, version, body)
+    frame = request_header(api_key, version, 7, None) + body
     header, pos = parse_header_prefix(frame)
     return decode_request(header, frame, pos)
 
@@ -139,21 +121,6 @@ def test_truncated_requests_decode_or_are_rejected(
         decode(api_key, version, body[:cut])
 
 
-def hostile_lengths(found: Length) -> st.SearchStrategy[bytes]:
-    """Replacement bytes for a length field: null, off by one, past the frame, huge."""
-    near = [0, 1, found.value - 1, found.value + 1, found.left, found.left + 1, found.left + 2]
-    if found.form in ("compact", "uvarint"):
-        values = st.sampled_from([*near, 2**31, 2**32 - 1, 2**32, 2**35 - 1]) | st.integers(
-            0, 2**35 - 1
-        )
-        return values.filter(lambda v: v >= 0).map(encode_uvarint)
-    bits = 16 if found.form == "int16" else 32
-    low, high = -(2 ** (bits - 1)), 2 ** (bits - 1) - 1
-    fmt = ">h" if bits == 16 else ">i"
-    values = st.sampled_from([*near, -1, -2, low, high]) | st.integers(low, high)
-    return values.filter(lambda v: low <= v <= high).map(lambda v: struct.pack(fmt, v))
-
-
 @st.composite
 def corrupted_requests(draw: st.DrawFn) -> tuple[int, int, bytes]:
     api_key, version, entity = draw(valid_requests())
@@ -163,7 +130,7 @@ def corrupted_requests(draw: st.DrawFn) -> tuple[int, int, bytes]:
     if not found:
         return api_key, version, body
     target = draw(st.sampled_from(found))
-    new = draw(hostile_lengths(target))
+    new = hostile_length(draw(st.randoms(use_true_random=False)), target)
     return api_key, version, body[: target.offset] + new + body[target.offset + target.width :]
 
 
