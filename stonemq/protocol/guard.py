@@ -27,6 +27,8 @@ from collections.abc import Callable
 from types import EllipsisType, NoneType, UnionType
 from typing import Any, Union, get_args, get_origin
 
+from kio.static.protocol import Entity
+
 # A Metadata v12 request (header v2: api 3, version 12, correlation id 1, null client id, no
 # tags) whose topics array announces 2^32 - 2 entries (uvarint 0xffffffff, count + 1): kio
 # 0.6.5's native reader aborted the broker on this 20-byte frame ("memory allocation of
@@ -100,7 +102,7 @@ Node = Fixed | Sized | Array | Struct
 
 
 @functools.cache
-def describe(entity_type: type, flexible: bool | None = None) -> Struct:
+def describe(entity_type: type[Entity], flexible: bool | None = None) -> Struct:
     """The wire layout of a kio entity (a request schema or one nested in it)."""
     if flexible is None:
         flexible = bool(entity_type.__flexible__)
@@ -188,7 +190,7 @@ def check(walker: Step, frame: bytes, pos: int) -> int:
 
 
 @functools.cache
-def compile_walker(entity_type: type) -> Step:
+def compile_walker(entity_type: type[Entity]) -> Step:
     """The guard for a request schema (a kio request dataclass), compiled once per schema."""
     return _as_step(_compile(describe(entity_type)))
 

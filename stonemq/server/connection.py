@@ -216,24 +216,29 @@ class Connection(asyncio.BufferedProtocol):
             self._budget.reserve(self, reserved)
 
     # -- starting (called by the dispatcher) -------------------------------------------------
-    def start_next(self) -> bool:
+    def start_next(self) -> tuple[int, int] | None:
         """Start the next ready request unless the connection is closing, its client is not
         reading responses, or it is a Produce while the splitter lags (then hold)."""
         if self._closing or self._writing_paused or not self._ready:
-            return False
+            return None
         item = self._ready[0]
-        if item.ctx.api_key == PRODUCE_KEY and self._dispatcher.produce_held:
+        api_key = item.ctx.api_key
+        if api_key == PRODUCE_KEY and self._dispatcher.produce_held:
             self._held = True
             self._dispatcher.hold(self)
             self.update_reading()
-            return False
+            return None
         self._ready.popleft()
         task = asyncio.get_running_loop().create_task(
             self._run(item.handler, item.ctx, item.request, item.pending)
         )
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-        return bool(self._ready)
+        return api_key, item.pending.size
+
+    @property
+    def next_api_key(self) -> int | None:
+        return self._ready[0].ctx.api_key if self._ready else None
 
     def release(self) -> None:
         self._held = False

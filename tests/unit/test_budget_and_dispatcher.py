@@ -5,7 +5,6 @@ in tests/integration/test_hostile_requests.py and test_backpressure.py)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 
 from stonemq.server.budget import RequestBudget
 from stonemq.server.dispatcher import Dispatcher
@@ -86,26 +85,34 @@ def test_an_owner_silent_while_others_wait_is_the_stalled_one() -> None:
     assert budget.stalled_owner(now=300.0, stall_s=5) is None
 
 
+API_KEYS = {"produce": 0, "fetch": 1, "metadata": 3, "heartbeat": 12}
+
+
 class _Conn:
     """Stands in for a connection: a queue of named requests, a log of what started."""
 
-    def __init__(
-        self, name: str, requests: list[str], started: list[str], produce_held: Callable[[], bool]
-    ) -> None:
+    def __init__(self, name: str, requests: list[str], started: list[str], size: int = 100):
         self.name = name
         self.requests = requests
         self.started = started
-        self.produce_held = produce_held
+        self.size = size
         self.released = 0
         self.dispatcher: Dispatcher | None = None
 
-    def start_next(self) -> bool:
-        if self.requests[0] == "produce" and self.produce_held():
-            assert self.dispatcher is not None
+    def start_next(self) -> tuple[int, int] | None:
+        assert self.dispatcher is not None
+        if not self.requests:
+            return None
+        if self.requests[0] == "produce" and self.dispatcher.produce_held:
             self.dispatcher.hold(self)
-            return False
-        self.started.append(f"{self.name}:{self.requests.pop(0)}")
-        return bool(self.requests)
+            return None
+        request = self.requests.pop(0)
+        self.started.append(f"{self.name}:{request}")
+        return API_KEYS[request], self.size
+
+    @property
+    def next_api_key(self) -> int | None:
+        return API_KEYS[self.requests[0]] if self.requests else None
 
     def release(self) -> None:
         self.released += 1
@@ -113,23 +120,24 @@ class _Conn:
         self.dispatcher.ready(self)
 
 
+async def serve(dispatcher: Dispatcher, *conns: _Conn, iterations: int = 10) -> None:
+    for conn in conns:
+        conn.dispatcher = dispatcher
+        dispatcher.ready(conn)
+    for _ in range(iterations):
+        await asyncio.sleep(0)
+
+
 def test_rounds_start_one_request_per_connection_and_hold_only_produces() -> None:
-    lag = [0]
+    lag = [5000]  # the splitter lags: produces wait, the others do not
     dispatcher = Dispatcher(lambda: lag[0], max_lag_bytes=1000)
     started: list[str] = []
+    hog = _Conn("hog", ["metadata"] * 5, started)
+    producer = _Conn("p", ["produce", "produce"], started)
+    consumer = _Conn("c", ["fetch", "heartbeat"], started)
 
     async def run() -> None:
-        held = lambda: dispatcher.produce_held  # noqa: E731
-        hog = _Conn("hog", ["metadata"] * 5, started, held)
-        producer = _Conn("p", ["produce", "produce"], started, held)
-        consumer = _Conn("c", ["fetch", "heartbeat"], started, held)
-        for conn in (hog, producer, consumer):
-            conn.dispatcher = dispatcher
-        lag[0] = 5000  # the splitter lags: produces wait, the others do not
-        for conn in (hog, producer, consumer):
-            dispatcher.ready(conn)
-        for _ in range(10):
-            await asyncio.sleep(0)
+        await serve(dispatcher, hog, producer, consumer)
         assert started == [
             "hog:metadata", "c:fetch",
             "hog:metadata", "c:heartbeat",
@@ -140,9 +148,21 @@ def test_rounds_start_one_request_per_connection_and_hold_only_produces() -> Non
         assert producer.released == 0  # still lagging
         lag[0] = 1000
         dispatcher.recheck()
-        for _ in range(4):
-            await asyncio.sleep(0)
+        await serve(dispatcher, iterations=4)
         assert producer.released == 1 and not dispatcher.held
-        assert started[-2:] == ["p:produce", "p:produce"]
+        assert started[-2:] == ["p:produce", "p:produce"]  # in one turn: they share a write
 
     asyncio.run(run())
+
+
+def test_a_turn_starts_pipelined_produces_up_to_a_mebibyte() -> None:
+    started: list[str] = []
+    big = _Conn("big", ["produce"] * 6 + ["metadata", "produce"], started, size=300_000)
+    other = _Conn("o", ["metadata", "metadata"], started)
+    asyncio.run(serve(Dispatcher(), big, other))
+    assert started == [
+        "big:produce", "big:produce", "big:produce", "big:produce", "o:metadata",
+        "big:produce", "big:produce", "o:metadata",
+        "big:metadata",
+        "big:produce",
+    ]  # fmt: skip
