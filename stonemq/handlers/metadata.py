@@ -3,10 +3,16 @@
 With one broker, this broker leads every partition and is the controller. A topic that is
 requested but missing is created when ``auto.create.topics.enable`` is true and the client
 allows it (v4+), with ``num.partitions`` partitions.
+
+As in Kafka (KafkaApis.handleTopicMetadataRequest), a topic entry a version cannot carry (a
+null name before v12, where topic ids do not exist, or a topic id there) makes the request
+invalid: the answer is Kafka's error response, every requested topic with INVALID_REQUEST.
+(From v12 a null name without a topic id is that topic's INVALID_TOPIC_EXCEPTION.)
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from kio.schema.errors import ErrorCode
@@ -17,11 +23,23 @@ from stonemq.handlers.registry import api
 from stonemq.metadata.store import TopicRecord
 from stonemq.topics import AdminError, UnknownTopicOrPartitionError, validate_topic_name
 
+log = logging.getLogger(__name__)
+
 UNKNOWN_AUTHORIZED_OPERATIONS = -(2**31)
+TOPIC_IDS_VERSION = 12
 
 
 @api(3, 0, 12)
 async def handle_metadata(ctx: RequestContext, request: Any) -> Any:
+    invalid = _invalid_request(ctx.api_version, request.topics)
+    if invalid is not None:
+        log.info(
+            "invalid Metadata request from %s (client %s): %s",
+            ctx.client_host,
+            ctx.client_id,
+            invalid,
+        )
+        return _error_response(ctx, request.topics, ErrorCode.invalid_request)
     broker = ctx.broker
     allow_create = getattr(request, "allow_auto_topic_creation", True)
     topics: list[Any] = []
@@ -57,6 +75,42 @@ async def handle_metadata(ctx: RequestContext, request: Any) -> Any:
         cluster_id=broker.metadata.cluster_id(),
         controller_id=broker.broker_id,
         topics=tuple(topics),
+        cluster_authorized_operations=UNKNOWN_AUTHORIZED_OPERATIONS,
+    )
+
+
+def _invalid_request(version: int, topics: Any) -> str | None:
+    """Why Kafka would throw InvalidRequestException for these topic entries, or None."""
+    for wanted in topics or ():
+        topic_id = getattr(wanted, "topic_id", None)
+        if wanted.name is None and version < TOPIC_IDS_VERSION:
+            return f"Topic name can not be null for version {version}"
+        if topic_id is not None and version < TOPIC_IDS_VERSION:
+            return f"Topic IDs are not supported in requests for version {version}"
+    return None
+
+
+def _error_response(ctx: RequestContext, topics: Any, error: ErrorCode) -> Any:
+    """Kafka's MetadataRequest.getErrorResponse: no brokers, each requested topic with
+    ``error`` (a null name as ""), its topic id echoed, no partitions."""
+    return ctx.build(
+        "MetadataResponse",
+        throttle_time=0,
+        brokers=(),
+        cluster_id=None,
+        controller_id=-1,
+        topics=tuple(
+            ctx.build(
+                "MetadataResponseTopic",
+                error_code=error,
+                name=wanted.name if wanted.name is not None else "",
+                topic_id=getattr(wanted, "topic_id", None),
+                is_internal=False,
+                partitions=(),
+                topic_authorized_operations=UNKNOWN_AUTHORIZED_OPERATIONS,
+            )
+            for wanted in topics
+        ),
         cluster_authorized_operations=UNKNOWN_AUTHORIZED_OPERATIONS,
     )
 

@@ -16,6 +16,8 @@ from typing import Any
 from kio.index import load_request_schema, load_response_schema
 from kio.serial import entity_reader, entity_writer
 
+from stonemq.protocol import guard
+
 API_VERSIONS_KEY = 18
 
 _HEADER_FIXED = struct.Struct(">hhi")
@@ -33,21 +35,6 @@ class RequestHeader:
     api_version: int
     correlation_id: int
     client_id: str | None
-
-
-def _read_uvarint(buf: bytes, pos: int) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        if pos >= len(buf):
-            raise RequestDecodeError("truncated varint in request header")
-        byte = buf[pos]
-        pos += 1
-        value |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            return value, pos
-        shift += 7
-        if shift > 28:
-            raise RequestDecodeError("varint too long in request header")
 
 
 def parse_header_prefix(frame: bytes) -> tuple[RequestHeader, int]:
@@ -76,9 +63,9 @@ def parse_header_prefix(frame: bytes) -> tuple[RequestHeader, int]:
 
 
 @functools.cache
-def _request_codec(api_key: int, api_version: int) -> tuple[Any, bool]:
+def _request_codec(api_key: int, api_version: int) -> tuple[Any, bool, guard.Step]:
     cls = load_request_schema(api_key, api_version)
-    return entity_reader(cls), bool(cls.__flexible__)
+    return entity_reader(cls), bool(cls.__flexible__), guard.compile_walker(cls)
 
 
 @functools.cache
@@ -93,21 +80,25 @@ def decode_request(header: RequestHeader, frame: bytes, pos: int) -> Any:
     A body that is truncated or malformed raises :class:`RequestDecodeError`.
     """
     try:
-        reader, flexible = _request_codec(header.api_key, header.api_version)
+        reader, flexible, walker = _request_codec(header.api_key, header.api_version)
     except Exception as exc:
         raise RequestDecodeError(
             f"no schema for api {header.api_key} v{header.api_version}"
         ) from exc
-    if flexible:
-        count, pos = _read_uvarint(frame, pos)
-        for _ in range(count):
-            _tag, pos = _read_uvarint(frame, pos)
-            size, pos = _read_uvarint(frame, pos)
-            pos += size
-        if pos > len(frame):
-            raise RequestDecodeError("tagged fields run past the end of the request")
     try:
-        body, size = reader(frame, pos)
+        if flexible:
+            pos = guard.check(guard.skip_tagged_fields, frame, pos)  # header v2's tags
+        # No length is trusted beyond the frame, nor null where the schema forbids it, before
+        # kio's native reader runs: it reserves an array's announced count first, and the
+        # 20-byte Metadata v12 frame 0003000c00000001ffff00ffffffff0f00000000 (topics: a
+        # compact count of 2^32 - 2) aborted the process (guard.ABORT_REPRODUCER).
+        guard.check(walker, frame, pos)
+    except guard.MalformedRequest as exc:
+        raise RequestDecodeError(
+            f"malformed api {header.api_key} v{header.api_version} body: {exc}"
+        ) from exc
+    try:
+        body, _ = reader(frame, pos)
     except Exception as exc:  # kio raises several types for malformed input
         raise RequestDecodeError(
             f"malformed api {header.api_key} v{header.api_version} body: {exc}"

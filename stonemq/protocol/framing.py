@@ -2,9 +2,17 @@
 
 The caller owns the socket. With asyncio's BufferedProtocol it receives straight into
 :meth:`FrameDecoder.get_buffer` and reports with :meth:`FrameDecoder.buffer_updated`; tests call
-:meth:`FrameDecoder.feed`. Work is linear in the bytes received: a frame is scanned once and
-the buffer is compacted only when a frame has been taken out. A frame larger than
-``max_frame_bytes`` (``socket.request.max.bytes``) is refused before any of it is buffered.
+:meth:`FrameDecoder.feed`. Work is linear in the bytes received: a frame is scanned once, the
+buffer is compacted only when it is full and has a consumed head, and it grows geometrically.
+A frame larger than ``max_frame_bytes`` (``socket.request.max.bytes``) is refused before any of
+it is buffered.
+
+Memory follows the bytes that arrive, not the length a peer announces: the buffer starts at
+64 KiB and, full of one partly received frame, grows to at most twice what it holds (or by one
+64 KiB step), never past that frame's end. A length prefix announcing 100 MiB followed by a few
+bytes holds 64 KiB. What the buffer has grown beyond its first 64 KiB is
+:attr:`FrameDecoder.reserved_bytes`, which the server counts against
+``queued.max.request.bytes``; :attr:`FrameDecoder.needs_growth` says the next receive would grow.
 """
 
 from __future__ import annotations
@@ -13,6 +21,7 @@ import struct
 
 _LENGTH = struct.Struct(">i")
 _MIN_BUFFER = 64 * 1024
+GROWTH_STEP = _MIN_BUFFER
 
 
 class FrameError(Exception):
@@ -38,10 +47,23 @@ class FrameDecoder:
     def buffered_bytes(self) -> int:
         return self._end - self._start
 
+    @property
+    def reserved_bytes(self) -> int:
+        """Bytes of buffer beyond the first 64 KiB (held for a frame larger than that)."""
+        return len(self._buf) - _MIN_BUFFER
+
+    @property
+    def needs_growth(self) -> bool:
+        """The buffer is full of one frame still arriving: the next receive grows it."""
+        if self._start or self._end < len(self._buf):
+            return False
+        (length,) = _LENGTH.unpack_from(self._buf, 0)
+        return 4 + length > self._end
+
     def get_buffer(self, size_hint: int = -1) -> memoryview:
         """A writable region to receive into; it always has room for at least one byte."""
         if self._end == len(self._buf):
-            self._make_room(max(size_hint, 1))
+            self._make_room()
         return memoryview(self._buf)[self._end :]
 
     def buffer_updated(self, nbytes: int) -> None:
@@ -65,8 +87,18 @@ class FrameDecoder:
         """
         available = self._end - self._start
         if available < 4:
-            self._compact_if_empty()
+            self._release()
             return None
+        length = self._frame_length()
+        if available < 4 + length:
+            return None
+        begin = self._start + 4
+        frame = bytes(memoryview(self._buf)[begin : begin + length])
+        self._start = begin + length
+        self._release()
+        return frame
+
+    def _frame_length(self) -> int:
         (length,) = _LENGTH.unpack_from(self._buf, self._start)
         if length < 0:
             raise FrameError(f"negative frame length {length}")
@@ -75,39 +107,37 @@ class FrameDecoder:
                 f"frame of {length} bytes exceeds socket.request.max.bytes "
                 f"({self._max_frame_bytes})"
             )
-        if available < 4 + length:
-            needed = 4 + length
-            if self._start + needed > len(self._buf):
-                self._make_room(needed - available)
-            return None
-        begin = self._start + 4
-        frame = bytes(memoryview(self._buf)[begin : begin + length])
-        self._start = begin + length
-        self._compact_if_empty()
-        return frame
+        return length
 
-    def _compact_if_empty(self) -> None:
-        if self._start == self._end:
+    def _release(self) -> None:
+        """Rewind an empty buffer; give a grown buffer back once it is more than twice what it
+        holds (plus a step), copying what it holds into one that fits: memory keeps following
+        the bytes buffered, and the copies halve each time, so they stay linear."""
+        pending = self._end - self._start
+        if not pending:
             self._start = self._end = 0
-            if len(self._buf) > 4 * _MIN_BUFFER:
-                self._buf = bytearray(_MIN_BUFFER)  # give a big frame's memory back
+        if len(self._buf) > max(_MIN_BUFFER, 2 * pending + GROWTH_STEP):
+            small = bytearray(max(_MIN_BUFFER, pending + GROWTH_STEP))
+            small[:pending] = memoryview(self._buf)[self._start : self._end]
+            self._buf = small
+            self._start, self._end = 0, pending
 
-    def _make_room(self, extra: int) -> None:
-        """Ensure room for ``extra`` more bytes after the buffered ones: compact, then grow.
+    def _make_room(self) -> None:
+        """Room for more bytes in a full buffer: compact a consumed head away, else grow.
 
-        Growing allocates a new buffer rather than resizing in place: the event loop may
-        still hold a view of the old one.
+        Growing allocates a new buffer rather than resizing in place (the event loop may still
+        hold a view of the old one), to at most twice what has arrived (at least one step
+        more), and never past the end of the frame at the head once its length is known.
         """
         pending = self._end - self._start
-        if len(self._buf) - pending >= extra:
-            if self._start:
-                self._buf[:pending] = self._buf[self._start : self._end]
-                self._start, self._end = 0, pending
+        if self._start:
+            self._buf[:pending] = memoryview(self._buf)[self._start : self._end]
+            self._start, self._end = 0, pending
             return
-        # Grow to what the pending frame needs (bounded by the frame limit + prefix).
-        wanted = max(len(self._buf) * 2, pending + extra)
-        wanted = min(wanted, max(self._max_frame_bytes + 4, pending + 1))
+        wanted = max(2 * pending, pending + GROWTH_STEP)
+        if self.needs_growth:  # else complete frames wait to be taken: one step
+            (length,) = _LENGTH.unpack_from(self._buf, 0)
+            wanted = min(wanted, 4 + length)
         grown = bytearray(wanted)
-        grown[:pending] = self._buf[self._start : self._end]
+        grown[:pending] = memoryview(self._buf)[:pending]
         self._buf = grown
-        self._start, self._end = 0, pending

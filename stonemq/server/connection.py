@@ -1,17 +1,20 @@
-"""One client connection: receive frames, dispatch them, send responses in request order.
+"""One client connection: receive frames, decode them, hand them to the dispatcher, send the
+responses in request order.
 
-Requests of one connection are handled concurrently (so pipelined produces share a group
-commit) but answered strictly in the order they arrived, as Kafka clients require. A handler
-starts in arrival order and does its ordering-sensitive work (offset assignment) before its
-first await, so pipelined produces to one partition keep their order.
+Frames are decoded as they arrive (a frame that cannot be decoded, an unknown API key or an
+unsupported version, except ApiVersions which gets Kafka's step-down answer, closes the
+connection with a log line; it never affects other connections) and wait in the connection's
+ready queue; the broker-wide :class:`~stonemq.server.dispatcher.Dispatcher` starts them, one
+per connection per round. Requests of one connection may be in flight together (so pipelined
+produces share a group commit) but start in arrival order, and are answered strictly in that
+order, as Kafka clients require.
 
-Back-pressure: at most ``queued.max.requests`` requests in flight per connection, at most
-``queued.max.request.bytes`` of requests in flight over all connections (a
-:class:`RequestBudget`; a client such as librdkafka keeps up to a million produce requests in
-flight), and reading pauses while the transport's write buffer is above its high-water mark.
-Nothing buffers without bound. A frame that cannot be decoded, an unknown API key or an
-unsupported version (except ApiVersions, which gets Kafka's step-down answer) closes the
-connection with a log line; it never affects other connections.
+Back-pressure, so nothing buffers without bound: at most ``queued.max.requests`` requests
+decoded and unanswered per connection (frames past that wait in the receive buffer); bytes of
+requests in flight and of frames still arriving over all connections against
+``queued.max.request.bytes`` (:class:`~stonemq.server.budget.RequestBudget`); reading stops
+while the transport's write buffer is above its high-water mark, and while a produce is held
+for the splitter's lag.
 """
 
 from __future__ import annotations
@@ -20,7 +23,6 @@ import asyncio
 import collections
 import logging
 import time
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from stonemq.handlers import REGISTRY
@@ -35,59 +37,14 @@ from stonemq.protocol.codec import (
     parse_header_prefix,
 )
 from stonemq.protocol.framing import FrameDecoder, FrameError
+from stonemq.server.budget import RequestBudget
+from stonemq.server.dispatcher import PRODUCE_KEY, Dispatcher
 
 if TYPE_CHECKING:
     from stonemq.broker import Broker
+    from stonemq.handlers.registry import Handler
 
 log = logging.getLogger("stonemq.server")
-
-
-class RequestBudget:
-    """Bytes of requests in flight over every connection (``queued.max.request.bytes``), and
-    the splitter's lag (``splitter.max.lag.bytes``).
-
-    A connection reads on while the total is under the limit; past it, connections pause
-    reading and wait here until answered requests bring the total back under. A request in
-    flight counts from its decoding until its response is handed to the transport. While
-    more journal bytes than ``max_lag_bytes`` wait to be split, connections pause too, and
-    :meth:`recheck` (called after each splitter step) lets them read again: a producer
-    faster than the splitter then runs at the splitter's pace instead of growing the
-    unsplit journal (how far consumers trail acknowledged data) without bound."""
-
-    __slots__ = ("lag", "limit_bytes", "max_lag_bytes", "used_bytes", "waiting")
-
-    def __init__(
-        self,
-        limit_bytes: int,
-        lag: Callable[[], int] | None = None,
-        max_lag_bytes: int = -1,
-    ) -> None:
-        self.limit_bytes = limit_bytes  # -1: no limit
-        self.used_bytes = 0
-        self.waiting: set[Connection] = set()
-        self.lag = lag
-        self.max_lag_bytes = max_lag_bytes  # -1: no limit
-
-    @property
-    def exhausted(self) -> bool:
-        used = self.used_bytes
-        if used > 0 and 0 <= self.limit_bytes <= used:  # nothing in flight: one may come
-            return True
-        return self.lag is not None and 0 <= self.max_lag_bytes < self.lag()
-
-    def take(self, nbytes: int) -> None:
-        self.used_bytes += nbytes
-
-    def give_back(self, nbytes: int) -> None:
-        self.used_bytes -= nbytes
-        self.recheck()
-
-    def recheck(self) -> None:
-        """Let the waiting connections read again if the limits allow."""
-        if self.waiting and not self.exhausted:
-            waiting, self.waiting = self.waiting, set()
-            for conn in waiting:
-                conn.update_reading()
 
 
 class _Pending:
@@ -102,22 +59,44 @@ class _Pending:
         self.done = False
 
 
+class _Ready:
+    """A decoded request waiting for the dispatcher to start it."""
+
+    __slots__ = ("ctx", "handler", "pending", "request")
+
+    def __init__(self, handler: Handler, ctx: RequestContext, request: Any, pending: _Pending):
+        self.handler = handler
+        self.ctx = ctx
+        self.request = request
+        self.pending = pending
+
+
 class Connection(asyncio.BufferedProtocol):
     def __init__(
-        self, broker: Broker, registry: set[Connection], budget: RequestBudget | None = None
+        self,
+        broker: Broker,
+        registry: set[Connection],
+        budget: RequestBudget | None = None,
+        dispatcher: Dispatcher | None = None,
     ) -> None:
         self._broker = broker
         self._registry = registry
         self._budget = budget if budget is not None else RequestBudget(-1)
+        self._dispatcher = dispatcher if dispatcher is not None else Dispatcher()
+        self._max_requests = broker.settings.queued_max_requests
         self._decoder = FrameDecoder(broker.settings.socket_request_max_bytes)
+        self._reserved = 0  # the decoder's reserved_bytes, as the budget knows them
         self._transport: asyncio.Transport | None = None
         self._pending: collections.deque[_Pending] = collections.deque()
+        self._ready: collections.deque[_Ready] = collections.deque()
         self._tasks: set[asyncio.Task[None]] = set()
         self._peer = "?"
         self._closing = False
+        self._taking = False
+        self._held = False
         self._reading_paused = False
         self._writing_paused = False
-        self.last_active = time.monotonic()
+        self.last_active = self.receiving_since = time.monotonic()
 
     # -- asyncio callbacks ------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -131,27 +110,25 @@ class Connection(asyncio.BufferedProtocol):
         self._registry.discard(self)
         for task in self._tasks:
             task.cancel()
+        self._dispatcher.forget(self)
         budget = self._budget
-        budget.waiting.discard(self)
+        budget.forget(self)
         held = sum(p.size for p in self._pending)
         self._pending.clear()
+        self._ready.clear()
         if held:
             budget.give_back(held)
 
     def get_buffer(self, sizehint: int) -> memoryview:
-        return self._decoder.get_buffer(sizehint)
+        buffer = self._decoder.get_buffer(sizehint)
+        self._sync_reservation()
+        return buffer
 
     def buffer_updated(self, nbytes: int) -> None:
         self._decoder.buffer_updated(nbytes)
-        self.last_active = time.monotonic()
-        try:
-            while not self._closing:
-                frame = self._decoder.next_frame()
-                if frame is None:
-                    break
-                self._dispatch(frame)
-        except FrameError as exc:
-            self.abort(f"bad frame: {exc}")
+        self.last_active = self.receiving_since = time.monotonic()
+        self._take_frames()
+        self.update_reading()
 
     def eof_received(self) -> bool:
         return False  # close our side too; unanswered requests die with the connection
@@ -163,9 +140,31 @@ class Connection(asyncio.BufferedProtocol):
     def resume_writing(self) -> None:
         self._writing_paused = False
         self.update_reading()
+        if self._ready:
+            self._dispatcher.ready(self)
 
-    # -- dispatch ---------------------------------------------------------------------------
-    def _dispatch(self, frame: bytes) -> None:
+    # -- decoding ---------------------------------------------------------------------------
+    def _take_frames(self) -> None:
+        """Decode the buffered frames into the ready queue, up to ``queued.max.requests``
+        unanswered; the rest wait in the receive buffer."""
+        if self._taking:
+            return
+        self._taking = True
+        try:
+            while not self._closing and len(self._pending) < self._max_requests:
+                frame = self._decoder.next_frame()
+                if frame is None:
+                    break
+                self._accept(frame)
+        except FrameError as exc:
+            self.abort(f"bad frame: {exc}")
+        finally:
+            self._taking = False
+        self._sync_reservation()
+        if self._ready and not self._closing:
+            self._dispatcher.ready(self)
+
+    def _accept(self, frame: bytes) -> None:
         try:
             header, pos = parse_header_prefix(frame)
         except RequestDecodeError as exc:
@@ -206,16 +205,49 @@ class Connection(asyncio.BufferedProtocol):
         )
         pending = _Pending(header, len(frame))
         self._pending.append(pending)
+        self._ready.append(_Ready(spec.handler, ctx, request, pending))
         self._budget.take(pending.size)
+
+    def _sync_reservation(self) -> None:
+        """Tell the budget what the receive buffer holds beyond its first 64 KiB."""
+        reserved = self._decoder.reserved_bytes
+        if reserved != self._reserved:
+            self._reserved = reserved
+            self._budget.reserve(self, reserved)
+
+    # -- starting (called by the dispatcher) -------------------------------------------------
+    def start_next(self) -> tuple[int, int] | None:
+        """Start the next ready request unless the connection is closing, its client is not
+        reading responses, or it is a Produce while the splitter lags (then hold)."""
+        if self._closing or self._writing_paused or not self._ready:
+            return None
+        item = self._ready[0]
+        api_key = item.ctx.api_key
+        if api_key == PRODUCE_KEY and self._dispatcher.produce_held:
+            self._held = True
+            self._dispatcher.hold(self)
+            self.update_reading()
+            return None
+        self._ready.popleft()
         task = asyncio.get_running_loop().create_task(
-            self._run(spec.handler, ctx, request, pending)
+            self._run(item.handler, item.ctx, item.request, item.pending)
         )
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-        self.update_reading()
+        return api_key, item.pending.size
+
+    @property
+    def next_api_key(self) -> int | None:
+        return self._ready[0].ctx.api_key if self._ready else None
+
+    def release(self) -> None:
+        self._held = False
+        if not self._closing:
+            self.update_reading()
+            self._dispatcher.ready(self)
 
     async def _run(
-        self, handler: Any, ctx: RequestContext, request: Any, pending: _Pending
+        self, handler: Handler, ctx: RequestContext, request: Any, pending: _Pending
     ) -> None:
         try:
             response = await handler(ctx, request)
@@ -236,6 +268,7 @@ class Connection(asyncio.BufferedProtocol):
         pending.done = True
         self._flush()
 
+    # -- responses and back-pressure ------------------------------------------------------------
     def _flush(self) -> None:
         """Send every finished response at the head of the queue, in arrival order."""
         transport = self._transport
@@ -248,23 +281,32 @@ class Connection(asyncio.BufferedProtocol):
         self.last_active = time.monotonic()
         if answered:
             self._budget.give_back(answered)
+        if self._decoder.buffered_bytes and not self._closing:
+            self._take_frames()  # frames held back by queued.max.requests
         self.update_reading()
 
     def update_reading(self) -> None:
         """Pause or resume reading from the socket as the back-pressure limits say."""
         if self._transport is None or self._closing:
             return
-        limit = self._broker.settings.queued_max_requests
-        should_pause = self._writing_paused or len(self._pending) >= limit
-        if not should_pause and self._budget.exhausted:
+        budget = self._budget
+        should_pause = (
+            self._writing_paused or self._held or len(self._pending) >= self._max_requests
+        )
+        if not should_pause and not budget.may_read(self, self._decoder.needs_growth):
             should_pause = True
-            self._budget.waiting.add(self)
+            budget.waiting.add(self)
         if should_pause and not self._reading_paused:
             self._transport.pause_reading()
             self._reading_paused = True
         elif not should_pause and self._reading_paused:
             self._transport.resume_reading()
             self._reading_paused = False
+            self.receiving_since = time.monotonic()
+
+    @property
+    def reading(self) -> bool:
+        return not self._reading_paused
 
     # -- closing ----------------------------------------------------------------------------
     @property

@@ -9,7 +9,9 @@ import time
 
 from stonemq.broker import Broker
 from stonemq.config import Settings
-from stonemq.server.connection import Connection, RequestBudget
+from stonemq.server.budget import PARTIAL_STALL_S, RequestBudget
+from stonemq.server.connection import Connection
+from stonemq.server.dispatcher import Dispatcher
 from stonemq.server.lock import DirectoryLock
 
 log = logging.getLogger("stonemq.server")
@@ -48,16 +50,13 @@ async def _serve_locked(settings: Settings, stop: asyncio.Event) -> None:
     broker.recover()
     broker.start()
     connections: set[Connection] = set()
-    budget = RequestBudget(
-        settings.queued_max_request_bytes,
-        broker.storage.split_lag_bytes,
-        settings.splitter_max_lag_bytes,
-    )
-    broker.storage.split_watchers.append(budget.recheck)
+    budget = RequestBudget(settings.queued_max_request_bytes)
+    dispatcher = Dispatcher(broker.storage.split_lag_bytes, settings.splitter_max_lag_bytes)
+    broker.storage.split_watchers.append(dispatcher.recheck)
     host, port = settings.listen_address
     try:
         server = await loop.create_server(
-            lambda: Connection(broker, connections, budget),
+            lambda: Connection(broker, connections, budget, dispatcher),
             host,
             port,
             reuse_address=True,
@@ -67,6 +66,7 @@ async def _serve_locked(settings: Settings, stop: asyncio.Event) -> None:
         await broker.close()  # recovery already ran: leave flushed checkpoints behind
         raise
     reaper = loop.create_task(_close_idle(connections, settings.connections_max_idle_ms))
+    stalls = loop.create_task(_close_stalled_owner(budget))
     adv_host, adv_port = settings.advertised_address
     log.info(
         "StoneMQ broker %d ready: listening on %s:%d (advertised %s:%d), data dir %s",
@@ -82,6 +82,7 @@ async def _serve_locked(settings: Settings, stop: asyncio.Event) -> None:
     log.info("shutting down: no new connections, answering requests in flight")
     server.close()
     reaper.cancel()
+    stalls.cancel()
     broker.fetch_waiters.wake_all()
     try:
         await asyncio.wait_for(
@@ -103,3 +104,16 @@ async def _close_idle(connections: set[Connection], max_idle_ms: int) -> None:
         for conn in list(connections):
             if conn.idle and conn.last_active < deadline:
                 conn.close()
+
+
+async def _close_stalled_owner(budget: RequestBudget) -> None:
+    """Close a connection whose partly received frame holds queued.max.request.bytes while
+    others wait, and whose peer has sent nothing for PARTIAL_STALL_S (see budget.py)."""
+    while True:
+        await asyncio.sleep(1.0)
+        owner = budget.stalled_owner(time.monotonic())
+        if isinstance(owner, Connection):
+            owner.abort(
+                f"partial request holding queued.max.request.bytes, nothing received for "
+                f"{PARTIAL_STALL_S:.0f} s while other connections wait"
+            )

@@ -207,6 +207,13 @@ def build_batch(
 def produce_request(
     topic: str, partition: int, records: bytes, acks: int = -1, version: int = 7
 ) -> Any:
+    return produce_request_to(topic, {partition: records}, acks, version)
+
+
+def produce_request_to(
+    topic: str, records: dict[int, bytes], acks: int = -1, version: int = 7
+) -> Any:
+    """One Produce of ``records[partition]`` to each partition of ``topic``."""
     mod = schema("produce", version, "request")
     return build(
         mod.ProduceRequest,
@@ -216,8 +223,9 @@ def produce_request(
             build(
                 mod.TopicProduceData,
                 name=topic,
-                partition_data=(
-                    build(mod.PartitionProduceData, index=i32(partition), records=bytes(records)),
+                partition_data=tuple(
+                    build(mod.PartitionProduceData, index=i32(p), records=bytes(batch))
+                    for p, batch in records.items()
                 ),
             ),
         ),

@@ -8,8 +8,6 @@ import threading
 
 import pytest
 
-from stonemq.server.connection import RequestBudget
-
 from .helpers import Msg, consume, create_topic, produce
 
 pytestmark = pytest.mark.timeout(120)
@@ -49,47 +47,6 @@ def test_pipelined_producers_under_a_one_request_budget(broker_factory) -> None:
     with open(f"/proc/{broker.proc.pid}/maps") as f:
         maps = f.read()
     assert "librdkafka" not in maps  # the admin CLI's Kafka client is not loaded to serve
-
-
-class _Reader:
-    def __init__(self) -> None:
-        self.woken = 0
-
-    def update_reading(self) -> None:
-        self.woken += 1
-
-
-def test_request_budget_lets_one_in_and_wakes_waiters_below_the_limit() -> None:
-    budget = RequestBudget(100)
-    assert not budget.exhausted
-    budget.take(5000)  # one request larger than the limit is always let in
-    assert budget.exhausted
-    a, b = _Reader(), _Reader()
-    budget.waiting |= {a, b}  # type: ignore[arg-type]
-    budget.give_back(4900)  # 100 left: at the limit
-    assert budget.exhausted and (a.woken, b.woken) == (0, 0)
-    budget.give_back(1)
-    assert not budget.exhausted and (a.woken, b.woken) == (1, 1)
-    assert not budget.waiting
-    unlimited = RequestBudget(-1)
-    unlimited.take(1 << 40)
-    assert not unlimited.exhausted
-
-
-def test_request_budget_pauses_while_the_split_lag_is_over_its_limit() -> None:
-    lag = [0]
-    budget = RequestBudget(-1, lambda: lag[0], max_lag_bytes=1000)
-    assert not budget.exhausted
-    lag[0] = 1001
-    assert budget.exhausted  # even with nothing in flight: the splitter must catch up
-    a = _Reader()
-    budget.waiting.add(a)  # type: ignore[arg-type]
-    budget.recheck()
-    assert a.woken == 0 and budget.waiting
-    lag[0] = 1000
-    budget.recheck()
-    assert a.woken == 1 and not budget.waiting
-    assert not RequestBudget(-1, lambda: 1 << 40, max_lag_bytes=-1).exhausted
 
 
 def test_producers_at_the_splitters_pace_with_a_zero_lag_limit(broker_factory) -> None:

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from stonemq.protocol.framing import FrameDecoder, FrameError, FrameTooLargeError
+from stonemq.protocol.framing import GROWTH_STEP, FrameDecoder, FrameError, FrameTooLargeError
 
 
 def _frame(body: bytes) -> bytes:
@@ -68,3 +68,58 @@ def test_frame_at_exactly_the_limit_is_accepted() -> None:
     decoder = FrameDecoder(max_frame_bytes=100)
     decoder.feed(_frame(b"a" * 100))
     assert decoder.next_frame() == b"a" * 100
+
+
+def test_an_announced_length_reserves_nothing_until_its_bytes_arrive() -> None:
+    """A prefix announcing 100 MiB and a few bytes: the buffer stays at its first 64 KiB
+    (it used to be grown to the announced size at once)."""
+    decoder = FrameDecoder(max_frame_bytes=200 << 20)
+    decoder.feed(struct.pack(">i", 100 << 20) + b"\x00\x03\x00\x0c")
+    assert decoder.next_frame() is None
+    decoder.get_buffer()
+    assert decoder.reserved_bytes == 0 and not decoder.needs_growth
+
+
+@given(
+    lengths=st.lists(st.integers(0, 400_000), min_size=1, max_size=6),
+    cuts=st.lists(st.integers(1, 150_000), max_size=60),
+)
+def test_the_buffer_follows_the_bytes_that_arrived(lengths: list[int], cuts: list[int]) -> None:
+    """Whatever the frame sizes and chunking: never more than twice the bytes held plus a
+    step (or the first 64 KiB), never grown past the frame at its head, frames intact."""
+    bodies = [bytes([i % 251]) * n for i, n in enumerate(lengths)]
+    stream = b"".join(_frame(b) for b in bodies)
+    decoder = FrameDecoder(max_frame_bytes=1 << 20)
+    out: list[bytes] = []
+    pos = 0
+    for cut in [*cuts, len(stream)]:
+        chunk = stream[pos : pos + cut]
+        pos += len(chunk)
+        decoder.feed(chunk)
+        while (frame := decoder.next_frame()) is not None:
+            out.append(frame)
+        held = decoder.buffered_bytes
+        size = decoder.reserved_bytes + 64 * 1024
+        assert size <= max(64 * 1024, 2 * held + GROWTH_STEP), (size, held)
+        if pos >= len(stream):
+            break
+    assert out == bodies
+    assert decoder.reserved_bytes == 0
+
+
+def test_a_full_buffer_of_one_frame_needs_growth_and_grows_geometrically() -> None:
+    size = 4 + (5 << 20)
+    decoder = FrameDecoder(max_frame_bytes=10 << 20)
+    decoder.feed(struct.pack(">i", size - 4))
+    sizes = []
+    frame = None
+    while frame is None:
+        view = decoder.get_buffer()
+        sizes.append(decoder.reserved_bytes + 64 * 1024)
+        decoder.buffer_updated(min(len(view), size - decoder.buffered_bytes))
+        assert decoder.needs_growth == (decoder.buffered_bytes < size)
+        frame = decoder.next_frame()
+    assert len(frame) == size - 4 and decoder.reserved_bytes == 0
+    distinct = sorted(set(sizes))
+    assert distinct[-1] == size  # never past the frame's end
+    assert len(distinct) <= 8  # doubling: 64 KiB .. 5 MiB in a few steps

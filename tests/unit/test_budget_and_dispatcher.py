@@ -1,0 +1,168 @@
+"""The request budget's reading rules and the dispatcher's rounds and split-lag holds, on
+stand-in connections (the rules are pure; the broker-level behaviour is tested over sockets
+in tests/integration/test_hostile_requests.py and test_backpressure.py)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from stonemq.server.budget import RequestBudget
+from stonemq.server.dispatcher import Dispatcher
+
+
+class _Reader:
+    def __init__(self) -> None:
+        self.woken = 0
+        self.receiving_since = 0.0
+        self.reading = True
+
+    def update_reading(self) -> None:
+        self.woken += 1
+
+
+def test_request_budget_lets_one_in_and_wakes_waiters_below_the_limit() -> None:
+    budget = RequestBudget(100)
+    assert not budget.exhausted
+    budget.take(5000)  # one request larger than the limit is always let in
+    assert budget.exhausted
+    a, b = _Reader(), _Reader()
+    budget.waiting |= {a, b}
+    budget.give_back(4900)  # 100 left: at the limit
+    assert budget.exhausted and (a.woken, b.woken) == (0, 0)
+    budget.give_back(1)
+    assert not budget.exhausted and (a.woken, b.woken) == (1, 1)
+    assert not budget.waiting
+    unlimited = RequestBudget(-1)
+    unlimited.take(1 << 40)
+    assert not unlimited.exhausted
+    assert unlimited.may_read(a, growing=True)
+
+
+def test_past_the_limit_only_the_first_partial_frame_grows() -> None:
+    budget = RequestBudget(1000)
+    first, second, small = _Reader(), _Reader(), _Reader()
+    assert budget.may_read(first, growing=True)  # under the limit: anyone grows
+    budget.reserve(first, 800)
+    assert budget.may_read(second, growing=True)
+    budget.reserve(second, 400)  # 1200 reserved: past the limit
+    assert budget.owner is first
+    assert budget.may_read(first, growing=True)
+    assert not budget.may_read(second, growing=True)
+    assert budget.may_read(small, growing=False)  # nothing in flight: small reads go on
+    budget.waiting.add(second)
+    budget.reserve(first, 0)  # its frame arrived whole: the next partial frame owns
+    assert budget.owner is second and second.woken == 1
+    assert budget.may_read(second, growing=True)
+    budget.forget(second)
+    assert budget.used_bytes == 0 and budget.owner is None
+
+
+def test_requests_in_flight_past_the_limit_stop_all_but_the_owner() -> None:
+    budget = RequestBudget(1000)
+    owner, other = _Reader(), _Reader()
+    budget.may_read(owner, growing=True)
+    budget.reserve(owner, 100)
+    budget.take(2000)
+    assert budget.may_read(owner, growing=False)  # its frame must be able to finish
+    assert not budget.may_read(other, growing=False)
+    budget.waiting |= {owner, other}
+    budget.recheck()
+    assert (owner.woken, other.woken) == (1, 0)
+
+
+def test_an_owner_silent_while_others_wait_is_the_stalled_one() -> None:
+    budget = RequestBudget(1000)
+    owner, other = _Reader(), _Reader()
+    budget.may_read(owner, growing=True)
+    budget.reserve(owner, 2000)
+    owner.receiving_since = 100.0
+    assert budget.stalled_owner(now=200.0, stall_s=5) is None  # nobody waits for it
+    assert not budget.may_read(other, growing=True)
+    budget.waiting.add(other)
+    assert budget.stalled_owner(now=104.0, stall_s=5) is None  # silent for 4 s only
+    assert budget.stalled_owner(now=105.0, stall_s=5) is owner
+    owner.reading = False  # paused by the broker (say its client reads no responses)
+    assert budget.stalled_owner(now=300.0, stall_s=5) is None
+
+
+API_KEYS = {"produce": 0, "fetch": 1, "metadata": 3, "heartbeat": 12}
+
+
+class _Conn:
+    """Stands in for a connection: a queue of named requests, a log of what started."""
+
+    def __init__(self, name: str, requests: list[str], started: list[str], size: int = 100):
+        self.name = name
+        self.requests = requests
+        self.started = started
+        self.size = size
+        self.released = 0
+        self.dispatcher: Dispatcher | None = None
+
+    def start_next(self) -> tuple[int, int] | None:
+        assert self.dispatcher is not None
+        if not self.requests:
+            return None
+        if self.requests[0] == "produce" and self.dispatcher.produce_held:
+            self.dispatcher.hold(self)
+            return None
+        request = self.requests.pop(0)
+        self.started.append(f"{self.name}:{request}")
+        return API_KEYS[request], self.size
+
+    @property
+    def next_api_key(self) -> int | None:
+        return API_KEYS[self.requests[0]] if self.requests else None
+
+    def release(self) -> None:
+        self.released += 1
+        assert self.dispatcher is not None
+        self.dispatcher.ready(self)
+
+
+async def serve(dispatcher: Dispatcher, *conns: _Conn, iterations: int = 10) -> None:
+    for conn in conns:
+        conn.dispatcher = dispatcher
+        dispatcher.ready(conn)
+    for _ in range(iterations):
+        await asyncio.sleep(0)
+
+
+def test_rounds_start_one_request_per_connection_and_hold_only_produces() -> None:
+    lag = [5000]  # the splitter lags: produces wait, the others do not
+    dispatcher = Dispatcher(lambda: lag[0], max_lag_bytes=1000)
+    started: list[str] = []
+    hog = _Conn("hog", ["metadata"] * 5, started)
+    producer = _Conn("p", ["produce", "produce"], started)
+    consumer = _Conn("c", ["fetch", "heartbeat"], started)
+
+    async def run() -> None:
+        await serve(dispatcher, hog, producer, consumer)
+        assert started == [
+            "hog:metadata", "c:fetch",
+            "hog:metadata", "c:heartbeat",
+            "hog:metadata", "hog:metadata", "hog:metadata",
+        ]  # fmt: skip
+        assert dispatcher.held == {producer}
+        dispatcher.recheck()
+        assert producer.released == 0  # still lagging
+        lag[0] = 1000
+        dispatcher.recheck()
+        await serve(dispatcher, iterations=4)
+        assert producer.released == 1 and not dispatcher.held
+        assert started[-2:] == ["p:produce", "p:produce"]  # in one turn: they share a write
+
+    asyncio.run(run())
+
+
+def test_a_turn_starts_pipelined_produces_up_to_a_mebibyte() -> None:
+    started: list[str] = []
+    big = _Conn("big", ["produce"] * 6 + ["metadata", "produce"], started, size=300_000)
+    other = _Conn("o", ["metadata", "metadata"], started)
+    asyncio.run(serve(Dispatcher(), big, other))
+    assert started == [
+        "big:produce", "big:produce", "big:produce", "big:produce", "o:metadata",
+        "big:produce", "big:produce", "o:metadata",
+        "big:metadata",
+        "big:produce",
+    ]  # fmt: skip
