@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import functools
+from concurrent.futures import ThreadPoolExecutor
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
@@ -41,6 +42,19 @@ def build(cls: type, **values: Any) -> Any:
     return cls(**kept)
 
 
+_heavy: ThreadPoolExecutor | None = None
+
+
+def heavy_work() -> ThreadPoolExecutor:
+    """The one thread that builds and encodes large responses (Metadata of many partitions):
+    Python work that would hold the event loop for long. One at a time, so the loop keeps a
+    fair share of the GIL while it runs."""
+    global _heavy
+    if _heavy is None:
+        _heavy = ThreadPoolExecutor(1, thread_name_prefix="stonemq-heavy")
+    return _heavy
+
+
 @dataclasses.dataclass(slots=True)
 class RequestContext:
     """One request being handled."""
@@ -51,6 +65,9 @@ class RequestContext:
     client_id: str | None
     client_host: str
     broker: Broker
+    # set by a handler whose response is large (Metadata of many partitions): the
+    # connection encodes it in a thread instead of on the event loop
+    encode_in_thread: bool = False
 
     @property
     def module(self) -> ModuleType:

@@ -12,13 +12,14 @@ invalid: the answer is Kafka's error response, every requested topic with INVALI
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
 from kio.schema.errors import ErrorCode
 
 from stonemq.coordinator.group_log import OFFSETS_TOPIC
-from stonemq.handlers.context import RequestContext
+from stonemq.handlers.context import RequestContext, heavy_work
 from stonemq.handlers.registry import api
 from stonemq.metadata.store import TopicRecord
 from stonemq.topics import AdminError, UnknownTopicOrPartitionError, validate_topic_name
@@ -42,10 +43,10 @@ async def handle_metadata(ctx: RequestContext, request: Any) -> Any:
         return _error_response(ctx, request.topics, ErrorCode.invalid_request)
     broker = ctx.broker
     allow_create = getattr(request, "allow_auto_topic_creation", True)
-    topics: list[Any] = []
+    wanted_topics: list[tuple[TopicRecord | None, ErrorCode, str | None]] = []
     if request.topics is None or (ctx.api_version == 0 and not request.topics):
         for record in broker.metadata.list_topics():
-            topics.append(_topic(ctx, record, ErrorCode.none, record.name))
+            wanted_topics.append((record, ErrorCode.none, record.name))
     else:
         for wanted in request.topics:
             name = wanted.name
@@ -53,16 +54,17 @@ async def handle_metadata(ctx: RequestContext, request: Any) -> Any:
                 try:
                     record = broker.topics.by_id(wanted.topic_id)
                 except AdminError as exc:
-                    topics.append(_topic(ctx, None, exc.error_code, None))
+                    wanted_topics.append((None, exc.error_code, None))
                 else:
-                    topics.append(_topic(ctx, record, ErrorCode.none, record.name))
+                    wanted_topics.append((record, ErrorCode.none, record.name))
                 continue
             try:
                 record = await _lookup(ctx, name, allow_create)
             except AdminError as exc:
-                topics.append(_topic(ctx, None, exc.error_code, name))
+                wanted_topics.append((None, exc.error_code, name))
             else:
-                topics.append(_topic(ctx, record, ErrorCode.none, name))
+                wanted_topics.append((record, ErrorCode.none, name))
+    topics = await _topics(ctx, wanted_topics)
     host, port = broker.settings.advertised_address
     return ctx.build(
         "MetadataResponse",
@@ -143,6 +145,27 @@ def _topic(
         partitions=partitions,
         topic_authorized_operations=UNKNOWN_AUTHORIZED_OPERATIONS,
     )
+
+
+LARGE_RESPONSE_PARTITIONS = 5000
+"""From this many partitions on, the response is built and encoded in a thread: a
+100,000-partition topic took a second of Python, which would hold the event loop (the
+thread gives the loop the GIL every few milliseconds, so other clients are still served)."""
+
+
+async def _topics(
+    ctx: RequestContext, wanted: list[tuple[TopicRecord | None, ErrorCode, str | None]]
+) -> list[Any]:
+    """The response's topic entries (built off the event loop when there are many)."""
+
+    def build() -> list[Any]:
+        return [_topic(ctx, record, error, name) for record, error, name in wanted]
+
+    partitions = sum(record.partitions for record, _, _ in wanted if record is not None)
+    if partitions < LARGE_RESPONSE_PARTITIONS:
+        return build()
+    ctx.encode_in_thread = True
+    return await asyncio.get_running_loop().run_in_executor(heavy_work(), build)
 
 
 async def _lookup(ctx: RequestContext, name: str, allow_create: bool) -> TopicRecord:

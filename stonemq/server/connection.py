@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from stonemq.handlers import REGISTRY
 from stonemq.handlers.api_versions import unsupported_version_response
-from stonemq.handlers.context import RequestContext
+from stonemq.handlers.context import RequestContext, heavy_work
 from stonemq.protocol.codec import (
     API_VERSIONS_KEY,
     RequestDecodeError,
@@ -251,7 +251,11 @@ class Connection(asyncio.BufferedProtocol):
     ) -> None:
         try:
             response = await handler(ctx, request)
-            if response is not None:
+            if response is not None and ctx.encode_in_thread:
+                pending.response = await asyncio.get_running_loop().run_in_executor(
+                    heavy_work(), encode_response_chunks, pending.header, response
+                )
+            elif response is not None:
                 pending.response = encode_response_chunks(pending.header, response)
         except asyncio.CancelledError:
             raise

@@ -3,13 +3,11 @@
     STONEMQ_FUZZ_SECONDS   how long to fuzz (default 25)
     STONEMQ_FUZZ_SEED      the seed (default 17; "random" picks one); printed in the report
     STONEMQ_FUZZ_CASE      replay only these cases of the seed (comma-separated indices)
-    STONEMQ_FUZZ_FAMILIES  comma-separated mutator families, or "all"; the default leaves out
-                           the storage-facing ones (records, compression, partitions) until
-                           their fixes are merged
+    STONEMQ_FUZZ_FAMILIES  comma-separated mutator families, or "all" (the default)
     STONEMQ_FUZZ_RSS_MB    RSS growth that counts as a finding (default 512)
 
-Long run: ``STONEMQ_FUZZ_SECONDS=3600 STONEMQ_FUZZ_SEED=random STONEMQ_FUZZ_FAMILIES=all
-.venv/bin/pytest -m fuzz tests/fuzz -s``.
+Long run: ``STONEMQ_FUZZ_SECONDS=3600 STONEMQ_FUZZ_SEED=random .venv/bin/pytest -m fuzz
+tests/fuzz -s``.
 """
 
 from __future__ import annotations
@@ -20,7 +18,7 @@ import random
 import pytest
 
 from .harness import Campaign
-from .mutators import FAMILIES, STORAGE_FAMILIES
+from .mutators import FAMILIES
 
 SECONDS = float(os.environ.get("STONEMQ_FUZZ_SECONDS", "25"))
 # a crash or a huge-partition case can take a while before the run ends: room for it
@@ -28,15 +26,14 @@ pytestmark = [pytest.mark.fuzz, pytest.mark.timeout(int(SECONDS) + 300)]
 
 
 def _families() -> list[str]:
-    wanted = os.environ.get("STONEMQ_FUZZ_FAMILIES", "")
+    wanted = os.environ.get("STONEMQ_FUZZ_FAMILIES", "all")
     if wanted == "all":
         return list(FAMILIES)
     if wanted:
         names = [name.strip() for name in wanted.split(",") if name.strip()]
         unknown = [name for name in names if name not in FAMILIES]
         assert not unknown, f"unknown fuzz families {unknown}; known: {list(FAMILIES)}"
-        return names
-    return [name for name in FAMILIES if name not in STORAGE_FAMILIES]
+    return names
 
 
 def _seed() -> str:

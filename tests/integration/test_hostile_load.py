@@ -171,7 +171,10 @@ def open_partial_frames(broker: Any, count: int, sent: int) -> list[socket.socke
 
 @pytest.mark.parametrize(
     ("sent", "bound_mb"),
-    [pytest.param(4, 16, id="a-few-bytes"), pytest.param(6 << 20, 48, id="6MiB-each")],
+    [
+        pytest.param(4, 16, id="a-few-bytes"),
+        pytest.param(6 << 20, 48, id="6MiB-each", marks=pytest.mark.slow),
+    ],
 )
 def test_announced_frames_cost_what_arrives_within_the_budget(broker_factory, sent, bound_mb):
     """Ten connections announce 100 MiB each. The old broker allocated (and zeroed) what was
@@ -194,6 +197,7 @@ def test_announced_frames_cost_what_arrives_within_the_budget(broker_factory, se
             sock.close()
 
 
+@pytest.mark.slow
 def test_a_stalled_partial_frame_does_not_hold_back_a_large_request(broker_factory) -> None:
     """A peer sends 6 MiB of a 100 MiB frame and stops: its buffer holds the whole budget, so
     a 5 MiB request on another connection must wait to grow its buffer. The stalled peer is

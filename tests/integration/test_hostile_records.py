@@ -116,7 +116,9 @@ def rss_bytes(pid: int) -> int:
     raise AssertionError("no VmRSS")
 
 
-@pytest.mark.parametrize("codec", [1, 4], ids=["gzip", "zstd"])
+@pytest.mark.parametrize(
+    "codec", [pytest.param(1, marks=pytest.mark.slow), 4], ids=["gzip", "zstd"]
+)
 def test_a_decompression_bomb_is_refused_without_stalling_anyone(broker, codec) -> None:
     """Reproduced: a 33 KB zstd batch (or 1 MB gzip) holding 1 GiB of zeros was stored, and
     the first ListOffsets by timestamp decompressed it on the event loop: 8 s without
