@@ -12,6 +12,7 @@ fetches; an incremental fetch naming a session gets FETCH_SESSION_ID_NOT_FOUND.
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
@@ -20,7 +21,14 @@ from kio.schema.errors import ErrorCode
 from stonemq.handlers.context import RequestContext
 from stonemq.handlers.registry import api
 from stonemq.protocol.record_batch import COMPRESSION_ZSTD, iter_batches
-from stonemq.storage.engine import OffsetOutOfRangeError, ReadResult, UnknownPartitionError
+from stonemq.storage.engine import (
+    OffsetOutOfRangeError,
+    ReadResult,
+    StorageError,
+    UnknownPartitionError,
+)
+
+log = logging.getLogger("stonemq.fetch")
 
 FIRST_ZSTD_FETCH_VERSION = 10
 
@@ -58,13 +66,13 @@ async def handle_fetch(ctx: RequestContext, request: Any) -> Any:
         else {}
     )
     while True:
-        topics, total, has_error = _read_all(ctx, request, cold)
+        topics, total, has_error = await _read_all(ctx, request, cold)
         remaining = deadline - time.monotonic()
         if total >= request.min_bytes or has_error or remaining <= 0 or not keys:
             break
         await broker.fetch_waiters.wait(keys, remaining)
         if broker.fetch_waiters.closed:
-            topics, total, has_error = _read_all(ctx, request, cold)
+            topics, total, has_error = await _read_all(ctx, request, cold)
             break
     return ctx.build(
         "FetchResponse",
@@ -95,7 +103,7 @@ async def handle_fetch(ctx: RequestContext, request: Any) -> Any:
     )
 
 
-def _read_all(
+async def _read_all(
     ctx: RequestContext, request: Any, cold: dict[tuple[str, int], tuple[bytes, int]] | None = None
 ) -> tuple[list[tuple[str, list[_Part]]], int, bool]:
     storage = ctx.broker.storage
@@ -127,7 +135,9 @@ def _read_all(
                 if hit is not None and hit[0]:  # archived offsets, from the cold tier
                     result = ReadResult(hit[0], storage.high_watermark(name, fp.partition), hit[1])
                 else:
-                    result = storage.read(name, fp.partition, fp.fetch_offset, max(limit, 1))
+                    result = await storage.read_async(
+                        name, fp.partition, fp.fetch_offset, max(limit, 1)
+                    )
             except OffsetOutOfRangeError:
                 part.error = ErrorCode.offset_out_of_range
                 part.hw = storage.high_watermark(name, fp.partition)
@@ -136,6 +146,11 @@ def _read_all(
                 continue
             except UnknownPartitionError:
                 part.error = ErrorCode.unknown_topic_or_partition
+                has_error = True
+                continue
+            except (StorageError, OSError) as exc:  # a failed queue log, a read error
+                log.error("fetch of %s-%d failed: %s", name, fp.partition, exc)
+                part.error = ErrorCode.kafka_storage_error
                 has_error = True
                 continue
             part.hw = result.high_watermark

@@ -48,7 +48,7 @@ from stonemq.storage.journal import (
     JournalLog,
     encode_entry_prefix,
 )
-from stonemq.storage.open_files import OpenFiles
+from stonemq.storage.open_files import CachedReads, DiskReads, NotCachedError, OpenFiles, Reads
 from stonemq.storage.page_cache import Range, WrittenPages, drop_ranges, release_written
 from stonemq.storage.producer_state import BatchSeq, write_snapshot
 from stonemq.storage.queue_log import (
@@ -145,6 +145,9 @@ class _Flushing:
         queue.unflushed = self.unflushed + queue.unflushed
 
 
+DISK_READ_THREADS = 4
+"""Fetch reads of bytes the page cache does not hold, at once (each waits for the disk)."""
+
 STEP_PARTITIONS = 2000
 """Partitions added or forgotten per event-loop turn when a topic of many is created or
 deleted (about a millisecond of work)."""
@@ -154,6 +157,18 @@ def _remove_dirs(paths: list[str]) -> None:
     """Directory thread: delete deleted partitions' queue-log directories."""
     for path in paths:
         fileio.rmtree(path)
+
+
+def _remove_files(paths: list[str]) -> None:
+    """Directory thread: unlink dropped segments' files (a file that cannot be unlinked is
+    logged: it holds nothing the log still counts)."""
+    for path in paths:
+        try:
+            fileio.unlink(path)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            log.warning("cannot delete %s: %s", path, exc)
 
 
 def _write_snapshots(snapshots: list[tuple[str, int, bytes]]) -> list[str]:
@@ -274,6 +289,7 @@ class StorageEngine:
         self._create_pending: set[str] = set()
         self._create_lock = threading.Lock()
         self._creator: ThreadPoolExecutor | None = None
+        self._disk_readers: ThreadPoolExecutor | None = None  # fetches of uncached bytes
 
     def _journal_partition_dir(self, j: int) -> str:
         return os.path.join(self._journal_dir, f"journal-{j}")
@@ -298,11 +314,13 @@ class StorageEngine:
         if state is not None:
             if state.topic_id == tid:
                 state.config = config
+                self._headroom.note_config(config.segment_bytes, config.index_interval_bytes)
                 if state.queue is not None:
                     state.queue.config = config
                 return
             self._forget(state)  # the name now belongs to a new topic
         state = _Partition(tid, topic, partition, journal_partition, config)
+        self._headroom.note_config(config.segment_bytes, config.index_interval_bytes)
         self._by_name[key] = state
         self._by_id[(tid, partition)] = state
         self._topics.setdefault(topic, []).append(state)
@@ -365,6 +383,7 @@ class StorageEngine:
                     fileio.rmtree(directory)
 
     def update_config(self, topic: str, config: LogConfig) -> None:
+        self._headroom.note_config(config.segment_bytes, config.index_interval_bytes)
         for state in self._topics.get(topic, ()):
             state.config = config
             if state.queue is not None:
@@ -611,6 +630,9 @@ class StorageEngine:
                 self._create_pending.clear()  # nothing more to create: stop soon
             self._creator.shutdown(wait=True)
             self._creator = None
+        if self._disk_readers is not None:
+            self._disk_readers.shutdown(wait=True)
+            self._disk_readers = None
 
     async def _snapshot_producers(self) -> None:
         """At a clean stop: a producer snapshot of every queue log that took batches since its
@@ -994,6 +1016,7 @@ class StorageEngine:
         if offset <= before:
             return
         deleted = queue.advance_log_start(offset)
+        self._unlink_doomed(queue)
         if queue.dirty:
             self._dirty.add(queue)
         self._log_starts[(queue.topic, queue.partition)] = queue.log_start_offset
@@ -1009,6 +1032,26 @@ class StorageEngine:
             why,
             deleted,
         )
+
+    def _unlink_doomed(self, queue: QueueLog) -> None:
+        """Unlink the files of the segments ``queue`` dropped, in the directory thread (in
+        order with its other work) when a loop runs, else at once."""
+        paths, queue.doomed = queue.doomed, []
+        if not paths:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            _remove_files(paths)
+            return
+        if self._creator is None:
+            self._creator = ThreadPoolExecutor(1, thread_name_prefix="stonemq-create")
+        loop.run_in_executor(self._creator, _remove_files, paths)
+
+    async def wait_directory_work(self, timeout_s: float = 60.0) -> bool:
+        """Wait (at most ``timeout_s``) for the directory thread's work queued so far:
+        directories created, segment files unlinked, deleted topics' directories removed."""
+        return await self.wait_precreated(timeout_s)
 
     def apply_retention(self, now_ms: int | None = None) -> int:
         """Apply retention.ms and retention.bytes to every queue log with sealed data; returns
@@ -1076,7 +1119,9 @@ class StorageEngine:
         """Next offset to assign (journal side)."""
         return self._state(topic, partition).next_offset
 
-    def read(self, topic: str, partition: int, offset: int, max_bytes: int) -> ReadResult:
+    def read(
+        self, topic: str, partition: int, offset: int, max_bytes: int, reads: Reads | None = None
+    ) -> ReadResult:
         """Whole batches from the batch containing ``offset``, up to ``max_bytes`` but at least
         one batch. Empty data from the high watermark (what is split) up to the log end (what
         is acknowledged), as Kafka answers a fetch between its high watermark and log end;
@@ -1098,8 +1143,32 @@ class StorageEngine:
             raise OffsetOutOfRangeError(
                 f"{topic}-{partition} offset {offset} outside [{start}, {max(end, hw)}]"
             )
-        data = queue.read(offset, max_bytes) if offset < hw else b""
+        data = queue.read(offset, max_bytes, reads) if offset < hw else b""
         return ReadResult(data, hw, start)
+
+    async def read_async(
+        self, topic: str, partition: int, offset: int, max_bytes: int
+    ) -> ReadResult:
+        """:meth:`read` that never waits for the disk on the event loop (fetches): what the
+        page cache holds is read at once (``CachedReads``), anything else in a disk-read
+        thread on descriptors of its own (``DiskReads``)."""
+        try:
+            return self.read(topic, partition, offset, max_bytes, CachedReads(self._files))
+        except NotCachedError:
+            pass
+        if self._disk_readers is None:
+            self._disk_readers = ThreadPoolExecutor(
+                DISK_READ_THREADS, thread_name_prefix="stonemq-disk-read"
+            )
+        reads = DiskReads()
+        try:
+            return await asyncio.get_running_loop().run_in_executor(
+                self._disk_readers, self.read, topic, partition, offset, max_bytes, reads
+            )
+        except FileNotFoundError:  # the segment went (retention) while it was read
+            return self.read(topic, partition, offset, max_bytes)
+        finally:
+            reads.close()
 
     async def offset_for_timestamp(
         self, topic: str, partition: int, timestamp_ms: int

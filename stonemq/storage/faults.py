@@ -266,6 +266,10 @@ class FaultyFileOps(FileOps):
         self._check("pread", self._path(fd))
         return super().pread(fd, n, pos)
 
+    def pread_cached(self, fd: int, n: int, pos: int) -> bytes | None:
+        self._check("pread", self._path(fd))
+        return super().pread_cached(fd, n, pos)
+
     # -- writes -----------------------------------------------------------------------------
     def pwrite(self, fd: int, data: Any, pos: int) -> int:
         short = self._check("pwrite", self._path(fd))

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import errno
 import os
 import shutil
 from collections.abc import Callable, Sequence
@@ -44,6 +45,7 @@ SYNC_FILE_RANGE_WRITE = 2
 SYNC_FILE_RANGE_WAIT_AFTER = 4
 
 HAS_SYNC_FILE_RANGE = _sync_file_range is not None
+_RWF_NOWAIT = getattr(os, "RWF_NOWAIT", None)
 HAS_SYNCFS = _syncfs is not None
 
 
@@ -72,6 +74,26 @@ class FileOps:
 
     def write(self, fd: int, data: Any) -> int:
         return os.write(fd, data)
+
+    def pread_cached(self, fd: int, n: int, pos: int) -> bytes | None:
+        """``n`` bytes at ``pos`` if the page cache holds all of them (``RWF_NOWAIT``: the
+        read never waits for the disk), else None. Shorter only at the end of the file."""
+        if _RWF_NOWAIT is None:
+            return None
+        buf = bytearray(n)
+        try:
+            got = os.preadv(fd, [buf], pos, _RWF_NOWAIT)
+        except BlockingIOError:
+            return None
+        except OSError as exc:
+            if exc.errno in (errno.EOPNOTSUPP, errno.EINVAL):  # not on this filesystem
+                return None
+            raise
+        if got < n:
+            if got == 0 or os.fstat(fd).st_size > pos + got:
+                return None  # the rest is not cached
+            del buf[got:]
+        return bytes(buf) if len(buf) < 65536 else buf  # type: ignore[return-value]
 
     def fsync(self, fd: int) -> None:
         os.fsync(fd)
@@ -116,6 +138,7 @@ _active: FileOps = _REAL
 open = _REAL.open
 close = _REAL.close
 pread = _REAL.pread
+pread_cached = _REAL.pread_cached
 pwrite = _REAL.pwrite
 pwritev = _REAL.pwritev
 write = _REAL.write
@@ -133,6 +156,7 @@ _NAMES = (
     "open",
     "close",
     "pread",
+    "pread_cached",
     "pwrite",
     "pwritev",
     "write",

@@ -15,7 +15,7 @@ import logging
 import os
 
 from stonemq.storage import fileio
-from stonemq.storage.open_files import OpenFiles
+from stonemq.storage.open_files import OpenFiles, Reads
 
 log = logging.getLogger(__name__)
 
@@ -59,13 +59,13 @@ class IndexFile:
         self.entries = self.written = size // self.entry_size
         self._pending = None
 
-    def raw_entry(self, files: OpenFiles, i: int) -> bytes:
+    def raw_entry(self, files: Reads, i: int) -> bytes:
         size = self.entry_size
         if i >= self.written:
             assert self._pending is not None
             at = (i - self.written) * size
             return bytes(self._pending[at : at + size])
-        return fileio.pread(files.get(self.path), size, i * size)
+        return files.pread(self.path, size, i * size)
 
     def add(self, files: OpenFiles, data: bytes) -> None:
         pending = self._pending

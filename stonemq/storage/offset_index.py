@@ -13,7 +13,7 @@ from __future__ import annotations
 import struct
 
 from stonemq.storage.index_file import IndexFile
-from stonemq.storage.open_files import OpenFiles
+from stonemq.storage.open_files import OpenFiles, Reads
 
 _ENTRY = struct.Struct(">ii")
 ENTRY_SIZE = _ENTRY.size
@@ -37,7 +37,7 @@ class OffsetIndex(IndexFile):
         self.load_file(files)
         self.last_offset = self.entry(files, self.entries - 1)[0] if self.entries else -1
 
-    def entry(self, files: OpenFiles, i: int) -> tuple[int, int]:
+    def entry(self, files: Reads, i: int) -> tuple[int, int]:
         """(absolute offset, position) of entry ``i``."""
         rel, pos = _ENTRY.unpack(self.raw_entry(files, i))
         return self.base_offset + rel, pos
@@ -48,7 +48,7 @@ class OffsetIndex(IndexFile):
         self.add(files, _ENTRY.pack(offset - self.base_offset, position))
         self.last_offset = offset
 
-    def lookup(self, files: OpenFiles, target: int) -> tuple[int, int]:
+    def lookup(self, files: Reads, target: int) -> tuple[int, int]:
         """(offset, position) of the last entry with offset <= ``target``; (base, 0) if none."""
         lo, hi = 0, self.entries  # invariant: entries [0, lo) are <= target
         found = (self.base_offset, 0)

@@ -8,10 +8,12 @@ background threads that fsync open their own descriptors by path.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import resource
 from collections import OrderedDict
+from typing import Protocol
 
 from stonemq.storage import fileio
 
@@ -22,6 +24,69 @@ log = logging.getLogger(__name__)
 FD_RESERVE_MIN = 256
 
 _OPEN_FLAGS = os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
+_FADV_WILLNEED = getattr(os, "POSIX_FADV_WILLNEED", None)
+
+
+class Reads(Protocol):
+    """What the read path (index lookups, header scans, batch reads) reads through: the
+    cache itself (blocking), :class:`CachedReads` or :class:`DiskReads`."""
+
+    def pread(self, path: str, n: int, pos: int) -> bytes: ...
+
+    def hint(self, path: str, pos: int, n: int) -> None: ...
+
+
+class NotCachedError(Exception):
+    """A read of :class:`CachedReads` that would have waited for the disk."""
+
+
+class CachedReads:
+    """The event loop's reads for fetches: through the cache's descriptors, but never waiting
+    for the disk (``fileio.pread_cached``). A read of bytes not in the page cache raises
+    :class:`NotCachedError`, and the fetch reads them in a thread (:class:`DiskReads`)."""
+
+    __slots__ = ("files",)
+
+    def __init__(self, files: OpenFiles) -> None:
+        self.files = files
+
+    def pread(self, path: str, n: int, pos: int) -> bytes:
+        data = fileio.pread_cached(self.files.get(path), n, pos)
+        if data is None:
+            raise NotCachedError(path)
+        return data
+
+    def hint(self, path: str, pos: int, n: int) -> None:
+        self.files.hint(path, pos, n)
+
+
+class DiskReads:
+    """Blocking reads on descriptors of its own, opened by path: for a thread (the event
+    loop's cache and its descriptors are the loop's). ``close()`` when done."""
+
+    __slots__ = ("_fds",)
+
+    def __init__(self) -> None:
+        self._fds: dict[str, int] = {}
+
+    def _fd(self, path: str) -> int:
+        fd = self._fds.get(path)
+        if fd is None:
+            fd = self._fds[path] = fileio.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        return fd
+
+    def pread(self, path: str, n: int, pos: int) -> bytes:
+        return fileio.pread(self._fd(path), n, pos)
+
+    def hint(self, path: str, pos: int, n: int) -> None:
+        if _FADV_WILLNEED is not None and n > 0:
+            with contextlib.suppress(OSError):
+                os.posix_fadvise(self._fd(path), pos, n, _FADV_WILLNEED)
+
+    def close(self) -> None:
+        for fd in self._fds.values():
+            fileio.close(fd)
+        self._fds.clear()
 
 
 def _reserve(limit: int) -> int:
@@ -89,6 +154,16 @@ class OpenFiles:
         self.opens += 1
         fds[path] = fd
         return fd
+
+    def pread(self, path: str, n: int, pos: int) -> bytes:
+        """Read through the cache's descriptor (may wait for the disk)."""
+        return fileio.pread(self.get(path), n, pos)
+
+    def hint(self, path: str, pos: int, n: int) -> None:
+        """Ask the kernel to start reading ``[pos, pos + n)`` ahead (asynchronously)."""
+        if _FADV_WILLNEED is not None and n > 0:
+            with contextlib.suppress(OSError):
+                os.posix_fadvise(self.get(path), pos, n, _FADV_WILLNEED)
 
     def close(self, path: str) -> None:
         """Close ``path`` if it is open (before deleting or renaming it)."""

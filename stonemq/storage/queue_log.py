@@ -28,7 +28,7 @@ from stonemq.protocol.record_batch import (
 from stonemq.storage import fileio
 from stonemq.storage.checkpoint import QueueRecoveryPoint
 from stonemq.storage.errors import StorageError
-from stonemq.storage.open_files import OpenFiles
+from stonemq.storage.open_files import OpenFiles, Reads
 from stonemq.storage.page_cache import WrittenPages
 from stonemq.storage.producer_state import ProducerState, load_snapshot
 from stonemq.storage.segment import (
@@ -93,6 +93,7 @@ class QueueLog:
         "config",
         "created_ms",
         "directory",
+        "doomed",
         "failed",
         "files",
         "first_unflushed_journal_position",
@@ -139,6 +140,7 @@ class QueueLog:
         # set when a write, fsync or write-back of its files failed (health.py): its bytes
         # are no longer known good, so reads answer with this error until a restart
         self.failed: Exception | None = None
+        self.doomed: list[str] = []  # files of dropped segments, to unlink
         # idempotent producers of the batches held here, and pending ones (producer_state.py)
         self.producers: ProducerState | None = None
         self.snapshot_due: tuple[int, bytes] | None = None  # (offset, bytes) taken at a roll
@@ -349,7 +351,9 @@ class QueueLog:
         return segments[keep_from].base_offset
 
     def _delete_oldest(self, count: int, why: str) -> int:
-        """Delete the ``count`` oldest segments (never the active one)."""
+        """Drop the ``count`` oldest segments (never the active one): out of the log at once,
+        their files into ``doomed`` for the engine to unlink off the event loop (unlinking a
+        large file waits on the filesystem)."""
         count = min(count, len(self.segments) - 1)
         if count <= 0:
             return 0
@@ -358,8 +362,7 @@ class QueueLog:
         for seg in gone:
             for path in seg.paths:
                 self.files.close(path)
-                with contextlib.suppress(FileNotFoundError):
-                    fileio.unlink(path)
+                self.doomed.append(path)
                 if path in self.unflushed:
                     self.unflushed.remove(path)
             log.info(
@@ -371,15 +374,17 @@ class QueueLog:
     def _segment_index(self, offset: int) -> int:
         return max(bisect.bisect_right(self.segments, offset, key=_base) - 1, 0)
 
-    def read(self, offset: int, max_bytes: int) -> bytes | memoryview:
+    def read(self, offset: int, max_bytes: int, reads: Reads | None = None) -> bytes | memoryview:
         """Whole batches from the one holding ``offset``, up to ``max_bytes`` (at least one),
-        all from one segment as Kafka does."""
+        all from one segment as Kafka does; read through ``reads`` (default the open-file
+        cache: ``CachedReads`` never waits for the disk, ``DiskReads`` serves a thread)."""
         if offset >= self.next_offset:
             return b""
+        files = self.files if reads is None else reads
         for seg in self.segments[self._segment_index(offset) :]:
-            found = seg.find_batch(self.files, offset)
+            found = seg.find_batch(files, offset)
             if found is not None:
-                return seg.read_batches(self.files, found[0], max_bytes)
+                return seg.read_batches(files, found[0], max_bytes)
         return b""
 
     def time_candidates(self, timestamp_ms: int) -> Iterator[tuple[BatchHeader, bytes]]:

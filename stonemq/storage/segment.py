@@ -7,7 +7,6 @@ length fields. Files are reached through the :class:`OpenFiles` cache and never 
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import logging
 import os
@@ -25,7 +24,7 @@ from stonemq.protocol.record_batch import (
 from stonemq.storage import fileio
 from stonemq.storage.errors import CutBackError
 from stonemq.storage.offset_index import OffsetIndex
-from stonemq.storage.open_files import OpenFiles
+from stonemq.storage.open_files import OpenFiles, Reads
 from stonemq.storage.page_cache import RECOVERY_READ_BYTES, drop_pages
 from stonemq.storage.time_index import TimeIndex
 
@@ -38,7 +37,6 @@ TIME_INDEX_SUFFIX = ".timeindex"
 _LENGTH = struct.Struct(">i")
 _SCAN_CHUNK_BYTES = 64 * 1024
 READ_AHEAD_BYTES = 4 * 1024 * 1024  # asked of the kernel after each fetch read
-_FADV_WILLNEED = getattr(os, "POSIX_FADV_WILLNEED", None)
 
 
 def segment_file(directory: str, base_offset: int, suffix: str) -> str:
@@ -162,19 +160,18 @@ class Segment:
             self._time_index.write_pending(files)
 
     # -- read -----------------------------------------------------------------------------
-    def read(self, files: OpenFiles, pos: int, n: int) -> bytes:
-        return fileio.pread(files.get(self.log_path), n, pos)
+    def read(self, files: Reads, pos: int, n: int) -> bytes:
+        return files.pread(self.log_path, n, pos)
 
     def iter_headers(
-        self, files: OpenFiles, start: int = 0, end: int | None = None, read_once: bool = False
+        self, files: Reads, start: int = 0, end: int | None = None, read_once: bool = False
     ) -> Iterator[tuple[int, BatchHeader]]:
         """(position, header) of each batch from ``start`` (a batch boundary) to ``end``;
         ``read_once`` drops the pages read from the page cache behind it (recovery)."""
         stop = self.size if end is None else min(end, self.size)
         pos = start
         while stop - pos >= HEADER_SIZE:
-            fd = files.get(self.log_path)
-            chunk = fileio.pread(fd, min(_SCAN_CHUNK_BYTES, stop - pos), pos)
+            chunk = files.pread(self.log_path, min(_SCAN_CHUNK_BYTES, stop - pos), pos)
             at = 0
             while len(chunk) - at >= HEADER_SIZE:
                 header = parse_header(chunk, at)
@@ -186,7 +183,7 @@ class Segment:
                 return
             pos += at
 
-    def find_batch(self, files: OpenFiles, offset: int) -> tuple[int, BatchHeader] | None:
+    def find_batch(self, files: Reads, offset: int) -> tuple[int, BatchHeader] | None:
         """(position, header) of the first batch whose last offset is >= ``offset``."""
         _, start = self.offset_index.lookup(files, offset)
         for pos, header in self.iter_headers(files, start):
@@ -194,19 +191,15 @@ class Segment:
                 return pos, header
         return None
 
-    def read_batches(self, files: OpenFiles, pos: int, max_bytes: int) -> bytes | memoryview:
+    def read_batches(self, files: Reads, pos: int, max_bytes: int) -> bytes | memoryview:
         """Whole batches from ``pos`` up to ``max_bytes``, at least one batch (a view of the
         read, not a copy, when a partial batch at its end is left out). A consumer
         catching up reads on from where this read ends: the kernel is asked to start reading
         the next ``READ_AHEAD_BYTES`` now (asynchronously), so the next fetch finds them in
         the page cache instead of waiting for the disk on the event loop."""
-        fd = files.get(self.log_path)
-        data = fileio.pread(fd, min(max(max_bytes, HEADER_SIZE), self.size - pos), pos)
+        data = files.pread(self.log_path, min(max(max_bytes, HEADER_SIZE), self.size - pos), pos)
         n = len(data)
-        ahead = min(READ_AHEAD_BYTES, self.size - pos - n)
-        if ahead > 0 and _FADV_WILLNEED is not None:
-            with contextlib.suppress(OSError):
-                os.posix_fadvise(fd, pos + n, ahead, _FADV_WILLNEED)
+        files.hint(self.log_path, pos + n, min(READ_AHEAD_BYTES, self.size - pos - n))
         at = 0
         while n - at >= LOG_OVERHEAD:
             size = _LENGTH.unpack_from(data, at + 8)[0] + LOG_OVERHEAD
@@ -215,7 +208,7 @@ class Segment:
             at += size
         if at == 0 and n >= LOG_OVERHEAD:  # the first batch alone is bigger than max_bytes
             size = _LENGTH.unpack_from(data, 8)[0] + LOG_OVERHEAD
-            return fileio.pread(fd, size, pos)
+            return files.pread(self.log_path, size, pos)
         return data if at == n else memoryview(data)[:at]
 
     def ensure_max_timestamp(self, files: OpenFiles) -> tuple[int, int]:

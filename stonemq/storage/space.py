@@ -7,7 +7,14 @@ filesystem when both directories share a disk, as on a single-disk machine), the
 could never write them out again, no journal segment could ever be deleted, and the broker
 would stay full even after the disk was cleared, and fail to recover at its next start. The
 rule: an append is refused (KAFKA_STORAGE_ERROR, producers retry) while the read directory's
-free space is below the journal bytes not yet split, this append included, plus a margin.
+free space is below what splitting the journal bytes not yet split will take, this append
+included, plus a margin.
+
+Splitting N bytes takes more than N bytes: every queue-log segment they fill brings an offset
+index, a time index and a producer snapshot, and each file's last block is partly empty. With
+small ``segment.bytes`` that is most of the cost (16 KiB segments on 4 KiB blocks: 16 KiB of
+files per 16 KiB of records), so the unsplit bytes are weighed by ``split_cost_factor``, worked
+out from the smallest ``segment.bytes`` and ``index.interval.bytes`` of any partition.
 
 Free space comes from ``statvfs`` at most every ``REFRESH_S``; bytes appended since are
 counted against it, so the check costs a subtraction on the produce path.
@@ -20,19 +27,48 @@ import os
 import time
 from collections.abc import Callable
 
+from stonemq.storage import offset_index, time_index
 from stonemq.storage.errors import StorageError
 
 REFRESH_S = 0.02
 log = logging.getLogger(__name__)
 
 MARGIN_BYTES = 1024 * 1024
-"""Room kept beyond the unsplit bytes: index entries, checkpoints, a new segment's first page."""
+"""Room kept beyond the split cost: checkpoint files rewritten beside their old copy, the
+recovery-point files, a directory block."""
+
+FILES_PER_SEGMENT = 4
+"""A queue-log segment's files that each end in a partly used block: log, index, time index,
+producer snapshot."""
+
+
+def split_cost_factor(segment_bytes: int, index_interval_bytes: int, block_bytes: int) -> float:
+    """Bytes the read directory gives per journal byte split into queue logs whose segments roll
+    at ``segment_bytes`` and are indexed every ``index_interval_bytes``. A segment holds at
+    least half its size when batches are no larger than a segment (one batch else), so it
+    rolls at most every ``segment_bytes / 2`` bytes; each roll costs up to a block per file;
+    each index interval adds one offset and one time index entry."""
+    roll = FILES_PER_SEGMENT * block_bytes
+    per_interval = offset_index.ENTRY_SIZE + time_index.ENTRY_SIZE
+    return 1.0 + roll / max(segment_bytes // 2, 1) + per_interval / max(index_interval_bytes, 1)
 
 
 class SplitHeadroom:
     """Refuses appends while the read directory cannot take what the splitter still owes."""
 
-    __slots__ = ("_checked_at", "_free", "_since", "directory", "lag", "margin_bytes", "refusing")
+    __slots__ = (
+        "_checked_at",
+        "_free",
+        "_min_index_interval",
+        "_min_segment",
+        "_since",
+        "block_bytes",
+        "cost_factor",
+        "directory",
+        "lag",
+        "margin_bytes",
+        "refusing",
+    )
 
     def __init__(
         self, directory: str, lag: Callable[[], int], margin_bytes: int = MARGIN_BYTES
@@ -40,6 +76,10 @@ class SplitHeadroom:
         self.directory = directory
         self.lag = lag  # journal bytes written or queued, not yet split
         self.margin_bytes = margin_bytes
+        self.block_bytes = 4096  # the filesystem's, from the first statvfs
+        self.cost_factor = 1.0  # see split_cost_factor; raised by note_config
+        self._min_segment = 1 << 62
+        self._min_index_interval = 1 << 62
         self._free = 0
         self._since = 0  # bytes appended since the free space was read
         self._checked_at = -1.0
@@ -50,14 +90,33 @@ class SplitHeadroom:
         if now - self._checked_at >= REFRESH_S:
             st = os.statvfs(self.directory)
             self._free = st.f_bavail * st.f_frsize
+            block = max(st.f_bsize, st.f_frsize, 512)
+            if block != self.block_bytes:
+                self.block_bytes = block
+                self._update_factor()
             self._since = 0
             self._checked_at = now
         return self._free - self._since
 
+    def note_config(self, segment_bytes: int, index_interval_bytes: int) -> None:
+        """A partition with these settings exists: the cost factor covers it from now on. It
+        is never lowered while the broker runs (a deleted topic's small segments keep it up
+        until a restart): conservative, and a scan of every partition per delete is not."""
+        if segment_bytes < self._min_segment or index_interval_bytes < self._min_index_interval:
+            self._min_segment = min(self._min_segment, segment_bytes)
+            self._min_index_interval = min(self._min_index_interval, index_interval_bytes)
+            self._update_factor()
+
+    def _update_factor(self) -> None:
+        if self._min_segment < 1 << 62:
+            self.cost_factor = split_cost_factor(
+                self._min_segment, self._min_index_interval, self.block_bytes
+            )
+
     def check(self, size: int) -> None:
         """Raise StorageError when an append of ``size`` bytes would leave the splitter short
         of space; else count it."""
-        need = self.lag() + size + self.margin_bytes
+        need = int((self.lag() + size) * self.cost_factor) + self.margin_bytes
         free = self.free_bytes()
         if free < need:
             self._checked_at = -1.0  # read it again next time: space may come back any moment

@@ -68,6 +68,7 @@ def test_delete_records_advances_log_start_and_survives_restart(tmp_path: Path) 
         assert before > 3
         assert engine.delete_records("t", 0, 51) == 51
         assert engine.log_start_offset("t", 0) == 51
+        await engine.wait_directory_work()  # files are unlinked off the event loop
         assert len(segment_files(tmp_path)) < before  # whole segments below 51 are gone
         assert engine.delete_records("t", 0, 10) == 51  # lower: no change
         with pytest.raises(OffsetOutOfRangeError):
@@ -132,6 +133,7 @@ def test_retention_bytes_and_ms(tmp_path: Path) -> None:
         total = sum(p.stat().st_size for p in (tmp_path / "queues" / "t-0").glob("*.log"))
         assert total > 8192
         assert engine.apply_retention(now_ms=2000) == 1
+        await engine.wait_directory_work()  # files are unlinked off the event loop
         kept = sum(p.stat().st_size for p in (tmp_path / "queues" / "t-0").glob("*.log"))
         assert 4096 - 2048 <= kept <= 4096 + 2048
         start = engine.log_start_offset("t", 0)
@@ -143,6 +145,7 @@ def test_retention_bytes_and_ms(tmp_path: Path) -> None:
         assert engine.apply_retention(now_ms=1400) == 0
         assert engine.apply_retention(now_ms=2000) == 1
         assert engine.log_start_offset("t", 0) == engine.high_watermark("t", 0) == 120
+        await engine.wait_directory_work()
         assert len(segment_files(tmp_path)) == 1  # an empty active segment at the log end
         await fill(engine, 2, timestamp=5000)
         assert offsets(engine) == [120, 122]

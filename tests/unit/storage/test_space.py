@@ -8,16 +8,18 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import os
 import subprocess
 from pathlib import Path
 
 import pytest
 from conftest import add_topic, build_batch, new_engine, read_all
 
-from stonemq.storage.engine import StorageError
+from stonemq.storage.engine import LogConfig, StorageError
 from stonemq.storage.errors import CutBackError
 from stonemq.storage.health import Health, JournalHealth
 from stonemq.storage.queue_log import QueueLog
+from stonemq.storage.space import SplitHeadroom, split_cost_factor
 from stonemq.storage.splitter import SplitError, Splitter
 
 FS_BYTES = 8 << 20
@@ -45,11 +47,13 @@ def test_appends_stop_while_the_splitter_would_lack_room(small_fs: Path) -> None
     headroom rule they filled the disk with journal bytes, the splitter then failed for
     lack of space forever and nothing acknowledged became readable, even after a restart.
     Now appends stop while the room to split them is still there, and once the splitter
-    runs every acknowledged batch is served."""
+    runs every acknowledged batch is served. Segments of two batches make the queue logs'
+    own files (indexes, snapshots, partly used blocks) cost as much as the records: a rule
+    that counted only the record bytes let the splitter run out of room."""
 
     async def main() -> None:
         engine = new_engine(small_fs, journal_segment_bytes=256 * 1024)
-        add_topic(engine, partitions=2)
+        add_topic(engine, partitions=2, config=LogConfig(segment_bytes=8 * 1024))
         engine.recover()  # no start(): nothing is split yet
         acked: dict[int, list[bytes]] = {0: [], 1: []}
         refused = 0
@@ -104,3 +108,60 @@ def test_a_full_read_directory_stops_appends_to_every_journal_partition(tmp_path
     splitter.failed(SplitError(2, queue, CutBackError(errno.EIO, "cut back failed")))
     assert [h.state for h in healths] == [Health.SPLIT_FULL, Health.SPLIT_FULL, Health.OFFLINE]
     assert queue.failed is not None
+
+
+@pytest.mark.parametrize(
+    ("segment_bytes", "index_interval_bytes"), [(8 * 1024, 4096), (64 * 1024, 512), (1 << 20, 4096)]
+)
+def test_the_split_cost_factor_covers_what_the_queue_logs_take(
+    tmp_path: Path, segment_bytes: int, index_interval_bytes: int
+) -> None:
+    """The headroom weighs unsplit bytes by ``split_cost_factor``: the blocks the queue logs
+    really occupy once split (segments, indexes, snapshots, partly used last blocks) never
+    exceed the journal bytes split times the factor. Counting the record bytes alone (a
+    factor of 1) falls short by a third with 8 KiB segments."""
+
+    async def main() -> int:
+        engine = new_engine(tmp_path, journal_segment_bytes=256 * 1024)
+        config = LogConfig(segment_bytes=segment_bytes, index_interval_bytes=index_interval_bytes)
+        add_topic(engine, partitions=2, config=config)
+        engine.recover()
+        engine.start(lambda *a: None)
+        appended = 0
+        for i in range(600):
+            batch = build_batch([bytes([i % 256]) * (500 + 37 * (i % 100))])
+            result = engine.append("t", i % 2, batch, 1)
+            await result.written
+            appended += len(batch) + 16  # the journal entry's own prefix counts too
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 10
+        while engine.unsplit_bytes() > 0:
+            assert loop.time() < deadline, "splitter stuck"
+            await asyncio.sleep(0.02)
+        await engine.close()
+        return appended
+
+    appended = asyncio.run(main())
+    used = sum(
+        entry.stat().st_blocks * 512
+        for entry in (tmp_path / "queues").rglob("*")
+        if entry.is_file()
+    )
+    checkpoints = sum(
+        entry.stat().st_blocks * 512 for entry in (tmp_path / "queues").iterdir() if entry.is_file()
+    )
+    block = os.statvfs(tmp_path).f_bsize
+    factor = split_cost_factor(segment_bytes, index_interval_bytes, block)
+    assert used - checkpoints <= appended * factor, (used, checkpoints, appended, factor)
+
+
+def test_the_headroom_weighs_unsplit_bytes_by_the_split_cost(tmp_path: Path) -> None:
+    """Half the free space unsplit is fine with 1 GiB segments, too much with 8 KiB ones."""
+    st = os.statvfs(tmp_path)
+    half = st.f_bavail * st.f_frsize // 2
+    headroom = SplitHeadroom(str(tmp_path), lambda: half, margin_bytes=0)
+    headroom.note_config(1 << 30, 4096)
+    headroom.check(0)
+    headroom.note_config(8 * 1024, 4096)
+    with pytest.raises(StorageError):
+        headroom.check(0)

@@ -1,0 +1,66 @@
+"""Fetch reads never wait for the disk on the event loop: what the page cache holds is read
+at once; bytes it does not hold raise NotCachedError there and are read in a disk-read
+thread on descriptors of its own (the disk-I/O part of the hostile-input issue)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+import pytest
+from conftest import add_topic, build_batch, cached_pages, new_engine, read_all, wait_split
+
+from stonemq.storage.open_files import CachedReads, NotCachedError
+from stonemq.storage.page_cache import drop_pages
+
+
+def drop_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        drop_pages(fd, 0, path.stat().st_size)
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.skipif(not hasattr(os, "RWF_NOWAIT"), reason="needs preadv2(RWF_NOWAIT)")
+def test_a_fetch_of_uncached_bytes_reads_them_in_a_thread(tmp_path: Path) -> None:
+    async def main() -> None:
+        engine = new_engine(tmp_path, queue_cache_retain_bytes=-1)
+        add_topic(engine)
+        engine.start(lambda *a: None)
+        batches = [build_batch([os.urandom(3000)] * 20) for _ in range(20)]  # ~1.2 MB
+        for batch in batches:
+            await engine.append("t", 0, batch, 20).written
+        await wait_split(engine)
+        expected = read_all(engine, "t", 0)
+        for log in (tmp_path / "queues" / "t-0").glob("*.log"):
+            drop_file(log)
+            assert not any(cached_pages(log)[:-1]), "pages still cached"
+        with pytest.raises(NotCachedError):  # the event loop's read would have waited
+            engine.read("t", 0, 0, 1 << 20, CachedReads(engine._files))
+        got = bytearray()
+        offset = 0
+        while offset < engine.high_watermark("t", 0):
+            data = bytes((await engine.read_async("t", 0, offset, 1 << 20)).data)
+            got += data
+            offset = last_offset_after(data)
+        assert bytes(got) == expected
+        assert engine._disk_readers is not None  # the reads went to the disk-read thread
+        await engine.close()
+
+    asyncio.run(main())
+
+
+def last_offset_after(data: bytes) -> int:
+    """The offset after the last whole batch of ``data``."""
+    pos = 0
+    nxt = 0
+    while pos + 61 <= len(data):
+        base = int.from_bytes(data[pos : pos + 8], "big")
+        length = int.from_bytes(data[pos + 8 : pos + 12], "big")
+        delta = int.from_bytes(data[pos + 23 : pos + 27], "big")
+        nxt = base + delta + 1
+        pos += 12 + length
+    return nxt
