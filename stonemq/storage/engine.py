@@ -42,6 +42,7 @@ from stonemq.storage.checkpoint import (
 from stonemq.storage.errors import OffsetOutOfRangeError, StorageError, UnknownPartitionError
 from stonemq.storage.fileio import FsyncError, fsync_paths
 from stonemq.storage.health import Event, is_space_error
+from stonemq.storage.index_file import IndexWrite
 from stonemq.storage.journal import (
     ENTRY_PREFIX_BATCH_BYTES,
     FLUSH_POLICIES,
@@ -57,6 +58,7 @@ from stonemq.storage.queue_log import (
     first_record_at,
     queue_log_dir,
 )
+from stonemq.storage.segment import Segment
 from stonemq.storage.space import SplitHeadroom
 from stonemq.storage.splitter import SplitError, Splitter
 
@@ -125,7 +127,7 @@ class _Flushing:
         queue: QueueLog,
         point: QueueRecoveryPoint,
         first_unflushed: int | None,
-        unflushed: list[str],
+        unflushed: list[Segment],
         paths: list[str],
     ) -> None:
         self.queue = queue
@@ -159,9 +161,23 @@ def _remove_dirs(paths: list[str]) -> None:
         fileio.rmtree(path)
 
 
-def _remove_files(paths: list[str]) -> None:
-    """Directory thread: unlink dropped segments' files (a file that cannot be unlinked is
-    logged: it holds nothing the log still counts)."""
+def _write_index_and_fsync(files: OpenFiles, jobs: list[IndexWrite], paths: list[str]) -> None:
+    """Flush thread: write the index entries pending for the files, then fsync them."""
+    for job in jobs:
+        job.run(files)
+    fsync_paths(paths)
+
+
+def _remove_files(paths: list[str], create: list[str] | None = None) -> None:
+    """Directory thread: create the new empty segment files a roll left (they hold the log
+    end across a restart, so they exist before anything older goes), then unlink dropped
+    segments' files (a file that cannot be unlinked is logged: it holds nothing the log
+    still counts)."""
+    for path in create or ():
+        try:
+            fileio.close(fileio.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644))
+        except OSError as exc:  # the next write to the segment creates it
+            log.warning("cannot create %s: %s", path, exc)
     for path in paths:
         try:
             fileio.unlink(path)
@@ -407,6 +423,8 @@ class StorageEngine:
             self._create_pending.difference_update(paths)
         if self._creator is None:
             self._creator = ThreadPoolExecutor(1, thread_name_prefix="stonemq-create")
+        if self._splitter is not None:
+            await self._splitter.idle()  # no split write left that could create a file there
         await asyncio.get_running_loop().run_in_executor(self._creator, _remove_dirs, paths)
 
     def _forget(self, state: _Partition, listed: bool = True) -> None:
@@ -889,10 +907,14 @@ class StorageEngine:
             loop = asyncio.get_running_loop()
             split_positions = list(self._splitter.positions)
             snapshot: list[_Flushing] = []
+            index_jobs: list[IndexWrite] = []
             for queue in queues:
                 if self._journals[queue.journal_partition].health.offline or queue.failed:
                     continue  # frozen until restart
-                targets = queue.flush_targets() if queue.segments else []
+                targets: list[str] = []
+                if queue.segments:
+                    targets, jobs = queue.flush_targets()
+                    index_jobs.extend(jobs)
                 snapshot.append(
                     _Flushing(
                         queue,
@@ -911,9 +933,14 @@ class StorageEngine:
             failed: dict[str, OSError] = {}
             try:
                 paths = [path for item in snapshot for path in item.paths]
-                await loop.run_in_executor(None, fsync_paths, paths)
+                await loop.run_in_executor(
+                    None, _write_index_and_fsync, self._files, index_jobs, paths
+                )
             except FsyncError as exc:
                 failed = exc.failed
+            finally:
+                for job in index_jobs:
+                    job.done()
             for item in snapshot:
                 bad = [path for path in item.paths if path in failed]
                 if bad:
@@ -1037,16 +1064,17 @@ class StorageEngine:
         """Unlink the files of the segments ``queue`` dropped, in the directory thread (in
         order with its other work) when a loop runs, else at once."""
         paths, queue.doomed = queue.doomed, []
-        if not paths:
+        create, queue.to_create = queue.to_create, []
+        if not paths and not create:
             return
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
-            _remove_files(paths)
+            _remove_files(paths, create)
             return
         if self._creator is None:
             self._creator = ThreadPoolExecutor(1, thread_name_prefix="stonemq-create")
-        loop.run_in_executor(self._creator, _remove_files, paths)
+        loop.run_in_executor(self._creator, _remove_files, paths, create)
 
     async def wait_directory_work(self, timeout_s: float = 60.0) -> bool:
         """Wait (at most ``timeout_s``) for the directory thread's work queued so far:

@@ -188,6 +188,30 @@ def active() -> FileOps:
     return _active
 
 
+IOV_MAX = 1024
+"""Buffers one ``pwritev`` takes at most (Linux's ``IOV_MAX``)."""
+
+
+def pwrite_all(fd: int, buffers: Sequence[Any], pos: int) -> None:
+    """Write ``buffers`` back to back at ``pos`` with pwritev (no joining copy), finishing
+    short writes; a write that makes no progress raises ENOSPC instead of looping."""
+    views = list(buffers)
+    start = 0
+    while start < len(views):
+        chunk = views[start : start + IOV_MAX]
+        done = pwritev(fd, chunk, pos)
+        if done <= 0:
+            raise OSError(errno.ENOSPC, "write made no progress")
+        pos += done
+        for view in chunk:
+            if done >= len(view):
+                done -= len(view)
+                start += 1
+            else:  # a short write ended inside this buffer
+                views[start] = memoryview(view)[done:]
+                break
+
+
 def makedirs_durable(path: str) -> None:
     """Create ``path`` and any missing parents, each made durable in its parent (a new
     directory's name is only durable once its parent is fsynced)."""

@@ -25,7 +25,8 @@ it), and the transition table below decides the partition's :class:`Health`:
   checkpoint of it or of its queue logs moves, none of its journal segments is deleted, and
   a queue log whose own write failed answers reads with a storage error. What it
   acknowledged is in its journal and queue-log files up to the last checkpoint, and recovery
-  at the next start replays the rest.
+  at the next start replays the rest. A journal read by the splitter that fails (EIO) is
+  fatal too: the splitter cannot get past it, and what it could not read is still on disk.
 
 The table is data, so a unit test can drive every transition with injected errors.
 """
@@ -57,6 +58,7 @@ class Event(enum.Enum):
     JOURNAL_WRITE_ERROR = "journal write failed"
     JOURNAL_CUT_BACK_FAILED = "failed journal write could not be cut back"
     JOURNAL_FSYNC_FAILED = "journal fsync failed"
+    JOURNAL_READ_ERROR = "journal read failed"
     QUEUE_WRITE_ERROR = "queue-log write failed"
     QUEUE_CUT_BACK_FAILED = "failed queue-log write could not be cut back"
     QUEUE_FSYNC_FAILED = "queue-log fsync failed"
@@ -69,6 +71,7 @@ FATAL = frozenset(
         Event.JOURNAL_WRITE_ERROR,
         Event.JOURNAL_CUT_BACK_FAILED,
         Event.JOURNAL_FSYNC_FAILED,
+        Event.JOURNAL_READ_ERROR,
         Event.QUEUE_WRITE_ERROR,
         Event.QUEUE_CUT_BACK_FAILED,
         Event.QUEUE_FSYNC_FAILED,

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import bisect
-import errno
 import logging
 import os
 import struct
@@ -39,7 +38,7 @@ from stonemq.storage import fileio
 from stonemq.storage.errors import StorageError
 from stonemq.storage.fileio import fsync_paths
 from stonemq.storage.health import Event, JournalHealth, is_space_error
-from stonemq.storage.page_cache import PAGE_BYTES, RECOVERY_READ_BYTES, Range, drop_pages
+from stonemq.storage.page_cache import PAGE_BYTES, RECOVERY_READ_BYTES, Range, drop_consumed
 
 log = logging.getLogger(__name__)
 
@@ -275,7 +274,7 @@ class JournalReader:
                 data = memoryview(self._pread(pos, size))
                 entries, used = decode_entries(data, pos, verify)
         if self.read_once and used:
-            drop_pages(self._fd, pos - self._fd_base, used)  # an entry never spans segments
+            drop_consumed(self._fd, pos - self._fd_base, used)  # entries never span segments
         return entries, pos + used
 
 
@@ -393,14 +392,16 @@ class JournalLog:
         files hold counts as durable yet: the caller fsyncs them (``fsync_now``)."""
         if not self.segments or self.segments[-1] != base:
             self.segments.append(base)
-        created = not os.path.exists(self.path(base))
         self._fd = fileio.open(self.path(base), _OPEN_FLAGS, 0o644)
         self.active_size = os.fstat(self._fd).st_size
         self.written_end = base + self.active_size
         self.durable_end = self.segments[0]
         self._dir_synced_base = -1
-        if created:  # its name durable before anything written to it is acknowledged
-            fileio.fsync_dir(self.directory)
+        # its name durable before anything written to it is acknowledged; also when the file
+        # was already there: an earlier start may have created it and failed (or crashed)
+        # before its directory fsync, and writes under ``always`` fsync the file, not its name
+        fileio.fsync_dir(self.directory)
+        self._dir_synced_base = base
 
     def open(self) -> None:
         """Open for appending without a recovery scan (a fresh or trusted journal)."""
@@ -704,7 +705,7 @@ def _write_entries(
             total += sizes[k]
             k += 1
         try:
-            _pwrite_all(fd, pieces[2 * i : 2 * k], size)
+            fileio.pwrite_all(fd, pieces[2 * i : 2 * k], size)
         except OSError as exc:
             error = exc
             try:
@@ -728,26 +729,3 @@ def _write_entries(
         for old in to_fsync:
             fileio.close(old)
     return _Written(fd, new_bases, size, i, rolled, error, truncate_error, fsync_error)
-
-
-_IOV_MAX = 1024
-
-
-def _pwrite_all(fd: int, buffers: list[Any], pos: int) -> None:
-    """Write ``buffers`` back to back at ``pos`` with pwritev (no joining copy), finishing
-    short writes."""
-    views = list(buffers)
-    start = 0
-    while start < len(views):
-        chunk = views[start : start + _IOV_MAX]
-        done = fileio.pwritev(fd, chunk, pos)
-        if done <= 0:  # no progress: never loop on it
-            raise OSError(errno.ENOSPC, "write made no progress")
-        pos += done
-        for view in chunk:
-            if done >= len(view):
-                done -= len(view)
-                start += 1
-            else:  # a short write ended inside this buffer
-                views[start] = memoryview(view)[done:]
-                break

@@ -42,10 +42,10 @@ class OffsetIndex(IndexFile):
         rel, pos = _ENTRY.unpack(self.raw_entry(files, i))
         return self.base_offset + rel, pos
 
-    def append(self, files: OpenFiles, offset: int, position: int) -> None:
+    def append(self, offset: int, position: int) -> None:
         if offset <= self.last_offset:
             return
-        self.add(files, _ENTRY.pack(offset - self.base_offset, position))
+        self.add(_ENTRY.pack(offset - self.base_offset, position))
         self.last_offset = offset
 
     def lookup(self, files: Reads, target: int) -> tuple[int, int]:

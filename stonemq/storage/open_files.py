@@ -2,8 +2,13 @@
 
 Queue-log segments and their indexes are opened on demand and kept in a least-recently-used
 cache, so 100,000 partitions run under the default ``ulimit -n``: an idle partition holds no
-open file. Descriptors are only used synchronously on the event-loop thread (pread/pwrite);
-background threads that fsync open their own descriptors by path.
+open file. The event loop (fetch reads that never wait for the disk) and the splitter's write
+thread share it: every use pins its descriptor (:meth:`OpenFiles.acquire` /
+:meth:`OpenFiles.release`, or the methods that do both around one call), and a pinned
+descriptor is never closed under its user, whether the cache evicts it or its file is being
+deleted: it is closed when the last pin goes. Opens and closes run outside the cache's lock,
+so one thread's wait on the filesystem never holds up another's cache hit. Fsync and
+page-cache threads open their own descriptors by path.
 """
 
 from __future__ import annotations
@@ -12,7 +17,9 @@ import contextlib
 import logging
 import os
 import resource
+import threading
 from collections import OrderedDict
+from collections.abc import Sequence
 from typing import Protocol
 
 from stonemq.storage import fileio
@@ -51,7 +58,7 @@ class CachedReads:
         self.files = files
 
     def pread(self, path: str, n: int, pos: int) -> bytes:
-        data = fileio.pread_cached(self.files.get(path), n, pos)
+        data = self.files.pread_cached(path, n, pos)
         if data is None:
             raise NotCachedError(path)
         return data
@@ -126,58 +133,154 @@ def fit_to_fd_limit(requested: int, explicit: bool = True) -> int:
 
 
 class OpenFiles:
-    """An LRU cache of file descriptors keyed by path, holding at most ``max_open_files``."""
+    """An LRU cache of file descriptors keyed by path, holding at most ``max_open_files``
+    unpinned ones (pinned descriptors may exceed it for as long as they are in use)."""
 
-    __slots__ = ("_fds", "max_open_files", "opens")
+    __slots__ = ("_fds", "_lock", "_orphans", "_pins", "max_open_files", "opens")
 
     def __init__(self, max_open_files: int) -> None:
         if max_open_files < 1:
             raise ValueError("max_open_files must be at least 1")
         self.max_open_files = max_open_files
         self._fds: OrderedDict[str, int] = OrderedDict()
+        self._pins: dict[int, int] = {}  # fd -> uses in progress
+        self._orphans: set[int] = set()  # pinned fds out of the cache: closed at last release
+        self._lock = threading.Lock()
         self.opens = 0  # files opened since start (a cache-miss counter for metrics/tests)
 
     def __len__(self) -> int:
         return len(self._fds)
 
-    def get(self, path: str) -> int:
-        """The descriptor of ``path`` (read/write, created if missing), opening it if needed."""
-        fds = self._fds
-        fd = fds.get(path)
-        if fd is not None:
-            fds.move_to_end(path)
-            return fd
-        while len(fds) >= self.max_open_files:
-            _, old = fds.popitem(last=False)
+    def acquire(self, path: str) -> int:
+        """The descriptor of ``path`` (read/write, created if missing), pinned until
+        :meth:`release`; opens it (outside the lock) on a miss."""
+        lock = self._lock
+        with lock:
+            fd = self._fds.get(path)
+            if fd is not None:
+                self._fds.move_to_end(path)
+                self._pins[fd] = self._pins.get(fd, 0) + 1
+                return fd
+        opened = fileio.open(path, _OPEN_FLAGS, 0o644)
+        to_close: list[int] = []
+        with lock:
+            fd = self._fds.get(path)
+            if fd is None:  # else another thread opened it meanwhile: use that one
+                fd = self._fds[path] = opened
+                self.opens += 1
+                opened = -1
+                to_close = self._evict()
+            else:
+                self._fds.move_to_end(path)
+            self._pins[fd] = self._pins.get(fd, 0) + 1
+        if opened >= 0:
+            to_close.append(opened)
+        for old in to_close:
             fileio.close(old)
-        fd = fileio.open(path, _OPEN_FLAGS, 0o644)
-        self.opens += 1
-        fds[path] = fd
+        return fd
+
+    def _evict(self) -> list[int]:
+        """Under the lock: take the oldest descriptors out while the cache is over its size;
+        returns the unpinned ones to close (pinned ones become orphans)."""
+        fds = self._fds
+        out: list[int] = []
+        while len(fds) > self.max_open_files:
+            _, old = fds.popitem(last=False)
+            if old in self._pins:
+                self._orphans.add(old)
+            else:
+                out.append(old)
+        return out
+
+    def release(self, fd: int) -> None:
+        with self._lock:
+            left = self._pins[fd] - 1
+            if left:
+                self._pins[fd] = left
+                return
+            del self._pins[fd]
+            if fd not in self._orphans:
+                return
+            self._orphans.discard(fd)
+        fileio.close(fd)
+
+    def get(self, path: str) -> int:
+        """The descriptor of ``path``, unpinned: only for code that no other thread can race
+        (recovery, before the splitter's thread starts, and tests)."""
+        fd = self.acquire(path)
+        self.release(fd)
         return fd
 
     def pread(self, path: str, n: int, pos: int) -> bytes:
         """Read through the cache's descriptor (may wait for the disk)."""
-        return fileio.pread(self.get(path), n, pos)
+        fd = self.acquire(path)
+        try:
+            return fileio.pread(fd, n, pos)
+        finally:
+            self.release(fd)
+
+    def pread_cached(self, path: str, n: int, pos: int) -> bytes | None:
+        """``fileio.pread_cached`` through the cache's descriptor: None unless cached."""
+        fd = self.acquire(path)
+        try:
+            return fileio.pread_cached(fd, n, pos)
+        finally:
+            self.release(fd)
+
+    def pwrite_all(self, path: str, buffers: Sequence[object], pos: int) -> None:
+        """``fileio.pwrite_all`` through the cache's descriptor (creates the file)."""
+        fd = self.acquire(path)
+        try:
+            fileio.pwrite_all(fd, buffers, pos)
+        finally:
+            self.release(fd)
+
+    def ftruncate(self, path: str, size: int) -> None:
+        fd = self.acquire(path)
+        try:
+            fileio.ftruncate(fd, size)
+        finally:
+            self.release(fd)
+
+    def size(self, path: str) -> int:
+        fd = self.acquire(path)
+        try:
+            return os.fstat(fd).st_size
+        finally:
+            self.release(fd)
 
     def hint(self, path: str, pos: int, n: int) -> None:
         """Ask the kernel to start reading ``[pos, pos + n)`` ahead (asynchronously)."""
         if _FADV_WILLNEED is not None and n > 0:
-            with contextlib.suppress(OSError):
-                os.posix_fadvise(self.get(path), pos, n, _FADV_WILLNEED)
+            fd = self.acquire(path)
+            try:
+                with contextlib.suppress(OSError):
+                    os.posix_fadvise(fd, pos, n, _FADV_WILLNEED)
+            finally:
+                self.release(fd)
 
     def close(self, path: str) -> None:
-        """Close ``path`` if it is open (before deleting or renaming it)."""
-        fd = self._fds.pop(path, None)
-        if fd is not None:
-            fileio.close(fd)
+        """Close ``path`` if it is open (before deleting or renaming it); a descriptor in use
+        is closed by its last user."""
+        with self._lock:
+            fd = self._fds.pop(path, None)
+            if fd is None:
+                return
+            if fd in self._pins:
+                self._orphans.add(fd)
+                return
+        fileio.close(fd)
 
     def close_under(self, directory: str) -> None:
         """Close every open file inside ``directory``."""
         prefix = directory.rstrip("/") + "/"
-        for path in [p for p in self._fds if p.startswith(prefix)]:
+        with self._lock:
+            paths = [p for p in self._fds if p.startswith(prefix)]
+        for path in paths:
             self.close(path)
 
     def close_all(self) -> None:
-        while self._fds:
-            _, fd = self._fds.popitem()
-            fileio.close(fd)
+        with self._lock:
+            paths = list(self._fds)
+        for path in paths:
+            self.close(path)

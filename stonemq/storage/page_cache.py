@@ -80,6 +80,16 @@ def drop_pages(fd: int, offset: int, length: int) -> None:
             os.posix_fadvise(fd, offset, length, _FADV_DONTNEED)
 
 
+def drop_consumed(fd: int, offset: int, length: int) -> None:
+    """Drop the pages of ``[offset, offset + length)`` read once by a sequential reader, from
+    the page boundary below ``offset``: the page holding ``offset`` was partly used by the
+    previous read, which could not drop it (a drop only takes whole pages), and the reader
+    never goes back to it. The page holding the end stays for the next read, which starts
+    there (at the end of the file Linux drops the partial last page too)."""
+    start = offset - offset % PAGE_BYTES
+    drop_pages(fd, start, length + offset - start)
+
+
 def write_back(fd: int, offset: int, length: int, wait: bool) -> None:
     """Start writing back ``fd``'s dirty pages in the range, and with ``wait`` also wait until
     every page in it is clean (Linux ``sync_file_range``: no fsync, no metadata; elsewhere

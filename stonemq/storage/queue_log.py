@@ -5,6 +5,13 @@ and ``.timeindex``. Only the Splitter appends (batches that are already in the j
 everything in a QueueLog is split and may be served: its next offset is the high watermark.
 A QueueLog holds a few small fields and its segment list; files are opened through the
 :class:`OpenFiles` cache on use.
+
+Appends come in three steps so that no write waits on the event loop (:class:`SplitWrite`):
+``stage`` (loop) places batches after the log end, deciding rolls, and changes nothing a
+reader sees; ``SplitWrite.write`` (the splitter's thread) writes them, one ``pwritev`` per
+segment touched, plus index entries that are due; ``publish`` (loop) makes the written ones
+visible: segment sizes, index entries, rolls, producer state and the log end. Only the
+splitter stages, one step at a time, so a staged write always starts at the published end.
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ from stonemq.protocol.record_batch import (
 from stonemq.storage import fileio
 from stonemq.storage.checkpoint import QueueRecoveryPoint
 from stonemq.storage.errors import StorageError
+from stonemq.storage.index_file import IndexWrite
 from stonemq.storage.open_files import OpenFiles, Reads
 from stonemq.storage.page_cache import WrittenPages
 from stonemq.storage.producer_state import ProducerState, load_snapshot
@@ -69,6 +77,102 @@ def first_record_at(
     return None
 
 
+class _Run:
+    """Batches staged back to back in one segment (one ``pwritev``)."""
+
+    __slots__ = ("batches", "buffers", "created_ms", "new_segment", "pos", "segment")
+
+    def __init__(self, segment: Segment, pos: int, new_segment: bool) -> None:
+        self.segment = segment
+        self.pos = pos
+        self.new_segment = new_segment  # the run starts the segment (a roll, or the first)
+        self.created_ms = int(time.time() * 1000) if new_segment else 0
+        self.buffers: list[memoryview] = []
+        self.batches: list[tuple[BatchHeader, int]] = []  # (header, journal position)
+
+
+class SplitWrite:
+    """One queue log's share of a split step: staged on the loop (``QueueLog.stage``),
+    written by :meth:`write` in the splitter's thread, published on the loop
+    (``QueueLog.publish``). Runs are written in order and stop at the first failure: the
+    runs before it are published, the rest are staged again by the next attempt."""
+
+    __slots__ = (
+        "active",
+        "created_ms",
+        "done_runs",
+        "error",
+        "first_timestamp",
+        "index_jobs",
+        "make_dir",
+        "next_offset",
+        "queue",
+        "runs",
+        "size",
+        "staged_in_active",
+    )
+
+    def __init__(self, queue: QueueLog) -> None:
+        self.queue = queue
+        segments = queue.segments
+        self.active: Segment | None = segments[-1] if segments else None
+        self.size = self.active.size if self.active is not None else 0
+        self.next_offset = queue.next_offset
+        self.first_timestamp = self.active.first_timestamp if self.active is not None else None
+        self.created_ms = queue.created_ms
+        self.staged_in_active = 0
+        self.runs: list[_Run] = []
+        self.index_jobs: list[IndexWrite] = []
+        self.make_dir = not segments
+        self.done_runs = 0
+        self.error: OSError | None = None
+
+    def start_segment(self, segment: Segment) -> None:
+        run = _Run(segment, 0, True)
+        self.runs.append(run)
+        self.active = segment
+        self.size = 0
+        self.first_timestamp = None
+        self.created_ms = run.created_ms
+        self.staged_in_active = 0
+
+    def add(self, batch: memoryview, header: BatchHeader, journal_position: int) -> None:
+        runs = self.runs
+        if not runs or runs[-1].segment is not self.active:
+            assert self.active is not None
+            runs.append(_Run(self.active, self.size, False))
+        run = runs[-1]
+        run.buffers.append(batch)
+        run.batches.append((header, journal_position))
+        self.size += header.size
+        self.next_offset = header.next_offset
+        self.staged_in_active += 1
+        if self.first_timestamp is None:
+            self.first_timestamp = header.max_timestamp
+
+    def take_index_writes(self) -> None:
+        """Before the write leaves the loop: the active segment's index entries that are due
+        go with it (written in the same thread visit)."""
+        segments = self.queue.segments
+        if segments:
+            self.index_jobs = segments[-1].index_writes(due_only=True)
+
+    def write(self) -> None:
+        """Thread side: the directory if new, the runs in order, the index entries. Never
+        raises: a failed run's error is kept in ``error``, the runs before it count."""
+        files = self.queue.files
+        try:
+            if self.make_dir and not os.path.isdir(self.queue.directory):
+                fileio.makedirs(self.queue.directory)
+            for run in self.runs:
+                run.segment.write(files, run.buffers, run.pos)
+                self.done_runs += 1
+        except OSError as exc:
+            self.error = exc
+        for job in self.index_jobs:
+            job.run(files)
+
+
 def queue_log_dir(queue_dir: str, topic: str, partition: int) -> str:
     return os.path.join(queue_dir, f"{topic}-{partition}")
 
@@ -105,10 +209,13 @@ class QueueLog:
         "pages",
         "partition",
         "producers",
+        "removed",
         "segments",
         "snapshot_due",
+        "to_create",
         "topic",
         "unflushed",
+        "writing",
     )
 
     def __init__(
@@ -135,15 +242,18 @@ class QueueLog:
         self.last_journal_position = -1  # journal position of the last entry split in
         # journal position of the first entry split in since the last flush; None when clean
         self.first_unflushed_journal_position: int | None = None
-        self.unflushed: list[str] = []  # files of segments sealed since the last flush
+        self.unflushed: list[Segment] = []  # segments sealed since the last flush
         self.new_files = False  # a segment was created since the last flush: fsync the dir
         # set when a write, fsync or write-back of its files failed (health.py): its bytes
         # are no longer known good, so reads answer with this error until a restart
         self.failed: Exception | None = None
         self.doomed: list[str] = []  # files of dropped segments, to unlink
+        self.to_create: list[str] = []  # a new empty segment's file, created before the unlinks
         # idempotent producers of the batches held here, and pending ones (producer_state.py)
         self.producers: ProducerState | None = None
         self.snapshot_due: tuple[int, bytes] | None = None  # (offset, bytes) taken at a roll
+        self.writing = False  # a staged write is in flight: retention does not roll it
+        self.removed = False  # its partition was deleted: a late write's error is moot
 
     # -- state ----------------------------------------------------------------------------
     @property
@@ -172,20 +282,22 @@ class QueueLog:
             self.last_journal_position,
         )
 
-    def flush_targets(self) -> list[str]:
-        """Files to fsync for a flush: sealed-since-last-flush ones and the active segment's
-        (whose index entries pending in memory are written now, so the fsync covers them)."""
-        paths = list(self.unflushed)
+    def flush_targets(self) -> tuple[list[str], list[IndexWrite]]:
+        """Files to fsync for a flush (sealed-since-last-flush segments' and the active
+        segment's) and the index entries pending in memory for them, which the flush thread
+        writes before it fsyncs, so the fsync covers them."""
+        paths = [path for seg in self.unflushed for path in seg.paths]
+        jobs = [job for seg in self.unflushed for job in seg.index_writes()]
         if self.segments:
             active = self.segments[-1]
-            active.write_index_entries(self.files)
+            jobs.extend(active.index_writes())
             paths.extend(active.paths)
         if self.new_files:
             # the new segments' directory entries (and this directory's own, once)
             paths.append(self.directory)
             if len(self.segments) == 1:
                 paths.append(os.path.dirname(self.directory))
-        return paths
+        return paths, jobs
 
     def paths_from(self, segment_base: int) -> list[str]:
         """Files of the segments from the one at ``segment_base`` on (all if it is gone)."""
@@ -200,41 +312,101 @@ class QueueLog:
         self.new_files = False
 
     # -- write ----------------------------------------------------------------------------
-    def append(self, batch: memoryview, journal_position: int) -> bool:
-        """Append one batch from the journal entry at ``journal_position``. Returns False
-        (and changes nothing) when the log already holds its offsets: re-splitting is a no-op.
-        """
+    def stage(self, write: SplitWrite, batch: memoryview, journal_position: int) -> bool:
+        """Place one batch from the journal entry at ``journal_position`` in ``write`` (on
+        the loop; nothing a reader sees changes). Returns False when the log already holds
+        its offsets: re-splitting is a no-op."""
         header = parse_header(batch)
-        if header.base_offset < self.next_offset and (
-            self.segments or header.next_offset <= self.next_offset
-        ):
+        end = write.next_offset
+        if header.base_offset < end and (write.active is not None or header.next_offset <= end):
             return False  # held already (an empty log takes a batch holding its log start)
-        if header.base_offset > self.next_offset and self.segments:
+        if header.base_offset > end and write.active is not None:
             log.warning(
                 "%s-%d: offsets %d..%d missing before split batch at %d",
                 self.topic,
                 self.partition,
-                self.next_offset,
+                end,
                 header.base_offset - 1,
                 header.base_offset,
             )
-        if not self.segments:
-            if not os.path.isdir(self.directory):  # a stat; usually created ahead (engine)
-                fileio.makedirs(self.directory)
-            self._new_segment(header.base_offset)
-        elif self._should_roll(self.segments[-1], header):
-            self.roll(header.base_offset)
-        active = self.segments[-1]
-        start = active.size
-        active.append(self.files, batch, header, self.config.index_interval_bytes)
-        if self.pages is not None:
-            self.pages.note(active.log_path, start, active.size)
-        self.next_offset = header.next_offset
-        self.last_journal_position = journal_position
-        if self.first_unflushed_journal_position is None:
-            self.first_unflushed_journal_position = journal_position
-        if header.producer_id >= 0 and header.base_sequence >= 0:
-            self._apply_producer(header)
+        if write.active is None or self._should_roll(write, header):
+            write.start_segment(Segment(self.directory, header.base_offset))
+        write.add(batch, header, journal_position)
+        return True
+
+    def _should_roll(self, write: SplitWrite, header: BatchHeader) -> bool:
+        size = write.size
+        if size == 0:
+            return False
+        seg = write.active
+        assert seg is not None
+        config = self.config
+        if size + header.size > config.segment_bytes:
+            return True
+        if header.last_offset - seg.base_offset > _MAX_RELATIVE_OFFSET:
+            return True
+        # each batch staged since may add one entry to each index when published
+        index_bytes = config.segment_index_bytes
+        staged = write.staged_in_active
+        if (seg.offset_index_entries + staged + 1) * 8 > index_bytes:
+            return True
+        if (seg.time_index_entries + staged + 1) * 12 > index_bytes:
+            return True
+        first = write.first_timestamp
+        if first is not None and first >= 0:
+            waited = header.max_timestamp - first
+        else:
+            waited = int(time.time() * 1000) - write.created_ms
+        return waited > config.segment_ms
+
+    def new_write(self) -> SplitWrite:
+        """An empty write placed at the published log end."""
+        return SplitWrite(self)
+
+    def publish(self, write: SplitWrite) -> bool:
+        """Make what ``write`` wrote visible (on the loop): rolls, segment sizes, index
+        entries, the log end, producer state. Returns whether anything was appended."""
+        self.writing = False
+        for job in write.index_jobs:
+            job.done()
+        interval = self.config.index_interval_bytes
+        pages = self.pages
+        appended = False
+        for run in write.runs[: write.done_runs]:
+            seg = run.segment
+            if run.new_segment:
+                if self.segments:
+                    self._seal_active()
+                self.segments.append(seg)
+                self.new_files = True
+                self.created_ms = run.created_ms
+            pos = run.pos
+            start = pos
+            for header, journal_position in run.batches:
+                seg.size = pos + header.size
+                seg.track(header, pos, interval)
+                pos += header.size
+                self.next_offset = header.next_offset
+                self.last_journal_position = journal_position
+                if self.first_unflushed_journal_position is None:
+                    self.first_unflushed_journal_position = journal_position
+                if header.producer_id >= 0 and header.base_sequence >= 0:
+                    self._apply_producer(header)
+            if pages is not None:
+                pages.note(seg.log_path, start, pos)
+            appended = True
+        return appended
+
+    def append(self, batch: memoryview, journal_position: int) -> bool:
+        """Stage, write and publish one batch in this thread (recovery and tests). Returns
+        False (and changes nothing) when the log already holds its offsets."""
+        write = self.new_write()
+        if not self.stage(write, batch, journal_position):
+            return False
+        write.write()
+        self.publish(write)
+        if write.error is not None:
+            raise write.error
         return True
 
     def producer_state(self) -> ProducerState:
@@ -261,43 +433,27 @@ class QueueLog:
         state.snapshot_offset = self.next_offset
         return self.next_offset, state.encode()
 
-    def _should_roll(self, seg: Segment, header: BatchHeader) -> bool:
-        if seg.size == 0:
-            return False
-        config = self.config
-        if seg.size + header.size > config.segment_bytes:
-            return True
-        if header.last_offset - seg.base_offset > _MAX_RELATIVE_OFFSET:
-            return True
-        index_bytes = config.segment_index_bytes
-        if (seg.offset_index_entries + 1) * 8 > index_bytes:
-            return True
-        if (seg.time_index_entries + 1) * 12 > index_bytes:
-            return True
-        if seg.first_timestamp is not None and seg.first_timestamp >= 0:
-            waited = header.max_timestamp - seg.first_timestamp
-        else:
-            waited = int(time.time() * 1000) - self.created_ms
-        return waited > config.segment_ms
+    def _seal_active(self) -> None:
+        """The active segment stops being active: the producer state as of now is taken as
+        a snapshot for the engine to write (off the event loop), as Kafka does at each roll;
+        its files are fsynced, and its pending index entries written, by the next flush."""
+        self.snapshot_due = self.take_snapshot()
+        active = self.segments[-1]
+        active.seal()
+        self.unflushed.append(active)
+        for path in active.paths:
+            self.files.close(path)
 
-    def _new_segment(self, base_offset: int) -> None:
+    def roll_empty(self, base_offset: int) -> str:
+        """Seal the active segment and start an empty one at ``base_offset`` (on the loop,
+        with no write in flight). Returns the new segment's log file, which the caller
+        creates (it holds the log end across a restart) before anything older goes."""
+        self._seal_active()
         seg = Segment(self.directory, base_offset)
-        self.files.get(seg.log_path)  # the file exists from now on: it holds the log end
         self.segments.append(seg)
         self.new_files = True
         self.created_ms = int(time.time() * 1000)
-
-    def roll(self, base_offset: int) -> None:
-        """Seal the active segment and start one at ``base_offset``; the sealed files are
-        fsynced by the next flush. The producer state as of the roll is taken as a snapshot
-        for the engine to write (off the event loop), as Kafka does at each roll."""
-        self.snapshot_due = self.take_snapshot()
-        active = self.segments[-1]
-        active.seal(self.files)
-        self.unflushed.extend(active.paths)
-        for path in active.paths:
-            self.files.close(path)
-        self._new_segment(base_offset)
+        return seg.log_path
 
     # -- retention ------------------------------------------------------------------------
     def advance_log_start(self, offset: int) -> int:
@@ -313,8 +469,10 @@ class QueueLog:
                 break
             count += 1
         whole = count == len(self.segments) - 1 and offset >= self.next_offset
-        if whole and self.segments[-1].size:
-            self.roll(self.next_offset)  # the active segment is wholly below: seal it too
+        if whole and self.segments[-1].size and not self.writing:
+            # the active segment is wholly below: seal it too (not while a split write is in
+            # flight into it: the next retention round does)
+            self.to_create.append(self.roll_empty(self.next_offset))
             count += 1
         return self._delete_oldest(count, "below the log start offset")
 
@@ -363,8 +521,8 @@ class QueueLog:
             for path in seg.paths:
                 self.files.close(path)
                 self.doomed.append(path)
-                if path in self.unflushed:
-                    self.unflushed.remove(path)
+            if seg in self.unflushed:
+                self.unflushed.remove(seg)
             log.info(
                 "%s-%d: deleted segment %d (%s)", self.topic, self.partition, seg.base_offset, why
             )
@@ -558,6 +716,7 @@ class QueueLog:
 
     def close_files(self) -> None:
         """Close every file of its segments (before its directory is deleted)."""
+        self.removed = True
         for seg in self.segments:
             for path in seg.paths:
                 self.files.close(path)

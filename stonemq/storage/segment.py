@@ -7,7 +7,6 @@ length fields. Files are reached through the :class:`OpenFiles` cache and never 
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
 import struct
@@ -23,9 +22,10 @@ from stonemq.protocol.record_batch import (
 )
 from stonemq.storage import fileio
 from stonemq.storage.errors import CutBackError
+from stonemq.storage.index_file import IndexWrite
 from stonemq.storage.offset_index import OffsetIndex
 from stonemq.storage.open_files import OpenFiles, Reads
-from stonemq.storage.page_cache import RECOVERY_READ_BYTES, drop_pages
+from stonemq.storage.page_cache import RECOVERY_READ_BYTES, drop_consumed
 from stonemq.storage.time_index import TimeIndex
 
 log = logging.getLogger(__name__)
@@ -103,57 +103,65 @@ class Segment:
         return self.log_path, self._sibling(INDEX_SUFFIX), self._sibling(TIME_INDEX_SUFFIX)
 
     # -- write ----------------------------------------------------------------------------
-    def append(
-        self, files: OpenFiles, batch: memoryview, header: BatchHeader, index_interval_bytes: int
-    ) -> None:
-        """Write one whole batch at the end (a failed write leaves ``size`` unchanged)."""
-        fd = files.get(self.log_path)
-        pos = self.size
-        done = 0
-        n = len(batch)
+    def write(self, files: OpenFiles, buffers: list[memoryview], pos: int) -> None:
+        """Write ``buffers`` (whole batches) back to back at ``pos``, in whatever thread
+        calls it; on a failure the file is cut back to ``pos`` (no partial batch left
+        behind: ENOSPC, EIO) and the error raised (:class:`CutBackError` if the cut failed).
+        Changes no field: the caller publishes the batches (``track``) once written."""
         try:
-            while done < n:
-                wrote = fileio.pwrite(fd, batch[done:], pos + done)
-                if wrote <= 0:  # no progress: never loop on it
-                    raise OSError(errno.ENOSPC, f"{self.log_path}: write made no progress")
-                done += wrote
+            files.pwrite_all(self.log_path, buffers, pos)
         except OSError as exc:
             try:
-                fileio.ftruncate(fd, pos)  # leave no partial batch behind (ENOSPC, EIO)
+                files.ftruncate(self.log_path, pos)
             except OSError as cut:
                 raise CutBackError(cut.errno, f"{self.log_path}: {exc}; cut back: {cut}") from exc
             raise
-        self.size = pos + n
-        try:
-            self.track(files, header, pos, index_interval_bytes)
-        except OSError as exc:  # the batch is in: a missing sparse-index entry only costs a scan
-            log.warning("%s: index entry skipped: %s", self.log_path, exc)
 
-    def track(
-        self, files: OpenFiles, header: BatchHeader, pos: int, index_interval_bytes: int
+    def append(
+        self, files: OpenFiles, batch: memoryview, header: BatchHeader, index_interval_bytes: int
     ) -> None:
-        """Index bookkeeping for the batch at ``pos`` (appends and recovery)."""
+        """Write one whole batch at the end and track it, in this thread (a failed write
+        leaves ``size`` unchanged)."""
+        pos = self.size
+        self.write(files, [batch], pos)
+        self.size = pos + len(batch)
+        self.track(header, pos, index_interval_bytes)
+
+    def track(self, header: BatchHeader, pos: int, index_interval_bytes: int) -> None:
+        """Index bookkeeping for the batch at ``pos`` (appends and recovery); entries are
+        pending in memory until a write takes them (``index_writes``)."""
         if self.first_timestamp is None:
             self.first_timestamp = header.max_timestamp
         if self.max_timestamp is not None and header.max_timestamp > self.max_timestamp:
             self.max_timestamp = header.max_timestamp
             self.max_timestamp_offset = header.base_offset
         if self.bytes_since_index > index_interval_bytes:
-            self.offset_index.append(files, header.last_offset, pos)
+            self.offset_index.append(header.last_offset, pos)
             if self.max_timestamp is not None:
-                self.time_index.maybe_append(files, self.max_timestamp, self.max_timestamp_offset)
+                self.time_index.maybe_append(self.max_timestamp, self.max_timestamp_offset)
             self.bytes_since_index = 0
         self.bytes_since_index += header.size
 
-    def seal(self, files: OpenFiles) -> None:
-        """The segment stops being active: record its max timestamp in the time index and
-        write the index entries still pending."""
+    def seal(self) -> None:
+        """The segment stops being active: record its max timestamp in the time index (the
+        entries still pending are written by the next flush, before it fsyncs the files)."""
         if self.max_timestamp is not None and self.max_timestamp >= 0:
-            self.time_index.maybe_append(files, self.max_timestamp, self.max_timestamp_offset)
-        self.write_index_entries(files)
+            self.time_index.maybe_append(self.max_timestamp, self.max_timestamp_offset)
+
+    def index_writes(self, due_only: bool = False) -> list[IndexWrite]:
+        """The pending index entries as writes for a thread (``due_only``: only an index
+        whose pending entries reached ``PENDING_BYTES``)."""
+        jobs = []
+        for index in (self._offset_index, self._time_index):
+            if index is not None and (index.write_due or not due_only):
+                job = index.take_pending()
+                if job is not None:
+                    jobs.append(job)
+        return jobs
 
     def write_index_entries(self, files: OpenFiles) -> None:
-        """Write the index entries gathered in memory (before a flush fsyncs the files)."""
+        """Write the index entries gathered in memory, in this thread (recovery, a clean
+        stop and tests; the running broker uses ``index_writes``)."""
         if self._offset_index is not None:
             self._offset_index.write_pending(files)
         if self._time_index is not None:
@@ -177,8 +185,8 @@ class Segment:
                 header = parse_header(chunk, at)
                 yield pos + at, header
                 at += header.size
-            if read_once:
-                drop_pages(files.get(self.log_path), pos, len(chunk))
+            if read_once and at:
+                drop_consumed(files.get(self.log_path), pos, at)  # recovery: one thread
             if at == 0:
                 return
             pos += at
@@ -254,7 +262,7 @@ class Segment:
     ) -> tuple[int, int]:
         """Validate the batches from ``start`` (CRC, magic, offsets not going backwards),
         re-index them and cut the file at the first bad one. Returns (next offset, bytes cut)."""
-        fd = files.get(self.log_path)
+        fd = files.get(self.log_path)  # recovery: one thread
         file_size = os.fstat(fd).st_size
         pos = start
         while pos < file_size:
@@ -273,10 +281,10 @@ class Segment:
                 if header.base_offset < next_offset or not crc_ok(chunk, at, header):
                     break
                 self.size = pos + at + header.size
-                self.track(files, header, pos + at, index_interval_bytes)
+                self.track(header, pos + at, index_interval_bytes)
                 next_offset = header.next_offset
                 at += header.size
-            drop_pages(fd, pos, at)  # validated: read once (page_cache.py)
+            drop_consumed(fd, pos, at)  # validated: read once (page_cache.py)
             if pos + at == self.size and at > 0 and pos + at < file_size:
                 pos += at
                 continue

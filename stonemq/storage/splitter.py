@@ -2,9 +2,16 @@
 
 State is plain: a :class:`JournalReader` and a split position per journal partition, and a
 ``resolve`` function from (topic id, partition) to a QueueLog (None for a deleted topic, whose
-entries are skipped). The journal files are the hand-off, so the same object can later run in
-its own process. :meth:`Splitter.step` is synchronous and bounded (``batch_bytes`` of journal);
-:meth:`Splitter.run` is the asyncio driver used inside the broker.
+entries are skipped). The journal files are the hand-off. A step reads about ``batch_bytes``
+of one journal partition, stages its batches into their queue logs (``QueueLog.stage``),
+writes them (``SplitWrite.write``: one ``pwritev`` per segment touched) and publishes them;
+the split position moves only once they are published.
+
+:meth:`Splitter.step` does all of that in the calling thread (recovery, the final split of a
+clean stop, tests). :meth:`Splitter.run`, the driver inside the broker, never touches a file
+on the event loop: the journal read and the writes run in the splitter's own thread, while the
+loop only stages and publishes (bookkeeping in memory), so a disk that stalls a write stalls
+the split, never the clients. One step is in flight at a time.
 
 Splitting is idempotent: an entry whose offsets the QueueLog already holds is skipped, so the
 journal can be re-split from any earlier position after a crash.
@@ -15,13 +22,14 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 from stonemq.protocol.record_batch import RecordBatchError
 from stonemq.storage.errors import CutBackError, StorageError
 from stonemq.storage.health import FATAL, Event, Health, JournalHealth, is_space_error
 from stonemq.storage.journal import JournalEntry, JournalReader
 from stonemq.storage.page_cache import RECOVERY_READ_BYTES
-from stonemq.storage.queue_log import QueueLog
+from stonemq.storage.queue_log import QueueLog, SplitWrite
 
 log = logging.getLogger(__name__)
 
@@ -67,50 +75,107 @@ class Splitter:
         # each journal partition's failure state (health.py): a failed queue-log write is
         # reported there; an offline journal partition is not split any more
         self.healths = healths or [JournalHealth(j) for j in range(len(journal_dirs))]
+        self._thread: ThreadPoolExecutor | None = None  # reads and writes of ``run``
+        self._in_flight: asyncio.Future[None] | None = None
 
     def step(
         self, j: int, limit: int, advanced: set[QueueLog], batch_bytes: int | None = None
     ) -> int:
         """Split entries of journal ``j`` from its split position, at most about
         ``batch_bytes`` of them (default: the splitter's), never past ``limit`` (the journal's
-        written end). Adds the QueueLogs that grew to ``advanced``; returns the journal bytes
-        consumed."""
+        written end), all in the calling thread. Adds the QueueLogs that grew to
+        ``advanced``; returns the journal bytes consumed."""
         pos = self.positions[j]
         if pos >= limit:
             return 0
         want = self.batch_bytes if batch_bytes is None else batch_bytes
         entries, end = self.readers[j].read(pos, limit, want, verify=False)
-        # group by queue log (order within each kept) so each log's files are touched once
-        # per step: fewer open-file cache misses with many partitions
-        groups: dict[QueueLog, list[JournalEntry]] = {}
+        writes = self._stage(j, entries)
+        _write_all(writes)
+        self._publish(j, writes, pos, end, advanced)
+        return end - pos
+
+    async def step_async(self, j: int, limit: int, advanced: set[QueueLog]) -> int:
+        """:meth:`step` with the journal read and the writes in the splitter's thread. A
+        cancel while the writes run waits for them and publishes what they wrote."""
+        pos = self.positions[j]
+        if pos >= limit:
+            return 0
+        loop = asyncio.get_running_loop()
+        thread = self._thread
+        if thread is None:
+            thread = self._thread = ThreadPoolExecutor(1, thread_name_prefix="stonemq-split")
+        entries, end = await loop.run_in_executor(
+            thread, self.readers[j].read, pos, limit, self.batch_bytes, False
+        )
+        writes = self._stage(j, entries)
+        if writes:
+            written = loop.run_in_executor(thread, _write_all, writes)
+            self._in_flight = written
+            try:
+                await asyncio.shield(written)
+            except asyncio.CancelledError:
+                await asyncio.wait([written])  # the files are being written: finish, publish
+                self._publish(j, writes, pos, end, advanced)
+                raise
+            finally:
+                self._in_flight = None
+        self._publish(j, writes, pos, end, advanced)
+        return end - pos
+
+    async def idle(self) -> None:
+        """Return once no write of the splitter is in flight (a deleted topic's directories
+        can go then: no split write is left to create a file in them)."""
+        written = self._in_flight
+        if written is not None:
+            await asyncio.wait([written])
+
+    def _stage(self, j: int, entries: list[JournalEntry]) -> list[SplitWrite]:
+        """Stage the entries' batches into their queue logs (on the loop): one
+        :class:`SplitWrite` per queue log, in the order of its first entry."""
+        writes: dict[QueueLog, SplitWrite] = {}
         resolve = self.resolve
         for entry in entries:
             queue = resolve(entry.topic_id, entry.partition)
             if queue is None:
                 continue  # its topic was deleted
-            group = groups.get(queue)
-            if group is None:
-                groups[queue] = [entry]
-            else:
-                group.append(entry)
-        for queue, group in groups.items():
-            for entry in group:
-                try:
-                    if queue.append(entry.batch, entry.position):
-                        advanced.add(queue)
-                except RecordBatchError as exc:
-                    log.error(
-                        "journal-%d: skipping entry at %d with a bad batch: %s",
-                        j,
-                        entry.position,
-                        exc,
-                    )
-                except OSError as exc:
-                    # retry the whole step later: what was appended is skipped then
-                    raise SplitError(j, queue, exc) from exc
+            write = writes.get(queue)
+            if write is None:
+                write = writes[queue] = queue.new_write()
+            try:
+                queue.stage(write, entry.batch, entry.position)
+            except RecordBatchError as exc:
+                log.error(
+                    "journal-%d: skipping entry at %d with a bad batch: %s",
+                    j,
+                    entry.position,
+                    exc,
+                )
+        staged = []
+        for queue, write in writes.items():
+            if write.runs:
+                write.take_index_writes()
+                queue.writing = True
+                staged.append(write)
+        return staged
+
+    def _publish(
+        self, j: int, writes: list[SplitWrite], pos: int, end: int, advanced: set[QueueLog]
+    ) -> None:
+        """Publish what was written; on a failed write raise :class:`SplitError` with the
+        split position unchanged (the step is retried: what was published is skipped then)."""
+        failed: SplitWrite | None = None
+        for write in writes:
+            queue = write.queue
+            if queue.publish(write):
+                advanced.add(queue)
+            if write.error is not None and failed is None and not queue.removed:
+                failed = write
+        if failed is not None:
+            assert failed.error is not None
+            raise SplitError(j, failed.queue, failed.error)
         self.positions[j] = end
         self.bytes_split += end - pos
-        return end - pos
 
     def split_to(
         self, j: int, limit: int, advanced: set[QueueLog], batch_bytes: int | None = None
@@ -151,7 +216,7 @@ class Splitter:
                 advanced: set[QueueLog] = set()
                 consumed = 0
                 try:
-                    consumed = self.step(j, limit(j), advanced)
+                    consumed = await self.step_async(j, limit(j), advanced)
                     if consumed:
                         progressed = True
                         if health.state is Health.SPLIT_FULL:  # the read directory has room
@@ -160,7 +225,12 @@ class Splitter:
                 except SplitError as exc:
                     self.failed(exc)
                     progressed = True  # retry without waiting for a journal write
+                    if advanced:
+                        on_step(advanced)
+                        advanced = set()
                     await asyncio.sleep(_RETRY_AFTER_ERROR_S)
+                except OSError as exc:  # the journal read failed: no way past it
+                    health.on(Event.JOURNAL_READ_ERROR, exc)
                 if advanced or consumed:
                     on_step(advanced)
                 await asyncio.sleep(0)
@@ -181,5 +251,16 @@ class Splitter:
             self.healths[exc.journal].on(event, exc)
 
     def close(self) -> None:
+        if self._thread is not None:
+            self._thread.shutdown(wait=True)
+            self._thread = None
         for reader in self.readers:
             reader.close()
+
+
+def _write_all(writes: list[SplitWrite]) -> None:
+    """The writes of one step, in order, stopping at the first that fails."""
+    for write in writes:
+        write.write()
+        if write.error is not None:
+            return

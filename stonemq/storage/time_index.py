@@ -43,11 +43,11 @@ class TimeIndex(IndexFile):
         ts, rel = _ENTRY.unpack(self.raw_entry(files, i))
         return ts, self.base_offset + rel
 
-    def maybe_append(self, files: OpenFiles, timestamp: int, offset: int) -> None:
+    def maybe_append(self, timestamp: int, offset: int) -> None:
         """Add (timestamp, offset) if ``timestamp`` is larger than the last entry's."""
         if timestamp <= self.last_timestamp or offset < self.last_offset:
             return
-        self.add(files, _ENTRY.pack(timestamp, offset - self.base_offset))
+        self.add(_ENTRY.pack(timestamp, offset - self.base_offset))
         self.last_timestamp, self.last_offset = timestamp, offset
 
     def lookup_before(self, files: OpenFiles, target: int) -> int | None:

@@ -76,7 +76,9 @@ def test_recovery_reads_through_no_page_cache_and_recovers_every_batch(droppable
 
     async def before_crash() -> None:
         engine = new_engine(root)
-        add_topic(engine, partitions=2)
+        # one segment per partition: a roll would wake a flush, whose recovery points would
+        # spare recovery the reads this test watches
+        add_topic(engine, partitions=2, config=LogConfig(segment_bytes=1 << 20))
         engine.start(lambda *a: None)
         appends = []
         for i in range(300):
@@ -96,7 +98,7 @@ def test_recovery_reads_through_no_page_cache_and_recovers_every_batch(droppable
         assert all(cached_pages(path))
 
     engine = new_engine(root)
-    add_topic(engine, partitions=2)
+    add_topic(engine, partitions=2, config=LogConfig(segment_bytes=1 << 20))
     report = engine.recover()
 
     assert report.journal_bytes_replayed > 0
