@@ -11,11 +11,12 @@ resolved configuration so the produce path can read ``max.message.bytes`` and
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
 import uuid
 import zlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
@@ -228,6 +229,9 @@ class TopicManager:
         self._collisions: dict[str, str] = {}
         self._ids: dict[uuid.UUID, str] = {}
         self._deleting: set[str] = set()  # names whose deletion is still in progress
+        # one partition-count change or deletion of a topic at a time (each awaits the
+        # store's thread and storage steps, so two could otherwise interleave)
+        self._changing: dict[str, asyncio.Lock] = {}
         self._auto_creating: dict[str, asyncio.Future[TopicRecord]] = {}
         self._in_flight = 0  # partitions of creates in progress (against max.partitions)
         self._store_thread: ThreadPoolExecutor | None = None
@@ -557,6 +561,19 @@ class TopicManager:
             raise UnknownTopicOrPartitionError(f"Topic {name} does not exist")
         return None
 
+    @contextlib.asynccontextmanager
+    async def _change(self, name: str) -> AsyncIterator[None]:
+        """Hold the topic's change lock (the lock goes once nobody holds or waits for it)."""
+        lock = self._changing.get(name)
+        if lock is None:
+            lock = self._changing[name] = asyncio.Lock()
+        try:
+            async with lock:
+                yield
+        finally:
+            if not lock.locked() and self._changing.get(name) is lock:
+                del self._changing[name]
+
     # -- delete -------------------------------------------------------------------------------
     async def delete(self, name: str) -> TopicRecord:
         """Delete a topic (never an internal one) from the store, in its thread, then from
@@ -571,17 +588,21 @@ class TopicManager:
         self.require(name)
         self._deleting.add(name)
         try:
-            try:
-                record = await self._in_store_thread(self.store.delete_topic, name)
-            except UnknownTopicError:
-                raise UnknownTopicOrPartitionError(f"Topic {name} does not exist") from None
-            if self._collisions.get(collision_key(name)) == name:
-                del self._collisions[collision_key(name)]
-            self._ids.pop(record.topic_id, None)
-            self._forget(name)
-            await self.storage.remove_topic(name)
+            async with self._change(name):
+                return await self._delete(name)
         finally:
             self._deleting.discard(name)
+
+    async def _delete(self, name: str) -> TopicRecord:
+        try:
+            record = await self._in_store_thread(self.store.delete_topic, name)
+        except UnknownTopicError:
+            raise UnknownTopicOrPartitionError(f"Topic {name} does not exist") from None
+        if self._collisions.get(collision_key(name)) == name:
+            del self._collisions[collision_key(name)]
+        self._ids.pop(record.topic_id, None)
+        self._forget(name)
+        await self.storage.remove_topic(name)
         return record
 
     def _forget(self, name: str) -> None:
@@ -593,7 +614,15 @@ class TopicManager:
         self, name: str, total: int, *, validate_only: bool = False
     ) -> TopicRecord:
         """Grow ``name`` to ``total`` partitions; new partitions get journal partitions too
-        (the store's commit in its thread, storage in steps)."""
+        (the store's commit in its thread, storage in steps). Changes of one topic run one
+        at a time: two concurrent requests each added their partitions to the count the
+        other had not yet committed, and one racing a delete failed with a traceback."""
+        async with self._change(name):
+            return await self._add_partitions(name, total, validate_only)
+
+    async def _add_partitions(self, name: str, total: int, validate_only: bool) -> TopicRecord:
+        if name in self._deleting:
+            raise UnknownTopicOrPartitionError(f"Topic {name} is marked for deletion")
         record = self.require(name)
         current = record.partitions
         if total < current:

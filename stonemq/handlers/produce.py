@@ -246,7 +246,8 @@ async def _append_later(
 def _chain(source: asyncio.Future[None] | None, target: asyncio.Future[None]) -> None:
     """Resolve ``target`` as ``source`` resolves (at once when there is none)."""
     if source is None:
-        target.set_result(None)
+        if not target.done():  # cancelled when its request was dropped (connection closed)
+            target.set_result(None)
         return
 
     def copy(done: asyncio.Future[None]) -> None:

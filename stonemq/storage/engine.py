@@ -21,7 +21,7 @@ import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from stonemq.protocol.record_batch import BatchHeader, set_base_offset
 from stonemq.storage import fileio
@@ -55,8 +55,10 @@ from stonemq.storage.producer_state import BatchSeq, write_snapshot
 from stonemq.storage.queue_log import (
     QueueLog,
     create_queue_log_dir,
-    first_record_at,
+    max_time_search,
     queue_log_dir,
+    read_views,
+    time_search,
 )
 from stonemq.storage.segment import Segment
 from stonemq.storage.space import SplitHeadroom
@@ -149,6 +151,26 @@ class _Flushing:
 
 DISK_READ_THREADS = 4
 """Fetch reads of bytes the page cache does not hold, at once (each waits for the disk)."""
+
+READ_VIEW_SEGMENTS = 4
+"""Segments a fetch read in a thread may look through from the one holding its offset (the
+batch is in the first that is not empty)."""
+
+VIEW_ATTEMPTS = 5
+"""Reads in a thread taken again with new views when retention deleted a segment under them
+(or moved the log start past a search's answer) before a read gives up (STORAGE_ERROR)."""
+
+_T = TypeVar("_T")
+
+
+def _with_disk_reads(fn: Callable[..., _T], args: tuple[Any, ...]) -> _T:
+    """Disk-read thread: ``fn(*args, reads)`` on descriptors of this call's own."""
+    reads = DiskReads()
+    try:
+        return fn(*args, reads)
+    finally:
+        reads.close()
+
 
 STEP_PARTITIONS = 2000
 """Partitions added or forgotten per event-loop turn when a topic of many is created or
@@ -307,6 +329,14 @@ class StorageEngine:
         self._creator: ThreadPoolExecutor | None = None
         self._disk_readers: ThreadPoolExecutor | None = None  # fetches of uncached bytes
 
+    def _directory_thread(self) -> ThreadPoolExecutor:
+        """The one thread that creates and deletes queue-log directories and files and writes
+        producer snapshots, in the order they were asked for: a snapshot queued before its
+        topic's deletion is written before the directory goes, never into a new topic's."""
+        if self._creator is None:
+            self._creator = ThreadPoolExecutor(1, thread_name_prefix="stonemq-create")
+        return self._creator
+
     def _journal_partition_dir(self, j: int) -> str:
         return os.path.join(self._journal_dir, f"journal-{j}")
 
@@ -358,10 +388,8 @@ class StorageEngine:
         with self._create_lock:
             self._create_pending.add(directory)
             self._to_create.append(directory)
-            if self._creator is None:
-                self._creator = ThreadPoolExecutor(1, thread_name_prefix="stonemq-create")
             if len(self._to_create) == 1:
-                self._creator.submit(self._create_queued)
+                self._directory_thread().submit(self._create_queued)
 
     async def wait_precreated(self, timeout_s: float) -> bool:
         """Wait (at most ``timeout_s``) until the directories of every partition added so far
@@ -421,11 +449,11 @@ class StorageEngine:
             return
         with self._create_lock:
             self._create_pending.difference_update(paths)
-        if self._creator is None:
-            self._creator = ThreadPoolExecutor(1, thread_name_prefix="stonemq-create")
         if self._splitter is not None:
             await self._splitter.idle()  # no split write left that could create a file there
-        await asyncio.get_running_loop().run_in_executor(self._creator, _remove_dirs, paths)
+        await asyncio.get_running_loop().run_in_executor(
+            self._directory_thread(), _remove_dirs, paths
+        )
 
     def _forget(self, state: _Partition, listed: bool = True) -> None:
         """Drop a partition's state and close its files (``listed``: also take it out of its
@@ -665,7 +693,7 @@ class StorageEngine:
         if not snapshots:
             return
         loop = asyncio.get_running_loop()
-        await loop.run_in_executor(None, _write_snapshots, snapshots)
+        await loop.run_in_executor(self._directory_thread(), _write_snapshots, snapshots)
         try:
             await loop.run_in_executor(None, fsync_paths, sorted({d for d, _, _ in snapshots}))
         except OSError as exc:  # a lost snapshot costs a replay at the next start, no data
@@ -780,7 +808,9 @@ class StorageEngine:
         if rolled and self._checkpoint_wake is not None:
             self._checkpoint_wake.set()
         if snapshots and not self._closed:
-            asyncio.get_running_loop().run_in_executor(None, _write_snapshots, snapshots)
+            asyncio.get_running_loop().run_in_executor(
+                self._directory_thread(), _write_snapshots, snapshots
+            )
 
     def _release_pages(self) -> None:
         """Drop the page cache of journal bytes that are split and durable and of queue-log
@@ -1072,9 +1102,7 @@ class StorageEngine:
         except RuntimeError:
             _remove_files(paths, create)
             return
-        if self._creator is None:
-            self._creator = ThreadPoolExecutor(1, thread_name_prefix="stonemq-create")
-        loop.run_in_executor(self._creator, _remove_files, paths, create)
+        loop.run_in_executor(self._directory_thread(), _remove_files, paths, create)
 
     async def wait_directory_work(self, timeout_s: float = 60.0) -> bool:
         """Wait (at most ``timeout_s``) for the directory thread's work queued so far:
@@ -1179,56 +1207,78 @@ class StorageEngine:
     ) -> ReadResult:
         """:meth:`read` that never waits for the disk on the event loop (fetches): what the
         page cache holds is read at once (``CachedReads``), anything else in a disk-read
-        thread on descriptors of its own (``DiskReads``)."""
-        try:
-            return self.read(topic, partition, offset, max_bytes, CachedReads(self._files))
-        except NotCachedError:
-            pass
+        thread, from views of the segments taken on the loop (``read_views``)."""
+        for _ in range(VIEW_ATTEMPTS):
+            try:
+                return self.read(topic, partition, offset, max_bytes, CachedReads(self._files))
+            except NotCachedError:
+                pass
+            queue = self._state(topic, partition).queue
+            assert queue is not None  # read() answered from the state when there is none
+            hw, start = queue.next_offset, queue.log_start_offset
+            views = queue.views(offset, limit=READ_VIEW_SEGMENTS)
+            try:
+                data = await self._disk_read(read_views, views, offset, max_bytes)
+            except FileNotFoundError:  # a segment went (retention) while it was read
+                continue
+            return ReadResult(data, hw, start)
+        raise StorageError(f"{topic}-{partition}: segments kept going while read")
+
+    async def _disk_read(self, fn: Callable[..., _T], *args: Any) -> _T:
+        """``fn(*args, reads)`` in a disk-read thread, with descriptors of its own
+        (``DiskReads``, closed by that thread); an I/O error other than a file that went
+        raises StorageError (KAFKA_STORAGE_ERROR)."""
         if self._disk_readers is None:
             self._disk_readers = ThreadPoolExecutor(
                 DISK_READ_THREADS, thread_name_prefix="stonemq-disk-read"
             )
-        reads = DiskReads()
         try:
             return await asyncio.get_running_loop().run_in_executor(
-                self._disk_readers, self.read, topic, partition, offset, max_bytes, reads
+                self._disk_readers, _with_disk_reads, fn, args
             )
-        except FileNotFoundError:  # the segment went (retention) while it was read
-            return self.read(topic, partition, offset, max_bytes)
-        finally:
-            reads.close()
+        except FileNotFoundError:
+            raise
+        except OSError as exc:
+            raise StorageError(f"read failed: {exc}") from exc
 
     async def offset_for_timestamp(
         self, topic: str, partition: int, timestamp_ms: int
     ) -> tuple[int, int] | None:
         """(offset, timestamp) of the first record at or after the log start with timestamp
-        >= timestamp_ms, via the time index; None when there is none. Candidate batches are
-        found and read on the loop; their records are decoded (decompressed, bounded) in a
-        thread. StorageError when stored records cannot be decoded."""
-        queue = self._state(topic, partition).queue
-        if queue is None:
-            return None
-        loop = asyncio.get_running_loop()
-        log_start = queue.log_start_offset
-        for _, data in queue.time_candidates(timestamp_ms):
-            found = await loop.run_in_executor(None, first_record_at, data, timestamp_ms, log_start)
-            if found is not None:
-                return found
-        return None
+        >= timestamp_ms; None when there is none. The whole search (time index, batch
+        headers, records decoded with bounded decompression) runs in a disk-read thread
+        over views of the segments; it is taken again when retention moved the log start
+        past its answer or deleted a segment under it. StorageError when stored records
+        cannot be decoded."""
+        return await self._time_query(topic, partition, time_search, timestamp_ms)
 
     async def max_timestamp(self, topic: str, partition: int) -> tuple[int, int] | None:
         """(offset, timestamp) of the first record at or after the log start with the
-        largest timestamp; None if empty (records decoded in a thread)."""
-        queue = self._state(topic, partition).queue
-        found = queue.max_timestamp_batch() if queue is not None else None
-        if found is None:
-            return None
-        header, data = found
-        log_start = queue.log_start_offset  # type: ignore[union-attr]
-        record = await asyncio.get_running_loop().run_in_executor(
-            None, first_record_at, data, header.max_timestamp, log_start, True
-        )
-        return record if record is not None else (header.last_offset, header.max_timestamp)
+        largest timestamp; None if empty (searched like :meth:`offset_for_timestamp`)."""
+        return await self._time_query(topic, partition, max_time_search)
+
+    async def _time_query(
+        self,
+        topic: str,
+        partition: int,
+        search: Callable[..., tuple[int, int] | None],
+        *args: int,
+    ) -> tuple[int, int] | None:
+        for _ in range(VIEW_ATTEMPTS):
+            queue = self._state(topic, partition).queue
+            if queue is None:
+                return None
+            if queue.failed is not None:
+                raise StorageError(str(queue.failed))
+            log_start = queue.log_start_offset
+            try:
+                found = await self._disk_read(search, queue.views(), *args, log_start)
+            except FileNotFoundError:  # a segment went (retention) while it was read
+                continue
+            queue = self._state(topic, partition).queue
+            if found is None or queue is None or found[0] >= queue.log_start_offset:
+                return found
+        raise StorageError(f"{topic}-{partition}: the log start kept moving during the search")
 
     # -- introspection (tests, metrics) -------------------------------------------------------
     @property

@@ -65,6 +65,30 @@ class IndexWrite:
         index.wrote(self.upto)
 
 
+class IndexView:
+    """An index as it was when taken (:meth:`IndexFile.view`), for a thread: the entries on
+    disk then (never rewritten while the segment exists) and a copy of those pending."""
+
+    __slots__ = ("base_offset", "entries", "entry_size", "path", "pending", "written")
+
+    def __init__(
+        self, path: str, base_offset: int, entry_size: int, written: int, pending: bytes
+    ) -> None:
+        self.path = path
+        self.base_offset = base_offset
+        self.entry_size = entry_size
+        self.written = written
+        self.pending = pending
+        self.entries = written + len(pending) // entry_size
+
+    def raw_entry(self, files: Reads, i: int) -> bytes:
+        size = self.entry_size
+        if i >= self.written:
+            at = (i - self.written) * size
+            return self.pending[at : at + size]
+        return files.pread(self.path, size, i * size)
+
+
 class IndexFile:
     """Entries of ``entry_size`` bytes in the file at ``path``: ``written`` of them on disk
     (in the page cache), the rest of ``entries`` pending in memory."""
@@ -100,6 +124,11 @@ class IndexFile:
             files.ftruncate(self.path, size - torn)
         self.entries = self.written = size // self.entry_size
         self._pending = None
+
+    def view(self) -> IndexView:
+        """The entries as of now, safe to read from another thread."""
+        pending = bytes(self._pending) if self._pending else b""
+        return IndexView(self.path, self.base_offset, self.entry_size, self.written, pending)
 
     def raw_entry(self, files: Reads, i: int) -> bytes:
         size = self.entry_size

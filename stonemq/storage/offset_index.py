@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import struct
 
-from stonemq.storage.index_file import IndexFile
+from stonemq.storage.index_file import IndexFile, IndexView
 from stonemq.storage.open_files import OpenFiles, Reads
 
 _ENTRY = struct.Struct(">ii")
@@ -50,17 +50,7 @@ class OffsetIndex(IndexFile):
 
     def lookup(self, files: Reads, target: int) -> tuple[int, int]:
         """(offset, position) of the last entry with offset <= ``target``; (base, 0) if none."""
-        lo, hi = 0, self.entries  # invariant: entries [0, lo) are <= target
-        found = (self.base_offset, 0)
-        while lo < hi:
-            mid = (lo + hi) // 2
-            offset, position = self.entry(files, mid)
-            if offset <= target:
-                found = (offset, position)
-                lo = mid + 1
-            else:
-                hi = mid
-        return found
+        return offset_lookup(self, files, target)
 
     def truncate_to_position(self, files: OpenFiles, position: int) -> None:
         """Drop the entries that point at ``position`` or beyond."""
@@ -77,3 +67,20 @@ class OffsetIndex(IndexFile):
         if count < self.entries:
             self.truncate_file(files, count)
             self.last_offset = self.entry(files, count - 1)[0] if count else -1
+
+
+def offset_lookup(index: OffsetIndex | IndexView, files: Reads, target: int) -> tuple[int, int]:
+    """(offset, position) of the last entry of ``index`` (an offset index or a view of one)
+    with offset <= ``target``; (base, 0) if none."""
+    lo, hi = 0, index.entries  # invariant: entries [0, lo) are <= target
+    base = index.base_offset
+    found = (base, 0)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        rel, position = _ENTRY.unpack(index.raw_entry(files, mid))
+        if base + rel <= target:
+            found = (base + rel, position)
+            lo = mid + 1
+        else:
+            hi = mid
+    return found

@@ -22,7 +22,6 @@ import logging
 import operator
 import os
 import time
-from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from stonemq.protocol.record_batch import (
@@ -36,6 +35,7 @@ from stonemq.storage import fileio
 from stonemq.storage.checkpoint import QueueRecoveryPoint
 from stonemq.storage.errors import StorageError
 from stonemq.storage.index_file import IndexWrite
+from stonemq.storage.offset_index import offset_lookup
 from stonemq.storage.open_files import OpenFiles, Reads
 from stonemq.storage.page_cache import WrittenPages
 from stonemq.storage.producer_state import ProducerState, load_snapshot
@@ -44,8 +44,10 @@ from stonemq.storage.segment import (
     LOG_SUFFIX,
     TIME_INDEX_SUFFIX,
     Segment,
+    SegmentView,
     segment_file,
 )
+from stonemq.storage.time_index import time_lookup_before
 
 if TYPE_CHECKING:
     from stonemq.storage.engine import LogConfig  # engine imports this module
@@ -75,6 +77,79 @@ def first_record_at(
     except RecordBatchError as exc:
         raise StorageError(f"batch at {header.base_offset} cannot be decoded: {exc}") from exc
     return None
+
+
+def read_views(
+    views: list[SegmentView], offset: int, max_bytes: int, files: Reads
+) -> bytes | memoryview:
+    """:meth:`QueueLog.read` over views (in a thread; a deleted segment raises
+    FileNotFoundError and the caller takes new views)."""
+    for view in views:
+        found = view.find_batch(files, offset)
+        if found is not None:
+            return view.read_batches(files, found[0], max_bytes)
+    return b""
+
+
+def time_search(
+    views: list[SegmentView], timestamp_ms: int, log_start: int, files: Reads
+) -> tuple[int, int] | None:
+    """(offset, timestamp) of the first record at or after ``log_start`` whose timestamp is
+    >= ``timestamp_ms`` (ListOffsets by time), in a thread: segments whose max timestamp is
+    below it are skipped, the time and offset indexes place the scan, and the candidate
+    batches' records are decoded (bounded). None when there is none."""
+    for view in views:
+        max_ts, _ = view.max_time(files)
+        if max_ts < timestamp_ms:
+            continue
+        before = time_lookup_before(view.time_index, files, timestamp_ms)
+        _, start = offset_lookup(
+            view.offset_index, files, view.base_offset - 1 if before is None else before - 1
+        )
+        for pos, header in view.iter_headers(files, start):
+            if header.max_timestamp < timestamp_ms or header.last_offset < log_start:
+                continue
+            found = first_record_at(view.read(files, pos, header.size), timestamp_ms, log_start)
+            if found is not None:
+                return found
+    return None
+
+
+def max_time_search(
+    views: list[SegmentView], log_start: int, files: Reads
+) -> tuple[int, int] | None:
+    """(offset, timestamp) of the first record at or after ``log_start`` with the largest
+    timestamp (ListOffsets MAX_TIMESTAMP), in a thread; None when the log is empty."""
+    best: tuple[int, int, SegmentView] | None = None
+    for i, view in enumerate(views):
+        if i == 0 and log_start > view.base_offset:  # only its batches from the log start
+            ts, offset = _max_batch_from(view, log_start, files)
+        else:
+            ts, offset = view.max_time(files)
+        if ts >= 0 and (best is None or ts > best[0]):
+            best = (ts, offset, view)
+    if best is None:
+        return None
+    _, offset, view = best
+    found = view.find_batch(files, offset)
+    if found is None:
+        return None
+    pos, header = found
+    record = first_record_at(
+        view.read(files, pos, header.size), header.max_timestamp, log_start, True
+    )
+    return record if record is not None else (header.last_offset, header.max_timestamp)
+
+
+def _max_batch_from(view: SegmentView, offset: int, files: Reads) -> tuple[int, int]:
+    """(max timestamp, its batch's base offset) over ``view``'s batches that end at or after
+    ``offset``; (-1, -1) when there are none."""
+    best = (-1, -1)
+    _, start = offset_lookup(view.offset_index, files, offset)
+    for _, header in view.iter_headers(files, start):
+        if header.last_offset >= offset and header.max_timestamp > best[0]:
+            best = (header.max_timestamp, header.base_offset)
+    return best
 
 
 class _Run:
@@ -545,55 +620,13 @@ class QueueLog:
                 return seg.read_batches(files, found[0], max_bytes)
         return b""
 
-    def time_candidates(self, timestamp_ms: int) -> Iterator[tuple[BatchHeader, bytes]]:
-        """The batches, from the log start on, whose max timestamp is >= ``timestamp_ms``,
-        with their bytes (header reads and one pread per candidate; the records are decoded
-        by the caller, off the event loop: :func:`first_record_at`)."""
-        files = self.files
-        log_start = self.log_start_offset
-        for seg in self.segments:
-            max_ts, _ = seg.ensure_max_timestamp(files)
-            if max_ts < timestamp_ms:
-                continue
-            start_offset = seg.time_index.lookup_before(files, timestamp_ms)
-            _, start = seg.offset_index.lookup(
-                files, seg.base_offset - 1 if start_offset is None else start_offset - 1
-            )
-            for pos, header in seg.iter_headers(files, start):
-                if header.max_timestamp < timestamp_ms or header.last_offset < log_start:
-                    continue
-                yield header, seg.read(files, pos, header.size)
-
-    def max_timestamp_batch(self) -> tuple[BatchHeader, bytes] | None:
-        """The batch, from the log start on, holding the largest timestamp, with its bytes."""
-        log_start = self.log_start_offset
-        best: tuple[int, int, Segment] | None = None
-        for i, seg in enumerate(self.segments):
-            if i == 0 and log_start > seg.base_offset:  # only its batches from the log start
-                found = self._max_batch_from(seg, log_start)
-            else:
-                found = seg.ensure_max_timestamp(self.files)
-            ts, offset = found
-            if ts >= 0 and (best is None or ts > best[0]):
-                best = (ts, offset, seg)
-        if best is None:
-            return None
-        _, offset, seg = best
-        found_batch = seg.find_batch(self.files, offset)
-        if found_batch is None:
-            return None
-        pos, header = found_batch
-        return header, seg.read(self.files, pos, header.size)
-
-    def _max_batch_from(self, seg: Segment, offset: int) -> tuple[int, int]:
-        """(max timestamp, its batch's base offset) over ``seg``'s batches that end at or
-        after ``offset``; (-1, -1) when there are none."""
-        best = (-1, -1)
-        _, start = seg.offset_index.lookup(self.files, offset)
-        for _, header in seg.iter_headers(self.files, start):
-            if header.last_offset >= offset and header.max_timestamp > best[0]:
-                best = (header.max_timestamp, header.base_offset)
-        return best
+    def views(self, offset: int | None = None, limit: int | None = None) -> list[SegmentView]:
+        """The segments from the one holding ``offset`` (all without it; at most ``limit``)
+        as they are now, for a read in a thread (:func:`read_views`, :func:`time_search`,
+        :func:`max_time_search`)."""
+        first = 0 if offset is None else self._segment_index(offset)
+        last = len(self.segments) if limit is None else first + limit
+        return [seg.view() for seg in self.segments[first:last]]
 
     # -- recovery and removal -------------------------------------------------------------
     def recover(self, recovery_point: QueueRecoveryPoint | None, log_start: int = 0) -> int:

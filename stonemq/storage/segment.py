@@ -22,11 +22,11 @@ from stonemq.protocol.record_batch import (
 )
 from stonemq.storage import fileio
 from stonemq.storage.errors import CutBackError
-from stonemq.storage.index_file import IndexWrite
-from stonemq.storage.offset_index import OffsetIndex
+from stonemq.storage.index_file import IndexView, IndexWrite
+from stonemq.storage.offset_index import OffsetIndex, offset_lookup
 from stonemq.storage.open_files import OpenFiles, Reads
 from stonemq.storage.page_cache import RECOVERY_READ_BYTES, drop_consumed
-from stonemq.storage.time_index import TimeIndex
+from stonemq.storage.time_index import TimeIndex, last_time_entry
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +43,101 @@ def segment_file(directory: str, base_offset: int, suffix: str) -> str:
     return os.path.join(directory, f"{base_offset:020d}{suffix}")
 
 
-class Segment:
+class _BatchReads:
+    """The reads a segment and a view of one share: batches of ``log_path`` up to ``size``,
+    found through ``offset_index``."""
+
+    __slots__ = ()
+    log_path: str
+    size: int
+    offset_index: OffsetIndex | IndexView
+
+    def read(self, files: Reads, pos: int, n: int) -> bytes:
+        return files.pread(self.log_path, n, pos)
+
+    def iter_headers(
+        self, files: Reads, start: int = 0, end: int | None = None, read_once: bool = False
+    ) -> Iterator[tuple[int, BatchHeader]]:
+        """(position, header) of each batch from ``start`` (a batch boundary) to ``end``;
+        ``read_once`` drops the pages read from the page cache behind it (recovery)."""
+        stop = self.size if end is None else min(end, self.size)
+        pos = start
+        while stop - pos >= HEADER_SIZE:
+            chunk = files.pread(self.log_path, min(_SCAN_CHUNK_BYTES, stop - pos), pos)
+            at = 0
+            while len(chunk) - at >= HEADER_SIZE:
+                header = parse_header(chunk, at)
+                yield pos + at, header
+                at += header.size
+            if read_once and at:
+                drop_consumed(files.get(self.log_path), pos, at)  # recovery: one thread
+            if at == 0:
+                return
+            pos += at
+
+    def find_batch(self, files: Reads, offset: int) -> tuple[int, BatchHeader] | None:
+        """(position, header) of the first batch whose last offset is >= ``offset``."""
+        _, start = offset_lookup(self.offset_index, files, offset)
+        for pos, header in self.iter_headers(files, start):
+            if header.last_offset >= offset:
+                return pos, header
+        return None
+
+    def read_batches(self, files: Reads, pos: int, max_bytes: int) -> bytes | memoryview:
+        """Whole batches from ``pos`` up to ``max_bytes``, at least one batch (a view of the
+        read, not a copy, when a partial batch at its end is left out). A consumer
+        catching up reads on from where this read ends: the kernel is asked to start reading
+        the next ``READ_AHEAD_BYTES`` now (asynchronously), so the next fetch finds them in
+        the page cache instead of waiting for the disk on the event loop."""
+        data = files.pread(self.log_path, min(max(max_bytes, HEADER_SIZE), self.size - pos), pos)
+        n = len(data)
+        files.hint(self.log_path, pos + n, min(READ_AHEAD_BYTES, self.size - pos - n))
+        at = 0
+        while n - at >= LOG_OVERHEAD:
+            size = _LENGTH.unpack_from(data, at + 8)[0] + LOG_OVERHEAD
+            if at + size > n:
+                break
+            at += size
+        if at == 0 and n >= LOG_OVERHEAD:  # the first batch alone is bigger than max_bytes
+            size = _LENGTH.unpack_from(data, 8)[0] + LOG_OVERHEAD
+            return files.pread(self.log_path, size, pos)
+        return data if at == n else memoryview(data)[:at]
+
+
+class SegmentView(_BatchReads):
+    """A segment as it was when taken (:meth:`Segment.view`, on the event loop), for reads
+    in a thread: its size and index entries then. The loop goes on appending, indexing and
+    deleting; bytes below a published size never change, and a deleted file makes a read
+    raise FileNotFoundError (the caller takes a new view)."""
+
+    __slots__ = (
+        "base_offset",
+        "log_path",
+        "max_timestamp",
+        "max_timestamp_offset",
+        "offset_index",
+        "size",
+        "time_index",
+    )
+
+    def __init__(self, seg: Segment) -> None:
+        self.base_offset = seg.base_offset
+        self.log_path = seg.log_path
+        self.size = seg.size
+        self.offset_index = seg.offset_index.view()
+        self.time_index = seg.time_index.view()
+        self.max_timestamp = seg.max_timestamp
+        self.max_timestamp_offset = seg.max_timestamp_offset
+
+    def max_time(self, files: Reads) -> tuple[int, int]:
+        """(max timestamp, its batch's base offset): known, or the time index's last entry
+        (written when a segment loaded from disk was sealed)."""
+        if self.max_timestamp is None:
+            return last_time_entry(self.time_index, files)
+        return self.max_timestamp, self.max_timestamp_offset
+
+
+class Segment(_BatchReads):
     """A ``.log`` file plus its indexes; ``size`` is the bytes of whole batches in it."""
 
     __slots__ = (
@@ -167,57 +261,9 @@ class Segment:
         if self._time_index is not None:
             self._time_index.write_pending(files)
 
-    # -- read -----------------------------------------------------------------------------
-    def read(self, files: Reads, pos: int, n: int) -> bytes:
-        return files.pread(self.log_path, n, pos)
-
-    def iter_headers(
-        self, files: Reads, start: int = 0, end: int | None = None, read_once: bool = False
-    ) -> Iterator[tuple[int, BatchHeader]]:
-        """(position, header) of each batch from ``start`` (a batch boundary) to ``end``;
-        ``read_once`` drops the pages read from the page cache behind it (recovery)."""
-        stop = self.size if end is None else min(end, self.size)
-        pos = start
-        while stop - pos >= HEADER_SIZE:
-            chunk = files.pread(self.log_path, min(_SCAN_CHUNK_BYTES, stop - pos), pos)
-            at = 0
-            while len(chunk) - at >= HEADER_SIZE:
-                header = parse_header(chunk, at)
-                yield pos + at, header
-                at += header.size
-            if read_once and at:
-                drop_consumed(files.get(self.log_path), pos, at)  # recovery: one thread
-            if at == 0:
-                return
-            pos += at
-
-    def find_batch(self, files: Reads, offset: int) -> tuple[int, BatchHeader] | None:
-        """(position, header) of the first batch whose last offset is >= ``offset``."""
-        _, start = self.offset_index.lookup(files, offset)
-        for pos, header in self.iter_headers(files, start):
-            if header.last_offset >= offset:
-                return pos, header
-        return None
-
-    def read_batches(self, files: Reads, pos: int, max_bytes: int) -> bytes | memoryview:
-        """Whole batches from ``pos`` up to ``max_bytes``, at least one batch (a view of the
-        read, not a copy, when a partial batch at its end is left out). A consumer
-        catching up reads on from where this read ends: the kernel is asked to start reading
-        the next ``READ_AHEAD_BYTES`` now (asynchronously), so the next fetch finds them in
-        the page cache instead of waiting for the disk on the event loop."""
-        data = files.pread(self.log_path, min(max(max_bytes, HEADER_SIZE), self.size - pos), pos)
-        n = len(data)
-        files.hint(self.log_path, pos + n, min(READ_AHEAD_BYTES, self.size - pos - n))
-        at = 0
-        while n - at >= LOG_OVERHEAD:
-            size = _LENGTH.unpack_from(data, at + 8)[0] + LOG_OVERHEAD
-            if at + size > n:
-                break
-            at += size
-        if at == 0 and n >= LOG_OVERHEAD:  # the first batch alone is bigger than max_bytes
-            size = _LENGTH.unpack_from(data, 8)[0] + LOG_OVERHEAD
-            return files.pread(self.log_path, size, pos)
-        return data if at == n else memoryview(data)[:at]
+    def view(self) -> SegmentView:
+        """This segment as of now, for a read in a thread."""
+        return SegmentView(self)
 
     def ensure_max_timestamp(self, files: OpenFiles) -> tuple[int, int]:
         """(max timestamp, its batch's base offset); from the time index for a sealed segment

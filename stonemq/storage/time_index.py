@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import struct
 
-from stonemq.storage.index_file import IndexFile
-from stonemq.storage.open_files import OpenFiles
+from stonemq.storage.index_file import IndexFile, IndexView
+from stonemq.storage.open_files import OpenFiles, Reads
 
 _ENTRY = struct.Struct(">qi")
 ENTRY_SIZE = _ENTRY.size
@@ -50,19 +50,9 @@ class TimeIndex(IndexFile):
         self.add(_ENTRY.pack(timestamp, offset - self.base_offset))
         self.last_timestamp, self.last_offset = timestamp, offset
 
-    def lookup_before(self, files: OpenFiles, target: int) -> int | None:
+    def lookup_before(self, files: Reads, target: int) -> int | None:
         """Offset of the last entry whose timestamp is < ``target``; None if none is."""
-        lo, hi = 0, self.entries
-        found = None
-        while lo < hi:
-            mid = (lo + hi) // 2
-            ts, offset = self.entry(files, mid)
-            if ts < target:
-                found = offset
-                lo = mid + 1
-            else:
-                hi = mid
-        return found
+        return time_lookup_before(self, files, target)
 
     def truncate_to_offset(self, files: OpenFiles, offset: int) -> None:
         """Drop the entries for ``offset`` and beyond."""
@@ -76,3 +66,27 @@ class TimeIndex(IndexFile):
         if lo < self.entries:
             self.truncate_file(files, lo)
             self._reload_last(files)
+
+
+def time_lookup_before(index: TimeIndex | IndexView, files: Reads, target: int) -> int | None:
+    """Offset of the last entry of ``index`` (a time index or a view of one) whose timestamp
+    is < ``target``; None if none is."""
+    lo, hi = 0, index.entries
+    found = None
+    while lo < hi:
+        mid = (lo + hi) // 2
+        ts, rel = _ENTRY.unpack(index.raw_entry(files, mid))
+        if ts < target:
+            found = index.base_offset + rel
+            lo = mid + 1
+        else:
+            hi = mid
+    return found
+
+
+def last_time_entry(index: TimeIndex | IndexView, files: Reads) -> tuple[int, int]:
+    """(timestamp, offset) of the last entry; (-1, -1) when there is none."""
+    if not index.entries:
+        return -1, -1
+    ts, rel = _ENTRY.unpack(index.raw_entry(files, index.entries - 1))
+    return ts, index.base_offset + rel

@@ -10,6 +10,7 @@ import dataclasses
 import random
 import re
 import socket
+import struct
 import time
 import uuid
 from typing import Any
@@ -24,7 +25,7 @@ from kio.schema.metadata.v1.response import MetadataResponse as MetadataResponse
 from stonemq.protocol.guard import ABORT_REPRODUCER
 
 from .helpers import create_topic
-from .rawclient import RawConnection, schema
+from .rawclient import RawConnection, build_batch, produce_raw, produce_request, schema
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -216,3 +217,29 @@ def test_metadata_v12_null_name_without_id_is_that_topics_error(module_broker, t
     with connect(module_broker) as conn:
         resp = conn.request(metadata_request(12, (None, None), (topic, None)), response_type)
     assert [t.error_code for t in resp.topics] == [INVALID_TOPIC_EXCEPTION, 0]
+
+
+# -- a connection closed while its produces wait for their turn --------------------------------
+def test_a_connection_closed_with_produces_in_flight_leaves_no_traceback(module_broker) -> None:
+    """Found by the long fuzz run: a produce validated in a thread, whose connection closed
+    meanwhile, had its outcome future cancelled with the request; when the validator then
+    refused the batch, the refusal set a result on it (InvalidStateError traceback)."""
+    name = create_topic(module_broker.bootstrap, partitions=1)
+    # 48 MiB of zeros in a 50 KB gzip batch whose records all say offset delta 0 (refused
+    # once decompressed in the validator thread, long after the connection went)
+    records = batches.record(0, None, bytes(1 << 20)) * 48
+    batch = batches.batch(records, 48, codec=batches.GZIP)
+    payload = frame(request_header(0, 7, 1, "hostile") + encode(produce_request(name, 0, batch)))
+    watch = LogWatch(module_broker)
+    for delay in (0.01, 0.03, 0.06):
+        with socket.create_connection((module_broker.host, module_broker.port)) as sock:
+            sock.sendall(payload)
+            time.sleep(delay)
+            # an abortive close (RST) while the produce waits for its validation
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    with connect(module_broker) as conn:
+        part = produce_raw(conn, name, 0, bytes(build_batch([(b"k", b"after")])))
+        assert part.error_code == 0
+    time.sleep(1.0)  # the deferred appends of the closed connections finish
+    assert module_broker.alive
+    watch.assert_calm()

@@ -369,3 +369,37 @@ def test_incremental_broker_configs(topics: TopicManager) -> None:
     assert topics.broker_dynamic_configs() == {"log.retention.ms": "9"}
     with pytest.raises(InvalidRequestError):
         topics.incremental_alter_broker_configs([("journal.partitions", ConfigOp.SET, "8")])
+
+
+def test_concurrent_partition_growth_of_one_topic_is_serialized(
+    topics: TopicManager, storage: RecordingStorage
+) -> None:
+    """Two CreatePartitions for one topic in flight at once each added their partitions to
+    the count the other had not committed yet: grow-to-10 and grow-to-20 left 29."""
+    topics.create("t", 1)
+
+    async def both() -> list[Any]:
+        return await asyncio.gather(
+            topics.add_partitions("t", 10), topics.add_partitions("t", 20), return_exceptions=True
+        )
+
+    results = asyncio.run(both())
+    assert [r.partitions for r in results] == [10, 20]
+    assert topics.require("t").partitions == 20
+    assert sorted(p for (t, p) in storage.partitions if t == "t") == list(range(20))
+
+
+def test_partition_growth_racing_a_delete_gets_unknown_topic(topics: TopicManager) -> None:
+    """Growth that waits behind a deletion answers UNKNOWN_TOPIC_OR_PARTITION (it failed
+    with a traceback when the store's row vanished under it)."""
+    topics.create("t", 1)
+
+    async def race() -> list[Any]:
+        return await asyncio.gather(
+            topics.delete("t"), topics.add_partitions("t", 5), return_exceptions=True
+        )
+
+    deleted, grown = asyncio.run(race())
+    assert deleted.name == "t"
+    assert isinstance(grown, UnknownTopicOrPartitionError)
+    assert topics.get("t") is None

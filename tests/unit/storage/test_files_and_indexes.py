@@ -71,14 +71,17 @@ def test_many_partitions_stay_under_the_open_file_cap(tmp_path: Path) -> None:
             for fd in os.listdir("/proc/self/fd"):
                 with contextlib.suppress(OSError):
                     targets.append(os.readlink(f"/proc/self/fd/{fd}"))
-            queue_files = [t for t in targets if "/queues/" in t]
-            fd_count = len(targets)
+            # only this engine's files count (a test that failed earlier in this process
+            # may have left its engine's descriptors open)
+            ours = [t for t in targets if t.startswith(str(tmp_path))]
+            queue_files = [t for t in ours if "/queues/" in t]
+            fd_count = len(ours)
             if len(queue_files) <= cap or time.monotonic() > deadline:
                 break
             await asyncio.sleep(0.05)
         await engine.close()
         assert len(queue_files) <= cap, queue_files
-        assert fd_count < cap + 64  # journals, readers and the test process itself
+        assert fd_count <= cap + 16  # the journals and their directories besides
 
     asyncio.run(main())
 

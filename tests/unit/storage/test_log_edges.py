@@ -6,12 +6,16 @@ start (defect 5)."""
 from __future__ import annotations
 
 import asyncio
+import threading
 from pathlib import Path
 
 import pytest
 from conftest import add_topic, build_batch, new_engine, wait_split
+from test_cold_fetch import drop_file
 
-from stonemq.storage.engine import OffsetOutOfRangeError
+from stonemq.storage import fileio
+from stonemq.storage.engine import LogConfig, OffsetOutOfRangeError
+from stonemq.storage.fileio import FileOps
 
 
 def test_a_fetch_between_high_watermark_and_log_end_is_empty(tmp_path: Path) -> None:
@@ -65,6 +69,110 @@ def test_offsets_by_timestamp_start_at_the_log_start(tmp_path: Path) -> None:
         engine.delete_records("t", 0, 12)
         assert await engine.offset_for_timestamp("t", 0, 0) is None
         assert await engine.max_timestamp("t", 0) is None
+        await engine.close()
+
+    asyncio.run(main())
+
+
+class StalledDiskReads(FileOps):
+    """Real operations; the first ``open`` of a queue-log file by a disk-read thread (a
+    fetch or a search by timestamp reading in a thread) waits until ``go`` is set, as a
+    read waiting for a busy disk does, while the event loop goes on (retention, DeleteRecords).
+    Counts the opens that found their file gone."""
+
+    def __init__(self) -> None:
+        self.go = threading.Event()
+        self.held = threading.Event()
+        self.gone = 0
+
+    def open(self, path: str, flags: int, mode: int = 0o644) -> int:
+        if "/queues/" in path and threading.current_thread().name.startswith("stonemq-disk-read"):
+            if not self.held.is_set():
+                self.held.set()
+                self.go.wait(10)
+            try:
+                return super().open(path, flags, mode)
+            except FileNotFoundError:
+                self.gone += 1
+                raise
+        return super().open(path, flags, mode)
+
+
+@pytest.mark.parametrize("query", ["timestamp", "max_timestamp", "fetch"])
+def test_a_read_in_a_thread_never_answers_below_a_log_start_moved_under_it(
+    tmp_path: Path, query: str
+) -> None:
+    """Reads in disk-read threads work on views taken on the loop; when DeleteRecords moves the
+    log start and deletes the segments they were reading, they are taken again: an answer
+    from the new log start (or OFFSET_OUT_OF_RANGE for a fetch), never an offset below it,
+    a traceback, or a read of a file that went."""
+
+    async def main() -> None:
+        engine = new_engine(tmp_path, queue_cache_retain_bytes=-1)
+        add_topic(engine, config=LogConfig(segment_bytes=300, index_interval_bytes=64))
+        engine.start(lambda *a: None)
+        for i in range(12):  # one batch per segment: offsets 3i..3i+2, the largest time at 8
+            base_ms = 9000 if i == 2 else 100 * i + 1000
+            batch = build_batch([b"x" * 100] * 3, [base_ms + j for j in range(3)])
+            await engine.append("t", 0, batch, 3).written
+        await wait_split(engine)
+        disk = StalledDiskReads()
+        previous = fileio.install(disk)
+        try:
+            if query == "timestamp":
+                task = asyncio.create_task(engine.offset_for_timestamp("t", 0, 0))
+            elif query == "max_timestamp":
+                task = asyncio.create_task(engine.max_timestamp("t", 0))
+            else:
+                for log in (tmp_path / "queues" / "t-0").glob("*.log"):
+                    drop_file(log)  # the fetch must read in a thread
+                task = asyncio.create_task(engine.read_async("t", 0, 0, 1 << 20))
+            while not disk.held.is_set():  # the thread waits at its first open
+                await asyncio.sleep(0.01)
+            assert engine.delete_records("t", 0, 31) == 31  # inside the batch at 30
+            assert await engine.wait_directory_work()  # the segments below it are gone
+            disk.go.set()
+            if query == "fetch":
+                with pytest.raises(OffsetOutOfRangeError):
+                    await task
+            else:
+                found = await task
+                expected = (31, 1001 + 1000) if query == "timestamp" else (35, 2102)
+                assert found == expected
+        finally:
+            disk.go.set()
+            fileio.install(previous)
+        assert disk.gone >= 1  # the first views were of deleted files
+        await engine.close()
+
+    asyncio.run(main())
+
+
+def test_a_search_by_time_is_taken_again_when_the_log_start_moves_within_a_segment(
+    tmp_path: Path,
+) -> None:
+    """DeleteRecords inside the first segment deletes no file; a search by timestamp that
+    was reading from the old log start answers from the new one."""
+
+    async def main() -> None:
+        engine = new_engine(tmp_path)
+        add_topic(engine)
+        engine.start(lambda *a: None)
+        await engine.append("t", 0, build_batch([b"x"] * 3, [1000, 1001, 1002]), 3).written
+        await wait_split(engine)
+        disk = StalledDiskReads()
+        previous = fileio.install(disk)
+        try:
+            task = asyncio.create_task(engine.offset_for_timestamp("t", 0, 0))
+            while not disk.held.is_set():
+                await asyncio.sleep(0.01)
+            assert engine.delete_records("t", 0, 2) == 2
+            disk.go.set()
+            assert await task == (2, 1002)
+        finally:
+            disk.go.set()
+            fileio.install(previous)
+        assert disk.gone == 0
         await engine.close()
 
     asyncio.run(main())

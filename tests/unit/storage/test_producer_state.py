@@ -5,6 +5,7 @@ engine rebuilds after a clean stop and after a crash."""
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 
 import pytest
@@ -13,12 +14,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from stonemq.protocol.record_batch import parse_header
+from stonemq.storage import fileio
 from stonemq.storage.engine import StorageEngine
 from stonemq.storage.errors import (
     DuplicateSequenceError,
     InvalidProducerEpochError,
     OutOfOrderSequenceError,
 )
+from stonemq.storage.fileio import FileOps
 from stonemq.storage.producer_state import (
     SEQUENCE_MODULUS,
     BatchSeq,
@@ -254,5 +257,59 @@ def test_snapshots_go_with_the_topic(tmp_path: Path) -> None:
         await engine.remove_topic("t")
         assert not Path(directory).exists()
         await engine.close()
+
+    asyncio.run(main())
+
+
+class SlowSnapshots(FileOps):
+    """Real operations; opening a producer snapshot's temporary file first sleeps 0.2 s, and
+    the moments snapshot files are opened or renamed and directories deleted are recorded."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, str]] = []
+
+    def open(self, path: str, flags: int, mode: int = 0o644) -> int:
+        if path.endswith(".snapshot.tmp"):
+            time.sleep(0.2)
+            self.events.append(("snapshot", path))
+        return super().open(path, flags, mode)
+
+    def replace(self, src: str, dst: str) -> None:
+        if dst.endswith(".snapshot"):
+            self.events.append(("snapshot", dst))
+        super().replace(src, dst)
+
+    def rmtree(self, path: str) -> None:
+        self.events.append(("rmtree", path))
+        super().rmtree(path)
+
+
+def test_a_snapshot_queued_before_a_deletion_is_written_before_the_directory_goes(
+    tmp_path: Path,
+) -> None:
+    """Snapshot writes and directory deletions run in one thread, in the order asked: a
+    snapshot in flight when its topic is deleted can neither leave a file that keeps the
+    directory alive nor land in a new topic of the same name."""
+
+    async def main() -> None:
+        engine = new_engine(tmp_path)
+        add_topic(engine)
+        engine.start(lambda *a: None)
+        disk = SlowSnapshots()
+        previous = fileio.install(disk)
+        try:
+            for seq in range(60):  # rolls, each queueing a snapshot
+                await append(engine, idem(seq))
+            await wait_split(engine)
+            directory = engine._by_name[("t", 0)].queue.directory  # type: ignore[union-attr]
+            await engine.remove_topic("t")
+            assert not Path(directory).exists()
+            await engine.wait_directory_work()
+        finally:
+            fileio.install(previous)
+        await engine.close()
+        kinds = [kind for kind, path in disk.events if path.startswith(directory)]
+        assert "snapshot" in kinds and kinds[-1] == "rmtree", kinds
+        assert not Path(directory).exists()
 
     asyncio.run(main())
