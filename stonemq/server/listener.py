@@ -92,6 +92,7 @@ async def _serve_locked(settings: Settings, stop: asyncio.Event) -> None:
         log.warning("some requests were still in flight after %.0f s", SHUTDOWN_GRACE_S)
     for conn in list(connections):
         conn.close()
+    log.info("requests in flight answered in %.2f s", time.monotonic() - started)
     await broker.close()
     log.info("stopped cleanly in %.2f s", time.monotonic() - started)
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import itertools
 import logging
 import os
 import threading
@@ -171,6 +172,10 @@ def _with_disk_reads(fn: Callable[..., _T], args: tuple[Any, ...]) -> _T:
     finally:
         reads.close()
 
+
+CREATE_CHUNK = 256
+"""Directories the directory thread creates ahead of new partitions' first batches before it
+lets other directory work queued meanwhile go first."""
 
 STEP_PARTITIONS = 2000
 """Partitions added or forgotten per event-loop turn when a topic of many is created or
@@ -371,13 +376,10 @@ class StorageEngine:
         self._by_id[(tid, partition)] = state
         self._topics.setdefault(topic, []).append(state)
         if self._recovered:
-            path = self._queue_path(topic, partition)
-            if os.path.isdir(path):
-                queue = self._open_queue(state)
-                queue.recover(self._queue_rps.get(key), self._log_starts.get(key, 0))
-                state.next_offset = queue.next_offset
-            else:
-                self._precreate(path)
+            # a partition added while serving is new: no directory of its name exists (a
+            # deleted topic's name stays taken until its directories are gone, and recovery
+            # sets aside those a crash left behind), so nothing is looked up on the loop
+            self._precreate(self._queue_path(topic, partition))
 
     def _precreate(self, directory: str) -> None:
         """Create a new partition's directory and empty first segment files in a background
@@ -405,9 +407,12 @@ class StorageEngine:
         return True
 
     def _create_queued(self) -> None:
-        """Creator thread: drain the queue of directories to create."""
+        """Directory thread: create queued directories, ``CREATE_CHUNK`` of them, then queue
+        itself again behind whatever else was asked of the thread meanwhile (a producer
+        snapshot, a deletion, a retention unlink never waits for a 100,000-partition
+        backlog)."""
         lock = self._create_lock
-        while True:
+        for _ in range(CREATE_CHUNK):
             with lock:
                 if not self._to_create:
                     return
@@ -425,6 +430,10 @@ class StorageEngine:
                         self._create_pending = set()  # a set never shrinks its table
                 else:  # its topic was deleted while it was being made: no stray directory
                     fileio.rmtree(directory)
+        with lock:
+            if self._to_create and self._creator is not None:
+                with contextlib.suppress(RuntimeError):  # the thread is being shut down
+                    self._creator.submit(self._create_queued)
 
     def update_config(self, topic: str, config: LogConfig) -> None:
         self._headroom.note_config(config.segment_bytes, config.index_interval_bytes)
@@ -477,6 +486,33 @@ class StorageEngine:
     def _queue_path(self, topic: str, partition: int) -> str:
         return queue_log_dir(self._queue_dir, topic, partition)
 
+    def _set_aside_strays(self) -> None:
+        """Recovery: a queue-log directory of no registered partition (a topic whose deletion
+        a crash interrupted) is renamed ``<name>-<ms>.stray`` and logged, as Kafka sets stray
+        logs aside, so that a topic created later under its name never finds its segments."""
+        try:
+            names = os.listdir(self._queue_dir)
+        except FileNotFoundError:
+            return
+        known = {os.path.basename(self._queue_path(t, p)) for t, p in self._by_name}
+        now_ms = int(time.time() * 1000)
+        for name in names:
+            _, dash, partition = name.rpartition("-")
+            path = os.path.join(self._queue_dir, name)
+            if not dash or not partition.isdigit() or name in known or not os.path.isdir(path):
+                continue
+            aside = f"{path}-{now_ms}.stray"
+            try:
+                fileio.replace(path, aside)
+            except OSError as exc:
+                raise StorageError(f"cannot set aside stray queue log {path}: {exc}") from exc
+            log.warning(
+                "queue log %s belongs to no topic partition (a deletion cut short): set aside "
+                "as %s",
+                path,
+                aside,
+            )
+
     def _open_queue(self, state: _Partition) -> QueueLog:
         queue = state.queue
         if queue is None:
@@ -513,6 +549,7 @@ class StorageEngine:
             _, cut = journal.recover(journal_rps.get(j))
             journal.fsync_now()  # what recovery kept is durable before a checkpoint says so
             journal_cut += cut
+        self._set_aside_strays()
         queue_cut = 0
         for key, state in self._by_name.items():
             state.queue = None
@@ -634,6 +671,10 @@ class StorageEngine:
         if self._closed:
             return
         self._closed = True
+        marks = [("start", time.monotonic())]
+        with self._create_lock:  # nothing more to create ahead (the splitter makes its own)
+            self._create_pending.clear()
+            self._to_create.clear()
         # stop the background tasks only between checkpoint rounds: a round cancelled in the
         # middle has already taken its queues off the dirty set and its log starts off the
         # changed flag, while its write goes on in an executor thread (a clean stop right
@@ -646,9 +687,11 @@ class StorageEngine:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
         self._tasks = []
+        marks.append(("background tasks", time.monotonic()))
         if self._recovered and self._splitter is not None:
             for journal in self._journals:
                 await journal.drain()
+            marks.append(("journal writes", time.monotonic()))
             advanced: set[QueueLog] = set()
             for j, journal in enumerate(self._journals):
                 if not journal.health.splits:
@@ -659,7 +702,9 @@ class StorageEngine:
                     self._splitter.failed(exc)
                     log.error("final split of journal-%d failed: %s", j, exc)
             self._on_split(advanced)
+            marks.append(("final split", time.monotonic()))
             await self._snapshot_producers()
+            marks.append(("producer snapshots", time.monotonic()))
             if self._checkpoint_lock is None:
                 self._checkpoint_lock = asyncio.Lock()
             try:
@@ -668,17 +713,22 @@ class StorageEngine:
                 # the journal still holds everything: the next start re-splits it
                 log.error("final flush failed, recovery will re-split the journal: %s", exc)
             self._splitter.close()
+            marks.append(("flush", time.monotonic()))
         for journal in self._journals:
             journal.close()
         self._files.close_all()
         if self._creator is not None:
-            with self._create_lock:
-                self._create_pending.clear()  # nothing more to create: stop soon
             self._creator.shutdown(wait=True)
             self._creator = None
         if self._disk_readers is not None:
             self._disk_readers.shutdown(wait=True)
             self._disk_readers = None
+        marks.append(("threads", time.monotonic()))
+        log.info(
+            "storage closed in %.2f s (%s)",
+            marks[-1][1] - marks[0][1],
+            ", ".join(f"{b[0]} {b[1] - a[1]:.2f} s" for a, b in itertools.pairwise(marks)),
+        )
 
     async def _snapshot_producers(self) -> None:
         """At a clean stop: a producer snapshot of every queue log that took batches since its

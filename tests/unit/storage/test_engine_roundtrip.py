@@ -453,3 +453,53 @@ def test_split_lag_counts_written_unsplit_bytes_and_watchers_see_every_step(
         await engine.close()
 
     run(main())
+
+
+def test_a_deletion_is_not_held_behind_a_creation_backlog(tmp_path: Path) -> None:
+    """The directory thread creates new partitions' directories a chunk at a time: a topic
+    deletion (or a producer snapshot, a retention unlink) asked while 20,000 directories
+    wait to be made is done long before they all are, and a stop drops the backlog."""
+
+    async def main() -> None:
+        engine = new_engine(tmp_path)
+        engine.start(lambda *a: None)
+        add_topic(engine, "small", 1)
+        assert await engine.wait_precreated(10)
+        add_topic(engine, "big", 20_000, topic_id=uuid.uuid4())
+        await engine.remove_topic("small")
+        assert not (tmp_path / "queues" / "small-0").exists()
+        assert len(engine._create_pending) > 10_000  # most of the backlog still to make
+        await engine.close()
+        made = sum(1 for p in (tmp_path / "queues").iterdir() if p.name.startswith("big-"))
+        assert made < 20_000  # the stop did not wait for the rest
+
+    run(main())
+
+
+def test_a_queue_log_left_by_a_cut_short_deletion_is_set_aside(tmp_path: Path) -> None:
+    """A crash between a topic's deletion and the removal of its directories leaves them
+    behind; recovery sets them aside (``<name>-<ms>.stray``, as Kafka does with stray logs),
+    so a topic created later under the same name starts empty instead of finding them."""
+
+    async def main() -> None:
+        engine = new_engine(tmp_path)
+        add_topic(engine, "gone", 1)
+        engine.start(lambda *a: None)
+        await produce(engine, "gone", 0, [build_batch([b"old"] * 3)])
+        await wait_split(engine)
+        await engine.close()
+
+        engine = new_engine(tmp_path)  # "gone" was deleted from the metadata: not registered
+        engine.recover()
+        engine.start(lambda *a: None)
+        stray = [p.name for p in (tmp_path / "queues").iterdir() if p.name.endswith(".stray")]
+        assert len(stray) == 1 and stray[0].startswith("gone-0-")
+        add_topic(engine, "gone", 1, topic_id=uuid.uuid4())  # created again
+        assert engine.high_watermark("gone", 0) == 0
+        (base,) = await produce(engine, "gone", 0, [build_batch([b"new"])])
+        assert base == 0
+        await wait_split(engine)
+        assert [r.value for r in iter_records(read_all(engine, "gone", 0))] == [b"new"]
+        await engine.close()
+
+    run(main())
