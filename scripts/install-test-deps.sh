@@ -29,6 +29,8 @@ if command -v "$PYTHON" >/dev/null 2>&1 && [ ! -x "$VENV/bin/python" ] \
     && ! "$PYTHON" -c 'import ensurepip, venv' >/dev/null 2>&1; then
     missing+=(python3-venv)
 fi
+# the cluster tests start a real ZooKeeper (Debian's package: the jar, run with that Java)
+[ -f /usr/share/java/zookeeper.jar ] || missing+=(zookeeper)
 # the record validator's C walk (setup.py) builds with a C compiler and the Python headers
 command -v gcc >/dev/null 2>&1 || missing+=(gcc)
 if command -v "$PYTHON" >/dev/null 2>&1 && ! "$PYTHON" -c \

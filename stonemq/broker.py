@@ -8,15 +8,18 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
+from stonemq.cluster import ClusterStartError
 from stonemq.config import Settings
 from stonemq.coordinator.group_store import GroupRuntime
 from stonemq.handlers.fetch_waiters import FetchWaiters
 from stonemq.metadata.sqlite import SqliteMetadataStore
+from stonemq.metadata.store import MetadataStore
 from stonemq.storage.engine import StorageEngine
 from stonemq.storage.open_files import fit_to_fd_limit
 from stonemq.topics import TopicManager
 
 if TYPE_CHECKING:
+    from stonemq.cluster.membership import Membership
     from stonemq.tiering.service import TierService
 
 log = logging.getLogger("stonemq.broker")
@@ -26,9 +29,14 @@ class Broker:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         settings.data_dir.mkdir(parents=True, exist_ok=True)
-        self.metadata = SqliteMetadataStore(
-            settings.data_dir / "metadata.db", cluster_id=settings.cluster_id
-        )
+        self.membership: Membership | None = None
+        self.metadata: MetadataStore
+        if settings.zookeeper_connect:
+            self.metadata, self.membership = _join_cluster(settings)
+        else:
+            self.metadata = SqliteMetadataStore(
+                settings.data_dir / "metadata.db", cluster_id=settings.cluster_id
+            )
         self.storage = StorageEngine(
             str(settings.journal_path),
             str(settings.queue_path),
@@ -100,7 +108,51 @@ class Broker:
             await self.tier.close()
         await self.storage.close()
         self.topics.close()
+        if self.membership is not None:
+            self.membership.close()
         self.metadata.close()
+
+
+def _join_cluster(settings: Settings) -> tuple[MetadataStore, Membership]:
+    """Open the ZooKeeper metadata store and register this broker. Until partition leadership
+    exists (cluster issue, part 1), a broker refuses to join a cluster another live broker
+    is in: two brokers would both append to the same partitions and diverge."""
+    from kazoo.handlers.threading import KazooTimeoutError
+
+    from stonemq.cluster.membership import Membership
+    from stonemq.metadata.zookeeper import ZooKeeperMetadataStore
+
+    connect = settings.zookeeper_connect
+    assert connect
+    try:
+        store = ZooKeeperMetadataStore(
+            connect,
+            cluster_id=settings.cluster_id,
+            broker_id=settings.broker_id,
+            session_timeout_ms=settings.zookeeper_session_timeout_ms,
+            connect_timeout_s=settings.zookeeper_connection_timeout_ms / 1000,
+        )
+    except KazooTimeoutError as exc:
+        raise ClusterStartError(f"cannot reach ZooKeeper at {connect}: {exc}") from None
+    host, port = settings.advertised_address
+    membership = Membership(store.client, settings.broker_id, host, port, settings.broker_rack)
+    try:
+        membership.register()
+        others = sorted(set(membership.brokers()) - {settings.broker_id})
+        if others:
+            raise ClusterStartError(
+                f"broker(s) {others} already registered in {connect}: several brokers need "
+                "partition leadership, which this StoneMQ does not have yet; give each broker "
+                "its own chroot until it does"
+            )
+    except BaseException:
+        membership.close()
+        store.close()
+        raise
+    log.info(
+        "joined cluster %s at %s as broker %d", store.cluster_id(), connect, settings.broker_id
+    )
+    return store, membership
 
 
 def _tier_service(settings: Settings, topics: TopicManager) -> TierService | None:

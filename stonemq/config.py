@@ -50,6 +50,18 @@ class Settings(BaseSettings):
     broker_id: int = Field(1, ge=0, description="this broker's id (Kafka's broker.id / node.id)")
     cluster_id: str | None = Field(None, description="cluster id; generated once and kept")
 
+    # -- cluster ---------------------------------------------------------------------------------
+    zookeeper_connect: str | None = Field(
+        None,
+        description="Kafka's zookeeper.connect, host:port[,host:port...][/chroot]: the metadata "
+        "goes to ZooKeeper and the broker registers there; unset: a single node on SQLite",
+    )
+    zookeeper_session_timeout_ms: int = Field(18_000, gt=0, description="Kafka's default")
+    zookeeper_connection_timeout_ms: int = Field(
+        30_000, gt=0, description="how long a start waits for ZooKeeper before it gives up"
+    )
+    broker_rack: str | None = Field(None, description="Kafka's broker.rack")
+
     # -- directories -----------------------------------------------------------------------------
     data_dir: Path = Field(Path("./data"), description="root of all broker state")
     journal_dir: Path | None = Field(None, description="write directory (default DATA/journal)")

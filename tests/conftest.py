@@ -266,6 +266,18 @@ def pytest_configure(config: pytest.Config) -> None:
     )
 
 
+@pytest.fixture(scope="session")
+def zookeeper(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A real ZooKeeper (Debian's package) for the session; tests use their own chroots."""
+    import zkserver
+
+    assert zkserver.available(), "ZooKeeper is not installed: run scripts/install-test-deps.sh"
+    server = zkserver.ZooKeeperServer(tmp_path_factory.mktemp("zookeeper"), free_port())
+    server.start()
+    yield server
+    server.stop()
+
+
 @pytest.fixture
 def broker_factory(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[BrokerFactory]:
     factory = BrokerFactory(tmp_path, _marker_settings(request.node))

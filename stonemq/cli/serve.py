@@ -55,11 +55,13 @@ def serve(
 
     tune_malloc()
 
+    from stonemq.cluster import ClusterStartError
+
     try:
         import uvloop
 
         uvloop.run(run_server(settings))
-    except DirectoryInUseError as exc:
+    except (DirectoryInUseError, ClusterStartError) as exc:
         logging.getLogger("stonemq").error("refusing to start: %s", exc)
         raise typer.Exit(1) from None
     except OSError as exc:

@@ -16,6 +16,11 @@ class UnknownTopicError(Exception):
     """No topic with that name exists."""
 
 
+class ConcurrentChangeError(Exception):
+    """Another broker changed the topic between this broker's read and its conditional write
+    (a cluster's store only): re-read, re-validate, and try again or answer the client."""
+
+
 @dataclass(frozen=True, slots=True)
 class TopicRecord:
     """One topic as the metadata store keeps it.

@@ -1,0 +1,133 @@
+"""This broker's registration in ZooKeeper and the view of the live brokers.
+
+Each broker holds an ephemeral node ``/brokers/ids/<broker.id>`` (Kafka's layout: host, port,
+endpoints, rack, registration time) for as long as its ZooKeeper session lives. A broker id
+already registered by another live session is refused at start, as Kafka refuses it. When
+the session expires (a long pause, a partition from ZooKeeper), the node is gone; once a new
+session is up the broker registers again, as Kafka's brokers do.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from kazoo.client import KazooClient
+from kazoo.exceptions import NodeExistsError, NoNodeError
+from kazoo.protocol.states import KazooState
+
+from stonemq.cluster import ClusterStartError
+
+log = logging.getLogger(__name__)
+
+BROKER_IDS_PATH = "/brokers/ids"
+
+
+class BrokerIdInUseError(ClusterStartError):
+    """Another live broker is registered under this ``broker.id``."""
+
+
+class Membership:
+    """Register ``broker_id`` (advertised ``host:port``, optional ``rack``) and watch the
+    live brokers (``on_change(ids)`` after each change, in kazoo's thread)."""
+
+    def __init__(
+        self,
+        client: KazooClient,
+        broker_id: int,
+        host: str,
+        port: int,
+        rack: str | None = None,
+        on_change: Callable[[list[int]], None] | None = None,
+    ) -> None:
+        self.client = client
+        self.broker_id = broker_id
+        self.path = f"{BROKER_IDS_PATH}/{broker_id}"
+        self._node = json.dumps(
+            {
+                "version": 5,
+                "host": host,
+                "port": port,
+                "endpoints": [f"PLAINTEXT://{host}:{port}"],
+                "listener_security_protocol_map": {"PLAINTEXT": "PLAINTEXT"},
+                "rack": rack,
+                "jmx_port": -1,
+                "timestamp": str(int(time.time() * 1000)),
+            },
+            sort_keys=True,
+        ).encode()
+        self._on_change = on_change
+        self._registered = False
+        self._closed = False
+        self.live: list[int] = []
+
+    def register(self) -> None:
+        """Create this broker's node (BrokerIdInUseError if another session holds it) and
+        start following the live brokers."""
+        self.client.retry(self.client.ensure_path, BROKER_IDS_PATH)
+        self._create()
+        self._registered = True
+        self.client.add_listener(self._on_state)
+        self.client.ChildrenWatch(BROKER_IDS_PATH, self._on_ids)
+
+    def _create(self) -> None:
+        try:
+            self.client.retry(self.client.create, self.path, self._node, ephemeral=True)
+        except NodeExistsError:
+            _, stat = self.client.retry(self.client.get, self.path)
+            if stat.ephemeralOwner != self.client.client_id[0]:
+                raise BrokerIdInUseError(
+                    f"broker.id {self.broker_id} is registered in ZooKeeper by another live "
+                    f"broker ({self.path}); give each broker its own broker.id"
+                ) from None
+
+    def _on_state(self, state: KazooState) -> None:
+        """kazoo's connection listener: after an expired session, register again (off its
+        thread: a listener must not block)."""
+        if state == KazooState.LOST:
+            log.warning("ZooKeeper session lost: broker %d is unregistered", self.broker_id)
+        elif state == KazooState.CONNECTED and self._registered and not self._closed:
+            threading.Thread(target=self._reregister, daemon=True).start()
+
+    def _reregister(self) -> None:
+        try:
+            if self.client.exists(self.path) is None:
+                self._create()
+                log.warning("broker %d registered again in ZooKeeper", self.broker_id)
+        except Exception as exc:  # logged: the next reconnect tries again
+            log.error("broker %d could not register again: %s", self.broker_id, exc)
+
+    def _on_ids(self, children: list[str]) -> bool | None:
+        if self._closed:
+            return False
+        self.live = sorted(int(c) for c in children if c.isdigit())
+        if self._on_change is not None:
+            self._on_change(self.live)
+        return None
+
+    def brokers(self) -> dict[int, dict[str, object]]:
+        """The registered brokers' nodes by id (read from ZooKeeper)."""
+        out: dict[int, dict[str, object]] = {}
+        for child in self.client.retry(self.client.get_children, BROKER_IDS_PATH):
+            if not child.isdigit():
+                continue
+            try:
+                data, _ = self.client.retry(self.client.get, f"{BROKER_IDS_PATH}/{child}")
+            except NoNodeError:
+                continue
+            out[int(child)] = json.loads(data)
+        return out
+
+    def close(self) -> None:
+        """Deregister (a clean stop; a crash lets the session expire instead)."""
+        self._closed = True
+        if self._registered:
+            try:
+                self.client.retry(self.client.delete, self.path)
+            except NoNodeError:
+                pass
+            except Exception as exc:
+                log.warning("broker %d not deregistered: %s", self.broker_id, exc)

@@ -1,0 +1,112 @@
+"""A broker whose metadata lives in ZooKeeper (``zookeeper.connect``): real ZooKeeper, real
+``stonemq serve`` processes, confluent-kafka. Topics, their journal mapping and configs are
+in ZooKeeper and survive a restart; the broker registers under ``/brokers/ids``; a broker id
+in use, a second broker (until partition leadership exists) and an unreachable ZooKeeper are
+refused at start with a clear message."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+import pytest
+from confluent_kafka import Consumer, Producer
+from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
+from conftest import BrokerStartError, free_port
+from kazoo.client import KazooClient
+
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(120)]
+
+
+@pytest.fixture
+def chroot(zookeeper: Any) -> str:
+    return f"{zookeeper.connect}/stonemq-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+def zk(zookeeper: Any) -> Any:
+    client = KazooClient(zookeeper.connect)
+    client.start(10)
+    yield client
+    client.stop()
+    client.close()
+
+
+def produce(bootstrap: str, topic: str, values: list[bytes]) -> None:
+    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
+    for value in values:
+        producer.produce(topic, value, partition=0)
+    assert producer.flush(30) == 0
+
+
+def consume(bootstrap: str, topic: str, count: int) -> list[bytes]:
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"g-{uuid.uuid4().hex[:6]}",
+            "auto.offset.reset": "earliest",
+        }
+    )
+    consumer.subscribe([topic])
+    got: list[bytes] = []
+    try:
+        for _ in range(300):
+            msg = consumer.poll(0.1)
+            if msg is not None and msg.error() is None:
+                got.append(msg.value())
+            if len(got) >= count:
+                break
+    finally:
+        consumer.close()
+    return got
+
+
+def test_topics_live_in_zookeeper_and_survive_a_restart(broker_factory, chroot, zk) -> None:
+    broker = broker_factory(zookeeper_connect=chroot, broker_id=3)
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    new = NewTopic("zt", 3, 1, config={"retention.ms": "86400000"})
+    admin.create_topics([new])["zt"].result(30)
+    produce(broker.bootstrap, "zt", [b"a", b"b", b"c"])
+    base = chroot.split("/", 1)[1]
+    node = json.loads(zk.get(f"/{base}/brokers/topics/zt")[0])
+    config = json.loads(zk.get(f"/{base}/config/topics/zt")[0])
+    assert config["config"] == {"retention.ms": "86400000"}
+    registered = json.loads(zk.get(f"/{base}/brokers/ids/3")[0])
+    assert registered["port"] == broker.port and registered["host"] == "127.0.0.1"
+    cluster_id = json.loads(zk.get(f"/{base}/cluster/id")[0])["id"]
+
+    broker.stop()
+    assert zk.exists(f"/{base}/brokers/ids/3") is None  # a clean stop deregisters
+    broker.start()
+    assert consume(broker.bootstrap, "zt", 3) == [b"a", b"b", b"c"]
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    meta = admin.list_topics(timeout=10)
+    assert meta.cluster_id == cluster_id
+    assert len(meta.topics["zt"].partitions) == 3
+    resource = ConfigResource(ConfigResource.Type.TOPIC, "zt")
+    configs = admin.describe_configs([resource])[resource].result(10)
+    assert configs["retention.ms"].value == "86400000"
+    assert json.loads(zk.get(f"/{base}/brokers/topics/zt")[0]) == node
+
+
+def test_a_broker_id_in_use_is_refused(broker_factory, chroot) -> None:
+    broker_factory(zookeeper_connect=chroot, broker_id=1)
+    with pytest.raises(BrokerStartError, match=r"broker\.id 1 is registered in ZooKeeper"):
+        broker_factory(zookeeper_connect=chroot, broker_id=1)
+
+
+def test_a_second_broker_is_refused_until_leadership_exists(broker_factory, chroot, zk) -> None:
+    first = broker_factory(zookeeper_connect=chroot, broker_id=1)
+    with pytest.raises(BrokerStartError, match=r"broker\(s\) \[1\] already registered"):
+        broker_factory(zookeeper_connect=chroot, broker_id=2)
+    base = chroot.split("/", 1)[1]
+    assert zk.get_children(f"/{base}/brokers/ids") == ["1"]  # the refused one left nothing
+    assert first.alive
+
+
+def test_an_unreachable_zookeeper_is_refused_clearly(broker_factory) -> None:
+    with pytest.raises(BrokerStartError, match="cannot reach ZooKeeper"):
+        broker_factory(
+            zookeeper_connect=f"127.0.0.1:{free_port()}", zookeeper_connection_timeout_ms=2000
+        )

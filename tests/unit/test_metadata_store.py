@@ -1,0 +1,252 @@
+"""The metadata-store contract, run against both backends: SQLite (the single node) and
+ZooKeeper (a cluster; a real ZooKeeper from Debian's package, one chroot per test). The
+ZooKeeper-only tests cover what a cluster adds: several brokers' stores seeing each other's
+changes through watches, conditional writes that only one of two racing brokers wins,
+producer-id blocks that never overlap, and a ZooKeeper restart."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import zkserver
+from hypothesis import given
+from hypothesis import strategies as st
+
+from stonemq.metadata.sqlite import PRODUCER_ID_BLOCK, SqliteMetadataStore
+from stonemq.metadata.store import (
+    ConcurrentChangeError,
+    MetadataStore,
+    TopicExistsError,
+    UnknownTopicError,
+)
+from stonemq.metadata.zookeeper import (
+    TOPICS_PATH,
+    ZooKeeperMetadataStore,
+    decode_mapping,
+    encode_mapping,
+)
+
+_chroots = itertools.count()
+
+
+Opener = Callable[..., MetadataStore]
+
+
+@pytest.fixture(params=["sqlite", pytest.param("zookeeper", marks=pytest.mark.cluster)])
+def opener(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Opener]:
+    """Opens the same store again each call (a broker restart), ``cluster_id`` passed on."""
+    opened: list[MetadataStore] = []
+    if request.param == "sqlite":
+
+        def open_store(**kwargs: Any) -> MetadataStore:
+            opened.append(SqliteMetadataStore(tmp_path / "metadata.db", **kwargs))
+            return opened[-1]
+    else:
+        server = request.getfixturevalue("zookeeper")
+        connect = f"{server.connect}/stonemq-test-{next(_chroots)}"
+
+        def open_store(**kwargs: Any) -> MetadataStore:
+            opened.append(ZooKeeperMetadataStore(connect, **kwargs))
+            return opened[-1]
+
+    yield open_store
+    for store in opened:
+        store.close()
+
+
+def eventually(check: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "not seen in time"
+        time.sleep(0.02)
+
+
+# -- the contract, both backends ----------------------------------------------------------------
+def test_topics_survive_reopen(opener: Opener) -> None:
+    store = opener()
+    a = store.create_topic("a", [0, 1, 2], {"retention.ms": "1000"})
+    b = store.create_topic("b", [3], {})
+    store.add_partitions("b", [0, 1])
+    store.set_topic_configs("a", {"segment.bytes": "2048"})
+    store.close()
+
+    store = opener()
+    got_a, got_b = store.get_topic("a"), store.get_topic("b")
+    assert got_a is not None and got_b is not None
+    assert got_a.topic_id == a.topic_id and got_a.journal_partitions == (0, 1, 2)
+    assert dict(got_a.configs) == {"segment.bytes": "2048"}
+    assert got_b.topic_id == b.topic_id and got_b.journal_partitions == (3, 0, 1)
+    assert sorted(t.name for t in store.list_topics()) == ["a", "b"]
+
+
+def test_create_twice_and_unknown(opener: Opener) -> None:
+    store = opener()
+    store.create_topic("t", [0], {})
+    with pytest.raises(TopicExistsError):
+        store.create_topic("t", [1], {})
+    assert store.get_topic("t").journal_partitions == (0,)  # type: ignore[union-attr]
+    for call in (
+        lambda: store.delete_topic("nope"),
+        lambda: store.add_partitions("nope", [0]),
+        lambda: store.set_topic_configs("nope", {}),
+    ):
+        with pytest.raises(UnknownTopicError):
+            call()
+
+
+def test_delete_survives_reopen_and_recreate_gets_new_id(opener: Opener) -> None:
+    store = opener()
+    first = store.create_topic("t", [0, 1], {"retention.ms": "5"})
+    assert store.delete_topic("t").topic_id == first.topic_id
+    assert store.get_topic("t") is None
+    store.close()
+    store = opener()
+    assert store.get_topic("t") is None
+    second = store.create_topic("t", [1], {})
+    assert second.topic_id != first.topic_id
+    assert store.get_topic("t").configs == {}  # type: ignore[union-attr]
+
+
+def test_cluster_id_is_stable_and_seeded_once(opener: Opener) -> None:
+    store = opener(cluster_id="my-cluster")
+    assert store.cluster_id() == "my-cluster"
+    store.close()
+    store = opener(cluster_id="ignored-once-stored")
+    assert store.cluster_id() == "my-cluster"
+
+
+def test_broker_configs_replace_and_survive(opener: Opener) -> None:
+    store = opener()
+    assert store.broker_configs() == {}
+    store.set_broker_configs({"log.retention.ms": "5", "num.partitions": "3"})
+    store.set_broker_configs({"num.partitions": "4"})
+    store.close()
+    assert opener().broker_configs() == {"num.partitions": "4"}
+
+
+def test_producer_ids_never_repeat_across_reopen(opener: Opener) -> None:
+    seen: set[int] = set()
+    for round_ in range(3):
+        store = opener()
+        for _ in range(PRODUCER_ID_BLOCK + 5 if round_ == 1 else 3):
+            pid = store.allocate_producer_id()
+            assert pid >= 0 and pid not in seen
+            seen.add(pid)
+        store.close()
+    assert len(seen) == PRODUCER_ID_BLOCK + 11
+
+
+# -- what a cluster adds (ZooKeeper) ------------------------------------------------------------
+@pytest.fixture
+def two_brokers(zookeeper: zkserver.ZooKeeperServer) -> Iterator[tuple[Any, Any]]:
+    connect = f"{zookeeper.connect}/stonemq-test-{next(_chroots)}"
+    a = ZooKeeperMetadataStore(connect, broker_id=1)
+    b = ZooKeeperMetadataStore(connect, broker_id=2)
+    yield a, b
+    a.close()
+    b.close()
+
+
+@pytest.mark.cluster
+def test_each_broker_sees_the_others_changes(two_brokers: tuple[Any, Any]) -> None:
+    a, b = two_brokers
+    events: list[tuple[str, Any]] = []
+    b.add_listener(lambda name, record: events.append((name, record)))
+    created = a.create_topic("t", [0, 1], {"retention.ms": "7"})
+    eventually(lambda: b.get_topic("t") == created)
+    a.add_partitions("t", [2])
+    eventually(lambda: b.get_topic("t").journal_partitions == (0, 1, 2))
+    b.set_topic_configs("t", {"retention.ms": "9"})
+    eventually(lambda: a.get_topic("t").configs == {"retention.ms": "9"})
+    b.delete_topic("t")
+    eventually(lambda: a.get_topic("t") is None)
+    eventually(lambda: events and events[-1] == ("t", None))
+    assert events[0] == ("t", created)
+
+
+@pytest.mark.cluster
+def test_of_two_racing_conditional_writes_one_wins(two_brokers: tuple[Any, Any]) -> None:
+    """Both brokers grow the topic from the same version: one write lands, the other gets
+    ConcurrentChangeError (it would have appended to a mapping it never saw); re-read, it
+    succeeds. Same for configs."""
+    a, b = two_brokers
+    a.create_topic("t", [0], {})
+    eventually(lambda: b.get_topic("t") is not None)
+    b._watched["t"] = -1  # freeze b's view (its watches stop): it has not seen a's change
+    a.add_partitions("t", [1])
+    with pytest.raises(ConcurrentChangeError):
+        b.add_partitions("t", [2])
+    b._reload("t")
+    assert b.add_partitions("t", [2]).journal_partitions == (0, 1, 2)
+    a._reload("t")
+    a.set_topic_configs("t", {"x": "1"})
+    with pytest.raises(ConcurrentChangeError):
+        b.set_topic_configs("t", {"x": "2"})
+    data, _ = a.client.get(f"{TOPICS_PATH}/t")
+    assert decode_mapping(__import__("json").loads(data)["journal_partitions"]) == (0, 1, 2)
+
+
+@pytest.mark.cluster
+def test_two_brokers_never_hand_out_the_same_producer_id(two_brokers: tuple[Any, Any]) -> None:
+    got: dict[int, list[int]] = {1: [], 2: []}
+
+    def allocate(store: Any, key: int) -> None:
+        for _ in range(3 * PRODUCER_ID_BLOCK + 7):
+            got[key].append(store.allocate_producer_id())
+
+    pairs = zip(two_brokers, got, strict=True)
+    threads = [threading.Thread(target=allocate, args=pair) for pair in pairs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    everything = got[1] + got[2]
+    assert len(set(everything)) == len(everything) == 2 * (3 * PRODUCER_ID_BLOCK + 7)
+
+
+@pytest.mark.cluster
+def test_a_chroot_is_created_and_isolated(zookeeper: zkserver.ZooKeeperServer) -> None:
+    one = ZooKeeperMetadataStore(f"{zookeeper.connect}/isolated/{uuid.uuid4().hex}")
+    two = ZooKeeperMetadataStore(f"{zookeeper.connect}/isolated/{uuid.uuid4().hex}")
+    try:
+        one.create_topic("t", [0], {})
+        assert two.get_topic("t") is None
+        two.create_topic("t", [1], {})  # no clash
+        assert one.get_topic("t").journal_partitions == (0,)  # type: ignore[union-attr]
+    finally:
+        one.close()
+        two.close()
+
+
+@pytest.mark.cluster
+def test_the_store_goes_on_across_a_zookeeper_restart(
+    zookeeper: zkserver.ZooKeeperServer, two_brokers: tuple[Any, Any]
+) -> None:
+    a, b = two_brokers
+    a.create_topic("before", [0], {})
+    eventually(lambda: b.get_topic("before") is not None)
+    zookeeper.restart()
+    a.create_topic("after", [1], {})  # retried until the server is back
+    eventually(lambda: b.get_topic("after") is not None)
+    b.delete_topic("before")
+    eventually(lambda: a.get_topic("before") is None)
+
+
+# -- the stored mapping ---------------------------------------------------------------------------
+@given(st.lists(st.integers(0, 0xFFFF), max_size=300))
+def test_the_journal_mapping_round_trips(mapping: list[int]) -> None:
+    assert decode_mapping(encode_mapping(mapping)) == tuple(mapping)
+
+
+def test_a_100000_partition_topic_node_fits_in_a_zookeeper_node() -> None:
+    text = encode_mapping([p % 12 for p in range(100_000)])
+    assert len(text) < 300_000  # ZooKeeper's default jute.maxbuffer is 1 MB
+    with pytest.raises(ValueError):
+        decode_mapping("AAEA")  # three bytes: not whole uint16s
