@@ -349,16 +349,21 @@ class TopicManager:
         replication_factor: int = -1,
     ) -> CreatedTopic:
         """:meth:`create` without holding the event loop: the metadata store's commit runs in
-        its thread, and storage takes the partitions ``STEP_PARTITIONS`` at a time."""
+        its thread, and storage takes the partitions ``STEP_PARTITIONS`` at a time, under the
+        topic's change lock: a deletion asked meanwhile waits until every partition is
+        registered (it used to forget the ones registered so far while the rest went on
+        being registered, left behind as partitions of no topic)."""
         plan = self._plan_create(name, num_partitions, configs, replication_factor)
         if validate_only:
             return plan.preview()
-        self._in_flight += plan.partitions
-        try:
-            record = await self._in_store_thread(self._store_create, plan)
-        finally:
-            self._in_flight -= plan.partitions
-        await self._register_async(record, plan.config.log_config, 0, plan.config)
+        async with self._change(name):
+            plan = self._plan_create(name, num_partitions, configs, replication_factor)
+            self._in_flight += plan.partitions
+            try:
+                record = await self._in_store_thread(self._store_create, plan)
+            finally:
+                self._in_flight -= plan.partitions
+            await self._register_async(record, plan.config.log_config, 0, plan.config)
         return CreatedTopic(record, plan.config, plan.replication_factor)
 
     def _plan_create(

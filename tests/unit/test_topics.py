@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from stonemq.config import Settings
 from stonemq.metadata.sqlite import SqliteMetadataStore
-from stonemq.storage.engine import LogConfig
+from stonemq.storage.engine import LogConfig, StorageEngine
 from stonemq.topic_configs import ConfigOp, ConfigSource, InvalidConfigError, InvalidRequestError
 from stonemq.topics import (
     InvalidPartitionsError,
@@ -403,3 +403,42 @@ def test_partition_growth_racing_a_delete_gets_unknown_topic(topics: TopicManage
     assert deleted.name == "t"
     assert isinstance(grown, UnknownTopicOrPartitionError)
     assert topics.get("t") is None
+
+
+def test_a_delete_racing_a_large_create_leaves_no_partition_behind(
+    settings: Settings, store: SqliteMetadataStore, tmp_path: Path
+) -> None:
+    """With the real storage engine: a deletion that arrived while a 30,000-partition topic
+    was still being registered forgot the partitions registered so far, the rest went on
+    being registered as partitions of no topic, and the next create of the name followed by
+    CreatePartitions failed with a traceback (found by the long fuzz run)."""
+
+    async def race() -> None:
+        engine = StorageEngine(
+            str(tmp_path / "journal"),
+            str(tmp_path / "queues"),
+            journal_partitions=settings.journal_partitions,
+            journal_segment_bytes=1 << 20,
+            flush_policy="never",
+            flush_interval_ms=1000,
+            queue_checkpoint_interval_ms=60_000,
+            max_open_files=64,
+            splitter_batch_bytes=1 << 20,
+            queue_cache_retain_bytes=1 << 20,
+        )
+        engine.recover()
+        engine.start(lambda *a: None)
+        topics = TopicManager(settings, store, engine)
+        creating = asyncio.ensure_future(topics.create_async("big", 30_000))
+        while topics.get("big") is None:  # committed: registration is under way in steps
+            await asyncio.sleep(0)
+        deleted, _ = await asyncio.gather(topics.delete("big"), creating)
+        assert deleted.name == "big"
+        assert not [key for key in engine._by_name if key[0] == "big"]
+        again = await topics.create_async("big", 3)
+        await topics.add_partitions("big", 5)
+        assert sorted(p for (t, p) in engine._by_name if t == "big") == list(range(5))
+        assert {s.topic_id for s in engine._topics["big"]} == {again.record.topic_id.bytes}
+        await engine.close()
+
+    asyncio.run(race())
