@@ -460,9 +460,11 @@ class StorageEngine:
             self._create_pending.difference_update(paths)
         if self._splitter is not None:
             await self._splitter.idle()  # no split write left that could create a file there
-        await asyncio.get_running_loop().run_in_executor(
-            self._directory_thread(), _remove_dirs, paths
-        )
+        # nor a flush round in flight, whose index writes could put a file back in them
+        async with self._checkpoint_lock or asyncio.Lock():
+            await asyncio.get_running_loop().run_in_executor(
+                self._directory_thread(), _remove_dirs, paths
+            )
 
     def _forget(self, state: _Partition, listed: bool = True) -> None:
         """Drop a partition's state and close its files (``listed``: also take it out of its

@@ -313,3 +313,55 @@ def test_a_snapshot_queued_before_a_deletion_is_written_before_the_directory_goe
         assert not Path(directory).exists()
 
     asyncio.run(main())
+
+
+class SlowIndexOpen(FileOps):
+    """Real operations; opening an index file first sleeps 0.3 s (once); index opens and
+    directory deletions are recorded in order."""
+
+    def __init__(self) -> None:
+        self.stalled = False
+        self.events: list[tuple[str, str]] = []
+
+    def open(self, path: str, flags: int, mode: int = 0o644) -> int:
+        if path.endswith(".index"):
+            if not self.stalled:
+                self.stalled = True
+                time.sleep(0.3)
+            self.events.append(("index", path))
+        return super().open(path, flags, mode)
+
+    def rmtree(self, path: str) -> None:
+        self.events.append(("rmtree", path))
+        super().rmtree(path)
+
+
+def test_a_deletion_waits_for_the_flush_in_flight(tmp_path: Path) -> None:
+    """A flush round writing a queue log's index entries while its topic is deleted: the
+    deletion waits for it, so neither can the flush fail on a directory gone under it nor
+    put an index file back into a directory being deleted (which kept it alive)."""
+
+    async def main() -> None:
+        engine = new_engine(tmp_path)
+        add_topic(engine)
+        engine.start(lambda *a: None)
+        for seq in range(30):
+            await append(engine, idem(seq))
+        await wait_split(engine)
+        directory = engine._by_name[("t", 0)].queue.directory  # type: ignore[union-attr]
+        disk = SlowIndexOpen()
+        previous = fileio.install(disk)
+        try:
+            flushing = asyncio.ensure_future(engine.flush())
+            await asyncio.sleep(0.05)  # the flush thread waits at the index's open
+            await engine.remove_topic("t")
+            await flushing  # did not fail
+        finally:
+            fileio.install(previous)
+        assert disk.stalled
+        assert not Path(directory).exists()
+        kinds = [kind for kind, path in disk.events if path.startswith(directory)]
+        assert "index" in kinds and kinds[-1] == "rmtree", kinds  # nothing after the delete
+        await engine.close()
+
+    asyncio.run(main())
