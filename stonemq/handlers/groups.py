@@ -65,7 +65,8 @@ def client_host(ctx: RequestContext) -> str:
 
 
 # -- FindCoordinator -----------------------------------------------------------------------------
-@api(10, 0, 4)
+# v5 and v6 carry v4's body (v6 adds key type 2, share groups: refused as an unknown type here)
+@api(10, 0, 6)
 async def handle_find_coordinator(ctx: RequestContext, request: Any) -> Any:
     key_type = getattr(request, "key_type", KEY_TYPE_GROUP)
     if ctx.api_version >= 4:

@@ -1,5 +1,11 @@
 """ListOffsets (2): earliest (-2), latest (-1), max timestamp (-3) and offsets by timestamp.
 
+Versions 1-11, as Kafka 4 serves them: v8 adds earliest-local (-4, KIP-405), v9 latest-tiered
+(-5, KIP-1005), v11 earliest-pending-upload (-6, KIP-1023); v10's timeout (KIP-1075) bounds an
+asynchronous remote lookup, and StoneMQ's archive lookup answers within the request. For a
+topic that does not tier, -4 is the log start and -5 / -6 answer offset -1, as Kafka does
+for a topic without remote storage.
+
 Latest is the high watermark (what consumers can read). By timestamp, the answer is the
 first offset whose record timestamp is >= the target: for a tiered topic the archive below
 the local log start is searched first (off the event loop, stonemq/tiering/service.py), then
@@ -20,9 +26,12 @@ from stonemq.storage.engine import StorageError, UnknownPartitionError
 LATEST = -1
 EARLIEST = -2
 MAX_TIMESTAMP = -3
+EARLIEST_LOCAL = -4
+LATEST_TIERED = -5
+EARLIEST_PENDING_UPLOAD = -6
 
 
-@api(2, 1, 7)
+@api(2, 1, 11)
 async def handle_list_offsets(ctx: RequestContext, request: Any) -> Any:
     topics = []
     for topic in request.topics:
@@ -65,6 +74,17 @@ async def _lookup(ctx: RequestContext, topic: str, partition: int, target: int) 
     if target == EARLIEST:
         start = storage.log_start_offset(topic, partition)
         return (tier.log_start(topic, partition, start) if tier else start), -1
+    if target == EARLIEST_LOCAL:
+        return storage.log_start_offset(topic, partition), -1
+    if target in (LATEST_TIERED, EARLIEST_PENDING_UPLOAD):
+        if tier is None or not tier.tiered(topic):
+            return -1, -1
+        archived_next = tier.archived_next(topic, partition)  # first offset not archived
+        if target == LATEST_TIERED:
+            return archived_next - 1, -1  # -1 while nothing is archived
+        if archived_next >= storage.high_watermark(topic, partition):
+            return -1, -1  # nothing waits for upload
+        return max(archived_next, storage.log_start_offset(topic, partition)), -1
     if target == MAX_TIMESTAMP:
         found = await storage.max_timestamp(topic, partition)
     else:

@@ -30,7 +30,7 @@ UNKNOWN_AUTHORIZED_OPERATIONS = -(2**31)
 TOPIC_IDS_VERSION = 12
 
 
-@api(3, 0, 12)
+@api(3, 0, 13)
 async def handle_metadata(ctx: RequestContext, request: Any) -> Any:
     invalid = _invalid_request(ctx.api_version, request.topics)
     if invalid is not None:
@@ -69,6 +69,7 @@ async def handle_metadata(ctx: RequestContext, request: Any) -> Any:
     return ctx.build(
         "MetadataResponse",
         throttle_time=0,
+        error_code=ErrorCode.none,  # v13: the top-level error (REBOOTSTRAP_REQUIRED is never due)
         brokers=(
             ctx.build(
                 "MetadataResponseBroker", node_id=broker.broker_id, host=host, port=port, rack=None
@@ -98,6 +99,7 @@ def _error_response(ctx: RequestContext, topics: Any, error: ErrorCode) -> Any:
     return ctx.build(
         "MetadataResponse",
         throttle_time=0,
+        error_code=ErrorCode.none,  # v13: the top-level error (REBOOTSTRAP_REQUIRED is never due)
         brokers=(),
         cluster_id=None,
         controller_id=-1,
