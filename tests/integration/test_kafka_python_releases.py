@@ -14,7 +14,7 @@ pytestmark = pytest.mark.timeout(120)
 RELEASES = [(2, 8), (3, 0), (3, 7), (3, 9), (4, 0)]
 
 
-@pytest.mark.parametrize("release", RELEASES, ids=lambda r: "%d.%d" % r)
+@pytest.mark.parametrize("release", RELEASES, ids=lambda r: f"{r[0]}.{r[1]}")
 def test_pinned_release_produce_group_consume_offsets(module_broker, release):
     bootstrap = module_broker.bootstrap
     topic = unique_topic("kp-release")
