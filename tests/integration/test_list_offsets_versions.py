@@ -1,0 +1,58 @@
+"""ListOffsets v1-11 over raw sockets: every version answers, and the special timestamps of
+v8+ (earliest-local -4), v9+ (latest-tiered -5) and v11 (earliest-pending-upload -6) get
+Kafka's answers for a topic that does not tier."""
+
+from __future__ import annotations
+
+import datetime
+
+import pytest
+
+from .helpers import Msg, create_topic, produce, unique_topic
+from .rawclient import RawConnection, build, schema
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def list_offset(conn: RawConnection, version: int, topic: str, timestamp: int):
+    req = schema("list_offsets", version, "request")
+    resp = schema("list_offsets", version, "response")
+    request = build(
+        req.ListOffsetsRequest,
+        replica_id=-1,
+        isolation_level=0,
+        timeout=datetime.timedelta(seconds=5),
+        topics=(
+            req.ListOffsetsTopic(
+                name=topic,
+                partitions=(
+                    build(req.ListOffsetsPartition, partition_index=0, timestamp=timestamp),
+                ),
+            ),
+        ),
+    )
+    answer = conn.request(request, resp.ListOffsetsResponse)
+    (p,) = answer.topics[0].partitions
+    assert p.error_code == 0, p
+    return p.offset
+
+
+@pytest.mark.parametrize("version", range(1, 12))
+def test_every_version_special_timestamps(module_broker, version):
+    topic = unique_topic("lo-versions")
+    create_topic(module_broker.bootstrap, topic, partitions=1)
+    produce(
+        module_broker.bootstrap,
+        topic,
+        [Msg(key=None, value=b"x%d" % i) for i in range(5)],
+        partition=0,
+    )
+    with RawConnection(module_broker.host, module_broker.port) as conn:
+        assert list_offset(conn, version, topic, -2) == 0
+        assert list_offset(conn, version, topic, -1) == 5
+        if version >= 8:
+            assert list_offset(conn, version, topic, -4) == 0
+        if version >= 9:
+            assert list_offset(conn, version, topic, -5) == -1
+        if version >= 11:
+            assert list_offset(conn, version, topic, -6) == -1
