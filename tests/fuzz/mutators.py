@@ -300,9 +300,13 @@ def _list_offsets_by_time(rng: random.Random, hints: Hints, topic: str) -> bytes
     version = max(v for k, v in ADVERTISED if k == LIST_OFFSETS)
     cls = load_request_schema(LIST_OFFSETS, version)
     mod = importlib.import_module(cls.__module__)
+    # ListOffsets v10+ carries a timeout; the entity takes only the fields its version has.
+    fields = {f.name for f in dataclasses.fields(cls)}
+    extra = {"timeout": datetime.timedelta(seconds=5)} if "timeout" in fields else {}
     entity = cls(
         replica_id=-1,
         isolation_level=0,
+        **extra,
         topics=(
             mod.ListOffsetsTopic(
                 name=topic,
