@@ -16,7 +16,7 @@ import logging
 import re
 import uuid
 import zlib
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
@@ -234,6 +234,7 @@ class TopicManager:
         self._changing: dict[str, asyncio.Lock] = {}
         self._auto_creating: dict[str, asyncio.Future[TopicRecord]] = {}
         self._in_flight = 0  # partitions of creates in progress (against max.partitions)
+        self._changes: set[asyncio.Future[Any]] = set()  # changes running to their end
         self._store_thread: ThreadPoolExecutor | None = None
         for record in store.list_topics():
             self._collisions[collision_key(record.name)] = record.name
@@ -356,6 +357,17 @@ class TopicManager:
         plan = self._plan_create(name, num_partitions, configs, replication_factor)
         if validate_only:
             return plan.preview()
+        return await self._to_the_end(
+            self._create_locked(name, num_partitions, configs, replication_factor)
+        )
+
+    async def _create_locked(
+        self,
+        name: str,
+        num_partitions: int,
+        configs: Mapping[str, str | None] | None,
+        replication_factor: int,
+    ) -> CreatedTopic:
         async with self._change(name):
             plan = self._plan_create(name, num_partitions, configs, replication_factor)
             self._in_flight += plan.partitions
@@ -365,6 +377,24 @@ class TopicManager:
                 self._in_flight -= plan.partitions
             await self._register_async(record, plan.config.log_config, 0, plan.config)
         return CreatedTopic(record, plan.config, plan.replication_factor)
+
+    def _to_the_end(self, change: Coroutine[Any, Any, _T]) -> Awaitable[_T]:
+        """Run a topic change (create, growth, deletion) as its own task, to its end even if
+        the request that asked for it goes: a client that disconnects cancels its requests'
+        tasks, and a change cut between the store's commit and storage's last step left
+        partitions of a deleted topic registered in storage, where the next growth of a topic
+        of that name failed with a traceback (found by the long fuzz run). Kafka's
+        controller, too, finishes an operation whose requester went away."""
+        task = asyncio.ensure_future(change)
+        self._changes.add(task)
+        task.add_done_callback(self._change_done)
+        return asyncio.shield(task)
+
+    def _change_done(self, task: asyncio.Future[Any]) -> None:
+        self._changes.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            # retrieved here: its requester may be gone; the requester, if not, gets it too
+            log.debug("topic change ended with %r", task.exception())
 
     def _plan_create(
         self,
@@ -592,6 +622,9 @@ class TopicManager:
             raise UnknownTopicOrPartitionError(f"Topic {name} is already being deleted")
         self.require(name)
         self._deleting.add(name)
+        return await self._to_the_end(self._delete_locked(name))
+
+    async def _delete_locked(self, name: str) -> TopicRecord:
         try:
             async with self._change(name):
                 return await self._delete(name)
@@ -622,6 +655,11 @@ class TopicManager:
         (the store's commit in its thread, storage in steps). Changes of one topic run one
         at a time: two concurrent requests each added their partitions to the count the
         other had not yet committed, and one racing a delete failed with a traceback."""
+        return await self._to_the_end(self._add_partitions_locked(name, total, validate_only))
+
+    async def _add_partitions_locked(
+        self, name: str, total: int, validate_only: bool
+    ) -> TopicRecord:
         async with self._change(name):
             return await self._add_partitions(name, total, validate_only)
 

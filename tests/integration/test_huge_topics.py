@@ -8,6 +8,7 @@ import threading
 import time
 
 import pytest
+from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
 from kio.static.primitive import i16, i32
 
@@ -149,3 +150,53 @@ def test_metadata_of_a_huge_topic_never_stalls_other_clients(broker) -> None:
         time.sleep(6)
     slowest = max(prober.times)
     assert slowest < 1.0, f"another client waited {slowest:.2f} s"
+
+
+def _request_and_hang_up(broker, request) -> None:  # type: ignore[no-untyped-def]
+    """Send ``request`` and close the connection without reading the answer."""
+    with RawConnection(broker.host, broker.port) as conn:
+        conn.send_request(request)
+
+
+def test_a_topic_change_runs_to_its_end_when_its_client_hangs_up(broker) -> None:
+    """Found by the long fuzz run: a client that disconnects cancels its requests, and a
+    DeleteTopics (or CreateTopics, CreatePartitions) cut between the store's commit and
+    storage's last step left partitions of the deleted topic registered in storage; growing
+    a new topic of that name then failed with a traceback. A change now runs to its end."""
+    client = AdminClient({"bootstrap.servers": broker.bootstrap})
+    create_topic(broker.bootstrap, "hangup", partitions=4000)
+    req = schema("delete_topics", 4, "request")
+    delete = build(req.DeleteTopicsRequest, topic_names=("hangup",), timeout=ms(30_000))
+    _request_and_hang_up(broker, delete)
+    deadline = time.monotonic() + 60
+    while True:  # the name is taken ("marked for deletion") until the deletion ends
+        try:
+            client.create_topics([NewTopic("hangup", num_partitions=1)])["hangup"].result(30)
+            break
+        except Exception:
+            assert time.monotonic() < deadline, "the deleted topic's name never came free"
+            time.sleep(0.2)
+    req = schema("create_partitions", 1, "request")
+    grow = build(
+        req.CreatePartitionsRequest,
+        topics=(
+            build(req.CreatePartitionsTopic, name="hangup", count=i32(4000), assignments=None),
+        ),
+        timeout=ms(30_000),
+        validate_only=False,
+    )
+    _request_and_hang_up(broker, grow)
+    deadline = time.monotonic() + 60
+    while len(client.list_topics("hangup", timeout=10).topics["hangup"].partitions) < 4000:
+        assert time.monotonic() < deadline, "the growth never finished"
+        time.sleep(0.2)
+    producer = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 50})
+    for p in (0, 1999, 3999):
+        producer.produce("hangup", value=b"after", partition=p)
+    assert producer.flush(30) == 0
+    end = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": "hangup"})
+    for p in (0, 1999, 3999):
+        low, high = end.get_watermark_offsets(TopicPartition("hangup", p), timeout=10)
+        assert (low, high) == (0, 1), p
+    end.close()
+    assert "Traceback" not in broker.log()
