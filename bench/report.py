@@ -491,7 +491,49 @@ def tables(res: dict[str, Any]) -> str:
             "",
         ]
     lines += archive_table(res)
+    lines += interference_table(res)
     return "\n".join(lines)
+
+
+def interference_table(res: dict[str, Any]) -> list[str]:
+    """The hostile-input issue's interference workload (bench/interference.py): a paced
+    producer's ack latency and another client's ApiVersions time, alone and while a consumer
+    catches up from disk and a client pipelines Metadata requests."""
+    it = res.get("interference")
+    if not it:
+        return []
+    a, t = it["alone"], it["together"]
+    ratio = t["producer"]["p99_ms"] / max(a["producer"]["p99_ms"], 1e-9)
+    api_p99 = t["api_versions"]["p99_ms"]
+    rows = []
+    for name, phase in (("alone", a), ("together", t)):
+        p, v = phase["producer"], phase["api_versions"]
+        c = phase.get("catch_up")
+        m = phase.get("metadata")
+        rows.append(
+            f"| {name} | {p['rate_msg_s']:,.0f} of {p['rate_asked']:,} | {p['p50_ms']} | "
+            f"{p['p99_ms']} | {p['max_ms']} | {p['errors']} | {v['p50_ms']} | {v['p99_ms']} | "
+            f"{v['max_ms']} | {'-' if c is None else c['mb_s']} | "
+            f"{'-' if m is None else m['req_s']} |"
+        )
+    fill = it["fill"]
+    return [
+        "### Interference: catch-up from disk and pipelined Metadata next to producers",
+        "",
+        "| phase | producer msg/s (asked) | produce p50 ms | p99 ms | max ms | errors |"
+        " ApiVersions p50 ms | p99 ms | max ms | catch-up MB/s | Metadata req/s |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        *rows,
+        "",
+        f"Targets (hostile-input issue): producer p99 together ÷ alone ≤ 2: {ratio:.2f} "
+        f"({'reached' if ratio <= 2 else 'not reached'}); ApiVersions p99 together ≤ 50 ms: "
+        f"{api_p99} ms ({'reached' if api_p99 <= 50 else 'not reached'}). The fill wrote "
+        f"{fill['bytes'] / 2**30:.2f} GiB at {fill['msg_s']:,.0f} msg/s (the measured maximum; "
+        f"paced producer at 70% of it, acks=1); page cache "
+        f"{'dropped' if it['cache_dropped'] else 'NOT dropped (not root)'} before the "
+        "catch-up; the Metadata client sends 200 requests for every topic before reading any.",
+        "",
+    ]
 
 
 def archive_table(res: dict[str, Any]) -> list[str]:
@@ -789,6 +831,13 @@ METHOD = """
   journal partition's end with `split-position-checkpoint` (absent means its start). Time to
   ready is from spawning the restarted broker to its `ready` line with the port open; the
   page cache is dropped first where permitted.
+- **Interference** (bench/interference.py): a 4-partition topic is filled with 8 GiB of 1 KiB
+  records at full speed (its rate is the maximum); then a producer paced at 70% of it (acks=1,
+  ack latency per record from the delivery callback) and an ApiVersions prober (every 10 ms,
+  own connection) run alone, and again after the page cache is dropped while a consumer
+  catches the 8 GiB up from offset 0 and a client pipelines Metadata requests for every topic
+  (200 sent before any is read, over and over) until the catch-up ends. Add it to an existing
+  report with `python -m bench --only interference --merge`.
 - **Baselines**: (a) `python -m bench.baselines ceiling-server`: uvloop, `BufferedProtocol`
   into a preallocated buffer, `os.write` of each length-prefixed 1 MiB frame to a file (no
   fsync), fed by one client process with blocking `sendall`; (a') the same server with

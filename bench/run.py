@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from bench import archive, baselines, clients, procs, report
+from bench import archive, baselines, clients, interference, procs, report
 from stonemq.config import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -619,6 +619,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--only", default="", help="comma-separated workloads (development): " + ",".join(WORKLOADS)
     )
+    parser.add_argument(
+        "--merge",
+        action="store_true",
+        help="keep OUT/results.json's other workloads and replace only those run now "
+        "(with --only: add one workload's figures to a full run's report)",
+    )
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     if args.report_only:
@@ -657,7 +663,13 @@ def main(argv: list[str] | None = None) -> int:
         "workloads": chosen,
         "loadavg_end": os.getloadavg(),
     }
-    (args.out / "results.json").write_text(json.dumps(run.results, indent=2) + "\n")
+    results_path = args.out / "results.json"
+    if args.merge and results_path.exists():
+        merged = json.loads(results_path.read_text())
+        merged.setdefault("merged_runs", []).append(run.results["run"])
+        merged.update({k: v for k, v in run.results.items() if k not in ("run", "scale")})
+        run.results = merged
+    results_path.write_text(json.dumps(run.results, indent=2) + "\n")
     report.write(run.results, args.out)
     log(f"done in {run.results['run']['seconds']} s; report in {args.out}")
     return 1 if run.results.get("failed") else 0
@@ -674,4 +686,5 @@ WORKLOADS: dict[str, Callable[[Run], None]] = {
     "idle": Run.idle,
     "recovery": Run.recovery,
     "archive": archive.run_archive,
+    "interference": interference.run_interference,
 }

@@ -1,0 +1,263 @@
+"""The interference workload (the hostile-input issue's benchmark): does a consumer catching
+up from disk, plus a client pipelining Metadata requests, slow down producers and other
+clients?
+
+Steps, on one broker:
+
+1. *Fill*: one confluent-kafka producer writes ``fill`` bytes of 1 KiB records to ``bulk`` as
+   fast as it goes; its rate is the measured maximum.
+2. *Alone*: a paced producer at 70% of that maximum (acks=1, every record stamped with
+   ``CLOCK_MONOTONIC`` at hand-over; its ack latency taken in the delivery callback) writes
+   to ``paced`` for ``alone_s`` while a prober sends ApiVersions every 10 ms on its own
+   connection.
+3. *Together*: the page cache is dropped, then the same paced producer and prober run while
+   a consumer catches ``bulk`` up from offset 0 and a client pipelines Metadata requests
+   (``PIPELINE_DEPTH`` at a time, none read until all are sent). The phase ends when the
+   consumer has read everything.
+
+Targets: producer p99 together ≤ twice alone; ApiVersions p99 together ≤ 50 ms. Owns only this
+workload; :mod:`bench.run` registers it and :mod:`bench.report` prints its table.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import statistics
+import struct
+import time
+import traceback
+from multiprocessing.queues import Queue
+from typing import TYPE_CHECKING, Any
+
+from bench import clients, procs
+
+if TYPE_CHECKING:
+    from multiprocessing.synchronize import Event
+
+    from bench.run import Run
+
+RECORD_BYTES = 1024
+PARTITIONS = 4
+PACED_FRACTION = 0.7
+QUICK_FILL = 256 * 1024 * 1024
+FULL_FILL = 8 * 1024 * 1024 * 1024
+QUICK_ALONE_S = 5.0
+FULL_ALONE_S = 20.0
+PROBE_INTERVAL_S = 0.01
+PIPELINE_DEPTH = 200
+CATCH_UP_TIMEOUT_S = 1800.0
+_TS = struct.Struct(">q")
+_API_VERSIONS = 18
+_METADATA = 3
+
+
+def entry(q: Queue[Any], name: str, *args: Any) -> None:
+    """Process target: run this module's worker ``name``; its result goes to ``q``."""
+    try:
+        q.put(("done", globals()[name](q, *args)))
+    except BaseException:
+        q.put(("error", traceback.format_exc()))
+
+
+def _request(api_key: int, version: int, correlation_id: int, body: bytes = b"") -> bytes:
+    """A request frame with a v1 (non-flexible) header and client id ``bench``."""
+    header = struct.pack(">hhih", api_key, version, correlation_id, 5) + b"bench"
+    return struct.pack(">i", len(header) + len(body)) + header + body
+
+
+def _read_frame(sock: socket.socket) -> bytes:
+    size = struct.unpack(">i", _read_exact(sock, 4))[0]
+    return _read_exact(sock, size)
+
+
+def _read_exact(sock: socket.socket, n: int) -> bytes:
+    out = bytearray()
+    while len(out) < n:
+        chunk = sock.recv(n - len(out))
+        if not chunk:
+            raise ConnectionError("broker closed the connection")
+        out += chunk
+    return bytes(out)
+
+
+def percentiles(values_ms: list[float]) -> dict[str, float]:
+    if not values_ms:
+        return {"n": 0, "p50_ms": float("nan"), "p99_ms": float("nan"), "max_ms": float("nan")}
+    ordered = sorted(values_ms)
+    return {
+        "n": len(ordered),
+        "p50_ms": round(statistics.median(ordered), 2),
+        "p99_ms": round(ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))], 2),
+        "max_ms": round(ordered[-1], 2),
+    }
+
+
+# -- workers (each in its own process) ------------------------------------------------------
+
+
+def paced(q: Queue[Any], bootstrap: str, topic: str, rate: int, stop: Event, cap_s: float) -> Any:
+    """Produce ``rate`` 1 KiB records/s until ``stop`` (at most ``cap_s``); the ack latency of
+    every record (delivery callback time minus hand-over time)."""
+    from confluent_kafka import Producer
+
+    latencies: list[float] = []
+    errors = [0]
+    now = time.monotonic_ns
+
+    def delivered(err: Any, msg: Any) -> None:
+        if err is not None:
+            errors[0] += 1
+        else:
+            latencies.append((now() - _TS.unpack_from(msg.value())[0]) / 1e6)
+
+    producer = Producer({**clients.producer_conf(bootstrap, "1"), "on_delivery": delivered})
+    producer.list_topics(topic, timeout=30)
+    body = bytearray(os.urandom(RECORD_BYTES))
+    q.put(("start", os.getpid()))
+    started = time.monotonic()
+    sent = 0
+    while not stop.is_set() and time.monotonic() - started < cap_s:
+        due = started + sent / rate
+        if time.monotonic() < due:
+            producer.poll(min(due - time.monotonic(), 0.001))
+            continue
+        _TS.pack_into(body, 0, now())
+        try:
+            producer.produce(topic, bytes(body))
+        except BufferError:
+            producer.poll(0.001)
+            continue
+        sent += 1
+        if sent % 64 == 0:
+            producer.poll(0)
+    elapsed = time.monotonic() - started
+    left = producer.flush(120)
+    return {
+        **percentiles(latencies),
+        "rate_asked": rate,
+        "rate_msg_s": round(len(latencies) / elapsed, 1),
+        "errors": errors[0] + left,
+        "seconds": round(elapsed, 2),
+    }
+
+
+def prober(q: Queue[Any], port: int, stop: Event, cap_s: float) -> Any:
+    """ApiVersions v0 every ``PROBE_INTERVAL_S`` on one connection; answer times."""
+    times: list[float] = []
+    with socket.create_connection(("127.0.0.1", port), timeout=60) as sock:
+        q.put(("start", None))
+        started = time.monotonic()
+        cid = 0
+        while not stop.is_set() and time.monotonic() - started < cap_s:
+            cid += 1
+            t0 = time.perf_counter()
+            sock.sendall(_request(_API_VERSIONS, 0, cid))
+            _read_frame(sock)
+            times.append((time.perf_counter() - t0) * 1000)
+            time.sleep(PROBE_INTERVAL_S)
+    return percentiles(times)
+
+
+def pipeliner(q: Queue[Any], port: int, stop: Event, cap_s: float) -> Any:
+    """Metadata v1 for every topic, ``PIPELINE_DEPTH`` requests sent before any answer is
+    read, over and over; the requests answered."""
+    answered = 0
+    burst = b"".join(
+        _request(_METADATA, 1, i, struct.pack(">i", -1)) for i in range(PIPELINE_DEPTH)
+    )
+    with socket.create_connection(("127.0.0.1", port), timeout=120) as sock:
+        q.put(("start", None))
+        started = time.monotonic()
+        while not stop.is_set() and time.monotonic() - started < cap_s:
+            sock.sendall(burst)
+            for _ in range(PIPELINE_DEPTH):
+                _read_frame(sock)
+            answered += PIPELINE_DEPTH
+        elapsed = time.monotonic() - started
+    return {"requests": answered, "req_s": round(answered / max(elapsed, 1e-9), 1)}
+
+
+# -- the workload ---------------------------------------------------------------------------
+
+
+def run_interference(run: Run) -> None:
+    from bench.run import _CTX, create_topics, drop_caches, expect, log, produce, row, worker
+
+    quick = run.scale.name == "quick"
+    fill = QUICK_FILL if quick else FULL_FILL
+    alone_s = QUICK_ALONE_S if quick else FULL_ALONE_S
+    broker = run.broker()
+    try:
+        create_topics(broker.bootstrap, {"bulk": PARTITIONS, "paced": PARTITIONS})
+        log(f"interference: fill {fill >> 20} MiB of 1 KiB records at full speed")
+        filled, mon = produce(broker, "bulk", RECORD_BYTES, 3600.0, fill, 0)
+        fill_row = row(filled, mon, size=RECORD_BYTES)
+        if filled["errors"]:
+            raise RuntimeError(f"interference: {filled['errors']} fill records not delivered")
+        rate = int(fill_row["msg_s"] * PACED_FRACTION)
+        log(f"  maximum {fill_row['msg_s']:.0f} msg/s; paced producers at {rate} msg/s")
+        procs.wait_quiet(broker.pid, timeout=300)
+
+        def phase(together: bool) -> dict[str, Any]:
+            stop = _CTX.Event()
+            cap = CATCH_UP_TIMEOUT_S if together else alone_s
+            with contextlib.ExitStack() as stack:
+                qp = stack.enter_context(
+                    worker(entry, "paced", broker.bootstrap, "paced", rate, stop, cap)
+                )
+                qa = stack.enter_context(worker(entry, "prober", broker.port, stop, cap))
+                expect(qp, "start", 120)
+                expect(qa, "start", 120)
+                out: dict[str, Any] = {}
+                if together:
+                    qm = stack.enter_context(worker(entry, "pipeliner", broker.port, stop, cap))
+                    expect(qm, "start", 120)
+                    with (
+                        worker(
+                            clients.entry,
+                            "consume",
+                            broker.bootstrap,
+                            "bulk",
+                            PARTITIONS,
+                            filled["msgs"],
+                            CATCH_UP_TIMEOUT_S,
+                        ) as qc,
+                        procs.Monitor(broker.pid) as monitor,
+                    ):
+                        expect(qc, "start", 120)
+                        caught = expect(qc, "done", CATCH_UP_TIMEOUT_S + 60)
+                    stop.set()
+                    out["catch_up"] = row(caught, monitor, size=RECORD_BYTES)
+                    out["metadata"] = expect(qm, "done", 300)
+                else:
+                    time.sleep(alone_s)
+                    stop.set()
+                out["producer"] = expect(qp, "done", 300)
+                out["api_versions"] = expect(qa, "done", 300)
+            return out
+
+        log(f"  alone: paced producer and ApiVersions prober for {alone_s:.0f} s")
+        alone = phase(together=False)
+        log(
+            f"  alone: producer p99 {alone['producer']['p99_ms']} ms, "
+            f"ApiVersions p99 {alone['api_versions']['p99_ms']} ms"
+        )
+        dropped = drop_caches()
+        log(f"  together (page cache {'dropped' if dropped else 'NOT dropped: not root'})")
+        together = phase(together=True)
+        log(
+            f"  together: producer p99 {together['producer']['p99_ms']} ms, "
+            f"ApiVersions p99 {together['api_versions']['p99_ms']} ms, catch-up "
+            f"{together['catch_up']['mb_s']} MB/s, {together['metadata']['req_s']} Metadata/s"
+        )
+        run.results["interference"] = {
+            "fill": fill_row,
+            "rate_msg_s": rate,
+            "cache_dropped": dropped,
+            "alone": alone,
+            "together": together,
+        }
+    finally:
+        run.done_with(broker)
