@@ -19,6 +19,7 @@ from stonemq.storage.open_files import fit_to_fd_limit
 from stonemq.topics import TopicManager
 
 if TYPE_CHECKING:
+    from stonemq.cluster.controller import Controller
     from stonemq.cluster.membership import Membership
     from stonemq.tiering.service import TierService
 
@@ -30,9 +31,10 @@ class Broker:
         self.settings = settings
         settings.data_dir.mkdir(parents=True, exist_ok=True)
         self.membership: Membership | None = None
+        self.controller: Controller | None = None
         self.metadata: MetadataStore
         if settings.zookeeper_connect:
-            self.metadata, self.membership = _join_cluster(settings)
+            self.metadata, self.membership, self.controller = _join_cluster(settings)
         else:
             self.metadata = SqliteMetadataStore(
                 settings.data_dir / "metadata.db", cluster_id=settings.cluster_id
@@ -108,17 +110,20 @@ class Broker:
             await self.tier.close()
         await self.storage.close()
         self.topics.close()
+        if self.controller is not None:
+            self.controller.close()
         if self.membership is not None:
             self.membership.close()
         self.metadata.close()
 
 
-def _join_cluster(settings: Settings) -> tuple[MetadataStore, Membership]:
+def _join_cluster(settings: Settings) -> tuple[MetadataStore, Membership, Controller]:
     """Open the ZooKeeper metadata store and register this broker. Until partition leadership
     exists (cluster issue, part 1), a broker refuses to join a cluster another live broker
     is in: two brokers would both append to the same partitions and diverge."""
     from kazoo.handlers.threading import KazooTimeoutError
 
+    from stonemq.cluster.controller import Controller
     from stonemq.cluster.membership import Membership
     from stonemq.metadata.zookeeper import ZooKeeperMetadataStore
 
@@ -136,23 +141,34 @@ def _join_cluster(settings: Settings) -> tuple[MetadataStore, Membership]:
         raise ClusterStartError(f"cannot reach ZooKeeper at {connect}: {exc}") from None
     host, port = settings.advertised_address
     membership = Membership(store.client, settings.broker_id, host, port, settings.broker_rack)
+    controller = Controller(
+        store.client,
+        settings.broker_id,
+        settings.journal_partitions,
+        settings.default_replication_factor,
+        settings.unclean_leader_election_enable,
+    )
     try:
-        membership.register()
+        # checked before registering: the controller places journal partitions for every
+        # broker it sees registered, even for a moment
         others = sorted(set(membership.brokers()) - {settings.broker_id})
         if others:
             raise ClusterStartError(
                 f"broker(s) {others} already registered in {connect}: several brokers need "
-                "partition leadership, which this StoneMQ does not have yet; give each broker "
+                "partition routing, which this StoneMQ does not have yet; give each broker "
                 "its own chroot until it does"
             )
+        membership.register()
+        controller.start()
     except BaseException:
+        controller.close()
         membership.close()
         store.close()
         raise
     log.info(
         "joined cluster %s at %s as broker %d", store.cluster_id(), connect, settings.broker_id
     )
-    return store, membership
+    return store, membership, controller
 
 
 def _tier_service(settings: Settings, topics: TopicManager) -> TierService | None:

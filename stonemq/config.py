@@ -77,6 +77,11 @@ class Settings(BaseSettings):
         100_000, gt=0, description="partitions one CreateTopics or CreatePartitions may add"
     )
     default_replication_factor: int = Field(1, gt=0)
+    unclean_leader_election_enable: bool = Field(
+        False,
+        description="Kafka's unclean.leader.election.enable: a replica outside the ISR may lead "
+        "a journal partition whose ISR is gone (acknowledged records may be lost)",
+    )
     message_max_bytes: int = Field(1_048_588, gt=0, description="default max.message.bytes")
     log_message_timestamp_type: TimestampType = "CreateTime"
     log_message_timestamp_before_max_ms: int = Field(2**63 - 1, ge=0)

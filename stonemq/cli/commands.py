@@ -32,6 +32,9 @@ app.add_typer(topics_app)
 from stonemq.cli.tier import app as tier_app  # noqa: E402
 
 app.add_typer(tier_app)
+from stonemq.cli.cluster import cluster_app  # noqa: E402
+
+app.add_typer(cluster_app)
 
 
 __all__ = ["app"]

@@ -111,7 +111,11 @@ class Membership:
     def brokers(self) -> dict[int, dict[str, object]]:
         """The registered brokers' nodes by id (read from ZooKeeper)."""
         out: dict[int, dict[str, object]] = {}
-        for child in self.client.retry(self.client.get_children, BROKER_IDS_PATH):
+        try:
+            children = self.client.retry(self.client.get_children, BROKER_IDS_PATH)
+        except NoNodeError:  # no broker ever registered
+            return out
+        for child in children:
             if not child.isdigit():
                 continue
             try:

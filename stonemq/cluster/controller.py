@@ -1,0 +1,304 @@
+"""The controller: elected through ZooKeeper, it places journal partitions and elects their
+leaders; and the view every broker keeps of the journal partitions' state.
+
+Election, as Kafka's ZooKeeper-mode controller: every broker watches the ephemeral
+``/controller`` node; when it is absent each tries one transaction that creates it and bumps
+``/controller_epoch`` from the version it read. One wins; its controller epoch is the new
+value. Every write the controller makes afterwards is a transaction that also checks
+``/controller_epoch``'s version, so a controller that lost its session (a long pause) can
+never write once another was elected: its writes fail and it resigns. A lost session makes it
+stop acting at once, before any new election.
+
+State, per journal partition only (never per topic partition):
+
+- ``/journal_partitions/<j>``: the assignment ``{"version": 1, "replicas": [...]}``
+- ``/journal_partitions/<j>/state``: leader, leader epoch, ISR, controller epoch
+
+The controller acts in one thread, on events (became controller, brokers changed), so its
+decisions never interleave. Placement and election rules are :mod:`stonemq.cluster.journal_state`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from kazoo.client import KazooClient
+from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError, RolledBackError
+from kazoo.protocol.states import KazooState
+
+from stonemq.cluster.journal_state import (
+    Assignment,
+    PartitionState,
+    elect,
+    initial_state,
+    place_replicas,
+)
+from stonemq.cluster.membership import BROKER_IDS_PATH
+
+log = logging.getLogger(__name__)
+
+CONTROLLER_PATH = "/controller"
+CONTROLLER_EPOCH_PATH = "/controller_epoch"
+JOURNAL_PATH = "/journal_partitions"
+
+
+class NotControllerError(Exception):
+    """This broker is no longer the controller (another was elected, or its session is gone)."""
+
+
+@dataclass(frozen=True)
+class JournalPartition:
+    """A journal partition as the cluster knows it."""
+
+    id: int
+    assignment: Assignment
+    state: PartitionState
+
+
+def read_journal_partitions(client: KazooClient) -> dict[int, JournalPartition]:
+    """Every journal partition's assignment and state, read from ZooKeeper."""
+    out: dict[int, JournalPartition] = {}
+    try:
+        children = client.retry(client.get_children, JOURNAL_PATH)
+    except NoNodeError:
+        return out
+    for child in children:
+        if not child.isdigit():
+            continue
+        try:
+            data, _ = client.retry(client.get, f"{JOURNAL_PATH}/{child}")
+            state, _ = client.retry(client.get, f"{JOURNAL_PATH}/{child}/state")
+        except NoNodeError:
+            continue  # being created: its transaction writes both nodes at once
+        j = int(child)
+        out[j] = JournalPartition(j, Assignment.from_json(data), PartitionState.from_json(state))
+    return dict(sorted(out.items()))
+
+
+def read_controller(client: KazooClient) -> tuple[int, int]:
+    """(controller broker id or -1, controller epoch or 0) as ZooKeeper holds them."""
+    try:
+        data, _ = client.retry(client.get, CONTROLLER_PATH)
+        controller = int(json.loads(data)["brokerid"])
+    except NoNodeError:
+        controller = -1
+    try:
+        epoch_data, _ = client.retry(client.get, CONTROLLER_EPOCH_PATH)
+        epoch = int(epoch_data)
+    except NoNodeError:
+        epoch = 0
+    return controller, epoch
+
+
+class Controller:
+    """This broker's part in controller election and, while elected, the controller's work.
+
+    ``journal_partitions`` is how many journal partitions each broker brings (placed when it
+    first joins), ``replication_factor`` their replica count (placement waits until that many
+    brokers are live)."""
+
+    def __init__(
+        self,
+        client: KazooClient,
+        broker_id: int,
+        journal_partitions: int,
+        replication_factor: int,
+        unclean_leader_election: bool = False,
+        on_elected: Callable[[int], None] | None = None,
+    ) -> None:
+        self.client = client
+        self.broker_id = broker_id
+        self.journal_partitions = journal_partitions
+        self.replication_factor = replication_factor
+        self.unclean = unclean_leader_election
+        self._on_elected = on_elected
+        self.epoch = 0  # this broker's controller epoch while it is the controller
+        self._epoch_version = -1  # /controller_epoch's version that epoch was written at
+        self.active = False
+        self._events: queue.Queue[tuple[str, object]] = queue.Queue()
+        self._closed = False
+        self._thread = threading.Thread(
+            target=self._run, name=f"stonemq-controller-{broker_id}", daemon=True
+        )
+
+    # -- election -------------------------------------------------------------------------
+    def start(self) -> None:
+        self.client.retry(self.client.ensure_path, JOURNAL_PATH)
+        self.client.retry(self.client.ensure_path, BROKER_IDS_PATH)
+        with contextlib.suppress(NodeExistsError):
+            self.client.retry(self.client.create, CONTROLLER_EPOCH_PATH, b"0")
+        self._thread.start()
+        self.client.add_listener(self._on_session)
+        self.client.DataWatch(CONTROLLER_PATH, self._on_controller_node)
+        self.client.ChildrenWatch(BROKER_IDS_PATH, self._on_brokers)
+
+    def _on_session(self, state: KazooState) -> None:
+        if state == KazooState.LOST:
+            # the ephemeral /controller is gone with the session: stop acting at once
+            if self.active:
+                log.warning("controller %d: ZooKeeper session lost, resigning", self.broker_id)
+            self.active = False
+        elif state == KazooState.CONNECTED:
+            self._events.put(("elect", None))
+
+    def _on_controller_node(self, data: bytes | None, _stat: object) -> bool | None:
+        if self._closed:
+            return False
+        if data is None:
+            self._events.put(("elect", None))
+        return None
+
+    def _on_brokers(self, children: list[str]) -> bool | None:
+        if self._closed:
+            return False
+        self._events.put(("brokers", None))
+        return None
+
+    def _try_elect(self) -> None:
+        if self.active:
+            return
+        try:
+            data, stat = self.client.retry(self.client.get, CONTROLLER_EPOCH_PATH)
+            node = json.dumps(
+                {
+                    "version": 1,
+                    "brokerid": self.broker_id,
+                    "timestamp": str(int(time.time() * 1000)),
+                }
+            ).encode()
+            tx = self.client.transaction()
+            tx.create(CONTROLLER_PATH, node, ephemeral=True)
+            tx.set_data(CONTROLLER_EPOCH_PATH, str(int(data) + 1).encode(), version=stat.version)
+            results = tx.commit()
+        except Exception as exc:  # a lost connection: the next session event elects again
+            log.debug("controller election by %d failed: %s", self.broker_id, exc)
+            return
+        if any(isinstance(r, Exception) for r in results):
+            return  # another broker is the controller
+        self.epoch = int(data) + 1
+        self._epoch_version = stat.version + 1
+        self.active = True
+        log.info("broker %d is the controller (controller epoch %d)", self.broker_id, self.epoch)
+        if self._on_elected is not None:
+            self._on_elected(self.epoch)
+        self._events.put(("brokers", None))
+
+    # -- the controller's work -------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            kind, _ = self._events.get()
+            if kind == "stop":
+                return
+            try:
+                if kind == "elect":
+                    self._try_elect()
+                elif kind == "brokers" and self.active:
+                    self._brokers_changed()
+            except NotControllerError as exc:
+                log.warning("controller %d resigns: %s", self.broker_id, exc)
+                self.active = False
+            except Exception:
+                log.exception("controller %d: %s event failed; retrying", self.broker_id, kind)
+                time.sleep(0.5)
+                self._events.put((kind, None))
+
+    def _live_brokers(self) -> dict[int, str | None]:
+        out: dict[int, str | None] = {}
+        for child in self.client.retry(self.client.get_children, BROKER_IDS_PATH):
+            if not child.isdigit():
+                continue
+            try:
+                data, _ = self.client.retry(self.client.get, f"{BROKER_IDS_PATH}/{child}")
+            except NoNodeError:
+                continue
+            out[int(child)] = json.loads(data).get("rack")
+        return out
+
+    def _brokers_changed(self) -> None:
+        """Place the journal partitions of brokers that have none, then elect a leader for
+        every journal partition whose leader is not live."""
+        live = self._live_brokers()
+        partitions = read_journal_partitions(self.client)
+        homed: dict[int, int] = {}
+        for p in partitions.values():
+            homed[p.assignment.home] = homed.get(p.assignment.home, 0) + 1
+        next_id = max(partitions, default=-1) + 1
+        if len(live) >= self.replication_factor:
+            for broker in sorted(b for b in live if homed.get(b, 0) < self.journal_partitions):
+                for _ in range(self.journal_partitions - homed.get(broker, 0)):
+                    replicas = place_replicas(broker, live, self.replication_factor, next_id)
+                    assignment = Assignment(replicas)
+                    state = initial_state(assignment, live, self.epoch)
+                    self._create(next_id, assignment, state)
+                    next_id += 1
+                log.info(
+                    "controller %d placed %d journal partitions homed on broker %d",
+                    self.broker_id,
+                    self.journal_partitions,
+                    broker,
+                )
+        for p in partitions.values():
+            new = elect(p.assignment, p.state, live, self.epoch, self.unclean)
+            if new is not None:
+                self._set_state(p.id, new)
+                log.info(
+                    "journal partition %d: leader %d -> %d, leader epoch %d, isr %s",
+                    p.id,
+                    p.state.leader,
+                    new.leader,
+                    new.leader_epoch,
+                    list(new.isr),
+                )
+
+    def _create(self, j: int, assignment: Assignment, state: PartitionState) -> None:
+        tx = self._fenced()
+        tx.create(f"{JOURNAL_PATH}/{j}", assignment.to_json())
+        tx.create(f"{JOURNAL_PATH}/{j}/state", state.to_json())
+        self._commit(tx, f"create journal partition {j}")
+
+    def _set_state(self, j: int, state: PartitionState) -> None:
+        tx = self._fenced()
+        tx.set_data(f"{JOURNAL_PATH}/{j}/state", state.to_json())
+        self._commit(tx, f"set journal partition {j}'s state")
+
+    def _fenced(self):  # type: ignore[no-untyped-def]
+        """A transaction that commits only while this broker's controller epoch is current."""
+        if not self.active:
+            raise NotControllerError("not the controller")
+        tx = self.client.transaction()
+        tx.check(CONTROLLER_EPOCH_PATH, self._epoch_version)
+        return tx
+
+    def _commit(self, tx, what: str) -> None:  # type: ignore[no-untyped-def]
+        """Commit (no retry: a transaction retried after a lost connection could apply
+        twice; the event is taken again from a fresh read instead)."""
+        results = tx.commit()
+        failed = [r for r in results if isinstance(r, Exception)]
+        if not failed:
+            return
+        if isinstance(results[0], (BadVersionError, NoNodeError)):
+            raise NotControllerError(f"controller epoch {self.epoch} is no longer current")
+        cause = next((r for r in failed if not isinstance(r, RolledBackError)), failed[0])
+        raise RuntimeError(f"{what}: {cause!r}")
+
+    def close(self) -> None:
+        """Stop; resign (delete /controller) if elected, so another takes over at once."""
+        self._closed = True
+        was_active, self.active = self.active, False
+        self._events.put(("stop", None))
+        if self._thread.is_alive():
+            self._thread.join(10)
+        if was_active:
+            try:
+                data, _ = self.client.get(CONTROLLER_PATH)
+                if int(json.loads(data)["brokerid"]) == self.broker_id:
+                    self.client.delete(CONTROLLER_PATH)
+            except Exception as exc:  # its session ends next, taking the node with it
+                log.debug("controller %d: /controller not deleted: %s", self.broker_id, exc)

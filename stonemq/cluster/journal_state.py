@@ -1,0 +1,160 @@
+"""Journal partition placement and leader election: the controller's rules, as pure functions.
+
+A cluster replicates journal partitions only (../shared/design/cluster.md): each has an
+assignment (its replicas, the first of them its *home* broker, the one whose joining created
+it) that never changes, and a state (leader, leader epoch, ISR, the controller epoch that
+wrote it), Kafka's partition state. The rules follow Kafka's controller:
+
+- Placement: ``journal.partitions`` partitions per broker, created when the broker first joins
+  and once ``default.replication.factor`` brokers are live (as Kafka creates an internal topic
+  only once its replication factor can be met). Replicas after the home broker are spread
+  across racks first (Kafka's rack-alternated broker list), then across brokers, rotated by
+  the partition id so that followers are shared out evenly.
+- Election (Kafka's offline-partition election): the first assigned replica that is live and
+  in the ISR leads; with none, the leader is -1 (offline) and the ISR keeps its last members,
+  unless ``unclean.leader.election.enable`` lets the first live replica lead with an ISR of
+  itself. Every leader change bumps the leader epoch; nothing else does.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
+
+NO_LEADER = -1
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """A journal partition's replicas (never changed once written); ``replicas[0]`` is home."""
+
+    replicas: tuple[int, ...]
+
+    @property
+    def home(self) -> int:
+        return self.replicas[0]
+
+    def to_json(self) -> bytes:
+        return json.dumps({"version": 1, "replicas": list(self.replicas)}).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes) -> Assignment:
+        node = json.loads(data)
+        return cls(tuple(int(r) for r in node["replicas"]))
+
+
+@dataclass(frozen=True)
+class PartitionState:
+    """Leader, leader epoch and ISR of a journal partition, with the controller epoch of the
+    controller that last wrote them (Kafka's ``.../partitions/<p>/state`` node)."""
+
+    leader: int
+    leader_epoch: int
+    isr: tuple[int, ...]
+    controller_epoch: int
+
+    def to_json(self) -> bytes:
+        return json.dumps(
+            {
+                "version": 1,
+                "leader": self.leader,
+                "leader_epoch": self.leader_epoch,
+                "isr": list(self.isr),
+                "controller_epoch": self.controller_epoch,
+            }
+        ).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes) -> PartitionState:
+        node = json.loads(data)
+        return cls(
+            int(node["leader"]),
+            int(node["leader_epoch"]),
+            tuple(int(r) for r in node["isr"]),
+            int(node["controller_epoch"]),
+        )
+
+
+def rack_alternated(brokers: Mapping[int, str | None]) -> list[int]:
+    """Brokers ordered so that consecutive ones are on different racks where possible
+    (racks in name order, each rack's brokers in id order, taken one per rack in turn);
+    brokers without a rack form one rack of their own."""
+    by_rack: dict[str, list[int]] = {}
+    for broker, rack in sorted(brokers.items()):
+        by_rack.setdefault("" if rack is None else rack, []).append(broker)
+    racks = [by_rack[r] for r in sorted(by_rack)]
+    out: list[int] = []
+    for i in range(max((len(r) for r in racks), default=0)):
+        out.extend(r[i] for r in racks if i < len(r))
+    return out
+
+
+def place_replicas(
+    home: int, brokers: Mapping[int, str | None], replication_factor: int, partition: int
+) -> tuple[int, ...]:
+    """The replicas of journal partition ``partition`` homed on ``home``: ``home`` first, then
+    ``replication_factor - 1`` other brokers of ``brokers`` (id → rack), each on a rack not yet
+    used while one is left, rotated by ``partition``. ValueError when there are too few."""
+    if home not in brokers:
+        raise ValueError(f"home broker {home} is not among the brokers {sorted(brokers)}")
+    if replication_factor > len(brokers):
+        raise ValueError(
+            f"replication factor {replication_factor} larger than the {len(brokers)} brokers"
+        )
+    others = [b for b in rack_alternated(brokers) if b != home]
+    if others:
+        shift = partition % len(others)
+        others = others[shift:] + others[:shift]
+    chosen = [home]
+    racks = {brokers[home]}
+    while len(chosen) < replication_factor:
+        pick = next((b for b in others if brokers[b] not in racks), None)
+        if pick is None:  # every rack used: any broker not chosen yet
+            pick = others[0]
+            racks = set()  # start a new round over the racks
+        others.remove(pick)
+        chosen.append(pick)
+        racks.add(brokers[pick])
+    return tuple(chosen)
+
+
+def initial_state(
+    assignment: Assignment, live: Iterable[int], controller_epoch: int
+) -> PartitionState:
+    """A new journal partition's state: the live replicas are the ISR, the first leads."""
+    alive = set(live)
+    isr = tuple(r for r in assignment.replicas if r in alive)
+    return PartitionState(isr[0] if isr else NO_LEADER, 0, isr, controller_epoch)
+
+
+def elect(
+    assignment: Assignment,
+    state: PartitionState,
+    live: Iterable[int],
+    controller_epoch: int,
+    unclean: bool = False,
+) -> PartitionState | None:
+    """The state after the live brokers became ``live``; None when nothing changes (the leader
+    is live, or there is still no leader to be had)."""
+    alive = set(live)
+    if state.leader != NO_LEADER and state.leader in alive:
+        return None
+    candidates = [r for r in assignment.replicas if r in alive and r in state.isr]
+    if candidates:
+        leader = candidates[0]
+        isr = tuple(r for r in state.isr if r in alive)
+    elif unclean and (live_replicas := [r for r in assignment.replicas if r in alive]):
+        leader = live_replicas[0]
+        isr = (leader,)
+    else:
+        if state.leader == NO_LEADER:
+            return None
+        leader, isr = NO_LEADER, state.isr  # Kafka keeps the last ISR for a clean election
+    return replace(
+        state,
+        leader=leader,
+        leader_epoch=state.leader_epoch + 1,
+        isr=isr,
+        controller_epoch=controller_epoch,
+    )

@@ -1,0 +1,204 @@
+"""Controller election and journal-partition placement against a real ZooKeeper (Debian's
+package; one chroot per test): one controller at a time with a growing controller epoch, a
+new controller when it goes (clean stop or expired session), placement that survives, leader
+elections as brokers leave and come back, and a deposed controller's writes fenced."""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from kazoo.client import KazooClient
+
+from stonemq.cluster.controller import (
+    Controller,
+    NotControllerError,
+    read_controller,
+    read_journal_partitions,
+)
+from stonemq.cluster.journal_state import NO_LEADER, PartitionState
+from stonemq.cluster.membership import Membership
+
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(120)]
+
+_chroots = itertools.count()
+
+
+class Node:
+    """One broker's ZooKeeper session, registration and controller candidate."""
+
+    def __init__(self, connect: str, broker_id: int, rack: str | None, rf: int) -> None:
+        self.connect = connect
+        self.broker_id = broker_id
+        self.client = KazooClient(connect, timeout=4.0)
+        self.client.start(10)
+        self.membership = Membership(self.client, broker_id, "127.0.0.1", 9000 + broker_id, rack)
+        self.membership.register()
+        self.controller = Controller(self.client, broker_id, 4, rf)
+        self.controller.start()
+
+    def stop(self) -> None:
+        self.controller.close()
+        self.membership.close()
+        self.client.stop()
+        self.client.close()
+
+    def expire_session(self) -> None:
+        """Expire this node's session from the server's side (another connection with the
+        same session id and password closes it), as a long pause would."""
+        session_id, password = self.client.client_id
+        other = KazooClient(self.connect.split("/")[0], client_id=(session_id, password))
+        other.start(10)
+        other.stop()
+        other.close()
+
+
+@pytest.fixture
+def cluster(zookeeper: Any) -> Iterator[Callable[..., Node]]:
+    chroot = f"/stonemq-ctl-{next(_chroots)}"
+    admin = KazooClient(zookeeper.connect)
+    admin.start(10)
+    admin.ensure_path(chroot)
+    admin.stop()
+    admin.close()
+    root = zookeeper.connect + chroot
+    nodes: list[Node] = []
+
+    def start(broker_id: int, rack: str | None = None, rf: int = 1) -> Node:
+        nodes.append(Node(root, broker_id, rack, rf))
+        return nodes[-1]
+
+    yield start
+    for node in nodes:
+        with contextlib.suppress(Exception):
+            node.stop()
+
+
+def wait_for(what: str, check: Callable[[], Any], timeout: float = 30.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def actives(nodes: list[Node]) -> list[int]:
+    return [n.broker_id for n in nodes if n.controller.active]
+
+
+def test_one_controller_places_each_brokers_journal_partitions(cluster) -> None:
+    nodes = [cluster(i) for i in (1, 2, 3)]
+    wait_for("a controller", lambda: actives(nodes))
+    assert len(actives(nodes)) == 1
+    controller, epoch = read_controller(nodes[0].client)
+    assert controller == actives(nodes)[0] and epoch == 1
+    parts = wait_for(
+        "12 journal partitions",
+        lambda: (p := read_journal_partitions(nodes[0].client)) and len(p) == 12 and p,
+    )
+    assert sorted(parts) == list(range(12))
+    homes = sorted(p.assignment.home for p in parts.values())
+    assert homes == [1] * 4 + [2] * 4 + [3] * 4
+    for p in parts.values():
+        assert p.state == PartitionState(p.assignment.home, 0, (p.assignment.home,), 1)
+
+
+def test_the_controller_moves_on_and_placement_survives(cluster) -> None:
+    nodes = {i: cluster(i) for i in (1, 2, 3)}
+    first = wait_for("a controller", lambda: actives(list(nodes.values())))[0]
+    before = wait_for(
+        "12 journal partitions",
+        lambda: (p := read_journal_partitions(nodes[1].client)) and len(p) == 12 and p,
+    )
+    nodes.pop(first).stop()
+    rest = list(nodes.values())
+    wait_for("a new controller", lambda: actives(rest))
+    assert len(actives(rest)) == 1
+    assert read_controller(rest[0].client)[1] == 2
+    # the stopped broker's partitions lose their leader (replication factor 1): epoch + 1
+    after = wait_for(
+        "the stopped broker's partitions offline",
+        lambda: (
+            (p := read_journal_partitions(rest[0].client))
+            and all(p[j].state.leader == NO_LEADER for j in p if p[j].assignment.home == first)
+            and p
+        ),
+    )
+    assert {j: p.assignment for j, p in after.items()} == {
+        j: p.assignment for j, p in before.items()
+    }
+    for j, p in after.items():
+        if p.assignment.home == first:
+            assert p.state.leader_epoch == 1 and p.state.isr == (first,)
+        else:
+            assert p.state == before[j].state
+    # it comes back: it leads its partitions again, in a new leader epoch; nothing new placed
+    back = cluster(first)
+    final = wait_for(
+        "the returning broker leading again",
+        lambda: (
+            (p := read_journal_partitions(back.client))
+            and all(p[j].state.leader == first for j in p if p[j].assignment.home == first)
+            and p
+        ),
+    )
+    assert len(final) == 12
+    assert all(p.state.leader_epoch == 2 for p in final.values() if p.assignment.home == first)
+
+
+def test_an_expired_session_ends_its_controllers_reign_and_its_writes(cluster) -> None:
+    a = cluster(1)
+    wait_for("broker 1 controller", lambda: a.controller.active)
+    wait_for("4 journal partitions", lambda: len(read_journal_partitions(a.client)) == 4)
+    b = cluster(2)
+    wait_for("8 journal partitions", lambda: len(read_journal_partitions(b.client)) == 8)
+    a.expire_session()
+    wait_for("broker 2 controller", lambda: b.controller.active)
+    assert read_controller(b.client) == (2, 2)
+    # back on a new session, broker 1 registers again as a broker, not as the controller
+    wait_for("broker 1 registered again", lambda: 1 in b.membership.live)
+    assert not a.controller.active and read_controller(a.client) == (2, 2)
+    # a controller that has not noticed yet (a long pause) writes with its old epoch: refused
+    a.controller.active = True
+    stale = PartitionState(leader=1, leader_epoch=99, isr=(1,), controller_epoch=1)
+    with pytest.raises(NotControllerError):
+        a.controller._set_state(0, stale)
+    assert read_journal_partitions(b.client)[0].state.leader_epoch != 99
+
+
+def test_replicas_follow_racks_and_a_follower_in_the_isr_takes_over(cluster) -> None:
+    # placement waits for two live brokers; one per rack first, so every placement can
+    # spread over both racks
+    nodes = {1: cluster(1, "a", rf=2), 3: cluster(3, "b", rf=2)}
+    nodes[2] = cluster(2, "a", rf=2)
+    parts = wait_for(
+        "12 journal partitions",
+        lambda: (p := read_journal_partitions(nodes[1].client)) and len(p) == 12 and p,
+    )
+    racks = {1: "a", 2: "a", 3: "b"}
+    for p in parts.values():
+        assert len(p.assignment.replicas) == 2
+        assert {racks[r] for r in p.assignment.replicas} == {"a", "b"}
+        assert p.state.isr == p.assignment.replicas
+    victim = 3
+    if nodes[victim].controller.active:
+        victim = 2
+    nodes.pop(victim).stop()
+    moved = wait_for(
+        "leaders moved off the stopped broker",
+        lambda: (
+            (p := read_journal_partitions(nodes[1].client))
+            and all(p[j].state.leader != victim for j in p)
+            and p
+        ),
+    )
+    for j, p in moved.items():
+        if parts[j].state.leader == victim:
+            assert p.state.leader == p.assignment.replicas[1]
+            assert p.state.leader_epoch == 1 and p.state.isr == (p.assignment.replicas[1],)

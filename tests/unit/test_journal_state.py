@@ -1,0 +1,104 @@
+"""The controller's placement and election rules (stonemq/cluster/journal_state.py), as
+properties over any brokers, racks and live sets."""
+
+from __future__ import annotations
+
+import collections
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from stonemq.cluster.journal_state import (
+    NO_LEADER,
+    Assignment,
+    PartitionState,
+    elect,
+    initial_state,
+    place_replicas,
+    rack_alternated,
+)
+
+brokers_st = st.dictionaries(
+    st.integers(0, 20), st.one_of(st.none(), st.sampled_from("abc")), min_size=1, max_size=8
+)
+
+
+@given(brokers_st, st.data())
+def test_placement_puts_home_first_and_spreads_over_racks(brokers, data) -> None:
+    home = data.draw(st.sampled_from(sorted(brokers)))
+    rf = data.draw(st.integers(1, len(brokers)))
+    partition = data.draw(st.integers(0, 1000))
+    replicas = place_replicas(home, brokers, rf, partition)
+    assert replicas[0] == home
+    assert len(replicas) == len(set(replicas)) == rf
+    assert set(replicas) <= set(brokers)
+    racks = {brokers[b] for b in brokers}
+    assert len({brokers[b] for b in replicas}) == min(rf, len(racks))
+
+
+def test_placement_shares_followers_out_evenly() -> None:
+    brokers = {1: None, 2: None, 3: None}
+    followers: collections.Counter[int] = collections.Counter()
+    j = 0
+    for home in brokers:
+        for _ in range(4):
+            followers.update(place_replicas(home, brokers, 2, j)[1:])
+            j += 1
+    assert sorted(followers.values()) == [4, 4, 4]
+
+
+def test_rack_alternated_takes_one_broker_per_rack_in_turn() -> None:
+    brokers = {1: "a", 2: "a", 3: "b", 4: "c", 5: "b"}
+    assert rack_alternated(brokers) == [1, 3, 4, 2, 5]
+
+
+def test_too_few_brokers_is_refused() -> None:
+    try:
+        place_replicas(1, {1: None}, 2, 0)
+    except ValueError as exc:
+        assert "replication factor 2" in str(exc)
+    else:
+        raise AssertionError("placement with too few brokers was accepted")
+
+
+@given(
+    st.lists(st.integers(0, 6), min_size=1, max_size=4, unique=True),
+    st.sets(st.integers(0, 6)),
+    st.lists(st.sets(st.integers(0, 6)), max_size=6),
+    st.booleans(),
+)
+def test_election_keeps_kafkas_rules(replicas, first_live, changes, unclean) -> None:
+    assignment = Assignment(tuple(replicas))
+    state = initial_state(assignment, first_live, 1)
+    for live in changes:
+        new = elect(assignment, state, live, 2, unclean)
+        if new is None:
+            # nothing to do: the leader is live, or there was and is no leader to be had
+            assert (state.leader in live) or state.leader == NO_LEADER
+            continue
+        assert new.leader_epoch == state.leader_epoch + 1
+        assert new.leader != state.leader
+        assert new.controller_epoch == 2
+        if new.leader != NO_LEADER:
+            assert new.leader in live and new.leader in replicas
+            assert new.leader in new.isr
+            assert set(new.isr) <= set(live)
+            if new.leader not in state.isr:  # only an unclean election leaves the ISR
+                assert unclean and new.isr == (new.leader,)
+        else:
+            assert new.isr == state.isr  # the last ISR is kept for a clean election
+            assert not any(r in live for r in state.isr)
+        state = new
+
+
+def test_a_replica_outside_the_isr_never_leads_a_clean_election() -> None:
+    assignment = Assignment((1, 2))
+    state = PartitionState(leader=1, leader_epoch=3, isr=(1,), controller_epoch=1)
+    assert elect(assignment, state, {2}, 2) == PartitionState(NO_LEADER, 4, (1,), 2)
+    assert elect(assignment, state, {2}, 2, unclean=True) == PartitionState(2, 4, (2,), 2)
+
+
+def test_states_round_trip_as_kafkas_json() -> None:
+    state = PartitionState(leader=2, leader_epoch=7, isr=(2, 3), controller_epoch=5)
+    assert PartitionState.from_json(state.to_json()) == state
+    assert Assignment.from_json(Assignment((3, 1)).to_json()) == Assignment((3, 1))
