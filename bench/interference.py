@@ -46,6 +46,7 @@ FULL_FILL = 8 * 1024 * 1024 * 1024
 QUICK_ALONE_S = 5.0
 FULL_ALONE_S = 20.0
 PROBE_INTERVAL_S = 0.01
+WARMUP_S = 1.0  # the paced producer's first second (connections, metadata) is not measured
 PIPELINE_DEPTH = 200
 CATCH_UP_TIMEOUT_S = 1800.0
 _TS = struct.Struct(">q")
@@ -99,24 +100,26 @@ def percentiles(values_ms: list[float]) -> dict[str, float]:
 
 def paced(q: Queue[Any], bootstrap: str, topic: str, rate: int, stop: Event, cap_s: float) -> Any:
     """Produce ``rate`` 1 KiB records/s until ``stop`` (at most ``cap_s``); the ack latency of
-    every record (delivery callback time minus hand-over time)."""
+    every record (delivery callback time minus hand-over time), after the first ``WARMUP_S``."""
     from confluent_kafka import Producer
 
     latencies: list[float] = []
     errors = [0]
     now = time.monotonic_ns
+    measured_from = [2**63 - 1]  # records handed over before this (the warm-up) not counted
 
     def delivered(err: Any, msg: Any) -> None:
         if err is not None:
             errors[0] += 1
-        else:
-            latencies.append((now() - _TS.unpack_from(msg.value())[0]) / 1e6)
+        elif (sent_ns := _TS.unpack_from(msg.value())[0]) >= measured_from[0]:
+            latencies.append((now() - sent_ns) / 1e6)
 
     producer = Producer({**clients.producer_conf(bootstrap, "1"), "on_delivery": delivered})
     producer.list_topics(topic, timeout=30)
     body = bytearray(os.urandom(RECORD_BYTES))
     q.put(("start", os.getpid()))
     started = time.monotonic()
+    measured_from[0] = now() + int(WARMUP_S * 1e9)
     sent = 0
     while not stop.is_set() and time.monotonic() - started < cap_s:
         due = started + sent / rate
@@ -137,7 +140,7 @@ def paced(q: Queue[Any], bootstrap: str, topic: str, rate: int, stop: Event, cap
     return {
         **percentiles(latencies),
         "rate_asked": rate,
-        "rate_msg_s": round(len(latencies) / elapsed, 1),
+        "rate_msg_s": round(len(latencies) / max(elapsed - WARMUP_S, 1e-9), 1),
         "errors": errors[0] + left,
         "seconds": round(elapsed, 2),
     }

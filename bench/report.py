@@ -833,7 +833,8 @@ METHOD = """
   page cache is dropped first where permitted.
 - **Interference** (bench/interference.py): a 4-partition topic is filled with 8 GiB of 1 KiB
   records at full speed (its rate is the maximum); then a producer paced at 70% of it (acks=1,
-  ack latency per record from the delivery callback) and an ApiVersions prober (every 10 ms,
+  ack latency per record from the delivery callback, its first second not counted) and an
+  ApiVersions prober (every 10 ms,
   own connection) run alone, and again after the page cache is dropped while a consumer
   catches the 8 GiB up from offset 0 and a client pipelines Metadata requests for every topic
   (200 sent before any is read, over and over) until the catch-up ends. Add it to an existing
