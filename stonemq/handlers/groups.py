@@ -25,6 +25,7 @@ from stonemq.coordinator.group_coordinator import (
     JoinResult,
     SyncResult,
 )
+from stonemq.coordinator.group_log import OFFSETS_TOPIC
 from stonemq.handlers.context import RequestContext
 from stonemq.handlers.registry import api
 
@@ -73,12 +74,16 @@ async def handle_find_coordinator(ctx: RequestContext, request: Any) -> Any:
         coordinators = []
         for key in request.coordinator_keys:
             error, message = _coordinator_error(ctx, key_type, key)
-            coordinators.append(ctx.build("Coordinator", key=key, **_node(ctx, error, message)))
+            coordinators.append(
+                ctx.build("Coordinator", key=key, **_node(ctx, error, message, key))
+            )
         return ctx.build(
             "FindCoordinatorResponse", throttle_time=0, coordinators=tuple(coordinators)
         )
     error, message = _coordinator_error(ctx, key_type, request.key)
-    return ctx.build("FindCoordinatorResponse", throttle_time=0, **_node(ctx, error, message))
+    return ctx.build(
+        "FindCoordinatorResponse", throttle_time=0, **_node(ctx, error, message, request.key)
+    )
 
 
 def _coordinator_error(
@@ -97,7 +102,21 @@ def _coordinator_error(
     return ErrorCode.none, None
 
 
-def _node(ctx: RequestContext, error: ErrorCode, message: str | None) -> dict[str, Any]:
+def _node(
+    ctx: RequestContext, error: ErrorCode, message: str | None, group_id: str
+) -> dict[str, Any]:
+    """The group's coordinator: the leader of the journal partition that carries the group's
+    ``__consumer_offsets`` partition (this broker on a single node); COORDINATOR_NOT_AVAILABLE
+    while that journal partition has no live leader."""
+    if error == ErrorCode.none:
+        offsets = ctx.broker.topics.get(OFFSETS_TOPIC)
+        leader = -1
+        if offsets is not None:
+            partition = ctx.broker.groups.log.partition(group_id)
+            leader = ctx.broker.routing.leadership(offsets.journal_partitions[partition]).leader
+        endpoint = ctx.broker.routing.broker(leader)
+        if endpoint is None:
+            error, message = ErrorCode.coordinator_not_available, "the coordinator is not live"
     if error != ErrorCode.none:
         return {
             "error_code": error,
@@ -106,13 +125,12 @@ def _node(ctx: RequestContext, error: ErrorCode, message: str | None) -> dict[st
             "host": "",
             "port": -1,
         }
-    host, port = ctx.broker.settings.advertised_address
     return {
         "error_code": error,
         "error_message": None,
-        "node_id": ctx.broker.broker_id,
-        "host": host,
-        "port": port,
+        "node_id": endpoint.broker_id,
+        "host": endpoint.host,
+        "port": endpoint.port,
     }
 
 

@@ -1,0 +1,120 @@
+"""Three brokers, one cluster (replication factor 1: each journal partition lives on its home
+broker): real ZooKeeper, three ``stonemq serve`` processes, unmodified clients. Topic
+partitions are led by the broker that hosts their journal partition; clients bootstrap from
+any broker and are routed by Metadata, NOT_LEADER_OR_FOLLOWER and FindCoordinator; a group
+commits and resumes; a stopped broker's partitions have no leader until it is back."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+import pytest
+from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from .rawclient import RawConnection, build_batch, produce_raw
+
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(180)]
+
+NOT_LEADER_OR_FOLLOWER = 6
+
+
+@pytest.fixture
+def cluster(broker_factory, zookeeper) -> list[Any]:
+    chroot = f"{zookeeper.connect}/stonemq-cluster-{uuid.uuid4().hex[:8]}"
+    return [
+        broker_factory(zookeeper_connect=chroot, broker_id=b, journal_partitions=2)
+        for b in (1, 2, 3)
+    ]
+
+
+def leaders(bootstrap: str, topic: str) -> dict[int, int]:
+    meta = AdminClient({"bootstrap.servers": bootstrap}).list_topics(topic, timeout=10)
+    return {p: m.leader for p, m in meta.topics[topic].partitions.items()}
+
+
+def test_clients_are_routed_to_each_partitions_leader(cluster) -> None:
+    b1, b2, b3 = cluster
+    admin = AdminClient({"bootstrap.servers": b2.bootstrap})
+    admin.create_topics([NewTopic("spread", 12, 1)])["spread"].result(30)
+    meta = AdminClient({"bootstrap.servers": b1.bootstrap}).list_topics(timeout=10)
+    assert sorted(meta.brokers) == [1, 2, 3]
+    assert {meta.brokers[b].port for b in meta.brokers} == {b1.port, b2.port, b3.port}
+    assert meta.controller_id in (1, 2, 3)
+    led = leaders(b3.bootstrap, "spread")
+    assert sorted(led) == list(range(12))
+    assert set(led.values()) == {1, 2, 3}  # 6 journal partitions, two per broker
+
+    # a produce sent to a broker that does not lead the partition: NOT_LEADER_OR_FOLLOWER
+    by_port = {b1.port: 1, b2.port: 2, b3.port: 3}
+    elsewhere = next(b for b in cluster if by_port[b.port] != led[0])
+    with RawConnection(elsewhere.host, elsewhere.port) as conn:
+        answer = produce_raw(conn, "spread", 0, bytes(build_batch([(None, b"x")])))
+    assert answer.error_code == NOT_LEADER_OR_FOLLOWER
+
+    producer = Producer({"bootstrap.servers": b3.bootstrap, "enable.idempotence": True})
+    for i in range(600):
+        producer.produce("spread", value=b"v%d" % i, key=b"k%d" % i)
+    assert producer.flush(60) == 0
+
+    def consume(expect: int) -> list[bytes]:
+        consumer = Consumer(
+            {
+                "bootstrap.servers": b1.bootstrap,
+                "group.id": "spread-group",
+                "auto.offset.reset": "earliest",
+                "enable.auto.commit": False,
+            }
+        )
+        consumer.subscribe(["spread"])
+        got: list[bytes] = []
+        deadline = time.monotonic() + 60
+        while len(got) < expect and time.monotonic() < deadline:
+            msg = consumer.poll(0.2)
+            if msg is not None and msg.error() is None:
+                got.append(msg.value())
+        if got:
+            consumer.commit(asynchronous=False)
+        consumer.close()
+        return got
+
+    got = consume(600)
+    assert sorted(got) == sorted(b"v%d" % i for i in range(600))
+    # the group resumes from its commits (on the broker that coordinates it): nothing again
+    producer.produce("spread", value=b"after", key=b"k0")
+    assert producer.flush(30) == 0
+    assert consume(1) == [b"after"]
+
+
+def test_a_stopped_broker_leaves_its_partitions_leaderless_until_it_returns(cluster) -> None:
+    b1, b2, b3 = cluster
+    admin = AdminClient({"bootstrap.servers": b1.bootstrap})
+    admin.create_topics([NewTopic("back", 6, 1)])["back"].result(30)
+    led = leaders(b1.bootstrap, "back")
+    mine = [p for p, leader in led.items() if leader == 2]
+    assert mine
+    producer = Producer({"bootstrap.servers": b1.bootstrap})
+    for p in range(6):
+        producer.produce("back", value=b"before", partition=p)
+    assert producer.flush(30) == 0
+    b2.stop()
+    deadline = time.monotonic() + 30
+    while any(leaders(b1.bootstrap, "back")[p] != -1 for p in mine):
+        assert time.monotonic() < deadline, "the stopped broker's partitions kept a leader"
+        time.sleep(0.2)
+    b2.start()
+    deadline = time.monotonic() + 30
+    while leaders(b3.bootstrap, "back") != led:
+        assert time.monotonic() < deadline, "leadership did not come back"
+        time.sleep(0.2)
+    producer = Producer({"bootstrap.servers": b3.bootstrap})
+    for p in range(6):
+        producer.produce("back", value=b"after", partition=p)
+    assert producer.flush(30) == 0
+    consumer = Consumer({"bootstrap.servers": b3.bootstrap, "group.id": "back-check"})
+    for p in range(6):
+        low, high = consumer.get_watermark_offsets(TopicPartition("back", p), timeout=10)
+        assert (low, high) == (0, 2), (p, low, high)
+    consumer.close()
