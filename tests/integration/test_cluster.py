@@ -118,3 +118,66 @@ def test_a_stopped_broker_leaves_its_partitions_leaderless_until_it_returns(clus
         low, high = consumer.get_watermark_offsets(TopicPartition("back", p), timeout=10)
         assert (low, high) == (0, 2), (p, low, high)
     consumer.close()
+
+
+def test_kcat_kafka_python_and_aiokafka_across_the_cluster(cluster) -> None:
+    """kcat produces through one broker, kafka-python reads every partition in a group through
+    another, aiokafka produces and reads through the third: each client follows Metadata to
+    the leaders."""
+    import asyncio
+    import subprocess
+
+    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+    from kafka import KafkaConsumer
+
+    b1, b2, b3 = cluster
+    admin = AdminClient({"bootstrap.servers": b1.bootstrap})
+    admin.create_topics([NewTopic("mixed", 6, 1)])["mixed"].result(30)
+    lines = b"".join(b"k%d:kcat-%d\n" % (i, i) for i in range(60))
+    subprocess.run(
+        ["kcat", "-b", b2.bootstrap, "-P", "-t", "mixed", "-K", ":"],
+        input=lines,
+        check=True,
+        timeout=60,
+    )
+    consumer = KafkaConsumer(
+        "mixed",
+        bootstrap_servers=b3.bootstrap,
+        group_id="mixed-kp",
+        auto_offset_reset="earliest",
+        consumer_timeout_ms=20_000,
+    )
+    got = []
+    for msg in consumer:
+        got.append(msg.value)
+        if len(got) == 60:
+            break
+    consumer.commit()
+    consumer.close()
+    assert sorted(got) == sorted(b"kcat-%d" % i for i in range(60))
+
+    async def aio() -> list[bytes]:
+        producer = AIOKafkaProducer(bootstrap_servers=b1.bootstrap, acks="all")
+        await producer.start()
+        try:
+            for i in range(30):
+                await producer.send_and_wait("mixed", b"aio-%d" % i, key=b"a%d" % i)
+        finally:
+            await producer.stop()
+        reader = AIOKafkaConsumer(
+            "mixed",
+            bootstrap_servers=b1.bootstrap,
+            group_id="mixed-kp",  # resumes after kafka-python's commits: only aiokafka's
+            auto_offset_reset="earliest",
+        )
+        await reader.start()
+        values: list[bytes] = []
+        try:
+            while len(values) < 30:
+                batch = await asyncio.wait_for(reader.getmany(timeout_ms=1000), 30)
+                values.extend(m.value for msgs in batch.values() for m in msgs)
+        finally:
+            await reader.stop()
+        return values
+
+    assert sorted(asyncio.run(aio())) == sorted(b"aio-%d" % i for i in range(30))
