@@ -181,3 +181,64 @@ def test_kcat_kafka_python_and_aiokafka_across_the_cluster(cluster) -> None:
         return values
 
     assert sorted(asyncio.run(aio())) == sorted(b"aio-%d" % i for i in range(30))
+
+
+def test_admin_calls_through_any_broker_are_seen_by_all(cluster) -> None:
+    """Create through one broker, grow and configure through another, describe through the
+    third, delete through the first: every broker follows (ZooKeeper watches), and the
+    partitions each hosts come and go with the topic."""
+    from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource, NewPartitions
+
+    SET = AlterConfigOpType.SET
+
+    b3 = cluster[2]
+    a1, a2, a3 = (AdminClient({"bootstrap.servers": b.bootstrap}) for b in cluster)
+    a1.create_topics([NewTopic("admin-any", 3, 1)])["admin-any"].result(30)
+    a2.create_partitions([NewPartitions("admin-any", 9)])["admin-any"].result(30)
+    resource = ConfigResource(ConfigResource.Type.TOPIC, "admin-any")
+    a2.incremental_alter_configs(
+        [
+            ConfigResource(
+                ConfigResource.Type.TOPIC,
+                "admin-any",
+                incremental_configs=[
+                    ConfigEntry("retention.ms", "3600000", incremental_operation=SET)
+                ],
+            )
+        ]
+    )[resource].result(30)
+    deadline = time.monotonic() + 20
+    while True:
+        configs = a3.describe_configs([resource])[resource].result(10)
+        seen = len(leaders(b3.bootstrap, "admin-any"))
+        if configs["retention.ms"].value == "3600000" and seen == 9:
+            break
+        assert time.monotonic() < deadline, (configs["retention.ms"].value, seen)
+        time.sleep(0.2)
+    producer = Producer({"bootstrap.servers": b3.bootstrap})
+    for p in range(9):
+        producer.produce("admin-any", value=b"x", partition=p)
+    assert producer.flush(30) == 0
+
+    def hosted_dirs() -> dict[int, int]:
+        return {
+            i: len(list((b.data_dir / "queues").glob("admin-any-*")))
+            for i, b in enumerate(cluster, 1)
+        }
+
+    assert sum(hosted_dirs().values()) == 9  # each partition on the broker hosting it
+    assert all(n > 0 for n in hosted_dirs().values())
+    a1.delete_topics(["admin-any"])["admin-any"].result(30)
+    deadline = time.monotonic() + 20
+    while any(
+        "admin-any"
+        in AdminClient({"bootstrap.servers": b.bootstrap}).list_topics(timeout=10).topics
+        for b in cluster
+    ):
+        assert time.monotonic() < deadline, "a broker still lists the deleted topic"
+        time.sleep(0.2)
+    # every broker removed the partitions it hosted (their queue-log directories are gone)
+    deadline = time.monotonic() + 20
+    while any(hosted_dirs().values()):
+        assert time.monotonic() < deadline, "queue logs of the deleted topic remain"
+        time.sleep(0.2)
