@@ -242,3 +242,68 @@ def test_admin_calls_through_any_broker_are_seen_by_all(cluster) -> None:
     while any(hosted_dirs().values()):
         assert time.monotonic() < deadline, "queue logs of the deleted topic remain"
         time.sleep(0.2)
+
+
+def test_a_killed_controller_is_replaced_and_rejoins_with_its_data(
+    broker_factory, zookeeper
+) -> None:
+    """SIGKILL the controller: once its ZooKeeper session expires another broker is the
+    controller (epoch + 1) with no metadata lost; the killed broker, restarted, recovers its
+    journal and queue logs and leads its partitions again with everything acknowledged."""
+    from kazoo.client import KazooClient
+
+    from stonemq.cluster.controller import read_controller
+
+    base = f"/stonemq-kill-{uuid.uuid4().hex[:8]}"
+    chroot = zookeeper.connect + base
+    brokers = {
+        b: broker_factory(
+            zookeeper_connect=chroot,
+            broker_id=b,
+            journal_partitions=2,
+            zookeeper_session_timeout_ms=3000,
+        )
+        for b in (1, 2, 3)
+    }
+    zk = KazooClient(chroot)
+    zk.start(10)
+    try:
+        controller, epoch = read_controller(zk)
+        assert controller == 1 and epoch == 1
+        admin = AdminClient({"bootstrap.servers": brokers[2].bootstrap})
+        admin.create_topics([NewTopic("survive", 6, 1)])["survive"].result(30)
+        producer = Producer({"bootstrap.servers": brokers[2].bootstrap, "acks": "all"})
+        for i in range(120):
+            producer.produce("survive", value=b"v%d" % i, key=b"k%d" % i)
+        assert producer.flush(30) == 0
+        led = leaders(brokers[2].bootstrap, "survive")
+        brokers[1].kill()
+        deadline = time.monotonic() + 30
+        while read_controller(zk)[0] in (1, -1):
+            assert time.monotonic() < deadline, "no new controller after the kill"
+            time.sleep(0.2)
+        assert read_controller(zk)[1] == 2
+        brokers[1].start()
+        deadline = time.monotonic() + 30
+        while leaders(brokers[3].bootstrap, "survive") != led:
+            assert time.monotonic() < deadline, "the restarted broker does not lead again"
+            time.sleep(0.2)
+        consumer = Consumer(
+            {
+                "bootstrap.servers": brokers[3].bootstrap,
+                "group.id": "survive",
+                "auto.offset.reset": "earliest",
+            }
+        )
+        consumer.subscribe(["survive"])
+        got: list[bytes] = []
+        deadline = time.monotonic() + 60
+        while len(got) < 120 and time.monotonic() < deadline:
+            msg = consumer.poll(0.2)
+            if msg is not None and msg.error() is None:
+                got.append(msg.value())
+        consumer.close()
+        assert sorted(got) == sorted(b"v%d" % i for i in range(120))
+    finally:
+        zk.stop()
+        zk.close()
