@@ -307,3 +307,51 @@ def test_a_killed_controller_is_replaced_and_rejoins_with_its_data(
     finally:
         zk.stop()
         zk.close()
+
+
+def test_kafkajs_produces_and_consumes_in_a_group_across_the_cluster(cluster) -> None:
+    """kafkajs: an idempotent producer bootstrapping from one broker, a group consumer (with
+    commits) from another; every record comes back once."""
+    import base64
+    import json
+    import os
+    import subprocess
+    from pathlib import Path
+
+    js = Path(__file__).resolve().parent.parent / "js"
+    b1, b2, _b3 = cluster
+    admin = AdminClient({"bootstrap.servers": b1.bootstrap})
+    admin.create_topics([NewTopic("js-cluster", 6, 1)])["js-cluster"].result(30)
+    messages = [
+        {
+            "key": base64.b64encode(b"k%d" % i).decode(),
+            "value": base64.b64encode(b"v%d" % i).decode(),
+        }
+        for i in range(60)
+    ]
+    env = {**os.environ, "KAFKAJS_NO_PARTITIONER_WARNING": "1"}
+    produce = {
+        "brokers": [b1.bootstrap],
+        "steps": [
+            {"op": "produce", "topic": "js-cluster", "idempotent": True, "messages": messages}
+        ],
+    }
+    proc = subprocess.run(
+        ["node", str(js / "kafkajs_ops.js"), json.dumps(produce)],
+        capture_output=True,
+        timeout=60,
+        cwd=js,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stderr.decode(errors="replace")
+    consume = {"brokers": [b2.bootstrap], "topic": "js-cluster", "groupId": "js-g", "expect": 60}
+    proc = subprocess.run(
+        ["node", str(js / "kafkajs_groups.js"), json.dumps(consume)],
+        capture_output=True,
+        timeout=90,
+        cwd=js,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stderr.decode(errors="replace")
+    records = json.loads(proc.stdout)["records"]
+    assert sorted(v for _, _, v in records) == sorted(f"v{i}" for i in range(60))
