@@ -355,3 +355,55 @@ def test_kafkajs_produces_and_consumes_in_a_group_across_the_cluster(cluster) ->
     assert proc.returncode == 0, proc.stderr.decode(errors="replace")
     records = json.loads(proc.stdout)["records"]
     assert sorted(v for _, _, v in records) == sorted(f"v{i}" for i in range(60))
+
+
+def _rss_bytes(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as fh:
+        for line in fh:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+@pytest.mark.slow
+def test_per_partition_memory_in_a_cluster_is_the_single_nodes(broker_factory, zookeeper) -> None:
+    """A broker of a three-broker cluster holding its share of 9,000 topic partitions costs
+    no more memory per partition than a single node holding 3,000: replication state,
+    watches and routing are per journal partition, never per topic partition."""
+    per = 3000
+
+    def grown(broker: Any, before: int, topic: str, partitions: int, hosted: int) -> float:
+        admin = AdminClient({"bootstrap.servers": broker.bootstrap, "socket.timeout.ms": 120000})
+        admin.create_topics([NewTopic(topic, partitions, 1)], operation_timeout=120)[topic].result(
+            180
+        )
+        time.sleep(2)
+        return (_rss_bytes(broker.proc.pid) - before) / hosted
+
+    single = broker_factory(journal_partitions=2)
+    time.sleep(1)
+    single_cost = grown(single, _rss_bytes(single.proc.pid), "flat-single", per, per)
+    single.stop()
+
+    chroot = f"{zookeeper.connect}/stonemq-flat-{uuid.uuid4().hex[:8]}"
+    brokers = [
+        broker_factory(zookeeper_connect=chroot, broker_id=b, journal_partitions=2)
+        for b in (1, 2, 3)
+    ]
+    time.sleep(1)
+    before = [_rss_bytes(b.proc.pid) for b in brokers]
+    admin = AdminClient({"bootstrap.servers": brokers[0].bootstrap, "socket.timeout.ms": 120000})
+    admin.create_topics([NewTopic("flat-cluster", 3 * per, 1)], operation_timeout=120)[
+        "flat-cluster"
+    ].result(180)
+    deadline = time.monotonic() + 60
+    while True:  # every broker registered its share
+        hosted = [len(list((b.data_dir / "queues").glob("flat-cluster-*"))) for b in brokers]
+        if sum(hosted) == 3 * per or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert sum(hosted) == 3 * per, hosted
+    time.sleep(2)
+    costs = [(_rss_bytes(b.proc.pid) - before[i]) / hosted[i] for i, b in enumerate(brokers)]
+    print(f"bytes per partition: single {single_cost:.0f}, cluster {[round(c) for c in costs]}")
+    assert max(costs) <= 1.25 * single_cost + 200, (single_cost, costs)
