@@ -425,7 +425,6 @@ def _alter_each(
 @api(60, 0, 2)
 async def handle_describe_cluster(ctx: RequestContext, request: Any) -> Any:
     broker = ctx.broker
-    broker_id = broker.settings.broker_id
     operations = (
         CLUSTER_AUTHORIZED_OPERATIONS
         if request.include_cluster_authorized_operations
@@ -445,7 +444,6 @@ async def handle_describe_cluster(ctx: RequestContext, request: Any) -> Any:
             brokers=(),
             cluster_authorized_operations=UNKNOWN_AUTHORIZED_OPERATIONS,
         )
-    host, port = broker.settings.advertised_address
     return ctx.build(
         "DescribeClusterResponse",
         throttle_time=0,
@@ -453,16 +451,17 @@ async def handle_describe_cluster(ctx: RequestContext, request: Any) -> Any:
         error_message=None,
         endpoint_type=1,
         cluster_id=broker.metadata.cluster_id(),
-        controller_id=broker_id,
-        brokers=(
+        controller_id=broker.routing.controller_id(),
+        brokers=tuple(  # the live brokers (this one alone on a single node)
             ctx.build(
                 "DescribeClusterBroker",
-                broker_id=broker_id,
-                host=host,
-                port=port,
-                rack=None,
+                broker_id=b.broker_id,
+                host=b.host,
+                port=b.port,
+                rack=b.rack,
                 is_fenced=False,
-            ),
+            )
+            for b in broker.routing.brokers()
         ),
         cluster_authorized_operations=operations,
     )

@@ -43,6 +43,10 @@ def test_clients_are_routed_to_each_partitions_leader(cluster) -> None:
     assert sorted(meta.brokers) == [1, 2, 3]
     assert {meta.brokers[b].port for b in meta.brokers} == {b1.port, b2.port, b3.port}
     assert meta.controller_id in (1, 2, 3)
+    describer = AdminClient({"bootstrap.servers": b2.bootstrap})
+    described = describer.describe_cluster().result(10)
+    assert sorted(n.id for n in described.nodes) == [1, 2, 3]
+    assert described.controller.id == meta.controller_id
     led = leaders(b3.bootstrap, "spread")
     assert sorted(led) == list(range(12))
     assert set(led.values()) == {1, 2, 3}  # 6 journal partitions, two per broker
