@@ -411,3 +411,74 @@ def test_per_partition_memory_in_a_cluster_is_the_single_nodes(broker_factory, z
     costs = [(_rss_bytes(b.proc.pid) - before[i]) / hosted[i] for i, b in enumerate(brokers)]
     print(f"bytes per partition: single {single_cost:.0f}, cluster {[round(c) for c in costs]}")
     assert max(costs) <= 1.25 * single_cost + 200, (single_cost, costs)
+
+
+def test_group_requests_at_another_broker_get_not_coordinator(cluster) -> None:
+    """FindCoordinator names one broker; Heartbeat, OffsetFetch and OffsetCommit sent to any
+    other are answered NOT_COORDINATOR (Kafka's answer; clients look the coordinator up
+    again), and the coordinator itself answers them."""
+    from .rawclient import RawConnection, build, schema
+
+    NOT_COORDINATOR = 16
+    b1 = cluster[0]
+    admin = AdminClient({"bootstrap.servers": b1.bootstrap})
+    admin.create_topics([NewTopic("coord-t", 3, 1)])["coord-t"].result(30)
+    by_id = {1: cluster[0], 2: cluster[1], 3: cluster[2]}
+    with RawConnection(b1.host, b1.port) as conn:
+        req = schema("find_coordinator", 3, "request")
+        found = conn.request(
+            build(req.FindCoordinatorRequest, key="coord-g", key_type=0),
+            schema("find_coordinator", 3, "response").FindCoordinatorResponse,
+        )
+    assert found.error_code == 0 and found.node_id in by_id
+    coordinator = by_id[found.node_id]
+    assert found.port == coordinator.port
+
+    def ask(broker: Any) -> tuple[int, int, int]:
+        with RawConnection(broker.host, broker.port) as conn:
+            hb = schema("heartbeat", 4, "request")
+            beat = conn.request(
+                build(hb.HeartbeatRequest, group_id="coord-g", generation_id=1, member_id="m"),
+                schema("heartbeat", 4, "response").HeartbeatResponse,
+            )
+            of = schema("offset_fetch", 7, "request")
+            fetched = conn.request(
+                build(of.OffsetFetchRequest, group_id="coord-g", topics=None),
+                schema("offset_fetch", 7, "response").OffsetFetchResponse,
+            )
+            oc = schema("offset_commit", 8, "request")
+            committed = conn.request(
+                build(
+                    oc.OffsetCommitRequest,
+                    group_id="coord-g",
+                    generation_id_or_member_epoch=-1,
+                    member_id="",
+                    topics=(
+                        build(
+                            oc.OffsetCommitRequestTopic,
+                            name="coord-t",
+                            partitions=(
+                                build(
+                                    oc.OffsetCommitRequestPartition,
+                                    partition_index=0,
+                                    committed_offset=0,
+                                    committed_metadata="",
+                                ),
+                            ),
+                        ),
+                    ),
+                ),
+                schema("offset_commit", 8, "response").OffsetCommitResponse,
+            )
+            return (
+                beat.error_code,
+                fetched.error_code,
+                committed.topics[0].partitions[0].error_code,
+            )
+
+    for broker_id, broker in by_id.items():
+        errors = ask(broker)
+        if broker_id == found.node_id:
+            assert errors == (25, 0, 0), errors  # UNKNOWN_MEMBER_ID: no such member yet
+        else:
+            assert errors == (NOT_COORDINATOR,) * 3, (broker_id, errors)
