@@ -64,7 +64,13 @@ async def handle_list_offsets(ctx: RequestContext, request: Any) -> Any:
                     error_code=error,
                     timestamp=timestamp,
                     offset=offset,
-                    leader_epoch=0 if error == ErrorCode.none else -1,
+                    leader_epoch=(
+                        ctx.broker.routing.leadership(
+                            record.journal_partitions[p.partition_index]
+                        ).leader_epoch
+                        if error == ErrorCode.none and record is not None
+                        else -1
+                    ),
                 )
             )
         topics.append(

@@ -292,6 +292,14 @@ def test_a_killed_controller_is_replaced_and_rejoins_with_its_data(
         while leaders(brokers[3].bootstrap, "survive") != led:
             assert time.monotonic() < deadline, "the restarted broker does not lead again"
             time.sleep(0.2)
+        # ListOffsets answers with the journal partition's leader epoch, as Metadata does
+        from confluent_kafka.admin import OffsetSpec
+
+        # (two leader changes since: offline at the kill, back at the restart)
+        back = next(p for p, leader in led.items() if leader == 1)
+        listed = admin.list_offsets({TopicPartition("survive", back): OffsetSpec.latest()})
+        info = next(iter(listed.values())).result(10)
+        assert info.leader_epoch == 2
         consumer = Consumer(
             {
                 "bootstrap.servers": brokers[3].bootstrap,
