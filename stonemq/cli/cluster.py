@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from stonemq.cluster.controller import read_controller, read_journal_partitions
-from stonemq.cluster.membership import BROKER_IDS_PATH
+from stonemq.cluster.membership import read_brokers
 from stonemq.metadata.zookeeper import TOPICS_PATH, decode_mapping
 
 cluster_app = typer.Typer(
@@ -36,14 +36,10 @@ ConnectOpt = Annotated[
 
 def describe_cluster(client: KazooClient) -> dict[str, Any]:
     """The cluster's brokers, controller and journal partitions (JSON-ready)."""
-    brokers: dict[int, Any] = {}
-    for child in client.retry(client.get_children, BROKER_IDS_PATH):
-        try:
-            data, _ = client.retry(client.get, f"{BROKER_IDS_PATH}/{child}")
-        except NoNodeError:
-            continue
-        node = json.loads(data)
-        brokers[int(child)] = {"endpoints": node.get("endpoints"), "rack": node.get("rack")}
+    brokers = {
+        b: {"endpoints": node.get("endpoints"), "rack": node.get("rack")}
+        for b, node in read_brokers(client).items()
+    }
     carried: dict[int, int] = {}
     try:
         topics = client.retry(client.get_children, TOPICS_PATH)
@@ -58,7 +54,7 @@ def describe_cluster(client: KazooClient) -> dict[str, Any]:
             carried[j] = carried.get(j, 0) + 1
     controller, epoch = read_controller(client)
     return {
-        "brokers": dict(sorted(brokers.items())),
+        "brokers": brokers,
         "controller": controller,
         "controller_epoch": epoch,
         "journal_partitions": [

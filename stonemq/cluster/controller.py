@@ -40,7 +40,7 @@ from stonemq.cluster.journal_state import (
     initial_state,
     place_replicas,
 )
-from stonemq.cluster.membership import BROKER_IDS_PATH
+from stonemq.cluster.membership import BROKER_IDS_PATH, read_brokers
 
 log = logging.getLogger(__name__)
 
@@ -210,16 +210,8 @@ class Controller:
                 self._events.put((kind, None))
 
     def _live_brokers(self) -> dict[int, str | None]:
-        out: dict[int, str | None] = {}
-        for child in self.client.retry(self.client.get_children, BROKER_IDS_PATH):
-            if not child.isdigit():
-                continue
-            try:
-                data, _ = self.client.retry(self.client.get, f"{BROKER_IDS_PATH}/{child}")
-            except NoNodeError:
-                continue
-            out[int(child)] = json.loads(data).get("rack")
-        return out
+        """The live brokers and their racks."""
+        return {b: node.get("rack") for b, node in read_brokers(self.client).items()}
 
     def _brokers_changed(self) -> None:
         """Place the journal partitions of brokers that have none, then elect a leader for

@@ -14,6 +14,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import NodeExistsError, NoNodeError
@@ -24,6 +25,26 @@ from stonemq.cluster import ClusterStartError
 log = logging.getLogger(__name__)
 
 BROKER_IDS_PATH = "/brokers/ids"
+
+
+def read_brokers(client: KazooClient, ids: list[str] | None = None) -> dict[int, dict[str, Any]]:
+    """The registered brokers' nodes (Kafka's JSON) by id, read from ZooKeeper; ``ids``: the
+    children of ``/brokers/ids`` when the caller already has them (a watch's)."""
+    out: dict[int, dict[str, Any]] = {}
+    if ids is None:
+        try:
+            ids = client.retry(client.get_children, BROKER_IDS_PATH)
+        except NoNodeError:  # no broker ever registered
+            return out
+    for child in ids:
+        if not child.isdigit():
+            continue
+        try:
+            data, _ = client.retry(client.get, f"{BROKER_IDS_PATH}/{child}")
+        except NoNodeError:  # gone meanwhile
+            continue
+        out[int(child)] = json.loads(data)
+    return dict(sorted(out.items()))
 
 
 class BrokerIdInUseError(ClusterStartError):
@@ -108,22 +129,9 @@ class Membership:
             self._on_change(self.live)
         return None
 
-    def brokers(self) -> dict[int, dict[str, object]]:
+    def brokers(self) -> dict[int, dict[str, Any]]:
         """The registered brokers' nodes by id (read from ZooKeeper)."""
-        out: dict[int, dict[str, object]] = {}
-        try:
-            children = self.client.retry(self.client.get_children, BROKER_IDS_PATH)
-        except NoNodeError:  # no broker ever registered
-            return out
-        for child in children:
-            if not child.isdigit():
-                continue
-            try:
-                data, _ = self.client.retry(self.client.get, f"{BROKER_IDS_PATH}/{child}")
-            except NoNodeError:
-                continue
-            out[int(child)] = json.loads(data)
-        return out
+        return read_brokers(self.client)
 
     def close(self) -> None:
         """Deregister (a clean stop; a crash lets the session expire instead)."""

@@ -31,7 +31,7 @@ from kazoo.exceptions import NoNodeError
 from stonemq.cluster import ClusterStartError
 from stonemq.cluster.controller import CONTROLLER_PATH, JOURNAL_PATH, read_journal_partitions
 from stonemq.cluster.journal_state import NO_LEADER, Assignment, PartitionState
-from stonemq.cluster.membership import BROKER_IDS_PATH
+from stonemq.cluster.membership import BROKER_IDS_PATH, read_brokers
 from stonemq.storage import fileio
 from stonemq.storage.checkpoint import CheckpointFile
 
@@ -178,19 +178,10 @@ class ClusterRouting(SingleNodeRouting):
 
     # -- watches (kazoo's thread) -----------------------------------------------------------
     def _on_brokers(self, children: list[str]) -> None:
-        brokers: dict[int, BrokerEndpoint] = {}
-        for child in children:
-            if not child.isdigit():
-                continue
-            try:
-                data, _ = self.client.get(f"{BROKER_IDS_PATH}/{child}")
-            except NoNodeError:
-                continue
-            node = json.loads(data)
-            brokers[int(child)] = BrokerEndpoint(
-                int(child), node["host"], int(node["port"]), node.get("rack")
-            )
-        self._brokers = brokers
+        self._brokers = {
+            b: BrokerEndpoint(b, node["host"], int(node["port"]), node.get("rack"))
+            for b, node in read_brokers(self.client, children).items()
+        }
         self._changed()
 
     def _on_controller(self, data: bytes | None, _stat: object) -> None:

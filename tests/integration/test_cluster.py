@@ -342,30 +342,22 @@ def test_kafkajs_produces_and_consumes_in_a_group_across_the_cluster(cluster) ->
         for i in range(60)
     ]
     env = {**os.environ, "KAFKAJS_NO_PARTITIONER_WARNING": "1"}
-    produce = {
-        "brokers": [b1.bootstrap],
-        "steps": [
-            {"op": "produce", "topic": "js-cluster", "idempotent": True, "messages": messages}
-        ],
-    }
-    proc = subprocess.run(
-        ["node", str(js / "kafkajs_ops.js"), json.dumps(produce)],
-        capture_output=True,
-        timeout=60,
-        cwd=js,
-        env=env,
-    )
-    assert proc.returncode == 0, proc.stderr.decode(errors="replace")
+
+    def node(script: str, spec: dict[str, Any]) -> Any:
+        proc = subprocess.run(
+            ["node", str(js / script), json.dumps(spec)],
+            capture_output=True,
+            timeout=90,
+            cwd=js,
+            env=env,
+        )
+        assert proc.returncode == 0, proc.stderr.decode(errors="replace")
+        return json.loads(proc.stdout)
+
+    step = {"op": "produce", "topic": "js-cluster", "idempotent": True, "messages": messages}
+    node("kafkajs_ops.js", {"brokers": [b1.bootstrap], "steps": [step]})
     consume = {"brokers": [b2.bootstrap], "topic": "js-cluster", "groupId": "js-g", "expect": 60}
-    proc = subprocess.run(
-        ["node", str(js / "kafkajs_groups.js"), json.dumps(consume)],
-        capture_output=True,
-        timeout=90,
-        cwd=js,
-        env=env,
-    )
-    assert proc.returncode == 0, proc.stderr.decode(errors="replace")
-    records = json.loads(proc.stdout)["records"]
+    records = node("kafkajs_groups.js", consume)["records"]
     assert sorted(v for _, _, v in records) == sorted(f"v{i}" for i in range(60))
 
 

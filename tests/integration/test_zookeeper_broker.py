@@ -10,7 +10,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 import uuid
 from typing import Any
 
@@ -19,6 +18,7 @@ from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 from conftest import BrokerStartError, free_port
 from kazoo.client import KazooClient
+from polling import wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(120)]
 
@@ -154,13 +154,3 @@ def test_the_broker_is_controller_and_its_journal_partitions_survive(
     ]
     # leader epochs: each restart is a leader change (offline while stopped, then back)
     assert all(p["leader"] == 5 for p in again["journal_partitions"])
-
-
-def wait_for(what: str, check: Any, timeout: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.2)

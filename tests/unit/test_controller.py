@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 from kazoo.client import KazooClient
+from polling import wait_for
 
 from stonemq.cluster.controller import (
     Controller,
@@ -76,16 +76,6 @@ def cluster(zookeeper: Any) -> Iterator[Callable[..., Node]]:
     for node in nodes:
         with contextlib.suppress(Exception):
             node.stop()
-
-
-def wait_for(what: str, check: Callable[[], Any], timeout: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 def actives(nodes: list[Node]) -> list[int]:
