@@ -200,3 +200,33 @@ def test_a_topic_change_runs_to_its_end_when_its_client_hangs_up(broker) -> None
         assert (low, high) == (0, 1), p
     end.close()
     assert "Traceback" not in broker.log()
+
+
+@pytest.mark.slow
+def test_a_stop_during_a_huge_deletion_does_not_wait_for_it(broker) -> None:
+    """Found by the long fuzz run: a stop while a 100,000-partition topic was being deleted
+    waited for every directory (the deletion held the checkpoint lock the stop takes), 7 s and
+    more, past the stop timeout. The stop now waits for one chunk of directories; the next
+    start sets the rest aside, and the name is free."""
+    create_topic(broker.bootstrap, "doomed", partitions=100_000)
+    queues = broker.data_dir / "queues"
+    deadline = time.monotonic() + 120
+    while sum(1 for _ in queues.iterdir()) < 100_000:  # every directory made ahead
+        assert time.monotonic() < deadline, "the topic's directories were not all made"
+        time.sleep(0.5)
+    req = schema("delete_topics", 4, "request")
+    delete = build(req.DeleteTopicsRequest, topic_names=("doomed",), timeout=ms(60_000))
+    _request_and_hang_up(broker, delete)
+    time.sleep(2.0)  # its directories are being deleted
+    broker.stop()
+    log = broker.log(since_start=True)
+    closed = [line for line in log.splitlines() if "storage closed in" in line]
+    assert closed, log[-2000:]
+    took = float(closed[-1].split("storage closed in ")[1].split(" s")[0])
+    assert took < 1.5, f"the stop waited for the deletion: {closed[-1]}"
+    broker.start()
+    client = AdminClient({"bootstrap.servers": broker.bootstrap})
+    assert "doomed" not in client.list_topics(timeout=10).topics
+    client.create_topics([NewTopic("doomed", num_partitions=2)])["doomed"].result(30)
+    left = [p.name for p in (broker.data_dir / "queues").iterdir() if p.name.startswith("doomed")]
+    assert sorted(n for n in left if not n.endswith(".stray")) == ["doomed-0", "doomed-1"]
