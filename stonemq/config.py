@@ -100,6 +100,9 @@ class Settings(BaseSettings):
     log_index_interval_bytes: int = Field(4096, ge=0)
     log_index_size_max_bytes: int = Field(10 * MIB, ge=4)
     fetch_max_bytes: int = Field(55 * MIB, gt=0, description="cap on one fetch response")
+    max_request_partition_size_limit: int = Field(
+        2000, gt=0, description="most partitions one DescribeTopicPartitions response carries"
+    )
 
     # -- journal and splitter (StoneMQ's own) -------------------------------------------------
     journal_partitions: int = Field(4, gt=0, le=1024)

@@ -18,6 +18,10 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 
+from stonemq.handlers.authorized_operations import (
+    UNKNOWN_AUTHORIZED_OPERATIONS,
+    cluster_operations,
+)
 from stonemq.handlers.context import RequestContext
 from stonemq.handlers.registry import api
 from stonemq.topic_configs import AdminError, ConfigEntry, InvalidRequestError
@@ -28,12 +32,6 @@ log = logging.getLogger("stonemq.admin")
 RESOURCE_TOPIC = 2
 RESOURCE_BROKER = 4
 RESOURCE_BROKER_LOGGER = 8
-
-UNKNOWN_AUTHORIZED_OPERATIONS = -(2**31)
-# Kafka AclOperation codes a cluster supports: CREATE, ALTER, DESCRIBE, CLUSTER_ACTION,
-# DESCRIBE_CONFIGS, ALTER_CONFIGS, IDEMPOTENT_WRITE, CREATE_TOKENS, DESCRIBE_TOKENS. With no
-# authorizer every one of them is allowed.
-CLUSTER_AUTHORIZED_OPERATIONS = sum(1 << op for op in (5, 7, 8, 9, 10, 11, 12, 13, 14))
 
 
 class _Outcome:
@@ -426,11 +424,7 @@ def _alter_each(
 async def handle_describe_cluster(ctx: RequestContext, request: Any) -> Any:
     broker = ctx.broker
     broker_id = broker.settings.broker_id
-    operations = (
-        CLUSTER_AUTHORIZED_OPERATIONS
-        if request.include_cluster_authorized_operations
-        else UNKNOWN_AUTHORIZED_OPERATIONS
-    )
+    operations = cluster_operations(request.include_cluster_authorized_operations)
     endpoint_type = int(getattr(request, "endpoint_type", 1))
     if endpoint_type != 1:
         return ctx.build(

@@ -19,6 +19,11 @@ from typing import Any
 from kio.schema.errors import ErrorCode
 
 from stonemq.coordinator.group_log import OFFSETS_TOPIC
+from stonemq.handlers.authorized_operations import (
+    UNKNOWN_AUTHORIZED_OPERATIONS,
+    cluster_operations,
+    topic_operations,
+)
 from stonemq.handlers.context import RequestContext, heavy_work
 from stonemq.handlers.registry import api
 from stonemq.metadata.store import TopicRecord
@@ -26,7 +31,6 @@ from stonemq.topics import AdminError, UnknownTopicOrPartitionError, validate_to
 
 log = logging.getLogger(__name__)
 
-UNKNOWN_AUTHORIZED_OPERATIONS = -(2**31)
 TOPIC_IDS_VERSION = 12
 
 
@@ -64,7 +68,8 @@ async def handle_metadata(ctx: RequestContext, request: Any) -> Any:
                 wanted_topics.append((None, exc.error_code, name))
             else:
                 wanted_topics.append((record, ErrorCode.none, name))
-    topics = await _topics(ctx, wanted_topics)
+    include_operations = bool(getattr(request, "include_topic_authorized_operations", False))
+    topics = await _topics(ctx, wanted_topics, include_operations)
     host, port = broker.settings.advertised_address
     return ctx.build(
         "MetadataResponse",
@@ -78,7 +83,10 @@ async def handle_metadata(ctx: RequestContext, request: Any) -> Any:
         cluster_id=broker.metadata.cluster_id(),
         controller_id=broker.broker_id,
         topics=tuple(topics),
-        cluster_authorized_operations=UNKNOWN_AUTHORIZED_OPERATIONS,
+        # v8-10 (asked for with include_cluster_authorized_operations; DescribeCluster later)
+        cluster_authorized_operations=cluster_operations(
+            getattr(request, "include_cluster_authorized_operations", False)
+        ),
     )
 
 
@@ -120,7 +128,11 @@ def _error_response(ctx: RequestContext, topics: Any, error: ErrorCode) -> Any:
 
 
 def _topic(
-    ctx: RequestContext, record: TopicRecord | None, error: ErrorCode, name: str | None
+    ctx: RequestContext,
+    record: TopicRecord | None,
+    error: ErrorCode,
+    name: str | None,
+    include_operations: bool,
 ) -> Any:
     broker_id = ctx.broker.broker_id
     partitions = ()
@@ -145,7 +157,8 @@ def _topic(
         topic_id=record.topic_id if record is not None else None,
         is_internal=record is not None and record.name == OFFSETS_TOPIC,
         partitions=partitions,
-        topic_authorized_operations=UNKNOWN_AUTHORIZED_OPERATIONS,
+        # v8+: every topic operation when asked (no authorizer), as Kafka answers
+        topic_authorized_operations=topic_operations(include_operations),
     )
 
 
@@ -156,12 +169,16 @@ thread gives the loop the GIL every few milliseconds, so other clients are still
 
 
 async def _topics(
-    ctx: RequestContext, wanted: list[tuple[TopicRecord | None, ErrorCode, str | None]]
+    ctx: RequestContext,
+    wanted: list[tuple[TopicRecord | None, ErrorCode, str | None]],
+    include_operations: bool,
 ) -> list[Any]:
     """The response's topic entries (built off the event loop when there are many)."""
 
     def build() -> list[Any]:
-        return [_topic(ctx, record, error, name) for record, error, name in wanted]
+        return [
+            _topic(ctx, record, error, name, include_operations) for record, error, name in wanted
+        ]
 
     partitions = sum(record.partitions for record, _, _ in wanted if record is not None)
     if partitions < LARGE_RESPONSE_PARTITIONS:

@@ -1332,6 +1332,27 @@ class StorageEngine:
                 return found
         raise StorageError(f"{topic}-{partition}: the log start kept moving during the search")
 
+    # -- introspection (admin APIs, tests, metrics) ---------------------------------------
+    @property
+    def journal_dir(self) -> str:
+        return self._journal_dir
+
+    @property
+    def queue_dir(self) -> str:
+        return self._queue_dir
+
+    def partition_size_bytes(self, topic: str, partition: int) -> int:
+        """Bytes of the partition's queue log (its segments), 0 before its first batch."""
+        queue = self._state(topic, partition).queue
+        return queue.size_bytes if queue is not None else 0
+
+    def active_producers(self, topic: str, partition: int) -> list[tuple[int, int, int, int]]:
+        """The partition's idempotent producers (``ProducerState.active``)."""
+        queue = self._state(topic, partition).queue
+        if queue is None or queue.producers is None:
+            return []
+        return queue.producers.active()
+
     # -- introspection (tests, metrics) -------------------------------------------------------
     @property
     def open_files(self) -> int:
