@@ -23,7 +23,7 @@ from typing import Annotated, Any
 from kio.schema.errors import ErrorCode
 from pydantic import TypeAdapter, ValidationError
 
-from stonemq.config import Settings
+from stonemq.config import ALIAS_SETTINGS, Settings
 from stonemq.storage.engine import LogConfig
 
 
@@ -418,6 +418,12 @@ _BROKER_DOCS: dict[str, str] = {
     "queue.checkpoint.interval.ms": "How often queue logs write their recovery checkpoints.",
     "queue.max.open.files": "The bound on queue-log files kept open.",
     "log.level": "The broker's log level.",
+    "listeners": "The listeners, NAME://HOST:PORT comma-separated (--listen HOST:PORT is "
+    "listeners=PLAINTEXT://HOST:PORT).",
+    "advertised.listeners": "The address given to clients for each listener name "
+    "(--advertise HOST:PORT is advertised.listeners=PLAINTEXT://HOST:PORT); default listeners.",
+    "listener.security.protocol.map": "Each listener name's security protocol; StoneMQ "
+    "serves PLAINTEXT.",
 }
 
 _LONG_SETTINGS = frozenset(
@@ -498,6 +504,8 @@ def _setting_type(attribute: str, annotation: Any) -> ConfigType:
 def _build_broker_configs() -> dict[str, BrokerConfigKey]:
     out: dict[str, BrokerConfigKey] = {}
     for attribute, info in Settings.model_fields.items():
+        if attribute in ALIAS_SETTINGS:
+            continue  # listen / advertise are reported as listeners / advertised.listeners
         name = _broker_name(attribute)
         default = info.default
         if isinstance(default, Path):

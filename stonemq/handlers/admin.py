@@ -439,7 +439,7 @@ async def handle_describe_cluster(ctx: RequestContext, request: Any) -> Any:
             brokers=(),
             cluster_authorized_operations=UNKNOWN_AUTHORIZED_OPERATIONS,
         )
-    host, port = broker.settings.advertised_address
+    host, port = ctx.advertised_address
     return ctx.build(
         "DescribeClusterResponse",
         throttle_time=0,

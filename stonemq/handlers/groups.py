@@ -104,7 +104,7 @@ def _node(ctx: RequestContext, error: ErrorCode, message: str | None) -> dict[st
             "host": "",
             "port": -1,
         }
-    host, port = ctx.broker.settings.advertised_address
+    host, port = ctx.advertised_address
     return {
         "error_code": error,
         "error_message": None,

@@ -70,7 +70,7 @@ async def handle_metadata(ctx: RequestContext, request: Any) -> Any:
                 wanted_topics.append((record, ErrorCode.none, name))
     include_operations = bool(getattr(request, "include_topic_authorized_operations", False))
     topics = await _topics(ctx, wanted_topics, include_operations)
-    host, port = broker.settings.advertised_address
+    host, port = ctx.advertised_address
     return ctx.build(
         "MetadataResponse",
         throttle_time=0,
