@@ -141,6 +141,18 @@ class Settings(BaseSettings):
     journal_segment_bytes: int = Field(128 * MIB, ge=1024)
     journal_flush_policy: FlushPolicy = "interval"
     journal_flush_interval_ms: int = Field(1000, gt=0)
+    log_flush_interval_messages: int = Field(
+        2**63 - 1,
+        ge=1,
+        description="default flush.messages: records of a partition after which its journal "
+        "is fsynced before the ack (Kafka's default, Long.MAX_VALUE: the flush policy decides)",
+    )
+    log_flush_interval_ms: int = Field(
+        2**63 - 1,
+        ge=0,
+        description="default flush.ms: the longest a topic's append waits for a journal fsync "
+        "(0: before the ack; Kafka's default, Long.MAX_VALUE: the flush policy decides)",
+    )
     queue_checkpoint_interval_ms: int = Field(60_000, gt=0)
     queue_max_open_files: int = Field(16384, ge=8)
     # 1 MiB: the read stays under the malloc mmap threshold (stonemq/server/malloc.py) and the

@@ -272,6 +272,26 @@ TOPIC_CONFIGS: dict[str, TopicConfigKey] = {
             validator=_only("producer", "StoneMQ stores batches as produced; only 'producer'"),
         ),
         TopicConfigKey(
+            "flush.messages",
+            ConfigType.LONG,
+            "Records of a partition after which the journal holding them is fsynced; the "
+            "produce that reaches the count is acknowledged once the fsync is done (1: every "
+            "batch is durable before its ack). The default leaves it to journal.flush.policy.",
+            synonym="log.flush.interval.messages",
+            validator=_at_least(1),
+            log_field="flush_messages",
+        ),
+        TopicConfigKey(
+            "flush.ms",
+            ConfigType.LONG,
+            "The longest a record of this topic stays written but not fsynced: the journal "
+            "holding it is fsynced at most this long after the append (0: before the ack, "
+            "which waits for it). The default leaves it to journal.flush.policy.",
+            synonym="log.flush.interval.ms",
+            validator=_at_least(0),
+            log_field="flush_ms",
+        ),
+        TopicConfigKey(
             "min.insync.replicas",
             ConfigType.INT,
             "The replicas that must hold a batch before acks=all is answered. A single-node "
@@ -392,6 +412,8 @@ DYNAMIC_BROKER_CONFIGS: frozenset[str] = frozenset(
         "log.message.timestamp.after.max.ms",
         "num.partitions",
         "auto.create.topics.enable",
+        "log.flush.interval.messages",
+        "log.flush.interval.ms",
     }
 )
 
@@ -435,6 +457,7 @@ _LONG_SETTINGS = frozenset(
         "splitter_max_lag_bytes",
         "queue_cache_retain_bytes",
         "log_local_retention_bytes",
+        "log_flush_interval_messages",
     }
 )
 

@@ -49,6 +49,8 @@ def test_registry_names_and_synonyms() -> None:
         "remote.storage.enable": None,
         "local.retention.ms": "log.local.retention.ms",
         "local.retention.bytes": "log.local.retention.bytes",
+        "flush.messages": "log.flush.interval.messages",
+        "flush.ms": "log.flush.interval.ms",
     }
     # Every synonym is a broker config, so DescribeConfigs can show it.
     for key in TOPIC_CONFIGS.values():
