@@ -18,6 +18,7 @@ import typing
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from re import compile as re_compile
 from typing import Annotated, Any
 
 from kio.schema.errors import ErrorCode
@@ -111,6 +112,14 @@ def parse_value(name: str, type_: ConfigType, raw: str) -> Any:
         raise _invalid(name, raw, "Expected value to be either true or false")
     if type_ is ConfigType.LIST:
         return [item.strip() for item in text.split(",")] if text else []
+    if type_ is ConfigType.DOUBLE:
+        try:
+            value = float(text)
+        except ValueError:
+            raise _invalid(name, raw, "Not a number of type DOUBLE") from None
+        if value != value or value in (float("inf"), float("-inf")):
+            raise _invalid(name, raw, "Not a number of type DOUBLE")
+        return value
     return text
 
 
@@ -135,6 +144,34 @@ def _at_least(low: int) -> Callable[[str, Any], None]:
             raise _invalid(name, format_value(value), f"Value must be at least {low}")
 
     return check
+
+
+def _between(low: float, high: float, *also: int) -> Callable[[str, Any], None]:
+    """Kafka's ``Range.between`` (and the codec level validators: ``also`` the extra values
+    allowed, gzip's -1 default)."""
+
+    def check(name: str, value: Any) -> None:
+        if value in also:
+            return
+        if not low <= value <= high:
+            raise _invalid(name, format_value(value), f"Value must be between {low} and {high}")
+
+    return check
+
+
+_THROTTLED_REPLICA = re_compile(r"[0-9]+:[0-9]+")
+
+
+def _throttled_replicas(name: str, value: Any) -> None:
+    """Kafka's ThrottledReplicaListValidator: ``*`` or ``partition:broker`` entries."""
+    if value == ["*"] or all(_THROTTLED_REPLICA.fullmatch(item) for item in value):
+        return
+    raise _invalid(
+        name,
+        format_value(value),
+        "must be the literal '*' or a list of replicas in the following format: "
+        "[partitionId]:[brokerId],[partitionId]:[brokerId],...",
+    )
 
 
 def _one_of(*allowed: str) -> Callable[[str, Any], None]:
@@ -339,6 +376,137 @@ TOPIC_CONFIGS: dict[str, TopicConfigKey] = {
             "refused with INVALID_TIMESTAMP.",
             synonym="log.message.timestamp.after.max.ms",
             validator=_at_least(0),
+        ),
+        # -- accepted, with no effect on one broker without compaction (the reason each) ---
+        TopicConfigKey(
+            "segment.jitter.ms",
+            ConfigType.LONG,
+            "Accepted, no effect: Kafka subtracts a random jitter from segment.ms so that many "
+            "partitions do not roll at once on the append path; StoneMQ rolls queue-log "
+            "segments in the splitter, off the produce path, so rolls never stall produces.",
+            synonym=None,
+            default=0,
+            validator=_at_least(0),
+        ),
+        TopicConfigKey(
+            "delete.retention.ms",
+            ConfigType.LONG,
+            "Accepted, no effect: how long compaction keeps delete tombstones; StoneMQ has no "
+            "log compaction (cleanup.policy=compact is refused).",
+            synonym=None,
+            default=86_400_000,
+            validator=_at_least(0),
+        ),
+        TopicConfigKey(
+            "min.compaction.lag.ms",
+            ConfigType.LONG,
+            "Accepted, no effect: StoneMQ has no log compaction.",
+            synonym=None,
+            default=0,
+            validator=_at_least(0),
+        ),
+        TopicConfigKey(
+            "max.compaction.lag.ms",
+            ConfigType.LONG,
+            "Accepted, no effect: StoneMQ has no log compaction.",
+            synonym=None,
+            default=2**63 - 1,
+            validator=_at_least(1),
+        ),
+        TopicConfigKey(
+            "min.cleanable.dirty.ratio",
+            ConfigType.DOUBLE,
+            "Accepted, no effect: StoneMQ has no log compaction.",
+            synonym=None,
+            default=0.5,
+            validator=_between(0, 1),
+        ),
+        TopicConfigKey(
+            "file.delete.delay.ms",
+            ConfigType.LONG,
+            "Accepted, no effect: Kafka renames a deleted segment and unlinks it later so "
+            "that readers holding it finish; StoneMQ unlinks at once, as a reader's open file "
+            "descriptor keeps the data readable until it closes it.",
+            synonym=None,
+            default=60_000,
+            validator=_at_least(0),
+        ),
+        TopicConfigKey(
+            "preallocate",
+            ConfigType.BOOLEAN,
+            "Accepted, no effect: segments grow as they are written, so recovery never has to "
+            "tell preallocated zeroes from a torn tail.",
+            synonym=None,
+            default=False,
+        ),
+        TopicConfigKey(
+            "unclean.leader.election.enable",
+            ConfigType.BOOLEAN,
+            "Accepted, no effect on one broker: a partition's only replica is always in sync. "
+            "With ZooKeeper, leader elections are per journal partition and follow the broker "
+            "setting.",
+            synonym="unclean.leader.election.enable",
+        ),
+        TopicConfigKey(
+            "leader.replication.throttled.replicas",
+            ConfigType.LIST,
+            "Accepted, no effect: there is no replication between brokers yet, so nothing to "
+            "throttle.",
+            synonym=None,
+            default=[],
+            validator=_throttled_replicas,
+        ),
+        TopicConfigKey(
+            "follower.replication.throttled.replicas",
+            ConfigType.LIST,
+            "Accepted, no effect: there is no replication between brokers yet, so nothing to "
+            "throttle.",
+            synonym=None,
+            default=[],
+            validator=_throttled_replicas,
+        ),
+        TopicConfigKey(
+            "compression.gzip.level",
+            ConfigType.INT,
+            "Accepted, no effect: the gzip level of batches the broker compresses; StoneMQ "
+            "stores batches as produced (compression.type=producer) and compresses none.",
+            synonym=None,
+            default=-1,
+            validator=_between(1, 9, -1),
+        ),
+        TopicConfigKey(
+            "compression.lz4.level",
+            ConfigType.INT,
+            "Accepted, no effect: the lz4 level of batches the broker compresses; StoneMQ "
+            "stores batches as produced and compresses none.",
+            synonym=None,
+            default=9,
+            validator=_between(1, 17),
+        ),
+        TopicConfigKey(
+            "compression.zstd.level",
+            ConfigType.INT,
+            "Accepted, no effect: the zstd level of batches the broker compresses; StoneMQ "
+            "stores batches as produced and compresses none.",
+            synonym=None,
+            default=3,
+            validator=_between(-131072, 22),
+        ),
+        TopicConfigKey(
+            "remote.log.copy.disable",
+            ConfigType.BOOLEAN,
+            "Accepted, no effect: whether a tiered topic stops copying segments to remote "
+            "storage; StoneMQ's archive job archives every topic with remote.storage.enable.",
+            synonym=None,
+            default=False,
+        ),
+        TopicConfigKey(
+            "remote.log.delete.on.disable",
+            ConfigType.BOOLEAN,
+            "Accepted, no effect: whether turning remote.storage.enable off deletes the "
+            "archive; StoneMQ keeps the archive until the topic is deleted.",
+            synonym=None,
+            default=False,
         ),
         TopicConfigKey(
             "message.timestamp.type",

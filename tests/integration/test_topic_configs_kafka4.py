@@ -1,8 +1,9 @@
-"""flush.messages and flush.ms set as Kafka's tools set them (confluent-kafka CreateTopics and
-IncrementalAlterConfigs, kafka-python AlterConfigs for the broker-wide defaults) on a broker
-whose journal policy never fsyncs on its own: accepted, described with Kafka's sources and
-synonyms, and produces to the topic are acknowledged (the fsync each ack waits for is seen
-by the storage tests, tests/unit/storage/test_topic_flush.py)."""
+"""Kafka 4's topic configs set as Kafka's tools set them (confluent-kafka CreateTopics and
+IncrementalAlterConfigs, kafka-python AlterConfigs for the broker-wide defaults), on a broker
+whose journal policy never fsyncs on its own: flush.messages and flush.ms are accepted,
+described with Kafka's sources and synonyms, and produces to the topic are acknowledged (the
+fsync each ack waits for is seen by the storage tests, tests/unit/storage/test_topic_flush.py);
+the configs without effect on one broker are accepted and described back."""
 
 from __future__ import annotations
 
@@ -89,3 +90,40 @@ def test_broker_wide_flush_defaults_reach_topics(module_broker):
     finally:
         client.alter_configs([KPConfigResource(ConfigResourceType.BROKER, "1", {})])
         client.close()
+
+
+ACCEPTED = {
+    "segment.jitter.ms": "1000",
+    "delete.retention.ms": "1000",
+    "min.compaction.lag.ms": "10",
+    "max.compaction.lag.ms": "100000",
+    "min.cleanable.dirty.ratio": "0.25",
+    "file.delete.delay.ms": "0",
+    "preallocate": "true",
+    "unclean.leader.election.enable": "true",
+    "leader.replication.throttled.replicas": "0:1",
+    "follower.replication.throttled.replicas": "*",
+    "compression.gzip.level": "9",
+    "compression.lz4.level": "17",
+    "compression.zstd.level": "-5",
+    "remote.log.copy.disable": "false",
+    "remote.log.delete.on.disable": "false",
+}
+
+
+def test_every_other_kafka_4_topic_config_is_accepted(module_broker):
+    """Configs that have no effect on one broker without compaction are accepted as Kafka
+    accepts them (infrastructure-as-code sets them), kept and described back; the topic
+    works as usual (each one's reason is its documentation, stonemq/topic_configs.py)."""
+    b = module_broker.bootstrap
+    topic = create_topic(b, config=ACCEPTED)
+    configs = _configs(b, topic)
+    assert {name: configs[name].value for name in ACCEPTED} == ACCEPTED
+    assert {configs[name].source for name in ACCEPTED} == {DYNAMIC_TOPIC_CONFIG}
+    assert produce(b, topic, [Msg(None, b"x")]) == [0]
+    # and the defaults without overrides are Kafka's
+    plain = _configs(b, create_topic(b))
+    assert plain["min.cleanable.dirty.ratio"].value == "0.5"
+    assert plain["delete.retention.ms"].value == "86400000"
+    assert plain["compression.zstd.level"].value == "3"
+    assert plain["unclean.leader.election.enable"].value == "false"
