@@ -25,7 +25,14 @@ from kio.schema.errors import ErrorCode
 from pydantic import TypeAdapter, ValidationError
 
 from stonemq.config import ALIAS_SETTINGS, Settings
-from stonemq.storage.engine import LogConfig
+from stonemq.protocol.record_batch import (
+    COMPRESSION_GZIP,
+    COMPRESSION_LZ4,
+    COMPRESSION_NONE,
+    COMPRESSION_SNAPPY,
+    COMPRESSION_ZSTD,
+)
+from stonemq.storage.engine import PRODUCER_COMPRESSION, LogConfig
 
 
 class ConfigType(enum.IntEnum):
@@ -207,6 +214,18 @@ def _cleanup_policy(name: str, value: Any) -> None:
 
 
 # -- topic configs ------------------------------------------------------------------------------
+COMPRESSION_TYPES = ("uncompressed", "zstd", "lz4", "snappy", "gzip", "producer")
+"""Kafka's compression.type values (BrokerCompressionType)."""
+_CODECS = {
+    "uncompressed": COMPRESSION_NONE,
+    "gzip": COMPRESSION_GZIP,
+    "snappy": COMPRESSION_SNAPPY,
+    "lz4": COMPRESSION_LZ4,
+    "zstd": COMPRESSION_ZSTD,
+    "producer": PRODUCER_COMPRESSION,
+}
+
+
 @dataclass(frozen=True, slots=True)
 class TopicConfigKey:
     """One topic-level config: its Kafka name, type, validation and default's broker synonym."""
@@ -302,11 +321,14 @@ TOPIC_CONFIGS: dict[str, TopicConfigKey] = {
         TopicConfigKey(
             "compression.type",
             ConfigType.STRING,
-            "The compression of stored batches. StoneMQ stores and serves every batch exactly "
-            "as the producer compressed it, Kafka's 'producer' setting; it never recompresses.",
+            "The codec of stored batches: 'producer' keeps each batch as the producer "
+            "compressed it (written as received, no copy); 'uncompressed', 'gzip', 'snappy', "
+            "'lz4' or 'zstd' has every batch in another codec recompressed by the broker as "
+            "it moves from the journal to the partition's log (in the splitter's thread, off "
+            "the event loop), so consumers read the topic's codec.",
             synonym=None,
             default="producer",
-            validator=_only("producer", "StoneMQ stores batches as produced; only 'producer'"),
+            validator=_one_of(*COMPRESSION_TYPES),
         ),
         TopicConfigKey(
             "flush.messages",
@@ -468,8 +490,8 @@ TOPIC_CONFIGS: dict[str, TopicConfigKey] = {
         TopicConfigKey(
             "compression.gzip.level",
             ConfigType.INT,
-            "Accepted, no effect: the gzip level of batches the broker compresses; StoneMQ "
-            "stores batches as produced (compression.type=producer) and compresses none.",
+            "The gzip level of batches the broker compresses (compression.type=gzip); -1 is "
+            "zlib's default, 6.",
             synonym=None,
             default=-1,
             validator=_between(1, 9, -1),
@@ -477,8 +499,7 @@ TOPIC_CONFIGS: dict[str, TopicConfigKey] = {
         TopicConfigKey(
             "compression.lz4.level",
             ConfigType.INT,
-            "Accepted, no effect: the lz4 level of batches the broker compresses; StoneMQ "
-            "stores batches as produced and compresses none.",
+            "The lz4 level of batches the broker compresses (compression.type=lz4).",
             synonym=None,
             default=9,
             validator=_between(1, 17),
@@ -486,8 +507,7 @@ TOPIC_CONFIGS: dict[str, TopicConfigKey] = {
         TopicConfigKey(
             "compression.zstd.level",
             ConfigType.INT,
-            "Accepted, no effect: the zstd level of batches the broker compresses; StoneMQ "
-            "stores batches as produced and compresses none.",
+            "The zstd level of batches the broker compresses (compression.type=zstd).",
             synonym=None,
             default=3,
             validator=_between(-131072, 22),
@@ -892,12 +912,15 @@ def resolve_topic(
                 synonyms=tuple(s for s, _ in levels),
             )
         )
+    compression = str(values["compression.type"])
     log_config = LogConfig(
         **{
             key.log_field: int(values[name])
             for name, key in TOPIC_CONFIGS.items()
             if key.log_field is not None
-        }
+        },
+        compression=_CODECS[compression],
+        compression_level=int(values.get(f"compression.{compression}.level", -1)),
     )
     return TopicConfig(values=values, entries=tuple(entries), log_config=log_config)
 

@@ -24,7 +24,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from stonemq.protocol.record_batch import BatchHeader, set_base_offset
+from stonemq.protocol.record_batch import (
+    BatchHeader,
+    RecordBatchError,
+    recompress,
+    set_base_offset,
+)
 from stonemq.storage import fileio
 from stonemq.storage.checkpoint import (
     JOURNAL_RECOVERY_POINT_FILE,
@@ -47,6 +52,7 @@ from stonemq.storage.index_file import IndexWrite
 from stonemq.storage.journal import (
     ENTRY_PREFIX_BATCH_BYTES,
     FLUSH_POLICIES,
+    JournalEntry,
     JournalLog,
     encode_entry_prefix,
 )
@@ -80,6 +86,8 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 
+PRODUCER_COMPRESSION = -1
+"""compression.type=producer: batches are stored in the codec the producer chose."""
 NO_FLUSH = 2**63 - 1
 """Kafka's default flush.messages and flush.ms (Long.MAX_VALUE): no fsync of their own."""
 
@@ -99,6 +107,10 @@ class LogConfig:
     # append (0: before the ack); the default, Long.MAX_VALUE, leaves it to the flush policy
     flush_messages: int = NO_FLUSH
     flush_ms: int = NO_FLUSH
+    # Kafka's compression.type: the codec batches are stored in (PRODUCER: as produced),
+    # batches in another codec recompressed by the splitter; the codec's level (-1: default)
+    compression: int = PRODUCER_COMPRESSION
+    compression_level: int = -1
 
 
 @dataclass(frozen=True, slots=True)
@@ -572,6 +584,31 @@ class StorageEngine:
             )
         return queue
 
+    def _to_topic_codec(self, entries: list[JournalEntry]) -> None:
+        """In the splitter's thread, before the entries are staged: recompress each batch
+        whose codec is not its topic's compression.type (Kafka's LogValidator recompresses
+        a batch whose codec differs from the topic's unless that is ``producer``). The
+        journal keeps the batch as produced; the queue log, which consumers read, gets the
+        topic's codec. Deterministic, so a re-split after a crash writes the same bytes."""
+        for entry in entries:
+            state = self._by_id.get((entry.topic_id, entry.partition))
+            if state is None:
+                continue
+            config = state.config
+            codec = config.compression
+            if codec == PRODUCER_COMPRESSION or entry.batch[22] & 0x07 == codec:
+                continue
+            try:
+                entry.batch = memoryview(recompress(entry.batch, codec, config.compression_level))
+            except RecordBatchError as exc:  # validated at produce: never expected
+                log.error(
+                    "%s-%d: batch at offset %d kept as produced, not recompressed: %s",
+                    state.topic,
+                    state.partition,
+                    entry.base_offset,
+                    exc,
+                )
+
     def _resolve(self, topic_id: bytes, partition: int) -> QueueLog | None:
         state = self._by_id.get((topic_id, partition))
         if state is None:
@@ -617,6 +654,7 @@ class StorageEngine:
             self._resolve,
             self._splitter_batch_bytes,
             [j.health for j in self._journals],
+            convert=self._to_topic_codec,
         )
         replayed = 0
         for j, journal in enumerate(self._journals):

@@ -7,13 +7,19 @@ the configs without effect on one broker are accepted and described back."""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
+from kafka import KafkaConsumer
+from kafka import TopicPartition as KPTopicPartition
 from kafka.admin import ConfigResource as KPConfigResource
 from kafka.admin import ConfigResourceType, KafkaAdminClient
+from kafka.record.default_records import DefaultRecordBatch
 
 from .helpers import Msg, admin, consume, create_topic, produce
+from .rawclient import fetch_batches
 
 pytestmark = [pytest.mark.timeout(90), pytest.mark.broker_settings(journal_flush_policy="never")]
 
@@ -127,3 +133,80 @@ def test_every_other_kafka_4_topic_config_is_accepted(module_broker):
     assert plain["delete.retention.ms"].value == "86400000"
     assert plain["compression.zstd.level"].value == "3"
     assert plain["unclean.leader.election.enable"].value == "false"
+
+
+# -- compression.type ---------------------------------------------------------------------------
+CODEC_IDS = {"uncompressed": 0, "gzip": 1, "snappy": 2, "lz4": 3, "zstd": 4}
+
+
+def _stored_codecs(broker, topic: str, count: int) -> list[int]:  # type: ignore[no-untyped-def]
+    return [
+        DefaultRecordBatch(batch).compression_type
+        for batch in fetch_batches(broker, topic, 0, 0, end=count)
+    ]
+
+
+@pytest.mark.parametrize("topic_codec", list(CODEC_IDS))
+@pytest.mark.parametrize("producer_codec", ["none", "gzip", "zstd"])
+def test_batches_are_stored_in_the_topics_codec(module_broker, topic_codec, producer_codec):
+    """A batch whose codec differs from the topic's compression.type is recompressed (Kafka's
+    LogValidator); consumers (librdkafka, kafka-python) read the same records."""
+    b = module_broker.bootstrap
+    topic = create_topic(b, config={"compression.type": topic_codec})
+    sent = [Msg(b"k%d" % i, b"value %d " % i * 30) for i in range(40)]
+    produce(b, topic, sent, **{"compression.type": producer_codec, "batch.num.messages": 10})
+    codecs = _stored_codecs(module_broker, topic, 40)
+    assert codecs and set(codecs) == {CODEC_IDS[topic_codec]}
+    got = consume(b, topic, 40)
+    assert [(m.key, m.value) for m in got] == [(m.key, m.value) for m in sent]
+    consumer = KafkaConsumer(
+        bootstrap_servers=b, auto_offset_reset="earliest", consumer_timeout_ms=10000
+    )
+    try:
+        consumer.assign([KPTopicPartition(topic, 0)])
+        values = [r.value for r in itertools.islice(consumer, 40)]
+    finally:
+        consumer.close()
+    assert values == [m.value for m in sent]
+
+
+def test_producer_keeps_each_batch_as_produced(module_broker):
+    b = module_broker.bootstrap
+    topic = create_topic(b)
+    # compressible: librdkafka sends a batch uncompressed when compressing does not pay
+    produce(b, topic, [Msg(None, b"a" * 1000)], **{"compression.type": "gzip"})
+    produce(b, topic, [Msg(None, b"b" * 1000)], **{"compression.type": "lz4"})
+    assert _stored_codecs(module_broker, topic, 2) == [1, 3]
+
+
+def test_altering_compression_type_applies_to_new_batches(broker):
+    """After IncrementalAlterConfigs the next batches are stored in the new codec (the old
+    ones stay as they are, as in Kafka); a restart, which re-splits the journal tail, keeps
+    every batch readable."""
+    b = broker.bootstrap
+    topic = create_topic(b, config={"compression.type": "snappy"})
+    produce(b, topic, [Msg(None, b"before")], **{"compression.type": "none"})
+    client = admin(b)
+    resource = ConfigResource(
+        ResourceType.TOPIC,
+        topic,
+        incremental_configs=[
+            ConfigEntry("compression.type", "zstd", incremental_operation=AlterConfigOpType.SET),
+            ConfigEntry(
+                "compression.zstd.level", "19", incremental_operation=AlterConfigOpType.SET
+            ),
+        ],
+    )
+    client.incremental_alter_configs([resource])[resource].result(timeout=20)
+    produce(b, topic, [Msg(None, b"after")], **{"compression.type": "none"})
+    assert _stored_codecs(broker, topic, 2) == [2, 4]
+    broker.restart()
+    assert [m.value for m in consume(b, topic, 2)] == [b"before", b"after"]
+    assert _stored_codecs(broker, topic, 2) == [2, 4]
+
+
+def test_unknown_compression_type_is_invalid_config(module_broker):
+    with pytest.raises(KafkaException) as info:
+        create_topic(module_broker.bootstrap, config={"compression.type": "brotli"})
+    assert info.value.args[0].code() == 40
+    assert "String must be one of" in info.value.args[0].str()

@@ -76,8 +76,8 @@ def test_registry_names_and_synonyms() -> None:
 def test_single_valued_kafka_configs_accept_only_what_stonemq_does() -> None:
     ok = validate_topic_configs({"compression.type": "producer", "min.insync.replicas": "1"})
     assert ok == {"compression.type": "producer", "min.insync.replicas": "1"}
-    with pytest.raises(InvalidConfigError, match="as produced"):
-        validate_topic_configs({"compression.type": "gzip"})
+    with pytest.raises(InvalidConfigError, match="String must be one of"):
+        validate_topic_configs({"compression.type": "brotli"})
     with pytest.raises(InvalidConfigError, match="one in-sync replica"):
         validate_topic_configs({"min.insync.replicas": "2"})
 
@@ -321,3 +321,16 @@ def test_every_kafka_4_topic_config_is_known_and_documented() -> None:
 def test_accepted_configs_are_validated_as_kafka_does(name: str, bad: str) -> None:
     with pytest.raises(InvalidConfigError, match=name):
         validate_topic_configs({name: bad})
+
+
+@pytest.mark.parametrize(
+    ("codec_name", "codec", "level"),
+    [("producer", -1, -1), ("uncompressed", 0, -1), ("gzip", 1, 9), ("snappy", 2, -1),
+     ("lz4", 3, 12), ("zstd", 4, -7)],
+)  # fmt: skip
+def test_compression_type_reaches_storage_with_its_level(codec_name, codec, level) -> None:
+    overrides = {"compression.type": codec_name}
+    if codec_name in ("gzip", "lz4", "zstd"):
+        overrides[f"compression.{codec_name}.level"] = str(level)
+    log_config = resolve_topic(Settings(), {}, overrides).log_config
+    assert (log_config.compression, log_config.compression_level) == (codec, level)
