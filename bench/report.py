@@ -411,6 +411,30 @@ def tables(res: dict[str, Any]) -> str:
                 f" {_client_pct(r)} | {_client_s_per_gb(r)} |"
             )
         lines.append("")
+    multi = res.get("scaling_multi")
+    if multi:
+        base = multi[0]
+        lines += [
+            "### Partition scaling with the multi-partition load generator",
+            "",
+            "The same broker and topic right after each librdkafka step, loaded by"
+            " `bench/multiproduce.py`: every ProduceRequest carries a batch for up to 1 MiB /"
+            " record size partitions (as Kafka's Java client sends every ready partition's batch"
+            " for a broker in one request), five requests in flight, 1 KiB records. It knows"
+            " how many batches it sent, so the broker's CPU per batch is measured directly.",
+            "",
+            "| partitions | partitions per request | records per batch | msg/s | MB/s |"
+            " ÷ 1 partition | broker CPU s/GB | ÷ 1 partition | broker CPU µs/batch |",
+            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        for r in multi:
+            lines.append(
+                f"| {r['partitions']:,} | {r['partitions_per_request']:,} |"
+                f" {r['records_per_batch']} | {r['msg_s']:,.0f} | {r['mb_s']:,.2f} |"
+                f" {r['mb_s'] / base['mb_s']:.2f} | {r['cpu_s_per_gb']} |"
+                f" {r['cpu_s_per_gb'] / base['cpu_s_per_gb']:.2f} | {r['cpu_us_per_batch']} |"
+            )
+        lines.append("")
     free = res.get("scaling_storage_free")
     if free and res.get("scaling"):
         lines += [
@@ -839,6 +863,11 @@ METHOD = """
   catches the 8 GiB up from offset 0 and a client pipelines Metadata requests for every topic
   (200 sent before any is read, over and over) until the catch-up ends. Add it to an existing
   report with `python -m bench --only interference --merge`.
+- **Multi-partition generator** (bench/multiproduce.py): after each partition-scaling
+  step's librdkafka run, the same broker and topic take a load whose every Produce v7 carries
+  a batch for many partitions (up to 1 MiB of records per request, 16 KiB per batch, five
+  requests in flight, partitions round-robin), for the step's time; broker CPU per batch is
+  its CPU over the batches acknowledged.
 - **Baselines**: (a) `python -m bench.baselines ceiling-server`: uvloop, `BufferedProtocol`
   into a preallocated buffer, `os.write` of each length-prefixed 1 MiB frame to a file (no
   fsync), fed by one client process with blocking `sendall`; (a') the same server with

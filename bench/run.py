@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from bench import archive, baselines, clients, interference, procs, report
+from bench import archive, baselines, clients, interference, multiproduce, procs, report
 from stonemq.config import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -375,12 +375,19 @@ class Run:
 
     def scaling(self) -> None:
         log("partition scaling: 1 KiB keyed load, StoneMQ then the storage-free broker")
-        rows, free_rows = [], []
+        rows, free_rows, multi_rows = [], [], []
         for n in PARTITION_STEPS:
             broker = self.broker()
             try:
                 r = self._scaling_step(broker, n)
                 rows.append(r)
+                procs.wait_quiet(broker.pid, timeout=60)
+                m = self._multi_step(broker, n)
+                multi_rows.append(m)
+                log(
+                    f"  {n:>6} partitions, multi-partition requests: {m['msg_s']:>8.0f} msg/s "
+                    f"{m['mb_s']:>6.2f} MB/s, broker {m['cpu_us_per_batch']} µs/batch"
+                )
                 log(
                     f"  {n:>6} partitions: {r['msg_s']:>8.0f} msg/s {r['mb_s']:>6.2f} MB/s "
                     f"pss peak {r['pss_peak_mb']} MB steady {r['pss_steady_mb']} MB"
@@ -401,6 +408,29 @@ class Run:
                 self.done_with(sink)
         self.results["scaling"] = rows
         self.results["scaling_storage_free"] = free_rows
+        self.results["scaling_multi"] = multi_rows
+
+    def _multi_step(self, broker: procs.Broker, n: int) -> dict[str, Any]:
+        """The multi-partition generator on the step's topic, for the step's time."""
+        result, mon = measured(
+            broker.pid,
+            multiproduce.entry,
+            "multi_produce",
+            broker.port,
+            "scale",
+            n,
+            KIB,
+            self.scale.scaling_s,
+            self.scale.produce_max,
+        )
+        r = row(result, mon, partitions=n)
+        r.update(
+            batches=result["batches"],
+            partitions_per_request=result["partitions_per_request"],
+            records_per_batch=result["records_per_batch"],
+            cpu_us_per_batch=round(mon.cpu / max(result["batches"], 1) * 1e6, 1),
+        )
+        return r
 
     def _scaling_step(self, broker: procs.Broker, n: int) -> dict[str, Any]:
         """One topic of ``n`` partitions, then the 1 KiB keyed load for the step's time."""

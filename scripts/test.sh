@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Install the test dependencies, lint, and run the whole test suite (every marker: fast,
 # slow, crash, spark). Extra arguments go to pytest, e.g.
-#   ./scripts/test.sh -m 'not slow and not crash and not spark and not fuzz' -n 4 --dist loadfile
+#   ./scripts/test.sh -m 'not slow and not crash and not spark and not fuzz and not cluster' -n 4 --dist loadfile
 #   ./scripts/test.sh tests/integration/test_kcat.py -x
 set -euo pipefail
 

@@ -9,6 +9,7 @@ import time
 from typing import TYPE_CHECKING
 
 from stonemq.cluster import ClusterStartError
+from stonemq.cluster.routing import ClusterRouting, Routing, SingleNodeRouting
 from stonemq.config import Settings
 from stonemq.coordinator.group_store import GroupRuntime
 from stonemq.handlers.fetch_waiters import FetchWaiters
@@ -33,16 +34,22 @@ class Broker:
         self.membership: Membership | None = None
         self.controller: Controller | None = None
         self.metadata: MetadataStore
+        self.routing: Routing
         if settings.zookeeper_connect:
-            self.metadata, self.membership, self.controller = _join_cluster(settings)
+            self.metadata, self.membership, self.controller, self.routing = _join_cluster(settings)
         else:
             self.metadata = SqliteMetadataStore(
                 settings.data_dir / "metadata.db", cluster_id=settings.cluster_id
             )
+            host, port = settings.advertised_address
+            self.routing = SingleNodeRouting(
+                settings.broker_id, settings.journal_partitions, host, port
+            )
         self.storage = StorageEngine(
             str(settings.journal_path),
             str(settings.queue_path),
-            journal_partitions=settings.journal_partitions,
+            # the journal partitions hosted here, numbered locally (all of them on one node)
+            journal_partitions=len(self.routing.hosted()),
             journal_segment_bytes=settings.journal_segment_bytes,
             flush_policy=settings.journal_flush_policy,
             flush_interval_ms=settings.journal_flush_interval_ms,
@@ -59,7 +66,7 @@ class Broker:
                 settings.producer_id_expiration_check_interval_ms
             ),
         )
-        self.topics = TopicManager(settings, self.metadata, self.storage)
+        self.topics = TopicManager(settings, self.metadata, self.storage, self.routing)
         self.fetch_waiters = FetchWaiters()
         # partitions whose next produce waits for a batch validated off the event loop: the
         # batches after it are appended behind it (handlers/produce.py)
@@ -99,6 +106,8 @@ class Broker:
     def start(self) -> None:
         """Start background work on the running loop (journal flusher, splitter)."""
         self.storage.start(self.fetch_waiters.notify)
+        if self.routing.clustered:  # topics changed through other brokers
+            self.topics.follow_store(asyncio.get_running_loop())
         self.groups.start()
         if self.tier is not None:
             self.tier.start()
@@ -117,10 +126,12 @@ class Broker:
         self.metadata.close()
 
 
-def _join_cluster(settings: Settings) -> tuple[MetadataStore, Membership, Controller]:
-    """Open the ZooKeeper metadata store and register this broker. Until partition leadership
-    exists (cluster issue, part 1), a broker refuses to join a cluster another live broker
-    is in: two brokers would both append to the same partitions and diverge."""
+def _join_cluster(
+    settings: Settings,
+) -> tuple[MetadataStore, Membership, Controller, ClusterRouting]:
+    """Open the ZooKeeper metadata store, register this broker, take part in controller
+    election and wait until the controller has placed this broker's journal partitions (the
+    storage engine opens the ones hosted here)."""
     from kazoo.handlers.threading import KazooTimeoutError
 
     from stonemq.cluster.controller import Controller
@@ -141,6 +152,7 @@ def _join_cluster(settings: Settings) -> tuple[MetadataStore, Membership, Contro
         raise ClusterStartError(f"cannot reach ZooKeeper at {connect}: {exc}") from None
     host, port = settings.advertised_address
     membership = Membership(store.client, settings.broker_id, host, port, settings.broker_rack)
+    routing = ClusterRouting(store.client, settings.broker_id, str(settings.journal_path))
     controller = Controller(
         store.client,
         settings.broker_id,
@@ -149,17 +161,10 @@ def _join_cluster(settings: Settings) -> tuple[MetadataStore, Membership, Contro
         settings.unclean_leader_election_enable,
     )
     try:
-        # checked before registering: the controller places journal partitions for every
-        # broker it sees registered, even for a moment
-        others = sorted(set(membership.brokers()) - {settings.broker_id})
-        if others:
-            raise ClusterStartError(
-                f"broker(s) {others} already registered in {connect}: several brokers need "
-                "partition routing, which this StoneMQ does not have yet; give each broker "
-                "its own chroot until it does"
-            )
         membership.register()
         controller.start()
+        # this broker's journal partitions, placed by the controller (perhaps this broker)
+        routing.wait_for_placement(settings.journal_partitions)
     except BaseException:
         controller.close()
         membership.close()
@@ -168,7 +173,7 @@ def _join_cluster(settings: Settings) -> tuple[MetadataStore, Membership, Contro
     log.info(
         "joined cluster %s at %s as broker %d", store.cluster_id(), connect, settings.broker_id
     )
-    return store, membership, controller
+    return store, membership, controller, routing
 
 
 def _tier_service(settings: Settings, topics: TopicManager) -> TierService | None:

@@ -423,7 +423,6 @@ def _alter_each(
 @api(60, 0, 2)
 async def handle_describe_cluster(ctx: RequestContext, request: Any) -> Any:
     broker = ctx.broker
-    broker_id = broker.settings.broker_id
     operations = cluster_operations(request.include_cluster_authorized_operations)
     endpoint_type = int(getattr(request, "endpoint_type", 1))
     if endpoint_type != 1:
@@ -439,7 +438,6 @@ async def handle_describe_cluster(ctx: RequestContext, request: Any) -> Any:
             brokers=(),
             cluster_authorized_operations=UNKNOWN_AUTHORIZED_OPERATIONS,
         )
-    host, port = ctx.advertised_address
     return ctx.build(
         "DescribeClusterResponse",
         throttle_time=0,
@@ -447,16 +445,18 @@ async def handle_describe_cluster(ctx: RequestContext, request: Any) -> Any:
         error_message=None,
         endpoint_type=1,
         cluster_id=broker.metadata.cluster_id(),
-        controller_id=broker_id,
-        brokers=(
+        controller_id=broker.routing.controller_id(),
+        brokers=tuple(  # the live brokers (this one alone on a single node)
             ctx.build(
                 "DescribeClusterBroker",
-                broker_id=broker_id,
-                host=host,
-                port=port,
-                rack=None,
+                broker_id=b.broker_id,
+                host=address[0],
+                port=address[1],
+                rack=b.rack,
                 is_fenced=False,
-            ),
+            )
+            for b in broker.routing.brokers()
+            for address in (ctx.address_of(b.broker_id, b.host, b.port),)
         ),
         cluster_authorized_operations=operations,
     )

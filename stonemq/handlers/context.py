@@ -10,6 +10,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from kio.index import load_response_schema
+from kio.schema.errors import ErrorCode
 
 if TYPE_CHECKING:
     from stonemq.broker import Broker
@@ -77,6 +78,13 @@ class RequestContext:
         clients with that listener's advertised endpoint."""
         return self.broker.settings.advertised_for(self.listener)
 
+    def address_of(self, broker_id: int, host: str, port: int) -> tuple[str, int]:
+        """The address a response gives for a broker: this broker's for the client's
+        listener, another broker's as it registered."""
+        if broker_id == self.broker.broker_id:
+            return self.advertised_address
+        return host, port
+
     @property
     def module(self) -> ModuleType:
         return response_module(self.api_key, self.api_version)
@@ -84,3 +92,14 @@ class RequestContext:
     def build(self, type_name: str, **values: Any) -> Any:
         """Build ``type_name`` from this request's response module (see :func:`build`)."""
         return build(getattr(self.module, type_name), **values)
+
+    def not_here(self, topic: str, partition: int) -> ErrorCode:
+        """The error for a partition storage does not hold: NOT_LEADER_OR_FOLLOWER when the
+        topic has it and its journal partition is led by another broker (clients then
+        refresh their metadata and go there), else UNKNOWN_TOPIC_OR_PARTITION."""
+        record = self.broker.topics.get(topic)
+        if record is None or not 0 <= partition < record.partitions:
+            return ErrorCode.unknown_topic_or_partition
+        if self.broker.routing.leads(record.journal_partitions[partition]):
+            return ErrorCode.unknown_topic_or_partition
+        return ErrorCode.not_leader_or_follower

@@ -38,8 +38,8 @@ async def handle_delete_records(ctx: RequestContext, request: Any) -> Any:
                     low_watermark = ctx.broker.storage.delete_records(
                         topic.name, p.partition_index, p.offset
                     )
-                except UnknownPartitionError:
-                    error = ErrorCode.unknown_topic_or_partition
+                except UnknownPartitionError:  # not hosted here: led by another broker?
+                    error = ctx.not_here(topic.name, p.partition_index)
                 except OffsetOutOfRangeError:
                     error = ErrorCode.offset_out_of_range
                 except (StorageError, OSError):

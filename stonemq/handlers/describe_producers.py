@@ -68,8 +68,8 @@ def _partition(
 def _producers(ctx: RequestContext, topic: str, index: int) -> Any:
     try:
         active = ctx.broker.storage.active_producers(topic, index)
-    except UnknownPartitionError:
-        return _partition(ctx, index, ErrorCode.unknown_topic_or_partition)
+    except UnknownPartitionError:  # not hosted here: led by another broker?
+        return _partition(ctx, index, ctx.not_here(topic, index))
     except StorageError:
         return _partition(ctx, index, ErrorCode.kafka_storage_error)
     return _partition(

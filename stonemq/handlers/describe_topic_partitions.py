@@ -8,9 +8,10 @@ and partition to ask from next). No topics named means every topic, and then mis
 do not appear; a named topic that does not exist is UNKNOWN_TOPIC_OR_PARTITION (or
 INVALID_TOPIC_EXCEPTION for a name Kafka refuses). A cursor whose topic the request does not
 name, or with a negative partition, makes the request invalid: every named topic answers
-INVALID_REQUEST. With one broker, it leads every partition at leader epoch 0, is its only
-replica and in-sync replica; eligible leader replicas are empty, as Kafka reports them with
-ELR disabled. Authorized operations are every topic operation (no authorizer).
+INVALID_REQUEST. Each partition has its journal partition's leader, leader epoch, replicas and
+ISR, as in Metadata (one broker: this one, epoch 0); eligible leader replicas are empty, as
+Kafka reports them with ELR disabled. Authorized operations are every topic operation (no
+authorizer).
 """
 
 from __future__ import annotations
@@ -19,13 +20,13 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 
+from stonemq.cluster.routing import Leadership
 from stonemq.coordinator.group_log import OFFSETS_TOPIC
 from stonemq.handlers.authorized_operations import (
     TOPIC_AUTHORIZED_OPERATIONS,
     UNKNOWN_AUTHORIZED_OPERATIONS,
 )
 from stonemq.handlers.context import RequestContext
-from stonemq.handlers.leader_epochs import LEADER_EPOCH
 from stonemq.handlers.registry import api
 from stonemq.topics import AdminError, validate_topic_name
 
@@ -64,7 +65,7 @@ async def handle_describe_topic_partitions(ctx: RequestContext, request: Any) ->
     remaining = limit
     topics = []
     next_cursor = None
-    broker_id = ctx.broker.broker_id
+    routing = ctx.broker.routing
     for name in names:
         if remaining == 0:
             next_cursor = ctx.build("Cursor", topic_name=name, partition_index=0)
@@ -84,18 +85,7 @@ async def handle_describe_topic_partitions(ctx: RequestContext, request: Any) ->
                 topic_id=record.topic_id,
                 is_internal=name == OFFSETS_TOPIC,
                 partitions=tuple(
-                    ctx.build(
-                        "DescribeTopicPartitionsResponsePartition",
-                        error_code=ErrorCode.none,
-                        partition_index=p,
-                        leader_id=broker_id,
-                        leader_epoch=LEADER_EPOCH,
-                        replica_nodes=(broker_id,),
-                        isr_nodes=(broker_id,),
-                        eligible_leader_replicas=(),
-                        last_known_elr=(),
-                        offline_replicas=(),
-                    )
+                    _partition(ctx, p, routing.leadership(record.journal_partitions[p]))
                     for p in range(start, upper)
                 ),
                 topic_authorized_operations=TOPIC_AUTHORIZED_OPERATIONS,
@@ -127,6 +117,21 @@ def _names(ctx: RequestContext, request: Any) -> tuple[list[str], bool]:
     if cursor is not None and cursor.partition_index < 0:
         raise _InvalidRequest
     return sorted(names), fetch_all
+
+
+def _partition(ctx: RequestContext, index: int, lead: Leadership) -> Any:
+    return ctx.build(
+        "DescribeTopicPartitionsResponsePartition",
+        error_code=ErrorCode.none,
+        partition_index=index,
+        leader_id=lead.leader,  # -1: no live leader, as Kafka's NO_LEADER_ID
+        leader_epoch=lead.leader_epoch,
+        replica_nodes=lead.replicas,
+        isr_nodes=lead.isr,
+        eligible_leader_replicas=(),
+        last_known_elr=(),
+        offline_replicas=tuple(r for r in lead.replicas if ctx.broker.routing.broker(r) is None),
+    )
 
 
 def _missing(ctx: RequestContext, name: str) -> Any:

@@ -144,8 +144,8 @@ async def _read_all(
                 part.log_start = storage.log_start_offset(name, fp.partition)
                 has_error = True
                 continue
-            except UnknownPartitionError:
-                part.error = ErrorCode.unknown_topic_or_partition
+            except UnknownPartitionError:  # not hosted here: led by another broker?
+                part.error = ctx.not_here(name, fp.partition)
                 has_error = True
                 continue
             except (StorageError, OSError) as exc:  # a failed queue log, a read error

@@ -21,10 +21,13 @@ from kio.schema.errors import ErrorCode
 
 from stonemq.coordinator.group_coordinator import (
     GroupCoordinator,
+    GroupSummary,
     JoinRequest,
     JoinResult,
     SyncResult,
 )
+from stonemq.coordinator.group_log import OFFSETS_TOPIC
+from stonemq.coordinator.group_state import GroupState
 from stonemq.handlers.authorized_operations import group_operations
 from stonemq.handlers.context import RequestContext
 from stonemq.handlers.registry import api
@@ -71,12 +74,16 @@ async def handle_find_coordinator(ctx: RequestContext, request: Any) -> Any:
         coordinators = []
         for key in request.coordinator_keys:
             error, message = _coordinator_error(ctx, key_type, key)
-            coordinators.append(ctx.build("Coordinator", key=key, **_node(ctx, error, message)))
+            coordinators.append(
+                ctx.build("Coordinator", key=key, **_node(ctx, error, message, key))
+            )
         return ctx.build(
             "FindCoordinatorResponse", throttle_time=0, coordinators=tuple(coordinators)
         )
     error, message = _coordinator_error(ctx, key_type, request.key)
-    return ctx.build("FindCoordinatorResponse", throttle_time=0, **_node(ctx, error, message))
+    return ctx.build(
+        "FindCoordinatorResponse", throttle_time=0, **_node(ctx, error, message, request.key)
+    )
 
 
 def _coordinator_error(
@@ -95,7 +102,16 @@ def _coordinator_error(
     return ErrorCode.none, None
 
 
-def _node(ctx: RequestContext, error: ErrorCode, message: str | None) -> dict[str, Any]:
+def _node(
+    ctx: RequestContext, error: ErrorCode, message: str | None, group_id: str
+) -> dict[str, Any]:
+    """The group's coordinator: the leader of the journal partition that carries the group's
+    ``__consumer_offsets`` partition (this broker on a single node); COORDINATOR_NOT_AVAILABLE
+    while that journal partition has no live leader."""
+    if error == ErrorCode.none:
+        endpoint = ctx.broker.routing.broker(coordinator_id(ctx, group_id))
+        if endpoint is None:
+            error, message = ErrorCode.coordinator_not_available, "the coordinator is not live"
     if error != ErrorCode.none:
         return {
             "error_code": error,
@@ -104,14 +120,33 @@ def _node(ctx: RequestContext, error: ErrorCode, message: str | None) -> dict[st
             "host": "",
             "port": -1,
         }
-    host, port = ctx.advertised_address
+    host, port = ctx.address_of(endpoint.broker_id, endpoint.host, endpoint.port)
     return {
         "error_code": error,
         "error_message": None,
-        "node_id": ctx.broker.broker_id,
+        "node_id": endpoint.broker_id,
         "host": host,
         "port": port,
     }
+
+
+def coordinator_id(ctx: RequestContext, group_id: str) -> int:
+    """The broker that coordinates ``group_id``: the leader of the journal partition carrying
+    the group's ``__consumer_offsets`` partition (-1: none, or the topic does not exist)."""
+    offsets = ctx.broker.topics.get(OFFSETS_TOPIC)
+    if offsets is None:
+        return -1
+    partition = ctx.broker.groups.log.partition(group_id)
+    return ctx.broker.routing.leadership(offsets.journal_partitions[partition]).leader
+
+
+def coordinates(ctx: RequestContext, group_id: str) -> bool:
+    """Whether this broker coordinates ``group_id`` (always, on a single node). A group
+    request sent elsewhere is answered NOT_COORDINATOR, as Kafka answers it: the client asks
+    FindCoordinator again."""
+    if not ctx.broker.routing.clustered:
+        return True
+    return coordinator_id(ctx, group_id) == ctx.broker.broker_id
 
 
 # -- JoinGroup -------------------------------------------------------------------------------
@@ -130,9 +165,12 @@ async def handle_join_group(ctx: RequestContext, request: Any) -> Any:
         protocols=tuple((p.name, p.metadata) for p in request.protocols),
         require_known_member_id=ctx.api_version >= 4,
     )
-    future, respond = waiter()
-    coordinator(ctx).join(join, respond)
-    result: JoinResult = await future
+    if coordinates(ctx, request.group_id):
+        future, respond = waiter()
+        coordinator(ctx).join(join, respond)
+        result: JoinResult = await future
+    else:
+        result = JoinResult(ErrorCode.not_coordinator, member_id=request.member_id)
     protocol_name = result.protocol_name
     if protocol_name is None and ctx.api_version < 7:
         protocol_name = ""  # nullable only from v7
@@ -161,6 +199,15 @@ async def handle_join_group(ctx: RequestContext, request: Any) -> Any:
 # -- SyncGroup -------------------------------------------------------------------------------
 @api(14, 0, 5)
 async def handle_sync_group(ctx: RequestContext, request: Any) -> Any:
+    if not coordinates(ctx, request.group_id):
+        return ctx.build(
+            "SyncGroupResponse",
+            throttle_time=0,
+            error_code=ErrorCode.not_coordinator,
+            protocol_type=None,
+            protocol_name=None,
+            assignment=b"",
+        )
     future, respond = waiter()
     coordinator(ctx).sync(
         request.group_id,
@@ -186,6 +233,8 @@ async def handle_sync_group(ctx: RequestContext, request: Any) -> Any:
 # -- Heartbeat -------------------------------------------------------------------------------
 @api(12, 0, 4)
 async def handle_heartbeat(ctx: RequestContext, request: Any) -> Any:
+    if not coordinates(ctx, request.group_id):
+        return ctx.build("HeartbeatResponse", throttle_time=0, error_code=ErrorCode.not_coordinator)
     error = coordinator(ctx).heartbeat(
         request.group_id,
         request.generation_id,
@@ -198,6 +247,14 @@ async def handle_heartbeat(ctx: RequestContext, request: Any) -> Any:
 # -- LeaveGroup ------------------------------------------------------------------------------
 @api(13, 0, 5)
 async def handle_leave_group(ctx: RequestContext, request: Any) -> Any:
+    if not coordinates(ctx, request.group_id):
+        if ctx.api_version < 3:
+            return ctx.build(
+                "LeaveGroupResponse", throttle_time=0, error_code=ErrorCode.not_coordinator
+            )
+        return ctx.build(
+            "LeaveGroupResponse", throttle_time=0, error_code=ErrorCode.not_coordinator, members=()
+        )
     if ctx.api_version < 3:
         leaving = [(request.member_id, None)]
     else:
@@ -227,6 +284,9 @@ async def handle_describe_groups(ctx: RequestContext, request: Any) -> Any:
     for group_id in request.groups:
         summary = coord.describe(group_id)
         error = ErrorCode.none if group_id else ErrorCode.invalid_group_id
+        if error == ErrorCode.none and not coordinates(ctx, group_id):
+            error = ErrorCode.not_coordinator
+            summary = GroupSummary(group_id, GroupState.DEAD, "", "", ())
         groups.append(
             ctx.build(
                 "DescribedGroup",
@@ -285,7 +345,10 @@ async def handle_delete_groups(ctx: RequestContext, request: Any) -> Any:
     pending = []
     for group_id in request.groups_names:
         future, respond = waiter()
-        coord.delete_group(group_id, respond)
+        if group_id and not coordinates(ctx, group_id):
+            respond(ErrorCode.not_coordinator)
+        else:
+            coord.delete_group(group_id, respond)
         pending.append((group_id, future))
     results = [(group_id, await future) for group_id, future in pending]
     return ctx.build(

@@ -53,8 +53,8 @@ async def handle_list_offsets(ctx: RequestContext, request: Any) -> Any:
                     offset, timestamp = await _lookup(
                         ctx, topic.name, p.partition_index, p.timestamp
                     )
-                except UnknownPartitionError:
-                    error, offset, timestamp = ErrorCode.unknown_topic_or_partition, -1, -1
+                except UnknownPartitionError:  # not hosted here: led by another broker?
+                    error, offset, timestamp = ctx.not_here(topic.name, p.partition_index), -1, -1
                 except StorageError:  # a failed queue log, or records that cannot be decoded
                     error, offset, timestamp = ErrorCode.kafka_storage_error, -1, -1
             partitions.append(
@@ -64,7 +64,13 @@ async def handle_list_offsets(ctx: RequestContext, request: Any) -> Any:
                     error_code=error,
                     timestamp=timestamp,
                     offset=offset,
-                    leader_epoch=0 if error == ErrorCode.none else -1,
+                    leader_epoch=(
+                        ctx.broker.routing.leadership(
+                            record.journal_partitions[p.partition_index]
+                        ).leader_epoch
+                        if error == ErrorCode.none and record is not None
+                        else -1
+                    ),
                 )
             )
         topics.append(

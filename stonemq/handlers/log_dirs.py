@@ -15,7 +15,8 @@ AlterReplicaLogDirs answers as Kafka's ``ReplicaManager.alterReplicaLogDirs`` do
 destination is the directory the partition is already in: nothing to move, NONE. Only the
 queue directory can hold a partition's log, so any other path (the journal directory too)
 is LOG_DIR_NOT_FOUND, Kafka's answer for a path that is not a log directory of the broker;
-a partition the broker does not have is UNKNOWN_TOPIC_OR_PARTITION.
+a partition that does not exist is UNKNOWN_TOPIC_OR_PARTITION, one whose replicas are on other
+brokers REPLICA_NOT_AVAILABLE.
 """
 
 from __future__ import annotations
@@ -139,6 +140,15 @@ def _dir_result(ctx: RequestContext, path: str, topics: tuple[Any, ...]) -> Any:
     )
 
 
+def _hosted(ctx: RequestContext, topic: str, partition: int) -> bool:
+    """Whether this broker holds a replica of the partition (its journal partition's)."""
+    try:
+        ctx.broker.storage.log_end_offset(topic, partition)
+    except UnknownPartitionError:
+        return False
+    return True
+
+
 @api(34, 1, 2)
 async def handle_alter_replica_log_dirs(ctx: RequestContext, request: Any) -> Any:
     queue_dir = log_dir_path(ctx.broker.storage.queue_dir)
@@ -153,6 +163,8 @@ async def handle_alter_replica_log_dirs(ctx: RequestContext, request: Any) -> An
                     error = ErrorCode.log_dir_not_found
                 elif record is None or not 0 <= partition < record.partitions:
                     error = ErrorCode.unknown_topic_or_partition
+                elif not _hosted(ctx, topic.name, partition):
+                    error = ErrorCode.replica_not_available  # Kafka's, for no local replica
                 else:
                     error = ErrorCode.none  # already there: nothing to move
                 outcome.setdefault(topic.name, {})[partition] = error

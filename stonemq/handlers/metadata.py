@@ -1,5 +1,7 @@
 """Metadata (3): brokers, controller, topics and partitions; auto-creates topics on request.
 
+Brokers, the controller and each partition's leader, leader epoch, replicas and ISR are those
+of the routing (stonemq/cluster/routing.py): a partition answers for its journal partition.
 With one broker, this broker leads every partition and is the controller. A topic that is
 requested but missing is created when ``auto.create.topics.enable`` is true and the client
 allows it (v4+), with ``num.partitions`` partitions.
@@ -18,6 +20,7 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 
+from stonemq.cluster.routing import Leadership
 from stonemq.coordinator.group_log import OFFSETS_TOPIC
 from stonemq.handlers.authorized_operations import (
     UNKNOWN_AUTHORIZED_OPERATIONS,
@@ -70,18 +73,24 @@ async def handle_metadata(ctx: RequestContext, request: Any) -> Any:
                 wanted_topics.append((record, ErrorCode.none, name))
     include_operations = bool(getattr(request, "include_topic_authorized_operations", False))
     topics = await _topics(ctx, wanted_topics, include_operations)
-    host, port = ctx.advertised_address
+    routing = broker.routing
     return ctx.build(
         "MetadataResponse",
         throttle_time=0,
         error_code=ErrorCode.none,  # v13: the top-level error (REBOOTSTRAP_REQUIRED is never due)
-        brokers=(
+        brokers=tuple(
             ctx.build(
-                "MetadataResponseBroker", node_id=broker.broker_id, host=host, port=port, rack=None
-            ),
+                "MetadataResponseBroker",
+                node_id=b.broker_id,
+                host=address[0],
+                port=address[1],
+                rack=b.rack,
+            )
+            for b in routing.brokers()
+            for address in (ctx.address_of(b.broker_id, b.host, b.port),)
         ),
         cluster_id=broker.metadata.cluster_id(),
-        controller_id=broker.broker_id,
+        controller_id=routing.controller_id(),
         topics=tuple(topics),
         # v8-10 (asked for with include_cluster_authorized_operations; DescribeCluster later)
         cluster_authorized_operations=cluster_operations(
@@ -134,21 +143,11 @@ def _topic(
     name: str | None,
     include_operations: bool,
 ) -> Any:
-    broker_id = ctx.broker.broker_id
     partitions = ()
     if record is not None:
+        leadership = ctx.broker.routing.leadership
         partitions = tuple(
-            ctx.build(
-                "MetadataResponsePartition",
-                error_code=ErrorCode.none,
-                partition_index=p,
-                leader_id=broker_id,
-                leader_epoch=0,
-                replica_nodes=(broker_id,),
-                isr_nodes=(broker_id,),
-                offline_replicas=(),
-            )
-            for p in range(record.partitions)
+            _partition(ctx, p, leadership(j)) for p, j in enumerate(record.journal_partitions)
         )
     return ctx.build(
         "MetadataResponseTopic",
@@ -159,6 +158,21 @@ def _topic(
         partitions=partitions,
         # v8+: every topic operation when asked (no authorizer), as Kafka answers
         topic_authorized_operations=topic_operations(include_operations),
+    )
+
+
+def _partition(ctx: RequestContext, index: int, lead: Leadership) -> Any:
+    """A partition entry: its journal partition's leader, epoch, replicas and ISR (a partition
+    whose journal partition has no live leader answers LEADER_NOT_AVAILABLE, as Kafka)."""
+    return ctx.build(
+        "MetadataResponsePartition",
+        error_code=ErrorCode.none if lead.leader >= 0 else ErrorCode.leader_not_available,
+        partition_index=index,
+        leader_id=lead.leader,
+        leader_epoch=lead.leader_epoch,
+        replica_nodes=lead.replicas,
+        isr_nodes=lead.isr,
+        offline_replicas=tuple(r for r in lead.replicas if ctx.broker.routing.broker(r) is None),
     )
 
 

@@ -21,7 +21,7 @@ from kio.schema.errors import ErrorCode
 from stonemq.coordinator.group_coordinator import OffsetCommit, TopicPartition
 from stonemq.coordinator.group_log import CommittedOffset
 from stonemq.handlers.context import RequestContext
-from stonemq.handlers.groups import coordinator, waiter
+from stonemq.handlers.groups import coordinates, coordinator, waiter
 from stonemq.handlers.registry import api
 
 NO_OFFSET = -1
@@ -43,11 +43,15 @@ def _by_topic(
 @api(8, 2, 9)
 async def handle_offset_commit(ctx: RequestContext, request: Any) -> Any:
     coord = coordinator(ctx)
-    group_error = coord.validate_commit(
-        request.group_id,
-        request.generation_id_or_member_epoch,
-        request.member_id,
-        getattr(request, "group_instance_id", None),
+    group_error = (
+        coord.validate_commit(
+            request.group_id,
+            request.generation_id_or_member_epoch,
+            request.member_id,
+            getattr(request, "group_instance_id", None),
+        )
+        if coordinates(ctx, request.group_id)
+        else ErrorCode.not_coordinator
     )
     errors: list[tuple[str, int, ErrorCode]] = []
     commits: list[OffsetCommit] = []
@@ -91,22 +95,37 @@ async def handle_offset_commit(ctx: RequestContext, request: Any) -> Any:
 @api(9, 1, 9)
 async def handle_offset_fetch(ctx: RequestContext, request: Any) -> Any:
     if ctx.api_version >= 8:
-        groups = tuple(
-            ctx.build(
-                "OffsetFetchResponseGroup",
-                group_id=g.group_id,
-                topics=_fetch_topics(ctx, g.group_id, g.topics, "OffsetFetchResponseTopics"),
-                error_code=ErrorCode.none if g.group_id else ErrorCode.invalid_group_id,
+        groups = []
+        for g in request.groups:
+            error = _fetch_error(ctx, g.group_id)
+            topics = (
+                _fetch_topics(ctx, g.group_id, g.topics, "OffsetFetchResponseTopics")
+                if error != ErrorCode.not_coordinator
+                else ()
             )
-            for g in request.groups
-        )
-        return ctx.build("OffsetFetchResponse", throttle_time=0, groups=groups)
+            groups.append(
+                ctx.build(
+                    "OffsetFetchResponseGroup", group_id=g.group_id, topics=topics, error_code=error
+                )
+            )
+        return ctx.build("OffsetFetchResponse", throttle_time=0, groups=tuple(groups))
+    error = _fetch_error(ctx, request.group_id)
     return ctx.build(
         "OffsetFetchResponse",
         throttle_time=0,
-        error_code=ErrorCode.none if request.group_id else ErrorCode.invalid_group_id,
-        topics=_fetch_topics(ctx, request.group_id, request.topics, "OffsetFetchResponseTopic"),
+        error_code=error,
+        topics=(
+            _fetch_topics(ctx, request.group_id, request.topics, "OffsetFetchResponseTopic")
+            if error != ErrorCode.not_coordinator
+            else ()
+        ),
     )
+
+
+def _fetch_error(ctx: RequestContext, group_id: str) -> ErrorCode:
+    if not group_id:
+        return ErrorCode.invalid_group_id
+    return ErrorCode.none if coordinates(ctx, group_id) else ErrorCode.not_coordinator
 
 
 def _fetch_topics(
@@ -143,6 +162,10 @@ def _fetched(
 @api(47, 0, 0)
 async def handle_offset_delete(ctx: RequestContext, request: Any) -> Any:
     wanted = [(t.name, p.partition_index) for t in request.topics for p in t.partitions]
+    if not coordinates(ctx, request.group_id):
+        return ctx.build(
+            "OffsetDeleteResponse", error_code=ErrorCode.not_coordinator, throttle_time=0, topics=()
+        )
     future, respond = waiter()
     coordinator(ctx).delete_offsets(
         request.group_id, wanted, lambda error, errors: respond((error, errors))

@@ -1,15 +1,20 @@
 """Partition leadership and placement: ElectLeaders (43), AlterPartitionReassignments (45) and
 ListPartitionReassignments (46), answered as Kafka's controller answers them
-(``ReplicationControlManager``) on a one-broker cluster.
+(``ReplicationControlManager``).
 
-Every partition has one replica, this broker, which leads it. So a leader election is never
-needed (ELECTION_NOT_NEEDED, preferred or unclean: the preferred replica leads and a leader
-exists), and when the request names no partitions the answer lists every topic with no
-partition results (Kafka leaves out the partitions that already have the desired leader). A
-reassignment to ``[this broker]`` is the current assignment: accepted with nothing to do, as
-Kafka accepts a reassignment that changes nothing. A target naming any other broker is
-INVALID_REPLICA_ASSIGNMENT (no such broker is registered), and cancelling (null replicas) is
-NO_REASSIGNMENT_IN_PROGRESS. No reassignment is ever in progress, so the list is empty.
+A partition's replicas, leader and ISR are its journal partition's (stonemq/cluster/routing.py;
+on a single node: this broker alone, which leads every partition). A preferred election is
+ELECTION_NOT_NEEDED when the first replica leads, an unclean one when any replica leads, as
+in Kafka; when the request names no partitions those are left out and every topic is listed.
+Otherwise (a cluster whose preferred replica does not lead, or a journal partition without a
+leader) the election is the controller's own, never run on request here:
+PREFERRED_LEADER_NOT_AVAILABLE or ELIGIBLE_LEADERS_NOT_AVAILABLE with the reason.
+
+A reassignment to the partition's current replicas changes nothing and is accepted, as in
+Kafka. A target naming a broker that is not registered is INVALID_REPLICA_ASSIGNMENT with
+Kafka's message, as are an empty or repeating list; any other target too, as a partition is
+placed with its journal partition and cannot move alone. Cancelling (null replicas) is
+NO_REASSIGNMENT_IN_PROGRESS: no reassignment is ever in progress, so the list is empty.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 
+from stonemq.cluster.routing import Leadership
 from stonemq.handlers.context import RequestContext
 from stonemq.handlers.registry import api
 from stonemq.metadata.store import TopicRecord
@@ -29,11 +35,42 @@ ELECTION_NOT_NEEDED_MESSAGE = "Leader election not needed for topic partition."
 NO_REASSIGNMENT_MESSAGE = "No partition reassignment is in progress."
 
 
+_Outcome = tuple[ErrorCode, str | None]
+
+
 class _PartitionError(Exception):
     def __init__(self, code: ErrorCode, message: str) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
+
+
+def _leadership(ctx: RequestContext, topic: str, partition: int) -> Leadership:
+    record = _require_partition(ctx, topic, partition)
+    return ctx.broker.routing.leadership(record.journal_partitions[partition])
+
+
+def _election(ctx: RequestContext, topic: str, partition: int, election_type: int) -> _Outcome:
+    """Kafka's ``electLeader`` for one partition."""
+    try:
+        lead = _leadership(ctx, topic, partition)
+    except _PartitionError as exc:
+        return exc.code, exc.message
+    if election_type == PREFERRED and lead.replicas and lead.leader == lead.replicas[0]:
+        return ErrorCode.election_not_needed, ELECTION_NOT_NEEDED_MESSAGE
+    if election_type == UNCLEAN and lead.leader >= 0:
+        return ErrorCode.election_not_needed, ELECTION_NOT_NEEDED_MESSAGE
+    if election_type == PREFERRED:
+        return (
+            ErrorCode.preferred_leader_not_available,
+            f"The preferred leader of {topic}-{partition} does not lead; StoneMQ's controller "
+            "elects journal-partition leaders itself and runs no election on request.",
+        )
+    return (
+        ErrorCode.eligible_leaders_not_available,
+        f"{topic}-{partition} has no leader; StoneMQ's controller elects journal-partition "
+        "leaders itself (unclean.leader.election.enable) and runs no election on request.",
+    )
 
 
 def _require_partition(ctx: RequestContext, topic: str, partition: int) -> TopicRecord:
@@ -69,23 +106,22 @@ async def handle_elect_leaders(ctx: RequestContext, request: Any) -> Any:
             ),
         )
     if request.topic_partitions is None:
-        # every partition already has the desired leader, and those are left out
-        results = tuple(
-            _election_result(ctx, record.name, []) for record in ctx.broker.metadata.list_topics()
-        )
-        return _elect_response(ctx, ErrorCode.none, results)
+        # every partition; those that already have the desired leader are left out
+        results = []
+        for record in ctx.broker.metadata.list_topics():
+            outcomes = [
+                (p, *_election(ctx, record.name, p, election_type))
+                for p in range(record.partitions)
+            ]
+            kept = [o for o in outcomes if o[1] != ErrorCode.election_not_needed]
+            results.append(_election_result(ctx, record.name, kept))
+        return _elect_response(ctx, ErrorCode.none, tuple(results))
     topic_results = []
     for topic in request.topic_partitions:
-        outcomes: list[tuple[int, ErrorCode, str | None]] = []
-        for partition in topic.partitions:
-            try:
-                _require_partition(ctx, topic.topic, partition)
-            except _PartitionError as exc:
-                outcomes.append((partition, exc.code, exc.message))
-            else:
-                outcomes.append(
-                    (partition, ErrorCode.election_not_needed, ELECTION_NOT_NEEDED_MESSAGE)
-                )
+        outcomes = [
+            (partition, *_election(ctx, topic.topic, partition, election_type))
+            for partition in topic.partitions
+        ]
         topic_results.append(_election_result(ctx, topic.topic, outcomes))
     return _elect_response(ctx, ErrorCode.none, tuple(topic_results))
 
@@ -121,8 +157,8 @@ async def handle_alter_partition_reassignments(ctx: RequestContext, request: Any
         for target in topic.partitions:
             code, message = ErrorCode.none, None
             try:
-                _require_partition(ctx, topic.name, target.partition_index)
-                _check_target(ctx, target.replicas)
+                lead = _leadership(ctx, topic.name, target.partition_index)
+                _check_target(ctx, target.replicas, lead)
             except _PartitionError as exc:
                 code, message = exc.code, exc.message
             partitions.append(
@@ -146,8 +182,9 @@ async def handle_alter_partition_reassignments(ctx: RequestContext, request: Any
     )
 
 
-def _check_target(ctx: RequestContext, replicas: tuple[int, ...] | None) -> None:
-    """Kafka's checks of a reassignment target (null: cancel the ongoing one)."""
+def _check_target(ctx: RequestContext, replicas: tuple[int, ...] | None, lead: Leadership) -> None:
+    """Kafka's checks of a reassignment target (null: cancel the ongoing one), then whether
+    it is the current assignment, the only one a partition can have here."""
     if replicas is None:
         raise _PartitionError(ErrorCode.no_reassignment_in_progress, NO_REASSIGNMENT_MESSAGE)
     if not replicas:
@@ -155,10 +192,10 @@ def _check_target(ctx: RequestContext, replicas: tuple[int, ...] | None) -> None
             ErrorCode.invalid_replica_assignment,
             "The manual partition assignment includes an empty replica list.",
         )
-    registered = ctx.broker.settings.broker_id
+    routing = ctx.broker.routing
     previous: int | None = None
     for broker_id in sorted(replicas):
-        if broker_id != registered:
+        if routing.broker(broker_id) is None:
             raise _PartitionError(
                 ErrorCode.invalid_replica_assignment,
                 f"The manual partition assignment includes broker {broker_id}, but no such "
@@ -170,7 +207,13 @@ def _check_target(ctx: RequestContext, replicas: tuple[int, ...] | None) -> None
                 f"The manual partition assignment includes the broker {previous} more than once.",
             )
         previous = broker_id
-    # [this broker] is the current assignment: nothing to move, nothing in progress after
+    if tuple(replicas) != tuple(lead.replicas):
+        raise _PartitionError(
+            ErrorCode.invalid_replica_assignment,
+            f"The partition's replicas are {list(lead.replicas)}, those of its journal "
+            "partition: a partition cannot be moved on its own.",
+        )
+    # the current assignment: nothing to move, nothing in progress after
 
 
 # -- ListPartitionReassignments -------------------------------------------------------------------

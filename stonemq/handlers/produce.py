@@ -293,8 +293,8 @@ def _store(
     except ProducerStateError as exc:
         result.fail(_PRODUCER_ERRORS[type(exc)], str(exc))
         return
-    except UnknownPartitionError:
-        result.fail(ErrorCode.unknown_topic_or_partition)
+    except UnknownPartitionError:  # not hosted here: NOT_LEADER_OR_FOLLOWER in a cluster
+        result.fail(ctx.not_here(topic, result.index))
         return
     except StorageError as exc:
         result.fail(ErrorCode.kafka_storage_error, str(exc))

@@ -1,8 +1,8 @@
 """A broker whose metadata lives in ZooKeeper (``zookeeper.connect``): real ZooKeeper, real
 ``stonemq serve`` processes, confluent-kafka. Topics, their journal mapping and configs are
 in ZooKeeper and survive a restart; the broker registers under ``/brokers/ids``; a broker id
-in use, a second broker (until partition leadership exists) and an unreachable ZooKeeper are
-refused at start with a clear message."""
+in use and an unreachable ZooKeeper are refused at start with a clear message (several
+brokers: tests/integration/test_cluster.py)."""
 
 from __future__ import annotations
 
@@ -98,15 +98,6 @@ def test_a_broker_id_in_use_is_refused(broker_factory, chroot) -> None:
     broker_factory(zookeeper_connect=chroot, broker_id=1)
     with pytest.raises(BrokerStartError, match=r"broker\.id 1 is registered in ZooKeeper"):
         broker_factory(zookeeper_connect=chroot, broker_id=1)
-
-
-def test_a_second_broker_is_refused_until_leadership_exists(broker_factory, chroot, zk) -> None:
-    first = broker_factory(zookeeper_connect=chroot, broker_id=1)
-    with pytest.raises(BrokerStartError, match=r"broker\(s\) \[1\] already registered"):
-        broker_factory(zookeeper_connect=chroot, broker_id=2)
-    base = chroot.split("/", 1)[1]
-    assert zk.get_children(f"/{base}/brokers/ids") == ["1"]  # the refused one left nothing
-    assert first.alive
 
 
 def test_an_unreachable_zookeeper_is_refused_clearly(broker_factory) -> None:

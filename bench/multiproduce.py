@@ -1,0 +1,152 @@
+"""A load generator that measures the broker, not the client: every ProduceRequest carries a
+batch for many partitions, as Kafka's Java client sends every ready partition's batch for a
+broker in one request (librdkafka sends one partition per request, so at 10,000 partitions
+its own per-request cost caps the rate; issue "flat cost", item 2).
+
+It is a load generator, not a compatibility claim: batches are built once with the project's
+record codec (``stonemq.protocol.record_batch``) and requests are packed by hand (Produce v7,
+the non-flexible layout); up to ``IN_FLIGHT`` requests are pipelined on one connection and
+every partition response's error code is checked. Partitions are visited round-robin, so
+at ``n`` partitions each request carries ``min(n, REQUEST_BYTES // batch size)`` of them.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import socket
+import struct
+import time
+import traceback
+from multiprocessing.queues import Queue
+from typing import Any
+
+REQUEST_BYTES = 1 << 20  # a request's record bytes, as Kafka's max.request.size
+BATCH_BYTES = 16 * 1024  # a partition's batch, at most (Kafka's batch.size)
+IN_FLIGHT = 5  # as max.in.flight.requests.per.connection
+PRODUCE = 0
+VERSION = 7
+ACKS = 1
+TIMEOUT_MS = 30_000
+
+
+def entry(q: Queue[Any], name: str, *args: Any) -> None:
+    try:
+        q.put(("done", globals()[name](q, *args)))
+    except BaseException:
+        q.put(("error", traceback.format_exc()))
+
+
+def _batch(size: int, records: int) -> bytes:
+    from stonemq.protocol.record_batch import encode_batch
+
+    payload = os.urandom(size)
+    now = int(time.time() * 1000)
+    return bytes(encode_batch(0, [(now, None, payload, ())] * records))
+
+
+def _request(correlation_id: int, topic: bytes, entries: list[bytes]) -> bytes:
+    """Produce v7 of one topic; ``entries`` are its partitions' (index, records) encodings."""
+    head = struct.pack(">hhih", PRODUCE, VERSION, correlation_id, 5) + b"bench"
+    head += struct.pack(">hhi", -1, ACKS, TIMEOUT_MS)  # transactional id null, acks, timeout
+    head += struct.pack(">ih", 1, len(topic)) + topic + struct.pack(">i", len(entries))
+    body = b"".join(entries)
+    return struct.pack(">i", len(head) + len(body)) + head + body
+
+
+def _errors(frame: bytes) -> tuple[int, int]:
+    """(partitions answered, partitions with an error) of a Produce v7 response."""
+    pos = 4  # correlation id
+    (topics,) = struct.unpack_from(">i", frame, pos)
+    pos += 4
+    answered = failed = 0
+    for _ in range(topics):
+        (name_len,) = struct.unpack_from(">h", frame, pos)
+        pos += 2 + name_len
+        (count,) = struct.unpack_from(">i", frame, pos)
+        pos += 4
+        for _ in range(count):
+            _, error = struct.unpack_from(">ih", frame, pos)
+            pos += 4 + 2 + 8 + 8 + 8
+            answered += 1
+            failed += error != 0
+    return answered, failed
+
+
+def _read_frame(sock: socket.socket) -> bytes:
+    head = _read(sock, 4)
+    return _read(sock, struct.unpack(">i", head)[0])
+
+
+def _read(sock: socket.socket, n: int) -> bytes:
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = sock.recv(min(n - len(buf), 1 << 20))
+        if not chunk:
+            raise ConnectionError("broker closed the connection")
+        buf += chunk
+    return bytes(buf)
+
+
+def multi_produce(
+    q: Queue[Any],
+    port: int,
+    topic: str,
+    partitions: int,
+    size: int,
+    duration: float,
+    max_bytes: int,
+) -> dict[str, Any]:
+    """Produce ``size``-byte records to every partition of ``topic`` for ``duration`` s or
+    ``max_bytes`` of payload; the records, batches, requests and errors."""
+    per_request = max(1, min(partitions, REQUEST_BYTES // max(size, 1)))
+    records_per_batch = max(1, min(BATCH_BYTES, REQUEST_BYTES // per_request) // size)
+    batch = _batch(size, records_per_batch)
+    record = struct.pack(">i", len(batch)) + batch
+    # each partition's entry encoded once: the generator's own cost per batch is a slice
+    entries = [struct.pack(">i", p) + record for p in range(partitions)]
+    name = topic.encode()
+    sock = socket.create_connection(("127.0.0.1", port), timeout=120)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    pending: collections.deque[int] = collections.deque()
+    next_partition = 0
+    cid = 0
+    batches = failed = answered = 0
+    q.put(("start", os.getpid()))
+    started = time.monotonic()
+    try:
+        while True:
+            done = (
+                time.monotonic() - started >= duration
+                or batches * records_per_batch * size >= max_bytes
+            )
+            if not done and len(pending) < IN_FLIGHT:
+                chosen = entries[next_partition : next_partition + per_request]
+                if len(chosen) < per_request:  # wrap around
+                    chosen += entries[: per_request - len(chosen)]
+                next_partition = (next_partition + per_request) % partitions
+                cid += 1
+                sock.sendall(_request(cid, name, chosen))
+                pending.append(len(chosen))
+                batches += len(chosen)
+                continue
+            if not pending:
+                break
+            got, bad = _errors(_read_frame(sock))
+            pending.popleft()
+            answered += got
+            failed += bad
+    finally:
+        sock.close()
+    elapsed = time.monotonic() - started
+    ok = batches - failed
+    return {
+        "msgs": ok * records_per_batch,
+        "bytes": ok * records_per_batch * size,
+        "batches": ok,
+        "requests": cid,
+        "records_per_batch": records_per_batch,
+        "partitions_per_request": per_request,
+        "seconds": elapsed,
+        "errors": failed + (batches - answered),
+    }

@@ -1,0 +1,258 @@
+"""Routing: which journal partitions exist, which this broker hosts (and under which local
+storage index), who leads each, and the live brokers' endpoints.
+
+Every topic partition follows its journal partition (../shared/design/cluster.md, invariant
+1), so answering "who leads topic partition (t, p)" is answering it for the journal partition
+the store maps (t, p) to. Two implementations:
+
+- :class:`SingleNodeRouting`: journal partitions ``0..journal.partitions-1``, all here, all
+  led here in leader epoch 0 (the single node, unchanged).
+- :class:`ClusterRouting`: read from ZooKeeper (the controller's ``/journal_partitions`` nodes,
+  ``/brokers/ids``, ``/controller``) and kept current by watches: one children watch on each
+  of those directories and one data watch per journal partition's state; never anything per
+  topic partition. The journal partitions this broker hosts are those whose replicas name
+  it; the storage engine numbers them locally ``0..k-1`` in the order of the checkpoint file
+  ``<journal dir>/hosted-journal-partitions`` (ids only ever appended, so a local index and
+  its directory never change meaning).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from kazoo.client import KazooClient
+from kazoo.exceptions import NoNodeError
+
+from stonemq.cluster import ClusterStartError
+from stonemq.cluster.controller import CONTROLLER_PATH, JOURNAL_PATH, read_journal_partitions
+from stonemq.cluster.journal_state import NO_LEADER, Assignment, PartitionState
+from stonemq.cluster.membership import BROKER_IDS_PATH
+from stonemq.storage import fileio
+from stonemq.storage.checkpoint import CheckpointFile
+
+log = logging.getLogger(__name__)
+
+HOSTED_FILE = "hosted-journal-partitions"
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerEndpoint:
+    broker_id: int
+    host: str
+    port: int
+    rack: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Leadership:
+    """A journal partition's replicas, leader (-1: none), leader epoch and ISR."""
+
+    replicas: tuple[int, ...]
+    leader: int
+    leader_epoch: int
+    isr: tuple[int, ...]
+
+
+class SingleNodeRouting:
+    """One broker: every journal partition here, led here, epoch 0."""
+
+    def __init__(self, broker_id: int, journal_partitions: int, host: str, port: int) -> None:
+        self.broker_id = broker_id
+        self._count = journal_partitions
+        self._self = BrokerEndpoint(broker_id, host, port, None)
+        self._leadership = Leadership((broker_id,), broker_id, 0, (broker_id,))
+
+    @property
+    def clustered(self) -> bool:
+        return False
+
+    def total(self) -> int:
+        return self._count
+
+    def hosted(self) -> list[int]:
+        return list(range(self._count))
+
+    def local_index(self, journal_partition: int) -> int | None:
+        return journal_partition if 0 <= journal_partition < self._count else None
+
+    def leadership(self, journal_partition: int) -> Leadership:
+        return self._leadership
+
+    def leads(self, journal_partition: int) -> bool:
+        return 0 <= journal_partition < self._count
+
+    def brokers(self) -> list[BrokerEndpoint]:
+        return [self._self]
+
+    def broker(self, broker_id: int) -> BrokerEndpoint | None:
+        return self._self if broker_id == self.broker_id else None
+
+    def controller_id(self) -> int:
+        return self.broker_id
+
+
+Routing = SingleNodeRouting  # the interface; ClusterRouting has the same methods
+
+
+class ClusterRouting(SingleNodeRouting):
+    """Routing from ZooKeeper, current through watches (callbacks in kazoo's thread update
+    plain dicts the event loop reads; each update replaces a whole entry)."""
+
+    def __init__(self, client: KazooClient, broker_id: int, journal_dir: str) -> None:
+        self.client = client
+        self.broker_id = broker_id
+        self._journal_dir = journal_dir
+        self._partitions: dict[int, Leadership] = {}
+        self._brokers: dict[int, BrokerEndpoint] = {}
+        self._controller = -1
+        self._local: dict[int, int] = {}
+        self._order: list[int] = []
+        self._watched: set[int] = set()
+        self.on_change: Callable[[], None] | None = None
+
+    @property
+    def clustered(self) -> bool:
+        return True
+
+    # -- start-up ---------------------------------------------------------------------------
+    def wait_for_placement(self, expected: int, timeout_s: float | None = None) -> list[int]:
+        """Wait until the controller has placed ``expected`` journal partitions homed on this
+        broker; then fix the local numbering (hosted file) and start watching. Returns the
+        hosted journal partitions in local order."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        last_log = 0.0
+        while True:
+            parts = read_journal_partitions(self.client)
+            homed = [j for j, p in parts.items() if p.assignment.home == self.broker_id]
+            if len(homed) >= expected:
+                break
+            if deadline is not None and time.monotonic() > deadline:
+                raise ClusterStartError(
+                    f"the controller placed {len(homed)} of this broker's {expected} journal "
+                    f"partitions within {timeout_s:.0f} s (is default.replication.factor more "
+                    "than the live brokers?)"
+                )
+            if time.monotonic() - last_log > 10:
+                log.info(
+                    "waiting for the controller to place broker %d's journal partitions "
+                    "(%d of %d so far)",
+                    self.broker_id,
+                    len(homed),
+                    expected,
+                )
+                last_log = time.monotonic()
+            time.sleep(0.05)
+        hosted = sorted(j for j, p in parts.items() if self.broker_id in p.assignment.replicas)
+        self._order = self._fix_order(hosted)
+        self._local = {j: i for i, j in enumerate(self._order)}
+        for j, p in parts.items():
+            self._partitions[j] = _leadership(p.assignment, p.state)
+        self.client.ChildrenWatch(BROKER_IDS_PATH, self._on_brokers)
+        self.client.DataWatch(CONTROLLER_PATH, self._on_controller)
+        self.client.ChildrenWatch(JOURNAL_PATH, self._on_journal_partitions)
+        return list(self._order)
+
+    def _fix_order(self, hosted: list[int]) -> list[int]:
+        """The local numbering: what the hosted file lists, then any new journal partition
+        (written back durably before the storage engine opens its directories)."""
+        path = os.path.join(self._journal_dir, HOSTED_FILE)
+        fileio.makedirs_durable(self._journal_dir)
+        checkpoint = CheckpointFile(path, 1)
+        known = [int(entry[0]) for entry in checkpoint.read() or []]
+        gone = [j for j in known if j not in hosted]
+        if gone:
+            raise ClusterStartError(
+                f"{path} lists journal partitions {gone} that the cluster does not place on "
+                f"broker {self.broker_id}: this data directory belongs to another cluster or "
+                "broker id"
+            )
+        order = known + [j for j in hosted if j not in known]
+        if order != known:
+            checkpoint.write((j,) for j in order)
+        return order
+
+    # -- watches (kazoo's thread) -----------------------------------------------------------
+    def _on_brokers(self, children: list[str]) -> None:
+        brokers: dict[int, BrokerEndpoint] = {}
+        for child in children:
+            if not child.isdigit():
+                continue
+            try:
+                data, _ = self.client.get(f"{BROKER_IDS_PATH}/{child}")
+            except NoNodeError:
+                continue
+            node = json.loads(data)
+            brokers[int(child)] = BrokerEndpoint(
+                int(child), node["host"], int(node["port"]), node.get("rack")
+            )
+        self._brokers = brokers
+        self._changed()
+
+    def _on_controller(self, data: bytes | None, _stat: object) -> None:
+        self._controller = int(json.loads(data)["brokerid"]) if data else -1
+
+    def _on_journal_partitions(self, children: list[str]) -> None:
+        for child in children:
+            if child.isdigit() and int(child) not in self._watched:
+                j = int(child)
+                self._watched.add(j)
+                self._watch_state(j)
+
+    def _watch_state(self, j: int) -> None:
+        try:
+            data, _ = self.client.get(f"{JOURNAL_PATH}/{j}")
+        except NoNodeError:
+            self._watched.discard(j)
+            return
+        assignment = Assignment.from_json(data)
+
+        def on_state(state: bytes | None, _stat: object) -> None:
+            if state is not None:
+                self._partitions[j] = _leadership(assignment, PartitionState.from_json(state))
+                self._changed()
+
+        self.client.DataWatch(f"{JOURNAL_PATH}/{j}/state", on_state)
+
+    def _changed(self) -> None:
+        if self.on_change is not None:
+            self.on_change()
+
+    # -- reads (any thread) -----------------------------------------------------------------
+    def total(self) -> int:
+        """Journal partitions in the cluster (ids ``0..total-1``: the controller numbers
+        them in order); new topics spread over all of them."""
+        return max(self._partitions, default=-1) + 1
+
+    def hosted(self) -> list[int]:
+        return list(self._order)
+
+    def local_index(self, journal_partition: int) -> int | None:
+        return self._local.get(journal_partition)
+
+    def leadership(self, journal_partition: int) -> Leadership:
+        found = self._partitions.get(journal_partition)
+        return found if found is not None else Leadership((), NO_LEADER, -1, ())
+
+    def leads(self, journal_partition: int) -> bool:
+        return (
+            journal_partition in self._local
+            and self.leadership(journal_partition).leader == self.broker_id
+        )
+
+    def brokers(self) -> list[BrokerEndpoint]:
+        return [self._brokers[b] for b in sorted(self._brokers)]
+
+    def broker(self, broker_id: int) -> BrokerEndpoint | None:
+        return self._brokers.get(broker_id)
+
+    def controller_id(self) -> int:
+        return self._controller
+
+
+def _leadership(assignment: Assignment, state: PartitionState) -> Leadership:
+    return Leadership(assignment.replicas, state.leader, state.leader_epoch, state.isr)
