@@ -86,6 +86,9 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 
+_VALIDATED_BOUND = 2**31 - 1
+"""Recompression's decompression bound: produced batches were checked against
+``batch.max.uncompressed.bytes`` before they were acknowledged."""
 PRODUCER_COMPRESSION = -1
 """compression.type=producer: batches are stored in the codec the producer chose."""
 NO_FLUSH = 2**63 - 1
@@ -599,7 +602,10 @@ class StorageEngine:
             if codec == PRODUCER_COMPRESSION or entry.batch[22] & 0x07 == codec:
                 continue
             try:
-                entry.batch = memoryview(recompress(entry.batch, codec, config.compression_level))
+                # the produce path bounded what its records decompress to already
+                entry.batch = memoryview(
+                    recompress(entry.batch, codec, config.compression_level, _VALIDATED_BOUND)
+                )
             except RecordBatchError as exc:  # validated at produce: never expected
                 log.error(
                     "%s-%d: batch at offset %d kept as produced, not recompressed: %s",
