@@ -9,17 +9,30 @@ either spelling. Units are part of the name (``_ms``, ``_bytes``).
 
 from __future__ import annotations
 
+import functools
+import re
+import socket
 import tomllib
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
 )
+
+DEFAULT_SECURITY_PROTOCOL_MAP = (
+    "SASL_SSL:SASL_SSL,PLAINTEXT:PLAINTEXT,SSL:SSL,SASL_PLAINTEXT:SASL_PLAINTEXT"
+)
+"""Kafka's default listener.security.protocol.map."""
+SERVED_PROTOCOLS = frozenset({"PLAINTEXT"})
+ALIAS_SETTINGS = frozenset({"listen", "advertise"})
+"""Settings that are other spellings of Kafka's (listeners, advertised.listeners): they are
+read from flags, env and file, never kept, and not broker configs of their own."""
 
 FlushPolicy = Literal["always", "interval", "never"]
 TimestampType = Literal["CreateTime", "LogAppendTime"]
@@ -34,8 +47,27 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="STONEMQ_", extra="forbid", frozen=True)
 
     # -- network -------------------------------------------------------------------------------
-    listen: str = Field("127.0.0.1:9092", description="HOST:PORT the broker listens on")
-    advertise: str | None = Field(None, description="HOST:PORT given to clients (default: listen)")
+    listeners: str = Field(
+        "PLAINTEXT://127.0.0.1:9092",
+        description="Kafka's listeners: NAME://HOST:PORT[,NAME://HOST:PORT...], the addresses "
+        "the broker listens on (an empty HOST: every interface)",
+    )
+    advertised_listeners: str | None = Field(
+        None,
+        description="Kafka's advertised.listeners: the address given to clients for each "
+        "listener name (default: listeners)",
+    )
+    listener_security_protocol_map: str = Field(
+        DEFAULT_SECURITY_PROTOCOL_MAP,
+        description="Kafka's listener.security.protocol.map: each listener name's protocol "
+        "(StoneMQ serves PLAINTEXT)",
+    )
+    # aliases, read from flag, env and file and turned into listeners / advertised.listeners
+    # before validation (see _ListenerAliases): always None on a built Settings
+    listen: str | None = Field(None, description="alias: listeners=PLAINTEXT://HOST:PORT")
+    advertise: str | None = Field(
+        None, description="alias: advertised.listeners=PLAINTEXT://HOST:PORT"
+    )
     socket_request_max_bytes: int = Field(100 * MIB, gt=0, description="largest request frame")
     connections_max_idle_ms: int = Field(600_000, gt=0, description="idle connections are closed")
     queued_max_requests: int = Field(500, gt=0, description="requests in flight per connection")
@@ -100,12 +132,27 @@ class Settings(BaseSettings):
     log_index_interval_bytes: int = Field(4096, ge=0)
     log_index_size_max_bytes: int = Field(10 * MIB, ge=4)
     fetch_max_bytes: int = Field(55 * MIB, gt=0, description="cap on one fetch response")
+    max_request_partition_size_limit: int = Field(
+        2000, gt=0, description="most partitions one DescribeTopicPartitions response carries"
+    )
 
     # -- journal and splitter (StoneMQ's own) -------------------------------------------------
     journal_partitions: int = Field(4, gt=0, le=1024)
     journal_segment_bytes: int = Field(128 * MIB, ge=1024)
     journal_flush_policy: FlushPolicy = "interval"
     journal_flush_interval_ms: int = Field(1000, gt=0)
+    log_flush_interval_messages: int = Field(
+        2**63 - 1,
+        ge=1,
+        description="default flush.messages: records of a partition after which its journal "
+        "is fsynced before the ack (Kafka's default, Long.MAX_VALUE: the flush policy decides)",
+    )
+    log_flush_interval_ms: int = Field(
+        2**63 - 1,
+        ge=0,
+        description="default flush.ms: the longest a topic's append waits for a journal fsync "
+        "(0: before the ack; Kafka's default, Long.MAX_VALUE: the flush policy decides)",
+    )
     queue_checkpoint_interval_ms: int = Field(60_000, gt=0)
     queue_max_open_files: int = Field(16384, ge=8)
     # 1 MiB: the read stays under the malloc mmap threshold (stonemq/server/malloc.py) and the
@@ -180,12 +227,13 @@ class Settings(BaseSettings):
     # -- logging ---------------------------------------------------------------------------------
     log_level: str = "INFO"
 
-    @field_validator("listen", "advertise")
-    @classmethod
-    def _host_port(cls, value: str | None) -> str | None:
-        if value is not None:
-            split_host_port(value)
-        return value
+    @model_validator(mode="after")
+    def _check_listeners(self) -> Settings:
+        if self.listen is not None or self.advertise is not None:
+            raise ValueError("listen / advertise are aliases resolved before validation")
+        self.listener_endpoints()
+        self.advertised_endpoints()
+        return self
 
     @classmethod
     def settings_customise_sources(
@@ -197,8 +245,13 @@ class Settings(BaseSettings):
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         # init kwargs carry the command-line flags; the TOML file is passed the same way but
-        # under a private key, so it sits below the environment.
-        return (init_settings, env_settings, _TomlSource(settings_cls))
+        # under a private key, so it sits below the environment. Each source's listen /
+        # advertise aliases become listeners / advertised.listeners within that source, so
+        # the precedence between sources holds across the two spellings.
+        return tuple(
+            _ListenerAliases(settings_cls, source)
+            for source in (init_settings, env_settings, _TomlSource(settings_cls))
+        )
 
     # -- derived ---------------------------------------------------------------------------------
     @property
@@ -209,18 +262,166 @@ class Settings(BaseSettings):
     def queue_path(self) -> Path:
         return self.queue_dir or self.data_dir / "queues"
 
+    def listener_endpoints(self) -> tuple[Endpoint, ...]:
+        """The listeners to bind, each checked against the security protocol map."""
+        endpoints = parse_listeners(self.listeners, "listeners")
+        protocols = parse_protocol_map(self.listener_security_protocol_map)
+        for endpoint in endpoints:
+            protocol = protocols.get(endpoint.name)
+            if protocol is None:
+                raise ValueError(
+                    f"No security protocol defined for listener {endpoint.name} "
+                    "(listener.security.protocol.map)"
+                )
+            if protocol not in SERVED_PROTOCOLS:
+                raise ValueError(
+                    f"listener {endpoint.name} uses {protocol}: StoneMQ serves PLAINTEXT "
+                    "listeners only"
+                )
+        return endpoints
+
+    def advertised_endpoints(self) -> dict[str, tuple[str, int]]:
+        """The address given to clients per listener name: its advertised.listeners entry,
+        else the listener's own address; an empty or 0.0.0.0 host there is this machine's
+        host name (Kafka's canonical host name for an empty host)."""
+        return dict(_advertised(self.listeners, self.advertised_listeners))
+
+    def advertised_for(self, listener: str) -> tuple[str, int]:
+        """The advertised address of ``listener`` (the first listener's when unknown)."""
+        endpoints = self.advertised_endpoints()
+        return endpoints.get(listener) or next(iter(endpoints.values()))
+
     @property
     def listen_address(self) -> tuple[str, int]:
-        return split_host_port(self.listen)
+        """The first listener's address (log lines; the broker binds every listener)."""
+        first = self.listener_endpoints()[0]
+        return first.host, first.port
 
     @property
     def advertised_address(self) -> tuple[str, int]:
-        return split_host_port(self.advertise or self.listen)
+        """The first listener's advertised address (what the broker registers)."""
+        return next(iter(self.advertised_endpoints().values()))
 
 
 def kafka_name(attribute: str) -> str:
     """The Kafka-style dotted name of a settings attribute."""
     return attribute.replace("_", ".")
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """One listener: its name (upper case, as Kafka normalises it), host and port."""
+
+    name: str
+    host: str
+    port: int
+
+    def __str__(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{self.name}://{host}:{self.port}"
+
+
+_ENDPOINT = re.compile(r"^(.*)://\[?([0-9a-zA-Z\-%._:]*)\]?:(-?[0-9]+)$")
+
+
+def parse_listeners(value: str, what: str = "listeners") -> tuple[Endpoint, ...]:
+    """Kafka's listener list: ``NAME://HOST:PORT`` entries, comma-separated (an IPv6 host in
+    brackets, an empty host for every interface); names and ports unique."""
+    endpoints = []
+    for raw in value.split(","):
+        raw = raw.strip()
+        if not raw:
+            continue
+        match = _ENDPOINT.match(raw)
+        if match is None:
+            raise ValueError(f"Unable to parse {raw} to a broker endpoint ({what})")
+        name, host, port = match.group(1).upper(), match.group(2), int(match.group(3))
+        if not name or not 0 <= port <= 65535:
+            raise ValueError(f"Unable to parse {raw} to a broker endpoint ({what})")
+        endpoints.append(Endpoint(name, host, port))
+    if not endpoints:
+        raise ValueError(f"{what} names no listener")
+    names = [e.name for e in endpoints]
+    if len(set(names)) != len(names):
+        raise ValueError(f"Each listener must have a different name, {what}: {value}")
+    ports = [e.port for e in endpoints if e.port != 0]
+    if what == "listeners" and len(set(ports)) != len(ports):
+        raise ValueError(f"Each listener must have a different port, listeners: {value}")
+    return tuple(endpoints)
+
+
+def parse_protocol_map(value: str) -> dict[str, str]:
+    """Kafka's ``listener.security.protocol.map``: ``NAME:PROTOCOL`` pairs, comma-separated."""
+    out: dict[str, str] = {}
+    for raw in value.split(","):
+        raw = raw.strip()
+        if not raw:
+            continue
+        name, sep, protocol = raw.partition(":")
+        if not sep or not name or not protocol:
+            raise ValueError(f"Invalid listener.security.protocol.map entry {raw!r}")
+        out[name.strip().upper()] = protocol.strip().upper()
+    return out
+
+
+@functools.cache
+def _advertised(
+    listeners_value: str, advertised_value: str | None
+) -> tuple[tuple[str, tuple[str, int]], ...]:
+    """``Settings.advertised_endpoints`` (cached: handlers ask on every Metadata request)."""
+    listeners = {e.name: e for e in parse_listeners(listeners_value, "listeners")}
+    advertised: dict[str, Endpoint] = {}
+    if advertised_value is not None:
+        for endpoint in parse_listeners(advertised_value, "advertised.listeners"):
+            if endpoint.name not in listeners:
+                raise ValueError(
+                    "advertised.listeners listener names must be equal to or a subset of "
+                    f"the ones defined in listeners: {endpoint.name} is not"
+                )
+            if endpoint.host == "0.0.0.0":
+                raise ValueError(
+                    "advertised.listeners cannot use the nonroutable meta-address 0.0.0.0. "
+                    "Use a routable IP address."
+                )
+            advertised[endpoint.name] = endpoint
+    out = []
+    for name, listener in listeners.items():
+        endpoint = advertised.get(name, listener)
+        host = endpoint.host
+        if host in ("", "0.0.0.0", "::"):
+            host = socket.getfqdn()
+        out.append((name, (host, endpoint.port)))
+    return tuple(out)
+
+
+def alias_listener(address: str) -> str:
+    """The ``listeners`` value of the ``listen`` / ``advertise`` alias ``HOST:PORT``."""
+    host, port = split_host_port(address)
+    host = f"[{host}]" if ":" in host else host
+    return f"PLAINTEXT://{host}:{port}"
+
+
+class _ListenerAliases(PydanticBaseSettingsSource):
+    """One source with its ``listen`` / ``advertise`` values turned into ``listeners`` /
+    ``advertised_listeners`` (the same source giving both spellings is an error)."""
+
+    def __init__(self, settings_cls: type[BaseSettings], inner: PydanticBaseSettingsSource):
+        super().__init__(settings_cls)
+        self._inner = inner
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        values = dict(self._inner())
+        for alias, target in (("listen", "listeners"), ("advertise", "advertised_listeners")):
+            address = values.pop(alias, None)
+            if address is None:
+                continue
+            if values.get(target) is not None:
+                raise ValueError(f"{alias} is an alias of {kafka_name(target)}: give one of them")
+            values[target] = alias_listener(str(address))
+        return values
 
 
 def split_host_port(value: str) -> tuple[str, int]:

@@ -18,13 +18,21 @@ import typing
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from re import compile as re_compile
 from typing import Annotated, Any
 
 from kio.schema.errors import ErrorCode
 from pydantic import TypeAdapter, ValidationError
 
-from stonemq.config import Settings
-from stonemq.storage.engine import LogConfig
+from stonemq.config import ALIAS_SETTINGS, Settings
+from stonemq.protocol.record_batch import (
+    COMPRESSION_GZIP,
+    COMPRESSION_LZ4,
+    COMPRESSION_NONE,
+    COMPRESSION_SNAPPY,
+    COMPRESSION_ZSTD,
+)
+from stonemq.storage.engine import PRODUCER_COMPRESSION, LogConfig
 
 
 class ConfigType(enum.IntEnum):
@@ -111,6 +119,14 @@ def parse_value(name: str, type_: ConfigType, raw: str) -> Any:
         raise _invalid(name, raw, "Expected value to be either true or false")
     if type_ is ConfigType.LIST:
         return [item.strip() for item in text.split(",")] if text else []
+    if type_ is ConfigType.DOUBLE:
+        try:
+            value = float(text)
+        except ValueError:
+            raise _invalid(name, raw, "Not a number of type DOUBLE") from None
+        if value != value or value in (float("inf"), float("-inf")):
+            raise _invalid(name, raw, "Not a number of type DOUBLE")
+        return value
     return text
 
 
@@ -135,6 +151,34 @@ def _at_least(low: int) -> Callable[[str, Any], None]:
             raise _invalid(name, format_value(value), f"Value must be at least {low}")
 
     return check
+
+
+def _between(low: float, high: float, *also: int) -> Callable[[str, Any], None]:
+    """Kafka's ``Range.between`` (and the codec level validators: ``also`` the extra values
+    allowed, gzip's -1 default)."""
+
+    def check(name: str, value: Any) -> None:
+        if value in also:
+            return
+        if not low <= value <= high:
+            raise _invalid(name, format_value(value), f"Value must be between {low} and {high}")
+
+    return check
+
+
+_THROTTLED_REPLICA = re_compile(r"[0-9]+:[0-9]+")
+
+
+def _throttled_replicas(name: str, value: Any) -> None:
+    """Kafka's ThrottledReplicaListValidator: ``*`` or ``partition:broker`` entries."""
+    if value == ["*"] or all(_THROTTLED_REPLICA.fullmatch(item) for item in value):
+        return
+    raise _invalid(
+        name,
+        format_value(value),
+        "must be the literal '*' or a list of replicas in the following format: "
+        "[partitionId]:[brokerId],[partitionId]:[brokerId],...",
+    )
 
 
 def _one_of(*allowed: str) -> Callable[[str, Any], None]:
@@ -170,6 +214,18 @@ def _cleanup_policy(name: str, value: Any) -> None:
 
 
 # -- topic configs ------------------------------------------------------------------------------
+COMPRESSION_TYPES = ("uncompressed", "zstd", "lz4", "snappy", "gzip", "producer")
+"""Kafka's compression.type values (BrokerCompressionType)."""
+_CODECS = {
+    "uncompressed": COMPRESSION_NONE,
+    "gzip": COMPRESSION_GZIP,
+    "snappy": COMPRESSION_SNAPPY,
+    "lz4": COMPRESSION_LZ4,
+    "zstd": COMPRESSION_ZSTD,
+    "producer": PRODUCER_COMPRESSION,
+}
+
+
 @dataclass(frozen=True, slots=True)
 class TopicConfigKey:
     """One topic-level config: its Kafka name, type, validation and default's broker synonym."""
@@ -265,11 +321,34 @@ TOPIC_CONFIGS: dict[str, TopicConfigKey] = {
         TopicConfigKey(
             "compression.type",
             ConfigType.STRING,
-            "The compression of stored batches. StoneMQ stores and serves every batch exactly "
-            "as the producer compressed it, Kafka's 'producer' setting; it never recompresses.",
+            "The codec of stored batches: 'producer' keeps each batch as the producer "
+            "compressed it (written as received, no copy); 'uncompressed', 'gzip', 'snappy', "
+            "'lz4' or 'zstd' has every batch in another codec recompressed by the broker as "
+            "it moves from the journal to the partition's log (in the splitter's thread, off "
+            "the event loop), so consumers read the topic's codec.",
             synonym=None,
             default="producer",
-            validator=_only("producer", "StoneMQ stores batches as produced; only 'producer'"),
+            validator=_one_of(*COMPRESSION_TYPES),
+        ),
+        TopicConfigKey(
+            "flush.messages",
+            ConfigType.LONG,
+            "Records of a partition after which the journal holding them is fsynced; the "
+            "produce that reaches the count is acknowledged once the fsync is done (1: every "
+            "batch is durable before its ack). The default leaves it to journal.flush.policy.",
+            synonym="log.flush.interval.messages",
+            validator=_at_least(1),
+            log_field="flush_messages",
+        ),
+        TopicConfigKey(
+            "flush.ms",
+            ConfigType.LONG,
+            "The longest a record of this topic stays written but not fsynced: the journal "
+            "holding it is fsynced at most this long after the append (0: before the ack, "
+            "which waits for it). The default leaves it to journal.flush.policy.",
+            synonym="log.flush.interval.ms",
+            validator=_at_least(0),
+            log_field="flush_ms",
         ),
         TopicConfigKey(
             "min.insync.replicas",
@@ -319,6 +398,135 @@ TOPIC_CONFIGS: dict[str, TopicConfigKey] = {
             "refused with INVALID_TIMESTAMP.",
             synonym="log.message.timestamp.after.max.ms",
             validator=_at_least(0),
+        ),
+        # -- accepted, with no effect on one broker without compaction (the reason each) ---
+        TopicConfigKey(
+            "segment.jitter.ms",
+            ConfigType.LONG,
+            "Accepted, no effect: Kafka subtracts a random jitter from segment.ms so that many "
+            "partitions do not roll at once on the append path; StoneMQ rolls queue-log "
+            "segments in the splitter, off the produce path, so rolls never stall produces.",
+            synonym=None,
+            default=0,
+            validator=_at_least(0),
+        ),
+        TopicConfigKey(
+            "delete.retention.ms",
+            ConfigType.LONG,
+            "Accepted, no effect: how long compaction keeps delete tombstones; StoneMQ has no "
+            "log compaction (cleanup.policy=compact is refused).",
+            synonym=None,
+            default=86_400_000,
+            validator=_at_least(0),
+        ),
+        TopicConfigKey(
+            "min.compaction.lag.ms",
+            ConfigType.LONG,
+            "Accepted, no effect: StoneMQ has no log compaction.",
+            synonym=None,
+            default=0,
+            validator=_at_least(0),
+        ),
+        TopicConfigKey(
+            "max.compaction.lag.ms",
+            ConfigType.LONG,
+            "Accepted, no effect: StoneMQ has no log compaction.",
+            synonym=None,
+            default=2**63 - 1,
+            validator=_at_least(1),
+        ),
+        TopicConfigKey(
+            "min.cleanable.dirty.ratio",
+            ConfigType.DOUBLE,
+            "Accepted, no effect: StoneMQ has no log compaction.",
+            synonym=None,
+            default=0.5,
+            validator=_between(0, 1),
+        ),
+        TopicConfigKey(
+            "file.delete.delay.ms",
+            ConfigType.LONG,
+            "Accepted, no effect: Kafka renames a deleted segment and unlinks it later so "
+            "that readers holding it finish; StoneMQ unlinks at once, as a reader's open file "
+            "descriptor keeps the data readable until it closes it.",
+            synonym=None,
+            default=60_000,
+            validator=_at_least(0),
+        ),
+        TopicConfigKey(
+            "preallocate",
+            ConfigType.BOOLEAN,
+            "Accepted, no effect: segments grow as they are written, so recovery never has to "
+            "tell preallocated zeroes from a torn tail.",
+            synonym=None,
+            default=False,
+        ),
+        TopicConfigKey(
+            "unclean.leader.election.enable",
+            ConfigType.BOOLEAN,
+            "Accepted, no effect on one broker: a partition's only replica is always in sync. "
+            "With ZooKeeper, leader elections are per journal partition and follow the broker "
+            "setting.",
+            synonym="unclean.leader.election.enable",
+        ),
+        TopicConfigKey(
+            "leader.replication.throttled.replicas",
+            ConfigType.LIST,
+            "Accepted, no effect: there is no replication between brokers yet, so nothing to "
+            "throttle.",
+            synonym=None,
+            default=[],
+            validator=_throttled_replicas,
+        ),
+        TopicConfigKey(
+            "follower.replication.throttled.replicas",
+            ConfigType.LIST,
+            "Accepted, no effect: there is no replication between brokers yet, so nothing to "
+            "throttle.",
+            synonym=None,
+            default=[],
+            validator=_throttled_replicas,
+        ),
+        TopicConfigKey(
+            "compression.gzip.level",
+            ConfigType.INT,
+            "The gzip level of batches the broker compresses (compression.type=gzip); -1 is "
+            "zlib's default, 6.",
+            synonym=None,
+            default=-1,
+            validator=_between(1, 9, -1),
+        ),
+        TopicConfigKey(
+            "compression.lz4.level",
+            ConfigType.INT,
+            "The lz4 level of batches the broker compresses (compression.type=lz4).",
+            synonym=None,
+            default=9,
+            validator=_between(1, 17),
+        ),
+        TopicConfigKey(
+            "compression.zstd.level",
+            ConfigType.INT,
+            "The zstd level of batches the broker compresses (compression.type=zstd).",
+            synonym=None,
+            default=3,
+            validator=_between(-131072, 22),
+        ),
+        TopicConfigKey(
+            "remote.log.copy.disable",
+            ConfigType.BOOLEAN,
+            "Accepted, no effect: whether a tiered topic stops copying segments to remote "
+            "storage; StoneMQ's archive job archives every topic with remote.storage.enable.",
+            synonym=None,
+            default=False,
+        ),
+        TopicConfigKey(
+            "remote.log.delete.on.disable",
+            ConfigType.BOOLEAN,
+            "Accepted, no effect: whether turning remote.storage.enable off deletes the "
+            "archive; StoneMQ keeps the archive until the topic is deleted.",
+            synonym=None,
+            default=False,
         ),
         TopicConfigKey(
             "message.timestamp.type",
@@ -392,6 +600,8 @@ DYNAMIC_BROKER_CONFIGS: frozenset[str] = frozenset(
         "log.message.timestamp.after.max.ms",
         "num.partitions",
         "auto.create.topics.enable",
+        "log.flush.interval.messages",
+        "log.flush.interval.ms",
     }
 )
 
@@ -418,6 +628,12 @@ _BROKER_DOCS: dict[str, str] = {
     "queue.checkpoint.interval.ms": "How often queue logs write their recovery checkpoints.",
     "queue.max.open.files": "The bound on queue-log files kept open.",
     "log.level": "The broker's log level.",
+    "listeners": "The listeners, NAME://HOST:PORT comma-separated (--listen HOST:PORT is "
+    "listeners=PLAINTEXT://HOST:PORT).",
+    "advertised.listeners": "The address given to clients for each listener name "
+    "(--advertise HOST:PORT is advertised.listeners=PLAINTEXT://HOST:PORT); default listeners.",
+    "listener.security.protocol.map": "Each listener name's security protocol; StoneMQ "
+    "serves PLAINTEXT.",
 }
 
 _LONG_SETTINGS = frozenset(
@@ -429,6 +645,7 @@ _LONG_SETTINGS = frozenset(
         "splitter_max_lag_bytes",
         "queue_cache_retain_bytes",
         "log_local_retention_bytes",
+        "log_flush_interval_messages",
     }
 )
 
@@ -498,6 +715,8 @@ def _setting_type(attribute: str, annotation: Any) -> ConfigType:
 def _build_broker_configs() -> dict[str, BrokerConfigKey]:
     out: dict[str, BrokerConfigKey] = {}
     for attribute, info in Settings.model_fields.items():
+        if attribute in ALIAS_SETTINGS:
+            continue  # listen / advertise are reported as listeners / advertised.listeners
         name = _broker_name(attribute)
         default = info.default
         if isinstance(default, Path):
@@ -693,12 +912,15 @@ def resolve_topic(
                 synonyms=tuple(s for s, _ in levels),
             )
         )
+    compression = str(values["compression.type"])
     log_config = LogConfig(
         **{
             key.log_field: int(values[name])
             for name, key in TOPIC_CONFIGS.items()
             if key.log_field is not None
-        }
+        },
+        compression=_CODECS[compression],
+        compression_level=int(values.get(f"compression.{compression}.level", -1)),
     )
     return TopicConfig(values=values, entries=tuple(entries), log_config=log_config)
 

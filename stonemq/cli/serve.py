@@ -22,11 +22,24 @@ def _setup_logging(level: str) -> None:
 
 
 def serve(
+    listeners: Annotated[
+        str | None,
+        typer.Option(
+            help="Kafka's listeners, NAME://HOST:PORT[,...] (default: PLAINTEXT://127.0.0.1:9092)"
+        ),
+    ] = None,
+    advertised_listeners: Annotated[
+        str | None,
+        typer.Option(
+            help="Kafka's advertised.listeners, NAME://HOST:PORT[,...] (default: listeners)"
+        ),
+    ] = None,
     listen: Annotated[
-        str | None, typer.Option(help="HOST:PORT to listen on (default: 127.0.0.1:9092)")
+        str | None, typer.Option(help="HOST:PORT: alias of --listeners PLAINTEXT://HOST:PORT")
     ] = None,
     advertise: Annotated[
-        str | None, typer.Option(help="HOST:PORT given to clients (default: the listen address)")
+        str | None,
+        typer.Option(help="HOST:PORT: alias of --advertised-listeners PLAINTEXT://HOST:PORT"),
     ] = None,
     data_dir: DataDirOpt = None,
     journal_dir: JournalDirOpt = None,
@@ -38,6 +51,8 @@ def serve(
     try:
         settings = load_settings(
             config,
+            listeners=listeners,
+            advertised_listeners=advertised_listeners,
             listen=listen,
             advertise=advertise,
             data_dir=data_dir,

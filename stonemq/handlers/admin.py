@@ -18,6 +18,10 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 
+from stonemq.handlers.authorized_operations import (
+    UNKNOWN_AUTHORIZED_OPERATIONS,
+    cluster_operations,
+)
 from stonemq.handlers.context import RequestContext
 from stonemq.handlers.registry import api
 from stonemq.topic_configs import AdminError, ConfigEntry, InvalidRequestError
@@ -28,12 +32,6 @@ log = logging.getLogger("stonemq.admin")
 RESOURCE_TOPIC = 2
 RESOURCE_BROKER = 4
 RESOURCE_BROKER_LOGGER = 8
-
-UNKNOWN_AUTHORIZED_OPERATIONS = -(2**31)
-# Kafka AclOperation codes a cluster supports: CREATE, ALTER, DESCRIBE, CLUSTER_ACTION,
-# DESCRIBE_CONFIGS, ALTER_CONFIGS, IDEMPOTENT_WRITE, CREATE_TOKENS, DESCRIBE_TOKENS. With no
-# authorizer every one of them is allowed.
-CLUSTER_AUTHORIZED_OPERATIONS = sum(1 << op for op in (5, 7, 8, 9, 10, 11, 12, 13, 14))
 
 
 class _Outcome:
@@ -425,11 +423,7 @@ def _alter_each(
 @api(60, 0, 2)
 async def handle_describe_cluster(ctx: RequestContext, request: Any) -> Any:
     broker = ctx.broker
-    operations = (
-        CLUSTER_AUTHORIZED_OPERATIONS
-        if request.include_cluster_authorized_operations
-        else UNKNOWN_AUTHORIZED_OPERATIONS
-    )
+    operations = cluster_operations(request.include_cluster_authorized_operations)
     endpoint_type = int(getattr(request, "endpoint_type", 1))
     if endpoint_type != 1:
         return ctx.build(
@@ -456,12 +450,13 @@ async def handle_describe_cluster(ctx: RequestContext, request: Any) -> Any:
             ctx.build(
                 "DescribeClusterBroker",
                 broker_id=b.broker_id,
-                host=b.host,
-                port=b.port,
+                host=address[0],
+                port=address[1],
                 rack=b.rack,
                 is_fenced=False,
             )
             for b in broker.routing.brokers()
+            for address in (ctx.address_of(b.broker_id, b.host, b.port),)
         ),
         cluster_authorized_operations=operations,
     )

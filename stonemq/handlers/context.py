@@ -69,6 +69,21 @@ class RequestContext:
     # set by a handler whose response is large (Metadata of many partitions): the
     # connection encodes it in a thread instead of on the event loop
     encode_in_thread: bool = False
+    # the name of the listener the request came in on (Kafka's listener name)
+    listener: str = "PLAINTEXT"
+
+    @property
+    def advertised_address(self) -> tuple[str, int]:
+        """This broker's address for the client's listener, as Kafka answers each listener's
+        clients with that listener's advertised endpoint."""
+        return self.broker.settings.advertised_for(self.listener)
+
+    def address_of(self, broker_id: int, host: str, port: int) -> tuple[str, int]:
+        """The address a response gives for a broker: this broker's for the client's
+        listener, another broker's as it registered."""
+        if broker_id == self.broker.broker_id:
+            return self.advertised_address
+        return host, port
 
     @property
     def module(self) -> ModuleType:

@@ -28,15 +28,13 @@ from stonemq.coordinator.group_coordinator import (
 )
 from stonemq.coordinator.group_log import OFFSETS_TOPIC
 from stonemq.coordinator.group_state import GroupState
+from stonemq.handlers.authorized_operations import group_operations
 from stonemq.handlers.context import RequestContext
 from stonemq.handlers.registry import api
 
 KEY_TYPE_GROUP = 0
 KEY_TYPE_TRANSACTION = 1
 CLASSIC_GROUP_TYPE = "classic"
-UNKNOWN_AUTHORIZED_OPERATIONS = -(2**31)
-# Kafka AclOperation codes a group supports (READ, DELETE, DESCRIBE); no authorizer: all allowed.
-GROUP_AUTHORIZED_OPERATIONS = sum(1 << op for op in (3, 6, 8))
 
 T = TypeVar("T")
 
@@ -122,12 +120,13 @@ def _node(
             "host": "",
             "port": -1,
         }
+    host, port = ctx.address_of(endpoint.broker_id, endpoint.host, endpoint.port)
     return {
         "error_code": error,
         "error_message": None,
         "node_id": endpoint.broker_id,
-        "host": endpoint.host,
-        "port": endpoint.port,
+        "host": host,
+        "port": port,
     }
 
 
@@ -280,9 +279,7 @@ async def handle_leave_group(ctx: RequestContext, request: Any) -> Any:
 @api(15, 0, 5)
 async def handle_describe_groups(ctx: RequestContext, request: Any) -> Any:
     coord = coordinator(ctx)
-    operations = UNKNOWN_AUTHORIZED_OPERATIONS
-    if getattr(request, "include_authorized_operations", False):
-        operations = GROUP_AUTHORIZED_OPERATIONS
+    operations = group_operations(getattr(request, "include_authorized_operations", False))
     groups = []
     for group_id in request.groups:
         summary = coord.describe(group_id)

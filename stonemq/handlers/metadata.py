@@ -22,6 +22,11 @@ from kio.schema.errors import ErrorCode
 
 from stonemq.cluster.routing import Leadership
 from stonemq.coordinator.group_log import OFFSETS_TOPIC
+from stonemq.handlers.authorized_operations import (
+    UNKNOWN_AUTHORIZED_OPERATIONS,
+    cluster_operations,
+    topic_operations,
+)
 from stonemq.handlers.context import RequestContext, heavy_work
 from stonemq.handlers.registry import api
 from stonemq.metadata.store import TopicRecord
@@ -29,7 +34,6 @@ from stonemq.topics import AdminError, UnknownTopicOrPartitionError, validate_to
 
 log = logging.getLogger(__name__)
 
-UNKNOWN_AUTHORIZED_OPERATIONS = -(2**31)
 TOPIC_IDS_VERSION = 12
 
 
@@ -67,7 +71,8 @@ async def handle_metadata(ctx: RequestContext, request: Any) -> Any:
                 wanted_topics.append((None, exc.error_code, name))
             else:
                 wanted_topics.append((record, ErrorCode.none, name))
-    topics = await _topics(ctx, wanted_topics)
+    include_operations = bool(getattr(request, "include_topic_authorized_operations", False))
+    topics = await _topics(ctx, wanted_topics, include_operations)
     routing = broker.routing
     return ctx.build(
         "MetadataResponse",
@@ -75,14 +80,22 @@ async def handle_metadata(ctx: RequestContext, request: Any) -> Any:
         error_code=ErrorCode.none,  # v13: the top-level error (REBOOTSTRAP_REQUIRED is never due)
         brokers=tuple(
             ctx.build(
-                "MetadataResponseBroker", node_id=b.broker_id, host=b.host, port=b.port, rack=b.rack
+                "MetadataResponseBroker",
+                node_id=b.broker_id,
+                host=address[0],
+                port=address[1],
+                rack=b.rack,
             )
             for b in routing.brokers()
+            for address in (ctx.address_of(b.broker_id, b.host, b.port),)
         ),
         cluster_id=broker.metadata.cluster_id(),
         controller_id=routing.controller_id(),
         topics=tuple(topics),
-        cluster_authorized_operations=UNKNOWN_AUTHORIZED_OPERATIONS,
+        # v8-10 (asked for with include_cluster_authorized_operations; DescribeCluster later)
+        cluster_authorized_operations=cluster_operations(
+            getattr(request, "include_cluster_authorized_operations", False)
+        ),
     )
 
 
@@ -124,7 +137,11 @@ def _error_response(ctx: RequestContext, topics: Any, error: ErrorCode) -> Any:
 
 
 def _topic(
-    ctx: RequestContext, record: TopicRecord | None, error: ErrorCode, name: str | None
+    ctx: RequestContext,
+    record: TopicRecord | None,
+    error: ErrorCode,
+    name: str | None,
+    include_operations: bool,
 ) -> Any:
     partitions = ()
     if record is not None:
@@ -139,7 +156,8 @@ def _topic(
         topic_id=record.topic_id if record is not None else None,
         is_internal=record is not None and record.name == OFFSETS_TOPIC,
         partitions=partitions,
-        topic_authorized_operations=UNKNOWN_AUTHORIZED_OPERATIONS,
+        # v8+: every topic operation when asked (no authorizer), as Kafka answers
+        topic_authorized_operations=topic_operations(include_operations),
     )
 
 
@@ -165,12 +183,16 @@ thread gives the loop the GIL every few milliseconds, so other clients are still
 
 
 async def _topics(
-    ctx: RequestContext, wanted: list[tuple[TopicRecord | None, ErrorCode, str | None]]
+    ctx: RequestContext,
+    wanted: list[tuple[TopicRecord | None, ErrorCode, str | None]],
+    include_operations: bool,
 ) -> list[Any]:
     """The response's topic entries (built off the event loop when there are many)."""
 
     def build() -> list[Any]:
-        return [_topic(ctx, record, error, name) for record, error, name in wanted]
+        return [
+            _topic(ctx, record, error, name, include_operations) for record, error, name in wanted
+        ]
 
     partitions = sum(record.partitions for record, _, _ in wanted if record is not None)
     if partitions < LARGE_RESPONSE_PARTITIONS:

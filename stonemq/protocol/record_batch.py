@@ -316,6 +316,66 @@ def decompress(
     return out
 
 
+# --- compression (the broker's own, for a topic's compression.type) ---------------------------
+DEFAULT_LEVEL = -1
+"""The codec's default level: Kafka's defaults, gzip 6 (zlib's), lz4 9, zstd 3."""
+_LZ4_DEFAULT_LEVEL = 9
+_ZSTD_DEFAULT_LEVEL = 3
+_SNAPPY_BLOCK_BYTES = 32 * 1024  # the xerial framing's block (Kafka's Java client's)
+
+
+def compress(codec: int, data: bytes | memoryview, level: int = DEFAULT_LEVEL) -> bytes:
+    """``data`` (a batch's records) compressed as Kafka's clients compress them: gzip
+    streams, snappy in the xerial framing, LZ4 frames with independent blocks, zstd frames.
+    Releases the GIL in the codecs: callers with large inputs run it in a thread."""
+    if codec == COMPRESSION_NONE:
+        return bytes(data)
+    if codec == COMPRESSION_GZIP:
+        deflater = zlib.compressobj(level, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+        return deflater.compress(data) + deflater.flush()
+    if codec == COMPRESSION_SNAPPY:
+        out = bytearray(_XERIAL_MAGIC + struct.pack(">ii", 1, 1))
+        view = memoryview(data)
+        for start in range(0, len(view), _SNAPPY_BLOCK_BYTES):
+            block = bytes(cramjam.snappy.compress_raw(view[start : start + _SNAPPY_BLOCK_BYTES]))
+            out += struct.pack(">i", len(block)) + block
+        return bytes(out)
+    if codec == COMPRESSION_LZ4:
+        return lz4.frame.compress(
+            bytes(data),
+            compression_level=_LZ4_DEFAULT_LEVEL if level == DEFAULT_LEVEL else level,
+            block_linked=False,
+            store_size=False,
+        )
+    if codec == COMPRESSION_ZSTD:
+        return zstandard.ZstdCompressor(
+            level=_ZSTD_DEFAULT_LEVEL if level == DEFAULT_LEVEL else level
+        ).compress(bytes(data))
+    raise InvalidRecordError(f"unknown compression codec {codec}")
+
+
+def recompress(
+    batch: bytes | bytearray | memoryview,
+    codec: int,
+    level: int = DEFAULT_LEVEL,
+    max_uncompressed_bytes: int = MAX_UNCOMPRESSED_BYTES,
+) -> bytes:
+    """The batch with its records in ``codec`` (Kafka's LogValidator recompressing for a
+    topic whose compression.type differs from the producer's): every header field kept but
+    the codec bits, the length and the CRC; the records' bytes themselves unchanged."""
+    header = parse_header(batch)
+    body = memoryview(batch)[HEADER_SIZE : header.size]
+    records = decompress(header.compression, body, max_uncompressed_bytes)
+    packed = compress(codec, records, level)
+    out = bytearray(batch[:HEADER_SIZE])
+    attributes = (header.attributes & ~_ATTR_COMPRESSION) | codec
+    struct.pack_into(">i", out, 8, HEADER_SIZE - LOG_OVERHEAD + len(packed))
+    struct.pack_into(">h", out, 21, attributes)
+    out += packed
+    _U32.pack_into(out, 17, crc32c(memoryview(out)[CRC_START:]))
+    return bytes(out)
+
+
 # --- the record walk ---------------------------------------------------------------------------
 SCAN_ERRORS = {
     1: "a length runs past the end of the records",

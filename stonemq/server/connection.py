@@ -78,8 +78,10 @@ class Connection(asyncio.BufferedProtocol):
         registry: set[Connection],
         budget: RequestBudget | None = None,
         dispatcher: Dispatcher | None = None,
+        listener: str = "PLAINTEXT",
     ) -> None:
         self._broker = broker
+        self._listener = listener
         self._registry = registry
         self._budget = budget if budget is not None else RequestBudget(-1)
         self._dispatcher = dispatcher if dispatcher is not None else Dispatcher()
@@ -202,6 +204,7 @@ class Connection(asyncio.BufferedProtocol):
             client_id=header.client_id,
             client_host=self._peer.rpartition(":")[0],
             broker=self._broker,
+            listener=self._listener,
         )
         pending = _Pending(header, len(frame))
         self._pending.append(pending)

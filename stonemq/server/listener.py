@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import signal
 import time
@@ -53,20 +54,29 @@ async def _serve_locked(settings: Settings, stop: asyncio.Event) -> None:
     budget = RequestBudget(settings.queued_max_request_bytes)
     dispatcher = Dispatcher(broker.storage.split_lag_bytes, settings.splitter_max_lag_bytes)
     broker.storage.split_watchers.append(dispatcher.recheck)
-    host, port = settings.listen_address
+    servers: list[asyncio.Server] = []
+    advertised = settings.advertised_endpoints()
     try:
-        server = await loop.create_server(
-            lambda: Connection(broker, connections, budget, dispatcher),
-            host,
-            port,
-            reuse_address=True,
-            backlog=1024,
-        )
+        for endpoint in settings.listener_endpoints():  # one server per listener
+            servers.append(
+                await loop.create_server(
+                    functools.partial(
+                        Connection, broker, connections, budget, dispatcher, endpoint.name
+                    ),
+                    endpoint.host or None,  # an empty host: every interface, as Kafka
+                    endpoint.port,
+                    reuse_address=True,
+                    backlog=1024,
+                )
+            )
     except OSError:
+        for server in servers:
+            server.close()
         await broker.close()  # recovery already ran: leave flushed checkpoints behind
         raise
     reaper = loop.create_task(_close_idle(connections, settings.connections_max_idle_ms))
     stalls = loop.create_task(_close_stalled_owner(budget))
+    host, port = settings.listen_address
     adv_host, adv_port = settings.advertised_address
     log.info(
         "StoneMQ broker %d ready: listening on %s:%d (advertised %s:%d), data dir %s",
@@ -77,10 +87,18 @@ async def _serve_locked(settings: Settings, stop: asyncio.Event) -> None:
         adv_port,
         settings.data_dir,
     )
+    log.info(
+        "listeners: %s",
+        ", ".join(
+            f"{e} (advertised {advertised[e.name][0]}:{advertised[e.name][1]})"
+            for e in settings.listener_endpoints()
+        ),
+    )
     await stop.wait()
     started = time.monotonic()
     log.info("shutting down: no new connections, answering requests in flight")
-    server.close()
+    for server in servers:
+        server.close()
     reaper.cancel()
     stalls.cancel()
     broker.fetch_waiters.wake_all()

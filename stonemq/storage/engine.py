@@ -24,7 +24,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from stonemq.protocol.record_batch import BatchHeader, set_base_offset
+from stonemq.protocol.record_batch import (
+    BatchHeader,
+    RecordBatchError,
+    recompress,
+    set_base_offset,
+)
 from stonemq.storage import fileio
 from stonemq.storage.checkpoint import (
     JOURNAL_RECOVERY_POINT_FILE,
@@ -47,6 +52,7 @@ from stonemq.storage.index_file import IndexWrite
 from stonemq.storage.journal import (
     ENTRY_PREFIX_BATCH_BYTES,
     FLUSH_POLICIES,
+    JournalEntry,
     JournalLog,
     encode_entry_prefix,
 )
@@ -80,6 +86,15 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 
+_VALIDATED_BOUND = 2**31 - 1
+"""Recompression's decompression bound: produced batches were checked against
+``batch.max.uncompressed.bytes`` before they were acknowledged."""
+PRODUCER_COMPRESSION = -1
+"""compression.type=producer: batches are stored in the codec the producer chose."""
+NO_FLUSH = 2**63 - 1
+"""Kafka's default flush.messages and flush.ms (Long.MAX_VALUE): no fsync of their own."""
+
+
 @dataclass(frozen=True, slots=True)
 class LogConfig:
     """Per-partition storage settings, Kafka names with their units."""
@@ -90,6 +105,15 @@ class LogConfig:
     retention_bytes: int = -1
     index_interval_bytes: int = 4096
     segment_index_bytes: int = 10 * 1024 * 1024
+    # Kafka's flush.messages / flush.ms: an fsync of the partition's journal once this many
+    # records are unflushed (the append's ack waits for it), and at most this long after an
+    # append (0: before the ack); the default, Long.MAX_VALUE, leaves it to the flush policy
+    flush_messages: int = NO_FLUSH
+    flush_ms: int = NO_FLUSH
+    # Kafka's compression.type: the codec batches are stored in (PRODUCER: as produced),
+    # batches in another codec recompressed by the splitter; the codec's level (-1: default)
+    compression: int = PRODUCER_COMPRESSION
+    compression_level: int = -1
 
 
 @dataclass(frozen=True, slots=True)
@@ -234,10 +258,40 @@ def _nothing() -> None:
     pass
 
 
+def _copy_outcome(source: asyncio.Future[None], target: asyncio.Future[None]) -> None:
+    if source.cancelled():
+        target.cancel()
+    elif (exc := source.exception()) is not None:
+        target.set_exception(exc)
+    else:
+        target.set_result(None)
+
+
+def _ack_when_durable(task: asyncio.Future[bool], acked: asyncio.Future[None], index: int) -> None:
+    """Resolve an ack that waits for its journal's fsync (a topic's flush.messages)."""
+    if acked.done():
+        return
+    if task.cancelled():
+        acked.cancel()
+    elif task.exception() is not None or not task.result():
+        acked.set_exception(StorageError(f"journal-{index}: fsync failed: partition offline"))
+    else:
+        acked.set_result(None)
+
+
 class _Partition:
     """What the engine keeps per registered partition: a few small fields."""
 
-    __slots__ = ("config", "journal", "next_offset", "partition", "queue", "topic", "topic_id")
+    __slots__ = (
+        "config",
+        "journal",
+        "next_offset",
+        "partition",
+        "queue",
+        "topic",
+        "topic_id",
+        "unflushed_messages",
+    )
 
     def __init__(
         self, topic_id: bytes, topic: str, partition: int, journal: int, config: LogConfig
@@ -249,6 +303,7 @@ class _Partition:
         self.config = config
         self.next_offset = 0  # next offset to assign (log end offset)
         self.queue: QueueLog | None = None  # opened on first use
+        self.unflushed_messages = 0  # records appended since flush.messages last forced fsync
 
 
 class StorageEngine:
@@ -333,6 +388,9 @@ class StorageEngine:
         self._create_lock = threading.Lock()
         self._creator: ThreadPoolExecutor | None = None
         self._disk_readers: ThreadPoolExecutor | None = None  # fetches of uncached bytes
+        # fsyncs due to topics' flush.messages / flush.ms, and flush.ms timers per journal
+        self._fsyncs: set[asyncio.Future[bool]] = set()
+        self._fsync_timers: dict[int, asyncio.TimerHandle] = {}
 
     def _directory_thread(self) -> ThreadPoolExecutor:
         """The one thread that creates and deletes queue-log directories and files and writes
@@ -542,6 +600,34 @@ class StorageEngine:
             )
         return queue
 
+    def _to_topic_codec(self, entries: list[JournalEntry]) -> None:
+        """In the splitter's thread, before the entries are staged: recompress each batch
+        whose codec is not its topic's compression.type (Kafka's LogValidator recompresses
+        a batch whose codec differs from the topic's unless that is ``producer``). The
+        journal keeps the batch as produced; the queue log, which consumers read, gets the
+        topic's codec. Deterministic, so a re-split after a crash writes the same bytes."""
+        for entry in entries:
+            state = self._by_id.get((entry.topic_id, entry.partition))
+            if state is None:
+                continue
+            config = state.config
+            codec = config.compression
+            if codec == PRODUCER_COMPRESSION or entry.batch[22] & 0x07 == codec:
+                continue
+            try:
+                # the produce path bounded what its records decompress to already
+                entry.batch = memoryview(
+                    recompress(entry.batch, codec, config.compression_level, _VALIDATED_BOUND)
+                )
+            except RecordBatchError as exc:  # validated at produce: never expected
+                log.error(
+                    "%s-%d: batch at offset %d kept as produced, not recompressed: %s",
+                    state.topic,
+                    state.partition,
+                    entry.base_offset,
+                    exc,
+                )
+
     def _resolve(self, topic_id: bytes, partition: int) -> QueueLog | None:
         state = self._by_id.get((topic_id, partition))
         if state is None:
@@ -587,6 +673,7 @@ class StorageEngine:
             self._resolve,
             self._splitter_batch_bytes,
             [j.health for j in self._journals],
+            convert=self._to_topic_codec,
         )
         replayed = 0
         for j, journal in enumerate(self._journals):
@@ -702,10 +789,15 @@ class StorageEngine:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
         self._tasks = []
+        for timer in self._fsync_timers.values():
+            timer.cancel()
+        self._fsync_timers.clear()
         marks.append(("background tasks", time.monotonic()))
         if self._recovered and self._splitter is not None:
             for journal in self._journals:
                 await journal.drain()
+            if self._fsyncs:  # acks waiting for their topic's fsync get it
+                await asyncio.gather(*list(self._fsyncs), return_exceptions=True)
             marks.append(("journal writes", time.monotonic()))
             advanced: set[QueueLog] = set()
             for j, journal in enumerate(self._journals):
@@ -812,9 +904,11 @@ class StorageEngine:
         )
         body = memoryview(batch)[ENTRY_PREFIX_BATCH_BYTES:]
         self._headroom.check(len(prefix) + len(body))
-        written: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        written: asyncio.Future[None] = loop.create_future()
         journal.enqueue(prefix, body, (written, state, base, len(prefix) + len(body)))
         state.next_offset = base + record_count
+        acked = self._topic_flush(journal, state, record_count, written)
         if producers is not None:
             assert producer is not None
             producers.appended(
@@ -825,12 +919,75 @@ class StorageEngine:
                     producer.last_sequence,
                     base,
                     base + record_count - 1,
-                    written,
+                    acked,
                 ),
                 producer.max_timestamp,
             )
         queue = state.queue
-        return AppendResult(base, queue.log_start_offset if queue is not None else 0, written)
+        return AppendResult(base, queue.log_start_offset if queue is not None else 0, acked)
+
+    def _topic_flush(
+        self,
+        journal: JournalLog,
+        state: _Partition,
+        record_count: int,
+        written: asyncio.Future[None],
+    ) -> asyncio.Future[None]:
+        """The future an append's ack waits for under its topic's flush.messages / flush.ms
+        (Kafka's per-log flush, done here as an fsync of the partition's journal partition,
+        which holds the batch): ``written`` itself unless an fsync is due. Once
+        ``flush.messages`` records are unflushed, or with ``flush.ms`` 0, the ack waits for
+        the fsync covering the batch (as Kafka's append flushes before it returns); a
+        positive ``flush.ms`` has the journal fsynced at most that long after the append,
+        without holding the ack (Kafka's log flusher). Under ``always`` every ack already
+        waits for its fsync."""
+        config = state.config
+        if journal.flush_policy == "always" or (
+            config.flush_messages == NO_FLUSH and config.flush_ms == NO_FLUSH
+        ):
+            return written
+        state.unflushed_messages += record_count
+        if state.unflushed_messages < config.flush_messages and config.flush_ms != 0:
+            if config.flush_ms != NO_FLUSH:
+                self._fsync_within(journal, config.flush_ms)
+            return written
+        state.unflushed_messages = 0
+        acked: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        def then_fsync(done: asyncio.Future[None]) -> None:
+            if acked.done():
+                return
+            if done.cancelled() or done.exception() is not None:
+                _copy_outcome(done, acked)
+                return
+            task = asyncio.ensure_future(self._fsync_journal(journal, journal.written_end))
+            self._fsyncs.add(task)
+            task.add_done_callback(self._fsyncs.discard)
+            task.add_done_callback(lambda t: _ack_when_durable(t, acked, journal.index))
+
+        written.add_done_callback(then_fsync)
+        return acked
+
+    def _fsync_within(self, journal: JournalLog, delay_ms: int) -> None:
+        """Have ``journal`` fsynced (up to what is written then) at most ``delay_ms`` from now:
+        a topic's positive flush.ms; one timer per journal partition, the earliest kept."""
+        loop = asyncio.get_running_loop()
+        due = loop.time() + delay_ms / 1000
+        timer = self._fsync_timers.get(journal.index)
+        if timer is not None and timer.when() <= due:
+            return
+
+        def fire() -> None:
+            self._fsync_timers.pop(journal.index, None)
+            if self._closed:
+                return
+            task = asyncio.ensure_future(self._fsync_journal(journal, journal.written_end))
+            self._fsyncs.add(task)
+            task.add_done_callback(self._fsyncs.discard)
+
+        if timer is not None:
+            timer.cancel()
+        self._fsync_timers[journal.index] = loop.call_at(due, fire)
 
     def _on_journal_failed(self, metas: list[tuple[Any, Any, int, int]], give_back: bool) -> None:
         """Journal entries failed (a failed write and every entry queued behind it): give
@@ -1344,6 +1501,27 @@ class StorageEngine:
             if found is None or queue is None or found[0] >= queue.log_start_offset:
                 return found
         raise StorageError(f"{topic}-{partition}: the log start kept moving during the search")
+
+    # -- introspection (admin APIs, tests, metrics) ---------------------------------------
+    @property
+    def journal_dir(self) -> str:
+        return self._journal_dir
+
+    @property
+    def queue_dir(self) -> str:
+        return self._queue_dir
+
+    def partition_size_bytes(self, topic: str, partition: int) -> int:
+        """Bytes of the partition's queue log (its segments), 0 before its first batch."""
+        queue = self._state(topic, partition).queue
+        return queue.size_bytes if queue is not None else 0
+
+    def active_producers(self, topic: str, partition: int) -> list[tuple[int, int, int, int]]:
+        """The partition's idempotent producers (``ProducerState.active``)."""
+        queue = self._state(topic, partition).queue
+        if queue is None or queue.producers is None:
+            return []
+        return queue.producers.active()
 
     # -- introspection (tests, metrics) -------------------------------------------------------
     @property

@@ -237,6 +237,27 @@ class ProducerState:
     def empty(self) -> bool:
         return not self.producers and not self.pending
 
+    def active(self) -> list[tuple[int, int, int, int]]:
+        """Every producer the partition knows, with what it has acknowledged (pending batches
+        included, as Kafka's state covers its whole log): ``(producer id, epoch, last
+        sequence, last timestamp)``, for DescribeProducers."""
+        known = {
+            pid: (entry.epoch, entry.last_sequence, entry.last_timestamp)
+            for pid, entry in self.producers.items()
+        }
+        for item in self.pending:  # offset order: the newest batch of a producer wins
+            epoch, _, timestamp = known.get(item.producer_id, (item.epoch, -1, -1))
+            if item.epoch < epoch:
+                continue  # a fenced producer's batch leaves the state as it was
+            if item.epoch > epoch:
+                timestamp = -1
+            known[item.producer_id] = (
+                item.epoch,
+                item.batch.last_sequence,
+                max(timestamp, item.timestamp),
+            )
+        return [(pid, *state) for pid, state in known.items()]
+
     # -- snapshots --------------------------------------------------------------------------
     def encode(self) -> bytes:
         """The log-side state as a snapshot file's bytes."""

@@ -66,8 +66,12 @@ class Splitter:
         resolve: Resolver,
         batch_bytes: int,
         healths: list[JournalHealth] | None = None,
+        convert: Callable[[list[JournalEntry]], None] | None = None,
     ) -> None:
         self.readers = [JournalReader(d) for d in journal_dirs]
+        # called on each read's entries in the reading thread, before staging (the topics'
+        # compression.type: the engine recompresses batches there, off the event loop)
+        self.convert = convert
         self.positions = list(positions)  # split position per journal partition
         self.resolve = resolve
         self.batch_bytes = batch_bytes
@@ -89,7 +93,7 @@ class Splitter:
         if pos >= limit:
             return 0
         want = self.batch_bytes if batch_bytes is None else batch_bytes
-        entries, end = self.readers[j].read(pos, limit, want, verify=False)
+        entries, end = self._read(j, pos, limit, want)
         writes = self._stage(j, entries)
         _write_all(writes)
         self._publish(j, writes, pos, end, advanced)
@@ -106,7 +110,7 @@ class Splitter:
         if thread is None:
             thread = self._thread = ThreadPoolExecutor(1, thread_name_prefix="stonemq-split")
         entries, end = await loop.run_in_executor(
-            thread, self.readers[j].read, pos, limit, self.batch_bytes, False
+            thread, self._read, j, pos, limit, self.batch_bytes
         )
         writes = self._stage(j, entries)
         if writes:
@@ -122,6 +126,13 @@ class Splitter:
                 self._in_flight = None
         self._publish(j, writes, pos, end, advanced)
         return end - pos
+
+    def _read(self, j: int, pos: int, limit: int, want: int) -> tuple[list[JournalEntry], int]:
+        """Read entries of journal ``j`` (in the calling thread) and convert them."""
+        entries, end = self.readers[j].read(pos, limit, want, verify=False)
+        if self.convert is not None and entries:
+            self.convert(entries)
+        return entries, end
 
     async def idle(self) -> None:
         """Return once no write of the splitter is in flight (a deleted topic's directories

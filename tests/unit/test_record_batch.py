@@ -1,5 +1,6 @@
 """RecordBatch v2 header: parse, CRC, validation errors, offset/time patches, record decoding."""
 
+import random
 import struct
 
 import pytest
@@ -244,3 +245,57 @@ def test_encode_batch_round_trips_through_the_validator_and_decoder() -> None:
         (42 + i, ts, k, v) for i, (ts, k, v, _) in enumerate(records)
     ]
     assert decoded[0].headers == (("h", b"x"),)
+
+
+# -- recompression (a topic's compression.type) -----------------------------------------------
+LEVELS = {0: [-1], 1: [-1, 1, 9], 2: [-1], 3: [-1, 1, 17], 4: [-1, -5, 1, 22]}
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    records=records_st,
+    source=st.sampled_from([0, 1, 2, 3, 4]),
+    target=st.sampled_from([0, 1, 2, 3, 4]),
+    data=st.data(),
+)
+def test_recompress_keeps_every_record_and_header_field(records, source, target, data) -> None:
+    batch = build(records, source, producer_id=7, base_sequence=3)
+    rb.set_base_offset(batch, 0, 1000)
+    level = data.draw(st.sampled_from(LEVELS[target]))
+    out = rb.recompress(batch, target, level)
+    before, after = rb.parse_header(batch), rb.parse_header(out)
+    assert after.compression == target
+    assert after.size == len(out)
+    assert rb.crc_ok(out, 0, after)
+    for name in (
+        "base_offset",
+        "partition_leader_epoch",
+        "last_offset_delta",
+        "base_timestamp",
+        "max_timestamp",
+        "producer_id",
+        "producer_epoch",
+        "base_sequence",
+        "record_count",
+        "timestamp_type",
+    ):
+        assert getattr(after, name) == getattr(before, name), name
+    assert list(rb.iter_records(out)) == list(rb.iter_records(batch))
+    # a client's decoder (kafka-python's, with its own codecs) reads the same records
+    from kafka.record.default_records import DefaultRecordBatch
+
+    decoded = [(r.key, r.value, r.timestamp) for r in DefaultRecordBatch(out)]
+    assert decoded == [(key, value, ts) for key, value, _, ts in records]
+    assert rb.validate_produce_records(bytearray(out)).record_count == len(records)
+
+
+def test_compressed_sizes_follow_the_level() -> None:
+    rnd = random.Random(1)
+    words = [bytes(rnd.choices(b"abcdefghij", k=rnd.randint(2, 9))) for _ in range(500)]
+    data = b" ".join(rnd.choice(words) for _ in range(40_000))
+    assert len(rb.compress(rb.COMPRESSION_ZSTD, data, 22)) < len(
+        rb.compress(rb.COMPRESSION_ZSTD, data, -5)
+    )
+    assert len(rb.compress(rb.COMPRESSION_GZIP, data, 9)) <= len(
+        rb.compress(rb.COMPRESSION_GZIP, data, 1)
+    )

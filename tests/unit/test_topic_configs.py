@@ -20,6 +20,7 @@ from stonemq.topic_configs import (
     apply_incremental,
     broker_value,
     describe_broker,
+    format_value,
     resolve_topic,
     topic_config_type,
     validate_broker_configs,
@@ -49,6 +50,23 @@ def test_registry_names_and_synonyms() -> None:
         "remote.storage.enable": None,
         "local.retention.ms": "log.local.retention.ms",
         "local.retention.bytes": "log.local.retention.bytes",
+        "flush.messages": "log.flush.interval.messages",
+        "flush.ms": "log.flush.interval.ms",
+        "segment.jitter.ms": None,
+        "delete.retention.ms": None,
+        "min.compaction.lag.ms": None,
+        "max.compaction.lag.ms": None,
+        "min.cleanable.dirty.ratio": None,
+        "file.delete.delay.ms": None,
+        "preallocate": None,
+        "unclean.leader.election.enable": "unclean.leader.election.enable",
+        "leader.replication.throttled.replicas": None,
+        "follower.replication.throttled.replicas": None,
+        "compression.gzip.level": None,
+        "compression.lz4.level": None,
+        "compression.zstd.level": None,
+        "remote.log.copy.disable": None,
+        "remote.log.delete.on.disable": None,
     }
     # Every synonym is a broker config, so DescribeConfigs can show it.
     for key in TOPIC_CONFIGS.values():
@@ -58,8 +76,8 @@ def test_registry_names_and_synonyms() -> None:
 def test_single_valued_kafka_configs_accept_only_what_stonemq_does() -> None:
     ok = validate_topic_configs({"compression.type": "producer", "min.insync.replicas": "1"})
     assert ok == {"compression.type": "producer", "min.insync.replicas": "1"}
-    with pytest.raises(InvalidConfigError, match="as produced"):
-        validate_topic_configs({"compression.type": "gzip"})
+    with pytest.raises(InvalidConfigError, match="String must be one of"):
+        validate_topic_configs({"compression.type": "brotli"})
     with pytest.raises(InvalidConfigError, match="one in-sync replica"):
         validate_topic_configs({"min.insync.replicas": "2"})
 
@@ -259,3 +277,60 @@ def test_incremental_rejects_duplicates_bad_ops_unknown_names() -> None:
         apply_incremental({}, [("retention.ms", 9, "1")], topic_config_type, lambda _: None)
     with pytest.raises(InvalidConfigError):
         apply_incremental({}, [("nope", 0, "1")], topic_config_type, lambda _: None)
+
+
+# Kafka 4.0's topic configs (TopicConfig / LogConfig: message.format.version,
+# message.timestamp.difference.max.ms and message.downconversion.enable are gone in 4.0)
+KAFKA_4_TOPIC_CONFIGS = {
+    "cleanup.policy", "compression.type", "compression.gzip.level", "compression.lz4.level",
+    "compression.zstd.level", "delete.retention.ms", "file.delete.delay.ms", "flush.messages",
+    "flush.ms", "follower.replication.throttled.replicas", "index.interval.bytes",
+    "leader.replication.throttled.replicas", "local.retention.bytes", "local.retention.ms",
+    "max.compaction.lag.ms", "max.message.bytes", "message.timestamp.after.max.ms",
+    "message.timestamp.before.max.ms", "message.timestamp.type", "min.cleanable.dirty.ratio",
+    "min.compaction.lag.ms", "min.insync.replicas", "preallocate", "remote.storage.enable",
+    "remote.log.copy.disable", "remote.log.delete.on.disable", "retention.bytes",
+    "retention.ms", "segment.bytes", "segment.index.bytes", "segment.jitter.ms", "segment.ms",
+    "unclean.leader.election.enable",
+}  # fmt: skip
+
+
+def test_every_kafka_4_topic_config_is_known_and_documented() -> None:
+    assert set(TOPIC_CONFIGS) == KAFKA_4_TOPIC_CONFIGS
+    for key in TOPIC_CONFIGS.values():
+        assert key.doc, key.name
+        default = format_value(key.default) if key.synonym is None else None
+        if default is not None:  # Kafka's default passes Kafka's validation
+            assert validate_topic_configs({key.name: default}) == {key.name: default}
+
+
+@pytest.mark.parametrize(
+    ("name", "bad"),
+    [
+        ("min.cleanable.dirty.ratio", "1.5"),
+        ("min.cleanable.dirty.ratio", "half"),
+        ("compression.gzip.level", "0"),
+        ("compression.lz4.level", "18"),
+        ("compression.zstd.level", "23"),
+        ("leader.replication.throttled.replicas", "0:1,x"),
+        ("segment.jitter.ms", "-1"),
+        ("max.compaction.lag.ms", "0"),
+        ("preallocate", "yes"),
+    ],
+)
+def test_accepted_configs_are_validated_as_kafka_does(name: str, bad: str) -> None:
+    with pytest.raises(InvalidConfigError, match=name):
+        validate_topic_configs({name: bad})
+
+
+@pytest.mark.parametrize(
+    ("codec_name", "codec", "level"),
+    [("producer", -1, -1), ("uncompressed", 0, -1), ("gzip", 1, 9), ("snappy", 2, -1),
+     ("lz4", 3, 12), ("zstd", 4, -7)],
+)  # fmt: skip
+def test_compression_type_reaches_storage_with_its_level(codec_name, codec, level) -> None:
+    overrides = {"compression.type": codec_name}
+    if codec_name in ("gzip", "lz4", "zstd"):
+        overrides[f"compression.{codec_name}.level"] = str(level)
+    log_config = resolve_topic(Settings(), {}, overrides).log_config
+    assert (log_config.compression, log_config.compression_level) == (codec, level)

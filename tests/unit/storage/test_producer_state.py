@@ -365,3 +365,56 @@ def test_a_deletion_waits_for_the_flush_in_flight(tmp_path: Path) -> None:
         await engine.close()
 
     asyncio.run(main())
+
+
+# -- what DescribeProducers reports -------------------------------------------------------------
+batches = st.lists(
+    st.tuples(st.integers(1, 4), st.integers(0, 3), st.integers(1, 5), st.integers(0, 10**6)),
+    max_size=40,
+)
+
+
+@given(batches, st.integers(0, 40))
+def test_active_counts_pending_batches_as_the_log_will_hold_them(
+    appended: list[tuple[int, int, int, int]], split: int
+) -> None:
+    """Producers reported while batches are pending are those reported once they are split:
+    the newest batch of a producer's newest epoch, its epoch's newest timestamp."""
+    state = ProducerState()
+    offset, next_seq = 0, {}
+    plan = []
+    for pid, epoch, count, timestamp in appended:
+        seq = next_seq.get((pid, epoch), 0)
+        next_seq[(pid, epoch)] = seq + count
+        batch = BatchSeq(seq, seq + count - 1, offset, offset + count - 1)
+        plan.append((pid, epoch, batch, timestamp))
+        offset += count
+    for pid, epoch, batch, timestamp in plan[:split]:  # already in the log
+        state.applied(
+            pid,
+            epoch,
+            batch.first_sequence,
+            batch.last_sequence,
+            batch.base_offset,
+            batch.last_offset,
+            timestamp,
+        )
+    for pid, epoch, batch, timestamp in plan[split:]:  # acknowledged, not split yet
+        state.appended(pid, epoch, batch, timestamp)
+    reported = sorted(state.active())
+    for pid, epoch, batch, timestamp in plan[split:]:
+        state.applied(
+            pid,
+            epoch,
+            batch.first_sequence,
+            batch.last_sequence,
+            batch.base_offset,
+            batch.last_offset,
+            timestamp,
+        )
+    assert not state.pending
+    assert reported == sorted(state.active())
+    for pid, epoch, last_sequence, _ in reported:
+        newest = max(e for p, e, _, _ in plan if p == pid)
+        assert epoch == newest
+        assert last_sequence == next_seq[(pid, newest)] - 1

@@ -1,0 +1,91 @@
+"""DescribeProducers (61): the idempotent producers each partition knows, from its producer
+state (stonemq/storage/producer_state.py), as Kafka's ``handleDescribeProducersRequest``.
+
+Each producer's epoch, last sequence and last timestamp cover every batch the partition has
+acknowledged, split into its queue log or still in the journal. StoneMQ has no transactions,
+so the coordinator epoch and the current transaction's start offset are -1, Kafka's values
+for a producer outside a transaction. A topic name Kafka refuses is INVALID_TOPIC_EXCEPTION,
+an unknown topic UNKNOWN_TOPIC_OR_PARTITION (with Kafka's message), and so is a partition
+the topic does not have.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kio.schema.errors import ErrorCode
+
+from stonemq.handlers.context import RequestContext
+from stonemq.handlers.registry import api
+from stonemq.storage.engine import StorageError, UnknownPartitionError
+from stonemq.topics import AdminError, validate_topic_name
+
+UNKNOWN_TOPIC_MESSAGE = "This server does not host this topic-partition."
+
+
+@api(61, 0, 0)
+async def handle_describe_producers(ctx: RequestContext, request: Any) -> Any:
+    topics = []
+    for topic in request.topics:
+        topic_error: tuple[ErrorCode, str] | None = None
+        record = None
+        try:
+            validate_topic_name(topic.name)
+        except AdminError as exc:
+            topic_error = (exc.error_code, exc.message)
+        else:
+            record = ctx.broker.topics.get(topic.name)
+            if record is None:
+                topic_error = (ErrorCode.unknown_topic_or_partition, UNKNOWN_TOPIC_MESSAGE)
+        partitions = []
+        for index in topic.partition_indexes:
+            if topic_error is not None:
+                partitions.append(_partition(ctx, index, *topic_error))
+            elif record is not None and not 0 <= index < record.partitions:
+                partitions.append(_partition(ctx, index, ErrorCode.unknown_topic_or_partition))
+            else:
+                partitions.append(_producers(ctx, topic.name, index))
+        topics.append(ctx.build("TopicResponse", name=topic.name, partitions=tuple(partitions)))
+    return ctx.build("DescribeProducersResponse", throttle_time=0, topics=tuple(topics))
+
+
+def _partition(
+    ctx: RequestContext,
+    index: int,
+    error: ErrorCode,
+    message: str | None = None,
+    producers: tuple[Any, ...] = (),
+) -> Any:
+    return ctx.build(
+        "PartitionResponse",
+        partition_index=index,
+        error_code=error,
+        error_message=message,
+        active_producers=producers,
+    )
+
+
+def _producers(ctx: RequestContext, topic: str, index: int) -> Any:
+    try:
+        active = ctx.broker.storage.active_producers(topic, index)
+    except UnknownPartitionError:  # not hosted here: led by another broker?
+        return _partition(ctx, index, ctx.not_here(topic, index))
+    except StorageError:
+        return _partition(ctx, index, ErrorCode.kafka_storage_error)
+    return _partition(
+        ctx,
+        index,
+        ErrorCode.none,
+        producers=tuple(
+            ctx.build(
+                "ProducerState",
+                producer_id=pid,
+                producer_epoch=epoch,
+                last_sequence=last_sequence,
+                last_timestamp=last_timestamp,
+                coordinator_epoch=-1,
+                current_txn_start_offset=-1,
+            )
+            for pid, epoch, last_sequence, last_timestamp in sorted(active)
+        ),
+    )

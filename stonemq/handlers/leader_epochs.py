@@ -1,0 +1,94 @@
+"""OffsetForLeaderEpoch (23): the end offset of a leader epoch, which clients use to detect log
+truncation after a leader change or an unclean restart (KIP-320).
+
+A partition answers with its journal partition's leader epoch (the routing's: 0 on a single
+node, the controller's epoch in a cluster). The journal partition's epoch history
+(stonemq/storage/leader_epoch.py) is not wired to this API yet, so the answers follow Kafka's
+``LeaderEpochFileCache.endOffsetFor`` over what is known, the current epoch:
+
+* epoch -1 (undefined): epoch -1, offset -1;
+* the current epoch: that epoch and the log end offset (what is acknowledged; a consumer's
+  position never passes it, so only a log that lost acknowledged records, an unflushed
+  journal tail after a crash, makes a client see truncation);
+* an epoch above the current one: epoch -1, offset -1 (no such epoch yet);
+* an epoch below it: that epoch ending at the log end, as no earlier epoch's end is known
+  (on a single node every partition has only had epoch 0, so only a negative epoch gets
+  here; in a cluster, reporting no truncation is the answer that never makes a consumer
+  rewind data it already has).
+
+``current_leader_epoch`` (-1: not given) is checked first, as Kafka does: below the current
+epoch FENCED_LEADER_EPOCH, above it UNKNOWN_LEADER_EPOCH; a partition whose journal
+partition another broker leads is NOT_LEADER_OR_FOLLOWER.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kio.schema.errors import ErrorCode
+
+from stonemq.handlers.context import RequestContext
+from stonemq.handlers.registry import api
+from stonemq.storage.engine import StorageError, UnknownPartitionError
+
+UNDEFINED_EPOCH = -1
+UNDEFINED_EPOCH_OFFSET = -1
+
+
+def end_offset_for(requested: int, current: int, log_end: int) -> tuple[int, int]:
+    """``(epoch, end offset)`` answered for ``requested`` when ``current`` is the partition's
+    leader epoch (see the module doc)."""
+    if requested == UNDEFINED_EPOCH or requested > current:
+        return UNDEFINED_EPOCH, UNDEFINED_EPOCH_OFFSET
+    return requested, log_end
+
+
+def check_current_epoch(client_epoch: int, current: int) -> ErrorCode:
+    """Kafka's ``Partition.checkCurrentLeaderEpoch`` (-1: the client gave none)."""
+    if client_epoch == -1 or client_epoch == current:
+        return ErrorCode.none
+    if client_epoch < current:
+        return ErrorCode.fenced_leader_epoch
+    return ErrorCode.unknown_leader_epoch
+
+
+@api(23, 2, 4)
+async def handle_offset_for_leader_epoch(ctx: RequestContext, request: Any) -> Any:
+    storage = ctx.broker.storage
+    routing = ctx.broker.routing
+    topics = []
+    for topic in request.topics:
+        record = ctx.broker.topics.get(topic.topic)
+        partitions = []
+        for p in topic.partitions:
+            epoch, end_offset = UNDEFINED_EPOCH, UNDEFINED_EPOCH_OFFSET
+            current = -1
+            if record is None or not 0 <= p.partition < record.partitions:
+                error = ErrorCode.unknown_topic_or_partition
+            elif not routing.leads(record.journal_partitions[p.partition]):
+                error = ErrorCode.not_leader_or_follower
+            else:
+                current = routing.leadership(record.journal_partitions[p.partition]).leader_epoch
+                error = check_current_epoch(p.current_leader_epoch, current)
+            if error == ErrorCode.none:
+                try:
+                    epoch, end_offset = end_offset_for(
+                        p.leader_epoch, current, storage.log_end_offset(topic.topic, p.partition)
+                    )
+                except UnknownPartitionError:
+                    error = ctx.not_here(topic.topic, p.partition)
+                except StorageError:
+                    error = ErrorCode.kafka_storage_error
+            partitions.append(
+                ctx.build(
+                    "EpochEndOffset",
+                    error_code=error,
+                    partition=p.partition,
+                    leader_epoch=epoch,
+                    end_offset=end_offset,
+                )
+            )
+        topics.append(
+            ctx.build("OffsetForLeaderTopicResult", topic=topic.topic, partitions=tuple(partitions))
+        )
+    return ctx.build("OffsetForLeaderEpochResponse", throttle_time=0, topics=tuple(topics))

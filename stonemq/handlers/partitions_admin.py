@@ -1,0 +1,229 @@
+"""Partition leadership and placement: ElectLeaders (43), AlterPartitionReassignments (45) and
+ListPartitionReassignments (46), answered as Kafka's controller answers them
+(``ReplicationControlManager``).
+
+A partition's replicas, leader and ISR are its journal partition's (stonemq/cluster/routing.py;
+on a single node: this broker alone, which leads every partition). A preferred election is
+ELECTION_NOT_NEEDED when the first replica leads, an unclean one when any replica leads, as
+in Kafka; when the request names no partitions those are left out and every topic is listed.
+Otherwise (a cluster whose preferred replica does not lead, or a journal partition without a
+leader) the election is the controller's own, never run on request here:
+PREFERRED_LEADER_NOT_AVAILABLE or ELIGIBLE_LEADERS_NOT_AVAILABLE with the reason.
+
+A reassignment to the partition's current replicas changes nothing and is accepted, as in
+Kafka. A target naming a broker that is not registered is INVALID_REPLICA_ASSIGNMENT with
+Kafka's message, as are an empty or repeating list; any other target too, as a partition is
+placed with its journal partition and cannot move alone. Cancelling (null replicas) is
+NO_REASSIGNMENT_IN_PROGRESS: no reassignment is ever in progress, so the list is empty.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kio.schema.errors import ErrorCode
+
+from stonemq.cluster.routing import Leadership
+from stonemq.handlers.context import RequestContext
+from stonemq.handlers.registry import api
+from stonemq.metadata.store import TopicRecord
+
+PREFERRED = 0
+UNCLEAN = 1
+
+ELECTION_NOT_NEEDED_MESSAGE = "Leader election not needed for topic partition."
+NO_REASSIGNMENT_MESSAGE = "No partition reassignment is in progress."
+
+
+_Outcome = tuple[ErrorCode, str | None]
+
+
+class _PartitionError(Exception):
+    def __init__(self, code: ErrorCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def _leadership(ctx: RequestContext, topic: str, partition: int) -> Leadership:
+    record = _require_partition(ctx, topic, partition)
+    return ctx.broker.routing.leadership(record.journal_partitions[partition])
+
+
+def _election(ctx: RequestContext, topic: str, partition: int, election_type: int) -> _Outcome:
+    """Kafka's ``electLeader`` for one partition."""
+    try:
+        lead = _leadership(ctx, topic, partition)
+    except _PartitionError as exc:
+        return exc.code, exc.message
+    if election_type == PREFERRED and lead.replicas and lead.leader == lead.replicas[0]:
+        return ErrorCode.election_not_needed, ELECTION_NOT_NEEDED_MESSAGE
+    if election_type == UNCLEAN and lead.leader >= 0:
+        return ErrorCode.election_not_needed, ELECTION_NOT_NEEDED_MESSAGE
+    if election_type == PREFERRED:
+        return (
+            ErrorCode.preferred_leader_not_available,
+            f"The preferred leader of {topic}-{partition} does not lead; StoneMQ's controller "
+            "elects journal-partition leaders itself and runs no election on request.",
+        )
+    return (
+        ErrorCode.eligible_leaders_not_available,
+        f"{topic}-{partition} has no leader; StoneMQ's controller elects journal-partition "
+        "leaders itself (unclean.leader.election.enable) and runs no election on request.",
+    )
+
+
+def _require_partition(ctx: RequestContext, topic: str, partition: int) -> TopicRecord:
+    record = ctx.broker.topics.get(topic)
+    if record is None:
+        raise _PartitionError(
+            ErrorCode.unknown_topic_or_partition, f"Unable to find a topic named {topic}."
+        )
+    if not 0 <= partition < record.partitions:
+        raise _PartitionError(
+            ErrorCode.unknown_topic_or_partition,
+            f"Unable to find partition {topic}:{partition}.",
+        )
+    return record
+
+
+# -- ElectLeaders ---------------------------------------------------------------------------------
+@api(43, 0, 2)
+async def handle_elect_leaders(ctx: RequestContext, request: Any) -> Any:
+    election_type = int(getattr(request, "election_type", PREFERRED))
+    if election_type not in (PREFERRED, UNCLEAN):
+        message = f"Unknown election type {election_type}"
+        return _elect_response(
+            ctx,
+            ErrorCode.invalid_request,
+            tuple(
+                _election_result(
+                    ctx,
+                    t.topic,
+                    [(p, ErrorCode.invalid_request, message) for p in t.partitions],
+                )
+                for t in request.topic_partitions or ()
+            ),
+        )
+    if request.topic_partitions is None:
+        # every partition; those that already have the desired leader are left out
+        results = []
+        for record in ctx.broker.metadata.list_topics():
+            outcomes = [
+                (p, *_election(ctx, record.name, p, election_type))
+                for p in range(record.partitions)
+            ]
+            kept = [o for o in outcomes if o[1] != ErrorCode.election_not_needed]
+            results.append(_election_result(ctx, record.name, kept))
+        return _elect_response(ctx, ErrorCode.none, tuple(results))
+    topic_results = []
+    for topic in request.topic_partitions:
+        outcomes = [
+            (partition, *_election(ctx, topic.topic, partition, election_type))
+            for partition in topic.partitions
+        ]
+        topic_results.append(_election_result(ctx, topic.topic, outcomes))
+    return _elect_response(ctx, ErrorCode.none, tuple(topic_results))
+
+
+def _election_result(
+    ctx: RequestContext, topic: str, outcomes: list[tuple[int, ErrorCode, str | None]]
+) -> Any:
+    return ctx.build(
+        "ReplicaElectionResult",
+        topic=topic,
+        partition_result=tuple(
+            ctx.build("PartitionResult", partition_id=p, error_code=code, error_message=message)
+            for p, code, message in outcomes
+        ),
+    )
+
+
+def _elect_response(ctx: RequestContext, error: ErrorCode, results: tuple[Any, ...]) -> Any:
+    return ctx.build(
+        "ElectLeadersResponse",
+        throttle_time=0,
+        error_code=error,
+        replica_election_results=results,
+    )
+
+
+# -- AlterPartitionReassignments ------------------------------------------------------------------
+@api(45, 0, 1)
+async def handle_alter_partition_reassignments(ctx: RequestContext, request: Any) -> Any:
+    responses = []
+    for topic in request.topics:
+        partitions = []
+        for target in topic.partitions:
+            code, message = ErrorCode.none, None
+            try:
+                lead = _leadership(ctx, topic.name, target.partition_index)
+                _check_target(ctx, target.replicas, lead)
+            except _PartitionError as exc:
+                code, message = exc.code, exc.message
+            partitions.append(
+                ctx.build(
+                    "ReassignablePartitionResponse",
+                    partition_index=target.partition_index,
+                    error_code=code,
+                    error_message=message,
+                )
+            )
+        responses.append(
+            ctx.build("ReassignableTopicResponse", name=topic.name, partitions=tuple(partitions))
+        )
+    return ctx.build(
+        "AlterPartitionReassignmentsResponse",
+        throttle_time=0,
+        allow_replication_factor_change=getattr(request, "allow_replication_factor_change", True),
+        error_code=ErrorCode.none,
+        error_message=None,
+        responses=tuple(responses),
+    )
+
+
+def _check_target(ctx: RequestContext, replicas: tuple[int, ...] | None, lead: Leadership) -> None:
+    """Kafka's checks of a reassignment target (null: cancel the ongoing one), then whether
+    it is the current assignment, the only one a partition can have here."""
+    if replicas is None:
+        raise _PartitionError(ErrorCode.no_reassignment_in_progress, NO_REASSIGNMENT_MESSAGE)
+    if not replicas:
+        raise _PartitionError(
+            ErrorCode.invalid_replica_assignment,
+            "The manual partition assignment includes an empty replica list.",
+        )
+    routing = ctx.broker.routing
+    previous: int | None = None
+    for broker_id in sorted(replicas):
+        if routing.broker(broker_id) is None:
+            raise _PartitionError(
+                ErrorCode.invalid_replica_assignment,
+                f"The manual partition assignment includes broker {broker_id}, but no such "
+                "broker is registered.",
+            )
+        if broker_id == previous:
+            raise _PartitionError(
+                ErrorCode.invalid_replica_assignment,
+                f"The manual partition assignment includes the broker {previous} more than once.",
+            )
+        previous = broker_id
+    if tuple(replicas) != tuple(lead.replicas):
+        raise _PartitionError(
+            ErrorCode.invalid_replica_assignment,
+            f"The partition's replicas are {list(lead.replicas)}, those of its journal "
+            "partition: a partition cannot be moved on its own.",
+        )
+    # the current assignment: nothing to move, nothing in progress after
+
+
+# -- ListPartitionReassignments -------------------------------------------------------------------
+@api(46, 0, 0)
+async def handle_list_partition_reassignments(ctx: RequestContext, request: Any) -> Any:
+    """No reassignment is ever in progress: Kafka lists only partitions being reassigned."""
+    return ctx.build(
+        "ListPartitionReassignmentsResponse",
+        throttle_time=0,
+        error_code=ErrorCode.none,
+        error_message=None,
+        topics=(),
+    )

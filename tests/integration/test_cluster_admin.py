@@ -1,0 +1,141 @@
+"""The partition admin calls on a three-broker cluster (real ZooKeeper, three brokers,
+replication factor 1): OffsetForLeaderEpoch and DescribeProducers answer at the leader and
+send clients elsewhere to it, DescribeTopicPartitions agrees with Metadata, ElectLeaders
+finds every preferred replica leading, a reassignment is accepted only to the current
+replicas, DescribeLogDirs lists on each broker the partitions it holds."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+import pytest
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+from kafka import TopicPartition
+from kafka import errors as kerrors
+from kafka.admin import KafkaAdminClient
+from kio.schema.errors import ErrorCode
+
+from . import rawclient
+
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(180)]
+
+
+@pytest.fixture
+def cluster(broker_factory, zookeeper) -> list[Any]:
+    chroot = f"{zookeeper.connect}/stonemq-admin-{uuid.uuid4().hex[:8]}"
+    return [
+        broker_factory(zookeeper_connect=chroot, broker_id=b, journal_partitions=2)
+        for b in (1, 2, 3)
+    ]
+
+
+def _metadata(broker, topic: str) -> dict[int, tuple[int, int, tuple[int, ...]]]:  # type: ignore[no-untyped-def]
+    req = rawclient.schema("metadata", 12, "request")
+    resp = rawclient.schema("metadata", 12, "response")
+    with rawclient.RawConnection(broker.host, broker.port) as conn:
+        answer = conn.request(
+            req.MetadataRequest(
+                topics=(req.MetadataRequestTopic(topic_id=None, name=topic),),
+                allow_auto_topic_creation=False,
+                include_topic_authorized_operations=False,
+            ),
+            resp.MetadataResponse,
+        )
+    (t,) = answer.topics
+    return {
+        p.partition_index: (p.leader_id, p.leader_epoch, tuple(p.replica_nodes))
+        for p in t.partitions
+    }
+
+
+def _epoch_end(broker, topic: str, partition: int, epoch: int):  # type: ignore[no-untyped-def]
+    req = rawclient.schema("offset_for_leader_epoch", 4, "request")
+    resp = rawclient.schema("offset_for_leader_epoch", 4, "response")
+    with rawclient.RawConnection(broker.host, broker.port) as conn:
+        answer = conn.request(
+            req.OffsetForLeaderEpochRequest(
+                replica_id=-1,
+                topics=(
+                    req.OffsetForLeaderTopic(
+                        topic=topic,
+                        partitions=(
+                            req.OffsetForLeaderPartition(
+                                partition=partition, current_leader_epoch=epoch, leader_epoch=epoch
+                            ),
+                        ),
+                    ),
+                ),
+            ),
+            resp.OffsetForLeaderEpochResponse,
+        )
+    ((p,),) = [t.partitions for t in answer.topics]
+    return p.error_code, p.leader_epoch, p.end_offset
+
+
+def test_partition_admin_calls_follow_the_routing(cluster) -> None:
+    b1, b2, b3 = cluster
+    by_id = {1: b1, 2: b2, 3: b3}
+    creator = AdminClient({"bootstrap.servers": b1.bootstrap})  # referenced until done
+    creator.create_topics([NewTopic("adm", 6, 1)])["adm"].result(30)
+    deadline = time.monotonic() + 30
+    while True:  # every broker learns of the topic through ZooKeeper
+        meta = _metadata(b2, "adm")
+        if len(meta) == 6 and all(m[0] > 0 for m in meta.values()):
+            break
+        assert time.monotonic() < deadline, meta
+        time.sleep(0.1)
+    assert sorted(meta) == list(range(6)) and {m[0] for m in meta.values()} == {1, 2, 3}
+    producer = Producer({"bootstrap.servers": b1.bootstrap, "enable.idempotence": True})
+    for p in range(6):
+        for i in range(p + 1):
+            producer.produce("adm", value=b"v%d" % i, partition=p)
+    assert producer.flush(30) == 0
+
+    for p, (leader, epoch, _) in meta.items():
+        # at the leader: its epoch ends at the log end; elsewhere: go to the leader
+        assert _epoch_end(by_id[leader], "adm", p, epoch) == (ErrorCode.none, epoch, p + 1)
+        other = by_id[leader % 3 + 1]
+        assert _epoch_end(other, "adm", p, epoch)[0] == ErrorCode.not_leader_or_follower
+
+    # DescribeTopicPartitions agrees with Metadata, from any broker
+    client = KafkaAdminClient(bootstrap_servers=b3.bootstrap, request_timeout_ms=15000)
+    try:
+        (described,) = client.describe_topic_partitions(["adm"])["topics"]
+        assert {
+            p["partition_index"]: (p["leader_id"], p["leader_epoch"], tuple(p["replica_nodes"]))
+            for p in described["partitions"]
+        } == meta
+        # every preferred replica leads: no election needed
+        response = client.elect_leaders(0, {"adm": list(range(6))}, raise_errors=False)
+        (result,) = response.replica_election_results
+        assert {p.error_code for p in result.partition_result} == {ErrorCode.election_not_needed}
+        # a reassignment to the current replicas is accepted; another broker's is not
+        current = meta[0][2]
+        elsewhere = [b for b in (1, 2, 3) if b not in current][:1]
+        answer = client.alter_partition_reassignments(
+            {TopicPartition("adm", 0): list(current), TopicPartition("adm", 1): elsewhere}
+        )
+        assert answer[TopicPartition("adm", 0)] is None
+        assert answer[TopicPartition("adm", 1)] is kerrors.InvalidReplicationAssignmentError
+        # each broker lists the partitions it holds, the producer state at the leader
+        logs = client.describe_log_dirs({"adm": list(range(6))})
+        held: dict[int, set[int]] = {}
+        for entry in logs:
+            for d in entry["log_dirs"]:
+                for t in d["topics"]:
+                    held.setdefault(entry["broker"], set()).update(
+                        p["partition_index"] for p in t["partitions"]
+                    )
+        assert held == {
+            b: {p for p, m in meta.items() if m[0] == b} for b in (1, 2, 3) if b in held
+        }
+        assert set().union(*held.values()) == set(range(6))
+        states = client.describe_producers([TopicPartition("adm", p) for p in range(6)])
+        for p in range(6):
+            (producer_state,) = states[TopicPartition("adm", p)].active_producers
+            assert producer_state.last_sequence == p
+    finally:
+        client.close()
