@@ -221,7 +221,13 @@ class OffsetsLog:
             data = storage.read(OFFSETS_TOPIC, partition, offset, LOAD_READ_BYTES).data
             if not data:
                 break
-            for pos, header in iter_batches(data):
+            try:
+                batches = list(iter_batches(data))
+            except RecordBatchError as exc:  # not a v2 batch: its length cannot be trusted
+                log.error("%s-%d: stops at offset %d: %s", OFFSETS_TOPIC, partition, offset, exc)
+                break
+            before = offset
+            for pos, header in batches:
                 try:
                     entries, unreadable = glog.decode_batch(
                         memoryview(data)[pos : pos + header.size]
@@ -242,6 +248,9 @@ class OffsetsLog:
                     coordinator.replay(key, value)
                     applied += 1
                 offset = max(offset, header.next_offset)
+            if offset == before:  # no whole batch, or headers that do not move on: stop
+                log.error("%s-%d: stops at offset %d", OFFSETS_TOPIC, partition, offset)
+                break
         self._since_snapshot[partition] = applied
         if skipped:
             log.warning("%s-%d: skipped %d unreadable records", OFFSETS_TOPIC, partition, skipped)

@@ -470,12 +470,13 @@ class InvalidTimestampError(RecordBatchError):
     LogAppendTime: INVALID_TIMESTAMP."""
 
 
-def _check_framing(
+def check_framing(
     buf: bytes | bytearray | memoryview, pos: int, end: int, check_crc: bool = True
 ) -> BatchHeader:
     """The rules every batch passes, produced or read back: magic 2, its length within
     ``buf[pos:end]``, its CRC-32C, a record count matching its last offset delta, a known
-    codec."""
+    codec. Cheap (the header and a CRC): the checks of :func:`read_batch` short of the record
+    walk, for a reader that skips a batch it does not need."""
     header = parse_header(buf, pos)
     if pos + header.size > end:
         raise CorruptRecordError(
@@ -499,7 +500,7 @@ def check_batch(buf: bytes | bytearray | memoryview) -> BatchHeader:
     header = parse_header(buf, 0)
     if header.size < len(buf):
         raise InvalidRecordError("produce records must hold exactly one record batch")
-    header = _check_framing(buf, 0, len(buf))
+    header = check_framing(buf, 0, len(buf))
     if header.is_control:
         raise InvalidRecordError("clients may not produce control batches")
     if header.producer_id >= 0 and header.base_sequence < 0:
@@ -582,14 +583,16 @@ def read_batch(
     max_uncompressed_bytes: int = MAX_UNCOMPRESSED_BYTES,
     bounds: bool = False,
     check_crc: bool = True,
+    header: BatchHeader | None = None,
 ) -> StoredBatch:
     """The validator of a batch read back from a log (the group log, the tiering decoder,
     ListOffsets by timestamp, cold reads, tools): the rules :func:`check_batch` and
     :func:`check_records` apply to a produced batch, less the produce-only ones (control
     batches, LogAppendTime, producer sequence, timestamp bounds), with the same errors.
-    ``bounds``: also return where each record starts and ends (see :func:`walk_records`)."""
-    stop = len(buf) if end is None else end
-    header = _check_framing(buf, pos, stop, check_crc)
+    ``bounds``: also return where each record starts and ends (see :func:`walk_records`);
+    ``header``: what :func:`check_framing` returned for this batch (not checked again)."""
+    if header is None:
+        header = check_framing(buf, pos, len(buf) if end is None else end, check_crc)
     body, start, body_end = batch_body(buf, pos, header, max_uncompressed_bytes)
     out = bytearray(16 * header.record_count) if bounds else None
     walk_records(body, start, body_end, header.record_count, out)

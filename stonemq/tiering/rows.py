@@ -26,6 +26,7 @@ from stonemq.protocol import record_batch as codec
 from stonemq.protocol.record_batch import (
     HEADER_SIZE,
     RecordBatchError,
+    check_framing,
     iter_record_fields,
     parse_header,
     read_batch,
@@ -227,9 +228,10 @@ def decode_segment(
     """Rows for the data records with offsets in ``first..last`` of a segment's bytes
     (control batches skipped; whole batches only: a torn tail ends the segment).
 
-    Every batch read is validated by the record codec's validator
-    (:func:`~stonemq.protocol.record_batch.read_batch`: CRC, record count, every record
-    walked, decompression bounded), the rules a produce of it is checked by; a batch it
+    Every batch is validated by the record codec's validator, the rules a produce of it is
+    checked by (:func:`~stonemq.protocol.record_batch.check_framing`, CRC and record count,
+    for each; :func:`~stonemq.protocol.record_batch.read_batch`, every record walked and
+    decompression bounded, for those whose records are read); a batch it
     refuses ends the segment after the batches before it, and ``on_refused`` is told its
     position and the error (the same CorruptRecordError or InvalidRecordError a produce of
     it would get). The walk also gives each record's bounds: consecutive uncompressed batches
@@ -252,12 +254,13 @@ def decode_segment(
         if pos + header.size > size:
             break  # a torn tail: the whole batches before it are the data
         start, pos = pos, pos + header.size
-        if header.last_offset < first or header.is_control:
-            continue
-        if header.base_offset > last:
-            break
         try:
-            stored = read_batch(buf, start, pos, bounds=True)
+            header = check_framing(buf, start, pos)  # every batch, also those skipped
+            if header.last_offset < first or header.is_control:
+                continue
+            if header.base_offset > last:
+                break
+            stored = read_batch(buf, start, pos, bounds=True, header=header)
         except RecordBatchError as exc:
             if on_refused is not None:
                 on_refused(start, exc)
