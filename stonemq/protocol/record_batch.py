@@ -425,12 +425,24 @@ class _Scan(Exception):
         self.status = status
 
 
-try:  # the C walk (setup.py builds it); the Python twin when it was not built, or is older
+try:  # the C walk (setup.py builds it); the Python twin when it was not built
     from stonemq.protocol import _recordscan
 
-    if getattr(_recordscan, "VERSION", 1) < 2:  # pragma: no cover - a stale build
-        raise ImportError("_recordscan predates the bounds argument: rebuild it")
-    scan_records = _recordscan.scan
+    if getattr(_recordscan, "VERSION", 1) >= 2:
+        scan_records = _recordscan.scan
+    else:  # pragma: no cover - a build older than the bounds argument: rebuild it
+
+        def scan_records(
+            buf: bytes | bytearray | memoryview,
+            start: int,
+            end: int,
+            count: int,
+            bounds: bytearray | memoryview | None = None,
+        ) -> tuple[int, int, int, int]:
+            if bounds is None:
+                return _recordscan.scan(buf, start, end, count)  # type: ignore[no-any-return]
+            return scan_records_py(buf, start, end, count, bounds)
+
 except ImportError:  # pragma: no cover - depends on the build
     scan_records = scan_records_py
 

@@ -164,8 +164,10 @@ def test_the_walk_gives_each_record_its_bounds() -> None:
 
 
 def test_the_c_walk_is_built() -> None:
-    """CI builds the extension (setup.py); without it produce would walk records in Python."""
+    """CI builds the extension (setup.py); without it produce would walk records in Python,
+    and with a build older than the bounds argument so would the tiering decoder."""
     assert rb.scan_records is not rb.scan_records_py
+    assert rb._recordscan.VERSION >= 2
 
 
 def reseal(batch: bytearray) -> bytearray:
