@@ -649,15 +649,18 @@ class Record:
 
 
 def iter_record_fields(
-    body: bytes | bytearray | memoryview, start: int, count: int
+    body: bytes | bytearray | memoryview, start: int, count: int, end: int | None = None
 ) -> Iterator[tuple[int, int, bytes | None, bytes | None, tuple[tuple[str, bytes | None], ...]]]:
-    """``(offset delta, timestamp delta, key, value, headers)`` of the ``count`` records at
-    ``body[start:]``, which :func:`read_batch` (or :func:`check_records`) validated: no Record
-    object is made, nothing is checked twice, and varints of one or two bytes (most lengths
-    and deltas) are read inline."""
-    data = body if isinstance(body, bytes) else memoryview(body).tobytes()
+    """``(offset delta, timestamp delta, key, value, headers)`` of the ``count`` records in
+    ``body[start:end]``, which :func:`read_batch` (or :func:`check_records`) validated: no
+    Record object is made, nothing is checked twice, and varints of one or two bytes (most
+    lengths and deltas) are read inline. (A body that is not ``bytes`` is copied once, its
+    ``start:end`` only.)"""
+    if isinstance(body, bytes):
+        data, pos = body, start
+    else:
+        data, pos = memoryview(body)[start:end].tobytes(), 0
     varint = read_varint
-    pos = start
     for _ in range(count):
         while data[pos] >= 0x80:  # the record's length: validated, skipped
             pos += 1
@@ -721,7 +724,7 @@ def iter_records(
     header = stored.header
     log_append = header.timestamp_type == TIMESTAMP_LOG_APPEND_TIME
     for offset_delta, ts_delta, key, value, headers in iter_record_fields(
-        stored.body, stored.start, header.record_count
+        stored.body, stored.start, header.record_count, stored.end
     ):
         timestamp = header.max_timestamp if log_append else header.base_timestamp + ts_delta
         yield Record(header.base_offset + offset_delta, timestamp, key, value, headers)
