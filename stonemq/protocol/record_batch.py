@@ -765,8 +765,16 @@ def encode_records(
         if headers:
             varint(len(headers), body)
             for hkey, hvalue in headers:
-                write_bytes(hkey.encode(), body)
-                write_bytes(hvalue, body)
+                for field in (hkey.encode(), hvalue):
+                    if field is None:
+                        body.append(1)  # -1
+                    else:
+                        size = len(field)
+                        if size < 64:
+                            body.append(size << 1)
+                        else:
+                            varint(size, body)
+                        body += field
         else:
             body.append(0)
         size = len(body)

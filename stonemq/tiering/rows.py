@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from stonemq.protocol import record_batch as codec
 from stonemq.protocol.record_batch import (
@@ -380,7 +381,13 @@ def _encode_chunk(table: pa.Table, max_bytes: int | None) -> Iterator[tuple[int,
     types = table.column("timestamp_type").to_pylist()
     keys = table.column("key").to_pylist()
     values = table.column("value").to_pylist()
-    headers = table.column("headers").to_pylist()
+    # headers as two flat lists and a count per row: no dict per header (to_pylist's form)
+    header_lists = table.column("headers")
+    header_counts = pc.list_value_length(header_lists).fill_null(0).to_pylist()
+    flat = pc.list_flatten(header_lists)
+    header_keys = pc.struct_field(flat, [0]).fill_null("").to_pylist()
+    header_values = pc.struct_field(flat, [1]).to_pylist()
+    next_header = 0
     pids = table.column("producer_id").to_pylist()
     i = 0
     n = len(offsets)
@@ -399,10 +406,16 @@ def _encode_chunk(table: pa.Table, max_bytes: int | None) -> Iterator[tuple[int,
                 or size >= target
             ):
                 break
-            hdrs = headers[i]
-            group.append(
-                (stamps[i] // 1000, keys[i], values[i], _header_pairs(hdrs) if hdrs else ())
-            )
+            n_headers = header_counts[i]
+            if n_headers:
+                stop = next_header + n_headers
+                hdrs: Sequence[tuple[str, bytes | None]] = list(
+                    zip(header_keys[next_header:stop], header_values[next_header:stop], strict=True)
+                )
+                next_header = stop
+            else:
+                hdrs = ()
+            group.append((stamps[i] // 1000, keys[i], values[i], hdrs))
             size += len(keys[i] or b"") + len(values[i] or b"") + 16
             i += 1
         stamp = stamps[start] // 1000
