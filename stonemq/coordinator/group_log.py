@@ -11,9 +11,12 @@ could read them):
   assignments); a null value means the group was deleted.
 
 Strings are int16-length UTF-8 (-1 for null), byte strings int32-length, arrays int32-counted,
-all big-endian. A group lives in partition ``abs(javaHashCode(group)) % partitions``, like
-Kafka. Replaying a partition's records in order rebuilds its state; records this module cannot
-parse are skipped (:class:`LogFormatError`), never fatal.
+all big-endian (Kafka's group metadata schemas: the structs below are theirs, not the record
+framing). A group lives in partition ``abs(javaHashCode(group)) % partitions``, like Kafka.
+The batches carrying these records are built and read by the one record codec and validator
+(:mod:`stonemq.protocol.record_batch`), under the rules a produce is checked by: a batch that
+breaks them is skipped whole. Replaying a partition's records in order rebuilds its state;
+records this module cannot parse are skipped (:class:`LogFormatError`), never fatal.
 """
 
 from __future__ import annotations
@@ -23,9 +26,7 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from crc32c import crc32c
-
-from stonemq.protocol.record_batch import CRC_START, HEADER_SIZE, LOG_OVERHEAD
+from stonemq.protocol.record_batch import encode_batch, iter_records
 
 OFFSETS_TOPIC = "__consumer_offsets"
 
@@ -256,51 +257,36 @@ def decode(key: bytes | None, value: bytes | None) -> tuple[Key, Value]:
     return parsed, decode_group_value(value)
 
 
-# -- RecordBatch v2 --------------------------------------------------------------------------
-def _varint(value: int) -> bytes:
-    raw = (value << 1) ^ (value >> 63)  # zigzag
-    out = bytearray()
-    while raw > 0x7F:
-        out.append((raw & 0x7F) | 0x80)
-        raw >>= 7
-    out.append(raw)
-    return bytes(out)
-
-
-def _record(offset_delta: int, key: bytes, value: bytes | None) -> bytes:
-    body = b"".join(
-        (
-            b"\x00",  # attributes
-            _varint(0),  # timestamp delta
-            _varint(offset_delta),
-            _varint(len(key)),
-            key,
-            _varint(-1) if value is None else _varint(len(value)) + value,
-            _varint(0),  # headers
-        )
-    )
-    return _varint(len(body)) + body
-
-
-_BATCH_HEADER = struct.Struct(">qiibIhiqqqhii")
-
-
+# -- RecordBatch v2: through the one record codec --------------------------------------------
 def build_batch(records: Sequence[tuple[bytes, bytes | None]], timestamp_ms: int = -1) -> bytearray:
-    """One uncompressed RecordBatch v2 holding ``records`` (key, value), base offset 0."""
+    """One uncompressed RecordBatch v2 holding ``records`` (key, value), base offset 0, built
+    by the record codec (:func:`stonemq.protocol.record_batch.encode_batch`); a bytearray, so
+    the storage engine patches its base offset in place."""
     if not records:
         raise ValueError("a batch needs at least one record")
     if timestamp_ms < 0:
         timestamp_ms = int(time.time() * 1000)
-    body = b"".join(_record(i, k, v) for i, (k, v) in enumerate(records))
-    length = HEADER_SIZE - LOG_OVERHEAD + len(body)
-    batch = bytearray(HEADER_SIZE + len(body))
-    last = len(records) - 1
-    _BATCH_HEADER.pack_into(
-        batch, 0, 0, length, -1, 2, 0, 0, last, timestamp_ms, timestamp_ms, -1, -1, -1, last + 1
-    )
-    batch[HEADER_SIZE:] = body
-    struct.pack_into(">I", batch, 17, crc32c(memoryview(batch)[CRC_START:]))
-    return batch
+    return bytearray(encode_batch(0, [(timestamp_ms, key, value, ()) for key, value in records]))
+
+
+def decode_batch(
+    batch: bytes | bytearray | memoryview,
+) -> tuple[list[tuple[int, Key, Value]], int]:
+    """The ``(offset, key, value)`` entries of one stored batch, and how many of its records
+    are not ours (skipped, see :class:`LogFormatError`). The batch is read by the record
+    codec under the validator's rules (:func:`stonemq.protocol.record_batch.iter_records`):
+    a batch that breaks them raises the same RecordBatchError a produce of it would get
+    (CorruptRecordError, InvalidRecordError), and none of its records is taken."""
+    entries: list[tuple[int, Key, Value]] = []
+    skipped = 0
+    for rec in iter_records(batch):
+        try:
+            key, value = decode(rec.key, rec.value)
+        except (LogFormatError, UnicodeDecodeError):
+            skipped += 1
+            continue
+        entries.append((rec.offset, key, value))
+    return entries, skipped
 
 
 def encode_records(entries: Iterable[tuple[Key, Value]]) -> list[tuple[bytes, bytes | None]]:

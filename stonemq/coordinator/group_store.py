@@ -28,10 +28,10 @@ from typing import TYPE_CHECKING
 
 from stonemq.coordinator import group_log as glog
 from stonemq.coordinator.group_coordinator import GroupConfig, GroupCoordinator
-from stonemq.coordinator.group_log import OFFSETS_TOPIC, LogFormatError, partition_for
+from stonemq.coordinator.group_log import OFFSETS_TOPIC, partition_for
 from stonemq.coordinator.group_state import Clock, SystemClock
 from stonemq.coordinator.group_timers import TimerQueue
-from stonemq.protocol.record_batch import RecordBatchError, iter_batches, iter_records
+from stonemq.protocol.record_batch import RecordBatchError, iter_batches
 from stonemq.storage.engine import OffsetOutOfRangeError, StorageError, UnknownPartitionError
 
 if TYPE_CHECKING:
@@ -221,24 +221,36 @@ class OffsetsLog:
             data = storage.read(OFFSETS_TOPIC, partition, offset, LOAD_READ_BYTES).data
             if not data:
                 break
-            for pos, header in iter_batches(data):
-                batch = memoryview(data)[pos : pos + header.size]
+            try:
+                batches = list(iter_batches(data))
+            except RecordBatchError as exc:  # not a v2 batch: its length cannot be trusted
+                log.error("%s-%d: stops at offset %d: %s", OFFSETS_TOPIC, partition, offset, exc)
+                break
+            before = offset
+            for pos, header in batches:
                 try:
-                    records = list(iter_records(batch))
-                except RecordBatchError:
-                    records = []
-                    skipped += header.record_count
-                for rec in records:
-                    if rec.offset < offset:
-                        continue
-                    try:
-                        key, value = glog.decode(rec.key, rec.value)
-                    except (LogFormatError, UnicodeDecodeError):
-                        skipped += 1
+                    entries, unreadable = glog.decode_batch(
+                        memoryview(data)[pos : pos + header.size]
+                    )
+                except RecordBatchError as exc:
+                    log.warning(
+                        "%s-%d: batch at offset %d refused: %s",
+                        OFFSETS_TOPIC,
+                        partition,
+                        header.base_offset,
+                        exc,
+                    )
+                    entries, unreadable = [], max(header.record_count, 0)
+                skipped += unreadable
+                for record_offset, key, value in entries:
+                    if record_offset < offset:
                         continue
                     coordinator.replay(key, value)
                     applied += 1
                 offset = max(offset, header.next_offset)
+            if offset == before:  # no whole batch, or headers that do not move on: stop
+                log.error("%s-%d: stops at offset %d", OFFSETS_TOPIC, partition, offset)
+                break
         self._since_snapshot[partition] = applied
         if skipped:
             log.warning("%s-%d: skipped %d unreadable records", OFFSETS_TOPIC, partition, skipped)

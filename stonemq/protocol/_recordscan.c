@@ -14,7 +14,10 @@
  * length below -1, and nothing left after the last record. It returns
  * (status, record index, smallest timestamp delta, largest timestamp delta); status 0 is a
  * valid walk, any other names the first rule broken (record_batch.SCAN_ERRORS). Nothing is
- * copied and no Python object is made per record. The pure-Python twin in record_batch.py
+ * copied and no Python object is made per record. Given a writable buffer of 2 * count
+ * int64 as a fifth argument (`bounds`), it also stores where each record's bytes start and
+ * end (after its length varint; the tiering decoder reads the fields of a validated run of
+ * records from these with numpy). The pure-Python twin in record_batch.py
  * (scan_records_py) follows the same rules; a property test holds them to the same answers.
  */
 #define PY_SSIZE_T_CLEAN
@@ -81,11 +84,16 @@ static inline int skip_field(const uint8_t *buf, Py_ssize_t *pos, Py_ssize_t end
 
 static PyObject *scan(PyObject *self, PyObject *args) {
     Py_buffer view;
+    Py_buffer out = {0};
     Py_ssize_t start, end, count;
-    if (!PyArg_ParseTuple(args, "y*nnn", &view, &start, &end, &count))
+    if (!PyArg_ParseTuple(args, "y*nnn|w*", &view, &start, &end, &count, &out))
         return NULL;
-    if (start < 0 || end > view.len || start > end || count < 0) {
+    int64_t *bounds = (int64_t *)out.buf;
+    if (start < 0 || end > view.len || start > end || count < 0 ||
+        (bounds && out.len < count * 2 * (Py_ssize_t)sizeof(int64_t))) {
         PyBuffer_Release(&view);
+        if (bounds)
+            PyBuffer_Release(&out);
         PyErr_SetString(PyExc_ValueError, "scan: bounds outside the buffer");
         return NULL;
     }
@@ -109,6 +117,10 @@ static PyObject *scan(PyObject *self, PyObject *args) {
             break;
         }
         Py_ssize_t record_end = pos + (Py_ssize_t)length;
+        if (bounds) {
+            bounds[2 * index] = (int64_t)pos;
+            bounds[2 * index + 1] = (int64_t)record_end;
+        }
         pos += 1; /* attributes */
         if (read_varint(buf, &pos, record_end, 10, &ts_delta, &status))
             break;
@@ -149,6 +161,8 @@ static PyObject *scan(PyObject *self, PyObject *args) {
     Py_END_ALLOW_THREADS
 
     PyBuffer_Release(&view);
+    if (bounds)
+        PyBuffer_Release(&out);
     if (status)
         return Py_BuildValue("(inLL)", status, index, (long long)0, (long long)0);
     if (count == 0)
@@ -166,4 +180,13 @@ static struct PyModuleDef module = {
     methods,
 };
 
-PyMODINIT_FUNC PyInit__recordscan(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__recordscan(void) {
+    PyObject *m = PyModule_Create(&module);
+    /* 2: scan takes the optional bounds buffer (record_batch falls back to its Python twin
+     * when an older build lacks it) */
+    if (m && PyModule_AddIntConstant(m, "VERSION", 2)) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

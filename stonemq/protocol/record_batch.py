@@ -4,11 +4,18 @@ The 61-byte header (:data:`BATCH_HEADER`), its CRC-32C, the base-offset and time
 Kafka's zigzag varints (:func:`read_varint`, :func:`write_varint`); bounded decompression
 (:func:`decompress`: nothing past ``batch.max.uncompressed.bytes`` is ever produced); the
 record walk (:func:`scan_records`: the C extension ``_recordscan``, or its Python twin);
-the validator of produced batches, Kafka's LogValidator rules with its error codes
+the validator, Kafka's LogValidator rules with its error codes: of produced batches
 (:func:`check_batch`, cheap, and :func:`check_records`, which walks every record and may
-decompress); record decoding (:func:`iter_records`) for the paths that need records
-(ListOffsets by timestamp, the group log, tools; the tiering decoder's vectorized path reads
-these same fields), and the one batch builder (:func:`encode_batch`).
+decompress) and of stored batches read back (:func:`read_batch`: the same framing, CRC, count
+and record rules, without the produce-only ones); record decoding (:func:`iter_records`,
+:func:`iter_record_fields`) for the paths that need records (ListOffsets by timestamp, the
+group log, tools, the tiering decoder's record-by-record path; its vectorized path reads the
+fields of records :func:`read_batch` validated, at the bounds the walk returns), and the one
+batch builder (:func:`encode_batch`, :func:`encode_records`: the group log, cold reads).
+
+Every reader refuses a bad batch the same way: :class:`CorruptRecordError` for a batch that
+is torn or fails its CRC (or does not decompress), :class:`InvalidRecordError` for one whose
+record count or records break the rules, :class:`UnsupportedMagicError` for magic 0 and 1.
 
 On the produce path a batch stays opaque bytes: the validator walks its records in C without
 copying them or making an object per record, and the batch is written as received.
@@ -392,10 +399,22 @@ each broken rule is an InvalidRecordException, INVALID_RECORD)."""
 
 
 def scan_records_py(
-    buf: bytes | bytearray | memoryview, start: int, end: int, count: int
+    buf: bytes | bytearray | memoryview,
+    start: int,
+    end: int,
+    count: int,
+    bounds: bytearray | memoryview | None = None,
 ) -> tuple[int, int, int, int]:
-    """The pure-Python record walk: ``_recordscan.scan``'s twin, same rules and answers."""
+    """The pure-Python record walk: ``_recordscan.scan``'s twin, same rules and answers
+    (``bounds``: a writable buffer of ``2 * count`` int64 given each record's start and end)."""
+    if start < 0 or end > len(buf) or start > end or count < 0:
+        raise ValueError("scan: bounds outside the buffer")
     mv = memoryview(buf)
+    out = None
+    if bounds is not None:
+        out = memoryview(bounds).cast("B").cast("q")
+        if len(out) < 2 * count:
+            raise ValueError("scan: bounds outside the buffer")
 
     def varint(pos: int, limit: int, max_bytes: int) -> tuple[int, int]:
         raw = shift = 0
@@ -433,6 +452,8 @@ def scan_records_py(
             if length > end - pos:
                 raise _Scan(1)
             record_end = pos + length
+            if out is not None:
+                out[2 * index], out[2 * index + 1] = pos, record_end
             ts_delta, pos = varint(pos + 1, record_end, 10)
             offset_delta, pos = varint(pos, record_end, 5)
             if offset_delta != index:
@@ -465,9 +486,44 @@ class _Scan(Exception):
 
 
 try:  # the C walk (setup.py builds it); the Python twin when it was not built
-    from stonemq.protocol._recordscan import scan as scan_records
+    from stonemq.protocol import _recordscan
+
+    if getattr(_recordscan, "VERSION", 1) >= 2:
+        scan_records = _recordscan.scan
+    else:  # pragma: no cover - a build older than the bounds argument: rebuild it
+
+        def scan_records(
+            buf: bytes | bytearray | memoryview,
+            start: int,
+            end: int,
+            count: int,
+            bounds: bytearray | memoryview | None = None,
+        ) -> tuple[int, int, int, int]:
+            if bounds is None:
+                return _recordscan.scan(buf, start, end, count)  # type: ignore[no-any-return]
+            return scan_records_py(buf, start, end, count, bounds)
+
 except ImportError:  # pragma: no cover - depends on the build
     scan_records = scan_records_py
+
+
+def walk_records(
+    body: bytes | bytearray | memoryview,
+    start: int,
+    end: int,
+    count: int,
+    bounds: bytearray | memoryview | None = None,
+) -> tuple[int, int]:
+    """Walk the ``count`` records of ``body[start:end]`` (uncompressed) by Kafka's record
+    rules; (smallest, largest) timestamp delta. Raises InvalidRecordError naming the first
+    record that breaks a rule. ``bounds``: see :func:`scan_records_py`."""
+    if bounds is None:
+        status, index, low, high = scan_records(body, start, end, count)
+    else:
+        status, index, low, high = scan_records(body, start, end, count, bounds)
+    if status:
+        raise InvalidRecordError(f"record {index}: {SCAN_ERRORS.get(status, status)}")
+    return low, high
 
 
 # --- the batch validator (Kafka's LogValidator rules) -----------------------------------------
@@ -486,17 +542,19 @@ class InvalidTimestampError(RecordBatchError):
     LogAppendTime: INVALID_TIMESTAMP."""
 
 
-def check_batch(buf: bytes | bytearray | memoryview) -> BatchHeader:
-    """The batch-level rules for a produced batch (cheap: header and CRC only); raises the
-    RecordBatchError that names the Kafka error. See :func:`validate_produce_records`."""
-    header = parse_header(buf, 0)
-    if header.size != len(buf):
-        if header.size > len(buf):
-            raise CorruptRecordError(
-                f"batch length field says {header.size} bytes, only {len(buf)} present"
-            )
-        raise InvalidRecordError("produce records must hold exactly one record batch")
-    if not crc_ok(buf, 0, header):
+def check_framing(
+    buf: bytes | bytearray | memoryview, pos: int, end: int, check_crc: bool = True
+) -> BatchHeader:
+    """The rules every batch passes, produced or read back: magic 2, its length within
+    ``buf[pos:end]``, its CRC-32C, a record count matching its last offset delta, a known
+    codec. Cheap (the header and a CRC): the checks of :func:`read_batch` short of the record
+    walk, for a reader that skips a batch it does not need."""
+    header = parse_header(buf, pos)
+    if pos + header.size > end:
+        raise CorruptRecordError(
+            f"batch length field says {header.size} bytes, only {end - pos} present"
+        )
+    if check_crc and not crc_ok(buf, pos, header):
         raise CorruptRecordError("record batch CRC-32C mismatch")
     if header.record_count <= 0 or header.record_count != header.last_offset_delta + 1:
         raise InvalidRecordError(
@@ -505,6 +563,16 @@ def check_batch(buf: bytes | bytearray | memoryview) -> BatchHeader:
         )
     if header.compression > COMPRESSION_ZSTD:
         raise InvalidRecordError(f"unknown compression codec {header.compression}")
+    return header
+
+
+def check_batch(buf: bytes | bytearray | memoryview) -> BatchHeader:
+    """The batch-level rules for a produced batch (cheap: header and CRC only); raises the
+    RecordBatchError that names the Kafka error. See :func:`validate_produce_records`."""
+    header = parse_header(buf, 0)
+    if header.size < len(buf):
+        raise InvalidRecordError("produce records must hold exactly one record batch")
+    header = check_framing(buf, 0, len(buf))
     if header.is_control:
         raise InvalidRecordError("clients may not produce control batches")
     if header.producer_id >= 0 and header.base_sequence < 0:
@@ -529,19 +597,11 @@ def check_records(
     the topic's bounds. Returns the records' largest timestamp (what the batch's max
     timestamp must say). Raises InvalidRecordError, CorruptRecordError,
     RecordsTooLargeError or InvalidTimestampError."""
-    count = header.record_count
-    if header.compression == COMPRESSION_NONE:
-        status, index, low, high = scan_records(buf, HEADER_SIZE, header.size, count)
-    else:
-        bound = (
-            limits.max_uncompressed_bytes
-            if max_uncompressed_bytes is None
-            else max_uncompressed_bytes
-        )
-        body = decompress(header.compression, memoryview(buf)[HEADER_SIZE : header.size], bound)
-        status, index, low, high = scan_records(body, 0, len(body), count)
-    if status:
-        raise InvalidRecordError(f"record {index}: {SCAN_ERRORS.get(status, status)}")
+    bound = (
+        limits.max_uncompressed_bytes if max_uncompressed_bytes is None else max_uncompressed_bytes
+    )
+    body, start, end = batch_body(buf, 0, header, bound)
+    low, high = walk_records(body, start, end, header.record_count)
     first, last = header.base_timestamp + low, header.base_timestamp + high
     if not limits.log_append_time and first != NO_TIMESTAMP:
         if now_ms - first > limits.timestamp_before_max_ms:
@@ -555,6 +615,60 @@ def check_records(
                 f"({limits.timestamp_after_max_ms}) after the broker's time {now_ms}"
             )
     return last
+
+
+def batch_body(
+    buf: bytes | bytearray | memoryview,
+    pos: int,
+    header: BatchHeader,
+    max_uncompressed_bytes: int = MAX_UNCOMPRESSED_BYTES,
+) -> tuple[bytes | bytearray | memoryview, int, int]:
+    """(buffer, start, end) of the records of the batch at ``pos``: in place when it is
+    uncompressed, else decompressed (at most ``max_uncompressed_bytes``)."""
+    if header.compression == COMPRESSION_NONE:
+        return buf, pos + HEADER_SIZE, pos + header.size
+    body = decompress(
+        header.compression,
+        memoryview(buf)[pos + HEADER_SIZE : pos + header.size],
+        max_uncompressed_bytes,
+    )
+    return body, 0, len(body)
+
+
+@dataclass(frozen=True, slots=True)
+class StoredBatch:
+    """A batch read back that passed :func:`read_batch`: its records lie in
+    ``body[start:end]`` (the batch's own bytes, or what it decompressed to)."""
+
+    header: BatchHeader
+    body: bytes | bytearray | memoryview
+    start: int
+    end: int
+    bounds: bytearray | None  # each record's (start, end) as int64 pairs, when asked for
+
+
+def read_batch(
+    buf: bytes | bytearray | memoryview,
+    pos: int = 0,
+    end: int | None = None,
+    *,
+    max_uncompressed_bytes: int = MAX_UNCOMPRESSED_BYTES,
+    bounds: bool = False,
+    check_crc: bool = True,
+    header: BatchHeader | None = None,
+) -> StoredBatch:
+    """The validator of a batch read back from a log (the group log, the tiering decoder,
+    ListOffsets by timestamp, cold reads, tools): the rules :func:`check_batch` and
+    :func:`check_records` apply to a produced batch, less the produce-only ones (control
+    batches, LogAppendTime, producer sequence, timestamp bounds), with the same errors.
+    ``bounds``: also return where each record starts and ends (see :func:`walk_records`);
+    ``header``: what :func:`check_framing` returned for this batch (not checked again)."""
+    if header is None:
+        header = check_framing(buf, pos, len(buf) if end is None else end, check_crc)
+    body, start, body_end = batch_body(buf, pos, header, max_uncompressed_bytes)
+    out = bytearray(16 * header.record_count) if bounds else None
+    walk_records(body, start, body_end, header.record_count, out)
+    return StoredBatch(header, body, start, body_end, out)
 
 
 def validate_produce_records(
@@ -594,39 +708,86 @@ class Record:
     headers: tuple[tuple[str, bytes | None], ...]
 
 
+def iter_record_fields(
+    body: bytes | bytearray | memoryview, start: int, count: int, end: int | None = None
+) -> Iterator[tuple[int, int, bytes | None, bytes | None, tuple[tuple[str, bytes | None], ...]]]:
+    """``(offset delta, timestamp delta, key, value, headers)`` of the ``count`` records in
+    ``body[start:end]``, which :func:`read_batch` (or :func:`check_records`) validated: no
+    Record object is made, nothing is checked twice, and varints of one or two bytes (most
+    lengths and deltas) are read inline. (A body that is not ``bytes`` is copied once, its
+    ``start:end`` only.)"""
+    if isinstance(body, bytes):
+        data, pos = body, start
+    else:
+        data, pos = memoryview(body)[start:end].tobytes(), 0
+    varint = read_varint
+    for _ in range(count):
+        while data[pos] >= 0x80:  # the record's length: validated, skipped
+            pos += 1
+        pos += 2  # its last byte, the attributes
+        b = data[pos]
+        if b < 0x80:
+            ts_delta, pos = (b >> 1) ^ -(b & 1), pos + 1
+        else:
+            ts_delta, pos = varint(data, pos)
+        b = data[pos]
+        if b < 0x80:
+            offset_delta, pos = b >> 1, pos + 1  # never negative in a validated record
+        else:
+            offset_delta, pos = varint(data, pos)
+        fields: list[bytes | None] = []
+        n_fields = 2  # key, value; then a key and a value per header
+        while n_fields:
+            n_fields -= 1
+            b = data[pos]
+            if b < 0x80:
+                size, pos = (b >> 1) ^ -(b & 1), pos + 1
+            elif data[pos + 1] < 0x80:
+                raw = (b & 0x7F) | (data[pos + 1] << 7)
+                size, pos = (raw >> 1) ^ -(raw & 1), pos + 2
+            else:
+                size, pos = varint(data, pos)
+            if size < 0:
+                fields.append(None)
+            else:
+                fields.append(data[pos : pos + size])
+                pos += size
+            if len(fields) == 2:
+                b = data[pos]
+                if b < 0x80:
+                    n_headers, pos = b >> 1, pos + 1  # never negative in a validated record
+                else:
+                    n_headers, pos = varint(data, pos)
+                n_fields = 2 * n_headers
+        if len(fields) == 2:
+            yield offset_delta, ts_delta, fields[0], fields[1], ()
+        else:
+            headers = tuple(
+                ((fields[h] or b"").decode("utf-8", "replace"), fields[h + 1])
+                for h in range(2, len(fields), 2)
+            )
+            yield offset_delta, ts_delta, fields[0], fields[1], headers
+
+
 def iter_records(
-    batch: bytes | bytearray | memoryview, max_uncompressed_bytes: int = MAX_UNCOMPRESSED_BYTES
+    batch: bytes | bytearray | memoryview,
+    max_uncompressed_bytes: int = MAX_UNCOMPRESSED_BYTES,
+    *,
+    check_crc: bool = True,
 ) -> Iterator[Record]:
-    """Decode every record of one whole batch (decompressing, bounded), absolute offsets."""
-    header = parse_header(batch, 0)
-    if header.record_count < 0:
-        raise CorruptRecordError(f"negative record count {header.record_count}")
-    body = memoryview(batch)[HEADER_SIZE : header.size]
-    if header.compression != COMPRESSION_NONE:
-        body = memoryview(decompress(header.compression, body, max_uncompressed_bytes))
+    """Decode every record of one whole batch (decompressing, bounded), absolute offsets,
+    once the batch passed :func:`read_batch` (``check_crc=False``: a dump tool showing the
+    records of a batch whose CRC it reports as wrong)."""
+    stored = read_batch(
+        batch, 0, max_uncompressed_bytes=max_uncompressed_bytes, check_crc=check_crc
+    )
+    header = stored.header
     log_append = header.timestamp_type == TIMESTAMP_LOG_APPEND_TIME
-    pos = 0
-    for _ in range(header.record_count):
-        length, pos = read_varint(body, pos)
-        end = pos + length
-        if length < 1 or end > len(body):
-            raise CorruptRecordError("record runs past the end of its batch")
-        ts_delta, pos = read_varint(body, pos + 1)  # + 1: attributes
-        offset_delta, pos = read_varint(body, pos)
-        key, pos = read_bytes(body, pos)
-        value, pos = read_bytes(body, pos)
-        count, pos = read_varint(body, pos)
-        if count < 0:
-            raise CorruptRecordError(f"negative header count {count}")
-        headers = []
-        for _ in range(count):
-            hkey, pos = read_bytes(body, pos)
-            hval, pos = read_bytes(body, pos)
-            headers.append(((hkey or b"").decode("utf-8", "replace"), hval))
-        if pos != end:
-            raise CorruptRecordError("record length does not match its fields")
+    for offset_delta, ts_delta, key, value, headers in iter_record_fields(
+        stored.body, stored.start, header.record_count, stored.end
+    ):
         timestamp = header.max_timestamp if log_append else header.base_timestamp + ts_delta
-        yield Record(header.base_offset + offset_delta, timestamp, key, value, tuple(headers))
+        yield Record(header.base_offset + offset_delta, timestamp, key, value, headers)
 
 
 # --- encoding: the one batch builder (the group log, cold reads, tests) ------------------------
@@ -637,19 +798,50 @@ def encode_records(
     out: bytearray,
 ) -> int:
     """Append records ``(offset delta, timestamp delta, key, value, headers)`` to ``out``;
-    returns how many."""
+    returns how many. (Lengths and deltas under 64 take one byte, written inline: the cold
+    reads re-encode every record they send.)"""
     count = 0
+    varint = write_varint
     for offset_delta, ts_delta, key, value, headers in records:
         body = bytearray(b"\0")  # attributes
-        write_varint(ts_delta, body)
-        write_varint(offset_delta, body)
-        write_bytes(key, body)
-        write_bytes(value, body)
-        write_varint(len(headers), body)
-        for hkey, hvalue in headers:
-            write_bytes(hkey.encode(), body)
-            write_bytes(hvalue, body)
-        write_varint(len(body), out)
+        if 0 <= ts_delta < 64:
+            body.append(ts_delta << 1)
+        else:
+            varint(ts_delta, body)
+        if 0 <= offset_delta < 64:
+            body.append(offset_delta << 1)
+        else:
+            varint(offset_delta, body)
+        for field in (key, value):
+            if field is None:
+                body.append(1)  # -1
+            else:
+                size = len(field)
+                if size < 64:
+                    body.append(size << 1)
+                else:
+                    varint(size, body)
+                body += field
+        if headers:
+            varint(len(headers), body)
+            for hkey, hvalue in headers:
+                for field in (hkey.encode(), hvalue):
+                    if field is None:
+                        body.append(1)  # -1
+                    else:
+                        size = len(field)
+                        if size < 64:
+                            body.append(size << 1)
+                        else:
+                            varint(size, body)
+                        body += field
+        else:
+            body.append(0)
+        size = len(body)
+        if size < 64:
+            out.append(size << 1)
+        else:
+            varint(size, out)
         out += body
         count += 1
     return count

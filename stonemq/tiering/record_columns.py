@@ -1,14 +1,20 @@
 """Vectorized decoding of runs of RecordBatch v2 records into Arrow columns (numpy).
 
-The archive job's decoder (:func:`stonemq.tiering.rows.decode_segment`) finds where each
-record starts by following the length varints in Python (one varint per record, its one- and
-two-byte forms inlined), then hands a whole run of batches to :func:`decode_run`, which
-reads every record's fields at once with numpy and gathers keys and values with Arrow's
-``take`` over the segment's own bytes: no per-record Python objects, no per-record slices.
+The archive job's decoder (:func:`stonemq.tiering.rows.decode_segment`) reads every batch
+through the record codec's validator (:func:`stonemq.protocol.record_batch.read_batch`): the
+framing and every rule (CRC, record count, each record's lengths, offset deltas, header
+counts, trailing bytes, bounded decompression) are the codec's, with its errors
+(CorruptRecordError, InvalidRecordError), the ones a produce of the same bytes gets; a batch
+it refuses never reaches this module. Its record walk (in C) also returns where each record
+starts and ends, and :func:`decode_run` reads the fields of a whole run of such validated
+records at once with numpy, and gathers keys and values with Arrow's ``take`` over the
+segment's own bytes: no per-record Python objects, no per-record slices (about ten times
+the record-by-record decoder's rate: ``python -m bench.codec_cost``).
 
-Records with headers, over-long varints or fields that do not add up to the record's length
-are not decoded here: :func:`decode_run` marks their batches, and the caller decodes those
-record by record (where a corrupt batch raises and ends the segment, as before).
+The varints here are read again in bulk, not checked: records with headers or a varint of
+ten bytes are left out (:func:`decode_run` marks their batches ``slow``) and the caller
+decodes those record by record with the codec's
+:func:`~stonemq.protocol.record_batch.iter_record_fields`.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 
-from stonemq.protocol.record_batch import CorruptRecordError
+from stonemq.protocol.record_batch import StoredBatch
 
 # pa.array on a Python list imports pandas (see rows._fixed): built from buffers instead
 _TIMESTAMP_TYPES = pa.Array.from_buffers(
@@ -32,11 +38,11 @@ _MAX_VARINT_BYTES = 9  # longer ones (legal up to 10) are left to the record-by-
 
 @dataclass
 class Run:
-    """Batches whose records lie in one buffer, with where each record starts and ends."""
+    """Validated batches whose records lie in one buffer, with where each record starts and
+    ends (the validator's walk gives them)."""
 
-    buffer: bytes
-    starts: array[int] = field(default_factory=lambda: array("q"))
-    ends: array[int] = field(default_factory=lambda: array("q"))
+    buffer: bytes | bytearray | memoryview
+    bounds: bytearray = field(default_factory=bytearray)  # (start, end) int64 per record
     counts: list[int] = field(default_factory=list)
     base_offsets: list[int] = field(default_factory=list)
     base_timestamps: list[int] = field(default_factory=list)
@@ -48,45 +54,27 @@ class Run:
     def __len__(self) -> int:
         return len(self.counts)
 
-
-def record_bounds(buf: bytes, pos: int, end: int, count: int, run: Run) -> None:
-    """Append where each of the ``count`` records in ``buf[pos:end]`` starts and ends to
-    ``run`` (follows the length varints only). Raises :class:`CorruptRecordError` when a
-    length runs past ``end``; ``run`` is then left with a partial batch, which the caller
-    discards."""
-    starts, ends = run.starts, run.ends
-    for _ in range(count):
-        b = buf[pos]
-        if b < 0x80:
-            raw, pos = b, pos + 1
-        else:
-            b2 = buf[pos + 1]
-            if b2 < 0x80:
-                raw, pos = (b & 0x7F) | (b2 << 7), pos + 2
-            else:
-                raw, shift, pos = (b & 0x7F) | ((b2 & 0x7F) << 7), 14, pos + 2
-                while True:
-                    b = buf[pos]
-                    raw |= (b & 0x7F) << shift
-                    pos += 1
-                    if b < 0x80:
-                        break
-                    shift += 7
-                    if shift > 63:
-                        raise CorruptRecordError("varint too long")
-        length = (raw >> 1) ^ -(raw & 1)
-        rec_end = pos + length
-        if length < 0 or rec_end > end:
-            raise CorruptRecordError("record runs past the end of its batch")
-        starts.append(pos)
-        ends.append(rec_end)
-        pos = rec_end
+    def add(self, batch: StoredBatch, whole: bool) -> None:
+        """Add a batch :func:`~stonemq.protocol.record_batch.read_batch` validated (with
+        ``bounds=True``) whose records lie in this run's buffer."""
+        if batch.bounds is None or batch.body is not self.buffer:
+            raise ValueError("a run holds validated batches of its own buffer, with bounds")
+        header = batch.header
+        self.bounds += batch.bounds
+        self.counts.append(header.record_count)
+        self.base_offsets.append(header.base_offset)
+        self.base_timestamps.append(header.base_timestamp)
+        self.append_times.append(header.max_timestamp if header.timestamp_type else -1)
+        self.producers.append(header.producer_id)
+        self.whole.append(whole)
+        self.bodies.append((batch.start, batch.end))
 
 
 def _varints(data: np.ndarray, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The zigzag varints at ``pos``: (values, positions after them, too long or past the
-    end). Reads are clamped to the buffer; a clamped read only ever yields a record the
-    caller rejects, since its fields then cannot end where the record does."""
+    """The zigzag varints at ``pos``: (values, positions after them, longer than
+    ``_MAX_VARINT_BYTES`` or past the end). The records were validated, so such a varint is
+    one this reader leaves to the record-by-record path, never corruption; reads are clamped
+    to the buffer all the same."""
     last = len(data) - 1
     b = data[np.minimum(pos, last)].astype(np.uint64)
     raw = b & np.uint64(0x7F)
@@ -115,10 +103,11 @@ class Decoded:
 
 
 def decode_run(run: Run, first: int, last: int) -> Decoded:
-    """Decode every record of ``run`` at once; rows of batches marked slow are left out."""
+    """Decode every (validated) record of ``run`` at once; rows of batches marked slow are
+    left out."""
     data = np.frombuffer(run.buffer, np.uint8)
-    starts = np.frombuffer(run.starts, np.int64)
-    ends = np.frombuffer(run.ends, np.int64)
+    bounds = np.frombuffer(run.bounds, np.int64)
+    starts, ends = bounds[0::2], bounds[1::2]
     counts = np.asarray(run.counts, np.int64)
     batch = np.repeat(np.arange(len(counts)), counts)
     limit = len(data)

@@ -16,21 +16,23 @@ from __future__ import annotations
 
 import array
 import itertools
-import struct
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
-from crc32c import crc32c
+import pyarrow.compute as pc
 
+from stonemq.protocol import record_batch as codec
 from stonemq.protocol.record_batch import (
-    COMPRESSION_NONE,
-    CorruptRecordError,
+    HEADER_SIZE,
     RecordBatchError,
-    decompress,
+    check_framing,
+    iter_record_fields,
+    parse_header,
+    read_batch,
 )
-from stonemq.tiering.record_columns import Run, decode_run, record_bounds
+from stonemq.tiering.record_columns import Run, decode_run
 
 CREATE_TIME = "CreateTime"
 LOG_APPEND_TIME = "LogAppendTime"
@@ -57,31 +59,7 @@ SPARK_SCHEMA = (
 )
 
 
-_HEAD = struct.Struct(">qiibIhiqqqhii")  # RecordBatch v2 header, as record_batch parses it
-_HEADER_SIZE = 61
-_LOG_OVERHEAD = 12
-_ATTR_COMPRESSION = 0x07
-_ATTR_TIMESTAMP_TYPE = 0x08
-_ATTR_CONTROL = 0x20
 _HEADERS_TYPE = ARROW_SCHEMA.field("headers").type
-
-
-def _read_varint(buf: bytes, pos: int) -> tuple[int, int]:
-    """A zigzag varint at ``pos``: (value, next position); one-byte values take one test."""
-    b = buf[pos]
-    if b < 0x80:
-        return (b >> 1) ^ -(b & 1), pos + 1
-    raw = b & 0x7F
-    shift = 7
-    while True:
-        pos += 1
-        b = buf[pos]
-        raw |= (b & 0x7F) << shift
-        if b < 0x80:
-            return (raw >> 1) ^ -(raw & 1), pos + 1
-        shift += 7
-        if shift > 63:
-            raise CorruptRecordError("varint too long")
 
 
 class _Columns:
@@ -204,9 +182,8 @@ def _varlen(type_: pa.DataType, values: list[bytes | None]) -> pa.Array:
 
 
 def _decode_records(
-    buf: bytes,
-    pos: int,
-    end: int,
+    body: bytes,
+    start: int,
     count: int,
     base_offset: int,
     timestamp: int | None,
@@ -215,145 +192,95 @@ def _decode_records(
     last: int,
     cols: _Columns,
 ) -> int:
-    """Append the records ``buf[pos:end]`` holds (``count`` of them) with offsets in
+    """Append the ``count`` records at ``body[start:]`` (validated by
+    :func:`~stonemq.protocol.record_batch.read_batch`, decoded by the codec's
+    :func:`~stonemq.protocol.record_batch.iter_record_fields`) with offsets in
     ``first..last`` to ``cols``; ``timestamp`` is the batch's LogAppendTime (else each
     record's CreateTime is ``base_timestamp`` + its delta). Returns how many were kept."""
-    varint = _read_varint
     offsets, stamps = cols.offsets, cols.stamps
     keys, values, counts = cols.keys, cols.values, cols.header_counts
     hkeys, hvalues = cols.header_keys, cols.header_values
     whole = first <= base_offset and base_offset + count - 1 <= last
     kept = 0
-    for _ in range(count):
-        length, pos = varint(buf, pos)
-        rec_end = pos + length
-        if length < 0 or rec_end > end:
-            raise CorruptRecordError("record runs past the end of its batch")
-        ts_delta, pos = varint(buf, pos + 1)  # + 1: the record's attributes
-        offset_delta, pos = varint(buf, pos)
-        size, pos = varint(buf, pos)
-        if size < 0:
-            key = None
-        else:
-            key = buf[pos : pos + size]
-            pos += size
-        size, pos = varint(buf, pos)
-        if size < 0:
-            value = None
-        else:
-            value = buf[pos : pos + size]
-            pos += size
-        n_headers, pos = varint(buf, pos)
-        if n_headers:
-            if n_headers < 0:
-                raise CorruptRecordError("negative header count")
-            for _ in range(n_headers):
-                size, pos = varint(buf, pos)
-                hkey = buf[pos : pos + size] if size > 0 else b""
-                pos += max(size, 0)
-                size, pos = varint(buf, pos)
-                if size < 0:
-                    hvalue = None
-                else:
-                    hvalue = buf[pos : pos + size]
-                    pos += size
-                hkeys.append(hkey.decode("utf-8", "replace"))
-                hvalues.append(hvalue)
-        if pos != rec_end:
-            raise CorruptRecordError("record length does not match its fields")
+    for offset_delta, ts_delta, key, value, headers in iter_record_fields(body, start, count):
         offset = base_offset + offset_delta
         if not whole and not first <= offset <= last:
-            if n_headers:
-                del hkeys[-n_headers:], hvalues[-n_headers:]
             continue
         offsets.append(offset)
         stamps.append(base_timestamp + ts_delta if timestamp is None else timestamp)
         keys.append(key)
         values.append(value)
-        counts.append(n_headers)
+        counts.append(len(headers))
+        for hkey, hvalue in headers:
+            hkeys.append(hkey)
+            hvalues.append(hvalue)
         kept += 1
     return kept
 
 
 def decode_segment(
-    data: bytes | memoryview, topic: str, partition: int, first: int, last: int
+    data: bytes | memoryview,
+    topic: str,
+    partition: int,
+    first: int,
+    last: int,
+    on_refused: Callable[[int, RecordBatchError], None] | None = None,
 ) -> pa.Table:
     """Rows for the data records with offsets in ``first..last`` of a segment's bytes
-    (control batches skipped; whole batches only: a torn or corrupt batch ends the segment).
+    (control batches skipped; whole batches only: a torn tail ends the segment).
 
-    Consecutive uncompressed batches form one run read in place, a compressed batch is
-    decompressed once into a run of its own; each run's records are decoded at once
-    (:func:`stonemq.tiering.record_columns.decode_run`), and the batches that cannot be
-    (headers, odd varints, corruption) record by record with flat column lists."""
+    Every batch is validated by the record codec's validator, the rules a produce of it is
+    checked by (:func:`~stonemq.protocol.record_batch.check_framing`, CRC and record count,
+    for each; :func:`~stonemq.protocol.record_batch.read_batch`, every record walked and
+    decompression bounded, for those whose records are read); a batch it
+    refuses ends the segment after the batches before it, and ``on_refused`` is told its
+    position and the error (the same CorruptRecordError or InvalidRecordError a produce of
+    it would get). The walk also gives each record's bounds: consecutive uncompressed batches
+    form one run read in place, a compressed batch's decompressed records a run of their
+    own, and each run's fields are read at once
+    (:func:`stonemq.tiering.record_columns.decode_run`); the batches it leaves (headers,
+    10-byte varints) are decoded record by record by the codec."""
     buf = data if isinstance(data, bytes) else bytes(data)
     parts: list[dict[str, pa.Array]] = []
     run = Run(buf)
     pos = 0
     size = len(buf)
-    while size - pos >= _HEADER_SIZE:
-        (
-            base_offset,
-            batch_length,
-            _epoch,
-            magic,
-            _crc,
-            attributes,
-            last_delta,
-            base_timestamp,
-            max_timestamp,
-            producer_id,
-            _producer_epoch,
-            _base_sequence,
-            count,
-        ) = _HEAD.unpack_from(buf, pos)
-        batch_end = pos + batch_length + _LOG_OVERHEAD
-        if magic != 2 or batch_length < _HEADER_SIZE - _LOG_OVERHEAD or batch_end > size:
-            break  # a torn tail (or not a v2 batch): the whole batches before it are the data
-        start, pos = pos, batch_end
-        if base_offset + last_delta < first or attributes & _ATTR_CONTROL:
-            continue
-        if base_offset > last:
-            break
-        codec = attributes & _ATTR_COMPRESSION
-        target = run
+    while size - pos >= HEADER_SIZE:
         try:
-            if codec == COMPRESSION_NONE:
-                body, body_pos, body_end = buf, start + _HEADER_SIZE, batch_end
-            else:
-                body = decompress(codec, buf[start + _HEADER_SIZE : batch_end])
-                body_pos, body_end = 0, len(body)
-                target = Run(body)
-            if count < 0:
-                raise CorruptRecordError("negative record count")
-            marks = len(target.starts), len(target.ends)
-            try:
-                record_bounds(body, body_pos, body_end, count, target)
-            except (RecordBatchError, IndexError):
-                del target.starts[marks[0] :], target.ends[marks[1] :]
-                raise
-        except (RecordBatchError, IndexError, ValueError, OSError):
-            break  # a corrupt batch: keep the whole batches before it
-        target.counts.append(count)
-        target.base_offsets.append(base_offset)
-        target.base_timestamps.append(base_timestamp)
-        target.append_times.append(max_timestamp if attributes & _ATTR_TIMESTAMP_TYPE else -1)
-        target.producers.append(producer_id)
-        target.whole.append(first <= base_offset and base_offset + count - 1 <= last)
-        target.bodies.append((body_pos, body_end))
+            header = parse_header(buf, pos)
+        except RecordBatchError as exc:  # not a v2 batch
+            if on_refused is not None:
+                on_refused(pos, exc)
+            break
+        if pos + header.size > size:
+            break  # a torn tail: the whole batches before it are the data
+        start, pos = pos, pos + header.size
+        try:
+            header = check_framing(buf, start, pos)  # every batch, also those skipped
+            if header.last_offset < first or header.is_control:
+                continue
+            if header.base_offset > last:
+                break
+            stored = read_batch(buf, start, pos, bounds=True, header=header)
+        except RecordBatchError as exc:
+            if on_refused is not None:
+                on_refused(start, exc)
+            break  # keep the whole batches before it
+        target = run if stored.body is buf else Run(stored.body)
+        target.add(stored, first <= header.base_offset and header.last_offset <= last)
         if target is not run:
-            if not _decode(run, first, last, parts) or not _decode(target, first, last, parts):
-                return _table(parts, topic, partition)
+            _decode(run, first, last, parts)
+            _decode(target, first, last, parts)
             run = Run(buf)
     _decode(run, first, last, parts)
     return _table(parts, topic, partition)
 
 
-def _decode(run: Run, first: int, last: int, parts: list[dict[str, pa.Array]]) -> bool:
+def _decode(run: Run, first: int, last: int, parts: list[dict[str, pa.Array]]) -> None:
     """Append the rows of ``run`` to ``parts`` in batch order: its batches decoded at once,
-    and those that could not be record by record. False when a batch turns out corrupt
-    (its rows and the later batches' are then left out)."""
+    and those that could not be record by record."""
     if not len(run):
-        return True
+        return
     decoded = decode_run(run, first, last)
     rows = decoded.batch_of_row
     done = 0  # batches before this one are in parts
@@ -367,52 +294,37 @@ def _decode(run: Run, first: int, last: int, parts: list[dict[str, pa.Array]]) -
         fast_until(index)
         done = index + 1
         cols = _Columns()
-        body_pos, body_end = run.bodies[index]
         append_time = run.append_times[index]
-        try:
-            kept = _decode_records(
-                run.buffer,
-                body_pos,
-                body_end,
-                run.counts[index],
-                run.base_offsets[index],
-                append_time if append_time >= 0 else None,
-                run.base_timestamps[index],
-                first,
-                last,
-                cols,
-            )
-        except (RecordBatchError, IndexError, ValueError):
-            return False
+        kept = _decode_records(
+            run.buffer,
+            run.bodies[index][0],
+            run.counts[index],
+            run.base_offsets[index],
+            append_time if append_time >= 0 else None,
+            run.base_timestamps[index],
+            first,
+            last,
+            cols,
+        )
         cols.types.extend([_LOG_APPEND_TIME_UTF8 if append_time >= 0 else _CREATE_TIME_UTF8] * kept)
         cols.producers.extend([run.producers[index]] * kept)
         parts.append(cols.part())
     fast_until(len(run))
-    return True
 
 
-# -- encoding --------------------------------------------------------------------------------
-_BATCH_HEAD = struct.Struct(">qiibIhiqqqhii")
-_ATTR_LOG_APPEND_TIME = 0x08
-_CRC_START = 21
+# -- encoding: through the record codec -----------------------------------------------------
 MAX_BATCH_RECORDS = 1000
 TARGET_BATCH_BYTES = 64 * 1024
 
 
-def _varint(value: int, out: bytearray) -> None:
-    raw = (value << 1) ^ (value >> 63)
-    while raw & ~0x7F:
-        out.append((raw & 0x7F) | 0x80)
-        raw >>= 7
-    out.append(raw)
-
-
-def _bytes_field(value: bytes | None, out: bytearray) -> None:
-    if value is None:
-        _varint(-1, out)
-    else:
-        _varint(len(value), out)
-        out += value
+def _header_pairs(headers: Sequence[Any]) -> list[tuple[str, bytes | None]]:
+    """Headers as the codec takes them: ``(key, value)`` pairs or ``{"key", "value"}``
+    mappings (Arrow's rows); a null key is written empty, as it is read back."""
+    pairs = []
+    for h in headers:
+        hkey, hval = (h["key"], h["value"]) if isinstance(h, dict) else h
+        pairs.append((hkey if hkey is not None else "", hval))
+    return pairs
 
 
 def encode_batch(
@@ -423,45 +335,21 @@ def encode_batch(
     producer_id: int = -1,
 ) -> bytes:
     """One uncompressed RecordBatch v2 of ``(offset, timestamp_ms, key, value, headers)``
-    records; headers are ``(key, value)`` pairs or ``{"key", "value"}`` mappings."""
-    body = bytearray()
-    base_ts = records[0][1]
-    max_ts = max(r[1] for r in records)
-    for offset, ts, key, value, headers in records:
-        rec = bytearray(b"\x00")
-        _varint(ts - base_ts, rec)
-        _varint(offset - base_offset, rec)
-        _bytes_field(key, rec)
-        _bytes_field(value, rec)
-        _varint(len(headers), rec)
-        for h in headers:
-            hkey, hval = (h["key"], h["value"]) if isinstance(h, dict) else h
-            _bytes_field(hkey.encode() if hkey is not None else b"", rec)
-            _bytes_field(hval, rec)
-        _varint(len(rec), body)
-        body += rec
-    attributes = _ATTR_LOG_APPEND_TIME if log_append_time else 0
-    last_delta = records[-1][0] - base_offset
-    head = bytearray(
-        _BATCH_HEAD.pack(
-            base_offset,
-            _BATCH_HEAD.size - 12 + len(body),
-            0,  # partition leader epoch
-            2,  # magic
-            0,  # crc, set below
-            attributes,
-            last_delta,
-            base_ts,
-            max_ts,
-            producer_id,
-            -1,  # producer epoch
-            -1,  # base sequence
-            len(records),
-        )
+    records at consecutive offsets from ``base_offset``, built by the record codec
+    (:func:`stonemq.protocol.record_batch.encode_batch`; partition leader epoch 0);
+    headers are ``(key, value)`` pairs or ``{"key", "value"}`` mappings."""
+    if any(r[0] != base_offset + i for i, r in enumerate(records)):
+        raise ValueError("a batch's records have consecutive offsets from its base offset")
+    return codec.encode_batch(
+        base_offset,
+        [
+            (ts, key, value, _header_pairs(headers) if headers else ())
+            for _, ts, key, value, headers in records
+        ],
+        log_append_time=max(r[1] for r in records) if log_append_time else -1,
+        producer_id=producer_id,
+        partition_leader_epoch=0,
     )
-    batch = head + body
-    struct.pack_into(">I", batch, 17, crc32c(memoryview(batch)[_CRC_START:]))
-    return bytes(batch)
 
 
 ENCODE_CHUNK_ROWS = 4 * MAX_BATCH_RECORDS
@@ -493,7 +381,13 @@ def _encode_chunk(table: pa.Table, max_bytes: int | None) -> Iterator[tuple[int,
     types = table.column("timestamp_type").to_pylist()
     keys = table.column("key").to_pylist()
     values = table.column("value").to_pylist()
-    headers = table.column("headers").to_pylist()
+    # headers as two flat lists and a count per row: no dict per header (to_pylist's form)
+    header_lists = table.column("headers")
+    header_counts = pc.list_value_length(header_lists).fill_null(0).to_pylist()
+    flat = pc.list_flatten(header_lists)
+    header_keys = pc.struct_field(flat, [0]).fill_null("").to_pylist()
+    header_values = pc.struct_field(flat, [1]).to_pylist()
+    next_header = 0
     pids = table.column("producer_id").to_pylist()
     i = 0
     n = len(offsets)
@@ -512,13 +406,25 @@ def _encode_chunk(table: pa.Table, max_bytes: int | None) -> Iterator[tuple[int,
                 or size >= target
             ):
                 break
-            group.append((offsets[i], stamps[i] // 1000, keys[i], values[i], headers[i] or ()))
+            n_headers = header_counts[i]
+            if n_headers:
+                stop = next_header + n_headers
+                hdrs: Sequence[tuple[str, bytes | None]] = list(
+                    zip(header_keys[next_header:stop], header_values[next_header:stop], strict=True)
+                )
+                next_header = stop
+            else:
+                hdrs = ()
+            group.append((stamps[i] // 1000, keys[i], values[i], hdrs))
             size += len(keys[i] or b"") + len(values[i] or b"") + 16
             i += 1
-        batch = encode_batch(
+        stamp = stamps[start] // 1000
+        log_append = types[start] == LOG_APPEND_TIME
+        batch = codec.encode_batch(
             offsets[start],
             group,
-            log_append_time=types[start] == LOG_APPEND_TIME,
+            log_append_time=stamp if log_append else -1,
             producer_id=pids[start] if pids[start] is not None else -1,
+            partition_leader_epoch=0,
         )
         yield offsets[i - 1], batch

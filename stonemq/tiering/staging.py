@@ -10,6 +10,7 @@ zip), about 0.3 s per worker.
 from __future__ import annotations
 
 import json
+import logging
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
@@ -31,6 +32,8 @@ DICTIONARY_COLUMNS = ["topic", "partition", "timestamp_type", "key", "producer_i
 # timestamp, Spark prunes by key or producer); none for values and headers, whose min/max
 # cost a pass over every byte and prune nothing
 STATISTICS_COLUMNS = [f.name for f in ARROW_SCHEMA if f.name not in ("value", "headers")]
+
+log = logging.getLogger("stonemq.tiering")
 
 
 @dataclass
@@ -55,7 +58,18 @@ def stage_task(store: ColdStore, task: dict[str, Any], zstd_level: int) -> Stage
     first, last = task["first"], task["last"]
     data = store.get(task["segment_key"])
     bytes_in = len(data)
-    table = decode_segment(data, topic, partition, first, last)
+
+    def refused(pos: int, exc: Exception) -> None:
+        log.warning(
+            "%s-%d: segment %s ends at byte %d, a batch the validator refuses: %s",
+            topic,
+            partition,
+            task["segment_key"],
+            pos,
+            exc,
+        )
+
+    table = decode_segment(data, topic, partition, first, last, refused)
     del data
     if table.num_rows == 0:
         return StagedFile(topic, partition, first, last, None, 0, 0, -1, bytes_in)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
+import struct
 import subprocess
 import sys
 import threading
@@ -15,6 +16,16 @@ from pathlib import Path
 
 import pytest
 from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, Producer, TopicPartition
+
+from stonemq.coordinator import group_log as glog
+from stonemq.protocol.record_batch import (
+    CRC_START,
+    HEADER_SIZE,
+    crc32c,
+    iter_batches,
+    iter_records,
+    read_varint,
+)
 
 from .helpers import admin, create_topic, unique_topic, wait_high_watermark
 
@@ -445,3 +456,44 @@ def test_offsets_topic_is_internal_and_commits_check_partitions(module_broker) -
         assert "UNKNOWN_TOPIC_OR_PART" in str(info.value)
     finally:
         c.close()
+
+
+@pytest.mark.broker_settings(offsets_topic_num_partitions=1, journal_flush_policy="always")
+def test_a_group_log_batch_that_breaks_the_record_rules_is_skipped_on_load(broker) -> None:
+    """The group log is read back by the record codec under the rules a produce is checked
+    by: a stored __consumer_offsets batch whose CRC is right but whose record breaks a rule
+    (an offset delta that is not the record's index: INVALID_RECORD) is skipped whole on
+    load, and the commits before and after it are kept. (Before the group log used the one
+    validator its reader took such a record, at a shifted offset.)"""
+    b = broker.bootstrap
+    topic = create_topic(b, unique_topic("glog"), 2)
+    first, second = group_id(), group_id()
+    commit_offsets(b, first, topic, {0: 5})  # one batch of one record each
+    commit_offsets(b, second, topic, {0: 7})
+    commit_offsets(b, first, topic, {1: 3})
+    assert committed(b, first) == {0: 5, 1: 3}
+    broker.stop()
+    segments = sorted((broker.data_dir / "queues" / "__consumer_offsets-0").glob("*.log"))
+    assert segments, "no __consumer_offsets segment"
+    path = segments[-1]
+    data = bytearray(path.read_bytes())
+    broken = 0
+    for pos, header in iter_batches(data):
+        records = list(iter_records(data[pos : pos + header.size]))
+        key, _ = glog.decode(records[0].key, records[0].value)
+        if broken or len(records) != 1 or key != glog.OffsetKey(first, topic, 0):
+            continue
+        _, attributes = read_varint(data, pos + HEADER_SIZE)  # the record's length
+        assert data[attributes : attributes + 3] == b"\x00\x00\x00"  # timestamp, offset deltas
+        data[attributes + 2] = 2  # offset delta 1 in a batch of one record
+        crc = crc32c(bytes(data[pos + CRC_START : pos + header.size]))
+        struct.pack_into(">I", data, pos + 17, crc)
+        broken += 1
+    assert broken == 1
+    path.write_bytes(bytes(data))
+    broker.start()
+    assert committed(b, second) == {0: 7}
+    assert committed(b, first) == {1: 3}
+    assert "refused: record 0: an offset delta that is not the record's index" in broker.log(
+        since_start=True
+    )

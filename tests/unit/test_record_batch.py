@@ -139,11 +139,36 @@ def test_the_c_walk_and_its_python_twin_agree_on_any_bytes(records, data) -> Non
     assert rb.scan_records(bytes(body), 0, len(body), count) == rb.scan_records_py(
         body, 0, len(body), count
     )
+    # with the records' bounds asked for: the same answer, the same bounds
+    c_bounds, py_bounds = bytearray(16 * count), bytearray(16 * count)
+    c_answer = rb.scan_records(bytes(body), 0, len(body), count, c_bounds)
+    assert c_answer == rb.scan_records_py(body, 0, len(body), count, py_bounds)
+    if c_answer[0] == 0:
+        assert c_bounds == py_bounds
+        pairs = struct.unpack(f"={2 * count}q", c_bounds)
+        starts, ends = pairs[0::2], pairs[1::2]
+        assert all(0 < s < e <= len(body) for s, e in zip(starts, ends, strict=True))
+
+
+def test_the_walk_gives_each_record_its_bounds() -> None:
+    batch = rb.encode_batch(0, [(1000, b"k", b"v" * n, []) for n in (0, 5, 200)])
+    stored = rb.read_batch(batch, bounds=True)
+    assert stored.bounds is not None
+    pairs = struct.unpack("=6q", stored.bounds)
+    ends = [rb.HEADER_SIZE, *pairs[1::2]]
+    for i, (start, end) in enumerate(zip(pairs[0::2], pairs[1::2], strict=True)):
+        length, after = rb.read_varint(batch, ends[i])
+        assert (after, after + length) == (start, end)
+    assert pairs[-1] == len(batch)
+    with pytest.raises(ValueError):  # a bounds buffer too small is refused, never overrun
+        rb.scan_records(batch, rb.HEADER_SIZE, len(batch), 3, bytearray(47))
 
 
 def test_the_c_walk_is_built() -> None:
-    """CI builds the extension (setup.py); without it produce would walk records in Python."""
+    """CI builds the extension (setup.py); without it produce would walk records in Python,
+    and with a build older than the bounds argument so would the tiering decoder."""
     assert rb.scan_records is not rb.scan_records_py
+    assert rb._recordscan.VERSION >= 2
 
 
 def reseal(batch: bytearray) -> bytearray:

@@ -249,21 +249,15 @@ def test_a_field_that_overruns_its_record_ends_the_segment_on_the_fast_path_too(
 
 
 def test_batches_without_headers_are_decoded_at_once_and_with_headers_record_by_record() -> None:
-    from stonemq.tiering.record_columns import Run, decode_run, record_bounds
+    from stonemq.protocol.record_batch import read_batch
+    from stonemq.tiering.record_columns import Run, decode_run
 
     plain = client_batch(0, [(1, b"a", b"b", []), (2, None, None, [])], "none")
     headed = client_batch(2, [(3, b"k", b"v", [("h", b"x")])], "none")
     buf = plain + headed
     run = Run(buf)
-    for base, (start, end, count) in enumerate([(0, len(plain), 2), (len(plain), len(buf), 1)]):
-        record_bounds(buf, start + 61, end, count, run)
-        run.counts.append(count)
-        run.base_offsets.append(base * 2)
-        run.base_timestamps.append(1)
-        run.append_times.append(-1)
-        run.producers.append(42)
-        run.whole.append(True)
-        run.bodies.append((start + 61, end))
+    for start, end in [(0, len(plain)), (len(plain), len(buf))]:
+        run.add(read_batch(buf, start, end, bounds=True), whole=True)
     decoded = decode_run(run, 0, 100)
     assert decoded.slow.tolist() == [False, True]
     assert decoded.columns["offset"].to_pylist() == [0, 1]
