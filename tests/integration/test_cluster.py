@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
+from polling import wait_for
 
 from .rawclient import RawConnection, build_batch, produce_raw
 
@@ -476,6 +477,9 @@ def test_group_requests_at_another_broker_get_not_coordinator(cluster) -> None:
                 committed.topics[0].partitions[0].error_code,
             )
 
+    # the coordinator learns of __consumer_offsets (created through b1) by a watch, a moment
+    # later: until then it, too, answers NOT_COORDINATOR, and clients ask again
+    wait_for("the coordinator to know its group", lambda: ask(coordinator)[0] != NOT_COORDINATOR)
     for broker_id, broker in by_id.items():
         errors = ask(broker)
         if broker_id == found.node_id:

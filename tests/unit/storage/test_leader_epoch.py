@@ -79,7 +79,7 @@ def test_end_offset_for_is_where_the_asked_epoch_ended(tmp_path_factory, assigns
     elif asked < entries[0].epoch:
         assert (epoch, end) == (asked, entries[0].start)
     else:
-        floor = max(e for e in entries if e.epoch <= asked)
+        floor = max((e for e in entries if e.epoch <= asked), key=lambda e: e.epoch)
         after = min((e for e in entries if e.epoch > asked), key=lambda e: e.epoch)
         assert (epoch, end) == (floor.epoch, after.start)
 
