@@ -26,6 +26,7 @@ from stonemq.coordinator.group_coordinator import (
     SyncResult,
 )
 from stonemq.coordinator.group_log import OFFSETS_TOPIC
+from stonemq.coordinator.group_state import GroupState
 from stonemq.handlers.context import RequestContext
 from stonemq.handlers.registry import api
 
@@ -35,6 +36,7 @@ CLASSIC_GROUP_TYPE = "classic"
 UNKNOWN_AUTHORIZED_OPERATIONS = -(2**31)
 # Kafka AclOperation codes a group supports (READ, DELETE, DESCRIBE); no authorizer: all allowed.
 GROUP_AUTHORIZED_OPERATIONS = sum(1 << op for op in (3, 6, 8))
+GROUP_NOT_FOUND_VERSION = 6
 
 T = TypeVar("T")
 
@@ -239,8 +241,10 @@ async def handle_leave_group(ctx: RequestContext, request: Any) -> Any:
 
 
 # -- DescribeGroups --------------------------------------------------------------------------
-@api(15, 0, 5)
+@api(15, 0, 6)
 async def handle_describe_groups(ctx: RequestContext, request: Any) -> Any:
+    """A group that does not exist is described as Dead until v5; from v6 (KIP-1043) it is
+    GROUP_ID_NOT_FOUND with a message and no other details, as Kafka 4 answers."""
     coord = coordinator(ctx)
     operations = UNKNOWN_AUTHORIZED_OPERATIONS
     if getattr(request, "include_authorized_operations", False):
@@ -249,6 +253,25 @@ async def handle_describe_groups(ctx: RequestContext, request: Any) -> Any:
     for group_id in request.groups:
         summary = coord.describe(group_id)
         error = ErrorCode.none if group_id else ErrorCode.invalid_group_id
+        if (
+            error == ErrorCode.none
+            and summary.state == GroupState.DEAD
+            and ctx.api_version >= GROUP_NOT_FOUND_VERSION
+        ):
+            groups.append(
+                ctx.build(
+                    "DescribedGroup",
+                    error_code=ErrorCode.group_id_not_found,
+                    error_message=f"Group {group_id} not found.",
+                    group_id=group_id,
+                    group_state="",
+                    protocol_type="",
+                    protocol_data="",
+                    members=(),
+                    authorized_operations=UNKNOWN_AUTHORIZED_OPERATIONS,
+                )
+            )
+            continue
         groups.append(
             ctx.build(
                 "DescribedGroup",
