@@ -4,10 +4,14 @@ does not know is UNKNOWN_TOPIC_ID."""
 
 from __future__ import annotations
 
+import logging
+import re
 import struct
+import time
 import uuid
 
 import pytest
+from confluent_kafka import Consumer, Producer
 
 from .helpers import admin, create_topic, unique_topic
 from .rawclient import (
@@ -154,3 +158,49 @@ def test_produce_v13_to_a_deleted_topics_id(module_broker):
             UNKNOWN_TOPIC_ID
         )
         assert produce_raw(conn, name, 0, batch, version=13, topic_id=new_id).base_offset == 0
+
+
+class _Sent(logging.Handler):
+    """Collects the "Sent <Api>Request (vN" lines of librdkafka's protocol debug log."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.versions: dict[str, set[int]] = {}
+
+    def emit(self, record: logging.LogRecord) -> None:
+        for api, version in re.findall(r"Sent (\w+)Request \(v(\d+)", record.getMessage()):
+            self.versions.setdefault(api, set()).add(int(version))
+
+
+def test_librdkafka_produces_and_fetches_at_its_newest_versions(module_broker):
+    """librdkafka asks for the newest versions both sides know: Fetch v16 (topics by id) and
+    Produce v10 (KIP-951 hints) for the librdkafka installed; the records round-trip."""
+    name = create_topic(module_broker.bootstrap, unique_topic("rdk-versions"), partitions=1)
+    sent = _Sent()
+    logger = logging.getLogger(f"rdkafka-{name}")
+    logger.addHandler(sent)
+    logger.setLevel(logging.DEBUG)
+    debug = {"debug": "protocol", "logger": logger}
+    producer = Producer({"bootstrap.servers": module_broker.bootstrap, **debug})
+    for i in range(20):
+        producer.produce(name, value=b"r%d" % i, partition=0)
+    assert producer.flush(30) == 0
+    consumer = Consumer(
+        {
+            "bootstrap.servers": module_broker.bootstrap,
+            "group.id": f"g-{name}",
+            "auto.offset.reset": "earliest",
+            **debug,
+        }
+    )
+    consumer.subscribe([name])
+    got: list[bytes] = []
+    deadline = time.monotonic() + 30
+    while len(got) < 20 and time.monotonic() < deadline:
+        msg = consumer.poll(0.2)
+        if msg is not None and msg.error() is None:
+            got.append(msg.value())
+    consumer.close()
+    assert got == [b"r%d" % i for i in range(20)]
+    assert max(sent.versions["Fetch"]) >= 16, sent.versions
+    assert max(sent.versions["Produce"]) >= 10, sent.versions
