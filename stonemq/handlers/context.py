@@ -14,6 +14,7 @@ from kio.schema.errors import ErrorCode
 
 if TYPE_CHECKING:
     from stonemq.broker import Broker
+    from stonemq.cluster.routing import BrokerEndpoint
 
 
 @functools.cache
@@ -103,3 +104,14 @@ class RequestContext:
         if self.broker.routing.leads(record.journal_partitions[partition]):
             return ErrorCode.unknown_topic_or_partition
         return ErrorCode.not_leader_or_follower
+
+    def current_leader(self, topic: str, partition: int) -> tuple[int, int, BrokerEndpoint | None]:
+        """KIP-951's hint for a NOT_LEADER_OR_FOLLOWER answer: the partition's leader id and
+        leader epoch (-1, -1 when unknown) and that leader's endpoint, if it is alive."""
+        record = self.broker.topics.get(topic)
+        if record is None or not 0 <= partition < record.partitions:
+            return -1, -1, None
+        routing = self.broker.routing
+        lead = routing.leadership(record.journal_partitions[partition])
+        endpoint = routing.broker(lead.leader) if lead.leader >= 0 else None
+        return lead.leader, lead.leader_epoch, endpoint

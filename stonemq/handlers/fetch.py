@@ -8,12 +8,21 @@ least one whole batch so a consumer can never be stuck behind a large one. zstd 
 only to fetch v10+ (UNSUPPORTED_COMPRESSION_TYPE below). Fetch sessions (KIP-227) are not
 kept: every response carries session id 0, which tells every client to keep sending full
 fetches; an incremental fetch naming a session gets FETCH_SESSION_ID_NOT_FOUND.
+
+Versions 4-18, as Kafka 4 answers a consumer: from v13 topics are named by topic id (one this
+broker does not know: UNKNOWN_TOPIC_ID) and the answer carries ids, not names; from v16 a
+NOT_LEADER_OR_FOLLOWER partition says who leads it, with that leader's endpoint in
+``node_endpoints`` (KIP-951). What v14, v15, v17 and v18 add concerns follower replicas
+(tiered-storage offsets, replica state, directory id, the follower's high watermark), which
+consumers send as their defaults: there are no followers to fetch here.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
+import uuid
 from typing import Any
 
 from kio.schema.errors import ErrorCode
@@ -27,10 +36,14 @@ from stonemq.storage.engine import (
     StorageError,
     UnknownPartitionError,
 )
+from stonemq.topics import UnknownTopicIdError
 
 log = logging.getLogger("stonemq.fetch")
 
 FIRST_ZSTD_FETCH_VERSION = 10
+LAST_VERSION_WITHOUT_STORAGE_ERROR = 5
+TOPIC_IDS_VERSION = 13
+LEADER_HINTS_VERSION = 16
 
 
 class _Part:
@@ -44,7 +57,40 @@ class _Part:
         self.records = b""
 
 
-@api(1, 4, 12)
+class _Topic:
+    """A requested topic, its name resolved (from its topic id from v13; None when unknown)."""
+
+    __slots__ = ("partitions", "topic", "topic_id")
+
+    def __init__(self, topic: str | None, topic_id: uuid.UUID | None, partitions: Any) -> None:
+        self.topic = topic
+        self.topic_id = topic_id
+        self.partitions = partitions
+
+
+class _Named:
+    """The requested topics whose names are known, as the cold tier reads a Fetch."""
+
+    __slots__ = ("topics",)
+
+    def __init__(self, topics: list[_Topic]) -> None:
+        self.topics = topics
+
+
+def _resolve(ctx: RequestContext, request: Any) -> list[_Topic]:
+    if ctx.api_version < TOPIC_IDS_VERSION:
+        return [_Topic(t.topic, None, t.partitions) for t in request.topics]
+    out = []
+    for t in request.topics:
+        name = None
+        if t.topic_id is not None and t.topic_id.int != 0:
+            with contextlib.suppress(UnknownTopicIdError):
+                name = ctx.broker.topics.by_id(t.topic_id).name
+        out.append(_Topic(name, t.topic_id, t.partitions))
+    return out
+
+
+@api(1, 4, 18)
 async def handle_fetch(ctx: RequestContext, request: Any) -> Any:
     session_id = getattr(request, "session_id", 0)
     if session_id != 0:
@@ -58,22 +104,25 @@ async def handle_fetch(ctx: RequestContext, request: Any) -> Any:
     broker = ctx.broker
     max_wait_s = request.max_wait.total_seconds()
     deadline = time.monotonic() + max_wait_s
-    keys = [(t.topic, p.partition) for t in request.topics for p in t.partitions]
+    wanted = _resolve(ctx, request)
+    named = [t for t in wanted if t.topic is not None]
+    keys = [(t.topic, p.partition) for t in named for p in t.partitions]
     tier = getattr(broker, "tier", None)
     cold = (
-        await tier.cold_reads(request, broker.storage, broker.settings.fetch_max_bytes)
+        await tier.cold_reads(_Named(named), broker.storage, broker.settings.fetch_max_bytes)
         if tier
         else {}
     )
     while True:
-        topics, total, has_error = await _read_all(ctx, request, cold)
+        topics, total, has_error = await _read_all(ctx, request, wanted, cold)
         remaining = deadline - time.monotonic()
         if total >= request.min_bytes or has_error or remaining <= 0 or not keys:
             break
         await broker.fetch_waiters.wait(keys, remaining)
         if broker.fetch_waiters.closed:
-            topics, total, has_error = await _read_all(ctx, request, cold)
+            topics, total, has_error = await _read_all(ctx, request, wanted, cold)
             break
+    endpoints: dict[int, Any] = {}
     return ctx.build(
         "FetchResponse",
         throttle_time=0,
@@ -82,7 +131,8 @@ async def handle_fetch(ctx: RequestContext, request: Any) -> Any:
         responses=tuple(
             ctx.build(
                 "FetchableTopicResponse",
-                topic=name,
+                topic=topic.topic,
+                topic_id=topic.topic_id,
                 partitions=tuple(
                     ctx.build(
                         "PartitionData",
@@ -94,33 +144,62 @@ async def handle_fetch(ctx: RequestContext, request: Any) -> Any:
                         aborted_transactions=() if part.error == ErrorCode.none else None,
                         preferred_read_replica=-1,
                         records=part.records,
+                        **_leader_hint(ctx, topic.topic, part, endpoints),
                     )
                     for part in parts
                 ),
             )
-            for name, parts in topics
+            for topic, parts in topics
+        ),
+        node_endpoints=tuple(
+            ctx.build("NodeEndpoint", node_id=e.broker_id, host=e.host, port=e.port, rack=e.rack)
+            for e in endpoints.values()
         ),
     )
 
 
+def _leader_hint(
+    ctx: RequestContext, topic: str | None, part: _Part, endpoints: dict[int, Any]
+) -> dict[str, Any]:
+    """KIP-951 (v16+): a NOT_LEADER_OR_FOLLOWER partition carries its current leader and
+    epoch, and the leader's endpoint joins the response's ``node_endpoints``."""
+    if (
+        ctx.api_version < LEADER_HINTS_VERSION
+        or topic is None
+        or part.error != ErrorCode.not_leader_or_follower
+    ):
+        return {}
+    leader, epoch, endpoint = ctx.current_leader(topic, part.index)
+    if endpoint is not None:
+        endpoints[endpoint.broker_id] = endpoint
+    return {"current_leader": ctx.build("LeaderIdAndEpoch", leader_id=leader, leader_epoch=epoch)}
+
+
 async def _read_all(
-    ctx: RequestContext, request: Any, cold: dict[tuple[str, int], tuple[bytes, int]] | None = None
-) -> tuple[list[tuple[str, list[_Part]]], int, bool]:
+    ctx: RequestContext,
+    request: Any,
+    wanted: list[_Topic],
+    cold: dict[tuple[str, int], tuple[bytes, int]] | None = None,
+) -> tuple[list[tuple[_Topic, list[_Part]]], int, bool]:
     storage = ctx.broker.storage
     topics_mgr = ctx.broker.topics
     budget = min(getattr(request, "max_bytes", 2**31 - 1), ctx.broker.settings.fetch_max_bytes)
     total = 0
     has_error = False
     zstd_allowed = ctx.api_version >= FIRST_ZSTD_FETCH_VERSION
-    out: list[tuple[str, list[_Part]]] = []
-    for fetch_topic in request.topics:
+    out: list[tuple[_Topic, list[_Part]]] = []
+    for fetch_topic in wanted:
         name = fetch_topic.topic
-        record = topics_mgr.get(name)
+        record = topics_mgr.get(name) if name is not None else None
         parts: list[_Part] = []
-        out.append((name, parts))
+        out.append((fetch_topic, parts))
         for fp in fetch_topic.partitions:
             part = _Part(fp.partition)
             parts.append(part)
+            if name is None:  # v13+: a topic id this broker does not know
+                part.error = ErrorCode.unknown_topic_id
+                has_error = True
+                continue
             if record is None or not 0 <= fp.partition < record.partitions:
                 part.error = ErrorCode.unknown_topic_or_partition
                 has_error = True
@@ -150,7 +229,7 @@ async def _read_all(
                 continue
             except (StorageError, OSError) as exc:  # a failed queue log, a read error
                 log.error("fetch of %s-%d failed: %s", name, fp.partition, exc)
-                part.error = ErrorCode.kafka_storage_error
+                part.error = _storage_error(ctx.api_version)
                 has_error = True
                 continue
             part.hw = result.high_watermark
@@ -166,11 +245,19 @@ async def _read_all(
             total += len(data)
     tier = getattr(ctx.broker, "tier", None)
     if tier is not None:  # tiered partitions start at the cold log start
-        for name, parts in out:
+        for topic, parts in out:
             for part in parts:
-                if part.log_start >= 0:
-                    part.log_start = tier.log_start(name, part.index, part.log_start)
+                if part.log_start >= 0 and topic.topic is not None:
+                    part.log_start = tier.log_start(topic.topic, part.index, part.log_start)
     return out, total, has_error
+
+
+def _storage_error(version: int) -> ErrorCode:
+    """KAFKA_STORAGE_ERROR, which clients of v5 and older do not know: Kafka answers them
+    NOT_LEADER_OR_FOLLOWER so they refresh their metadata and retry."""
+    if version <= LAST_VERSION_WITHOUT_STORAGE_ERROR:
+        return ErrorCode.not_leader_or_follower
+    return ErrorCode.kafka_storage_error
 
 
 def _has_zstd(data: bytes) -> bool:

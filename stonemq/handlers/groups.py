@@ -28,13 +28,17 @@ from stonemq.coordinator.group_coordinator import (
 )
 from stonemq.coordinator.group_log import OFFSETS_TOPIC
 from stonemq.coordinator.group_state import GroupState
-from stonemq.handlers.authorized_operations import group_operations
+from stonemq.handlers.authorized_operations import (
+    UNKNOWN_AUTHORIZED_OPERATIONS,
+    group_operations,
+)
 from stonemq.handlers.context import RequestContext
 from stonemq.handlers.registry import api
 
 KEY_TYPE_GROUP = 0
 KEY_TYPE_TRANSACTION = 1
 CLASSIC_GROUP_TYPE = "classic"
+GROUP_NOT_FOUND_VERSION = 6
 
 T = TypeVar("T")
 
@@ -276,8 +280,10 @@ async def handle_leave_group(ctx: RequestContext, request: Any) -> Any:
 
 
 # -- DescribeGroups --------------------------------------------------------------------------
-@api(15, 0, 5)
+@api(15, 0, 6)
 async def handle_describe_groups(ctx: RequestContext, request: Any) -> Any:
+    """A group that does not exist is described as Dead until v5; from v6 (KIP-1043) it is
+    GROUP_ID_NOT_FOUND with a message and no other details, as Kafka 4 answers."""
     coord = coordinator(ctx)
     operations = group_operations(getattr(request, "include_authorized_operations", False))
     groups = []
@@ -287,6 +293,25 @@ async def handle_describe_groups(ctx: RequestContext, request: Any) -> Any:
         if error == ErrorCode.none and not coordinates(ctx, group_id):
             error = ErrorCode.not_coordinator
             summary = GroupSummary(group_id, GroupState.DEAD, "", "", ())
+        elif (
+            error == ErrorCode.none
+            and summary.state == GroupState.DEAD
+            and ctx.api_version >= GROUP_NOT_FOUND_VERSION
+        ):
+            groups.append(
+                ctx.build(
+                    "DescribedGroup",
+                    error_code=ErrorCode.group_id_not_found,
+                    error_message=f"Group {group_id} not found.",
+                    group_id=group_id,
+                    group_state="",
+                    protocol_type="",
+                    protocol_data="",
+                    members=(),
+                    authorized_operations=UNKNOWN_AUTHORIZED_OPERATIONS,
+                )
+            )
+            continue
         groups.append(
             ctx.build(
                 "DescribedGroup",

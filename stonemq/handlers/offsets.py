@@ -9,10 +9,16 @@ is OFFSET_METADATA_TOO_LARGE); the others are written to ``__consumer_offsets`` 
 response waits until that write is in the journal file. OffsetFetch answers -1 for a partition
 without a committed offset, and every committed partition when ``topics`` is null. OffsetDelete
 refuses partitions of topics the group's members subscribe to (GROUP_SUBSCRIBED_TO_TOPIC).
+
+OffsetCommit v10 and OffsetFetch v10 name topics by topic id (KIP-848's clients): an id this
+broker does not know is UNKNOWN_TOPIC_ID for each of its partitions (before any group check,
+as Kafka), answers carry ids, and OffsetFetch of every committed partition leaves out topics
+that no longer exist (they have no id to be named by).
 """
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterable
 from typing import Any
 
@@ -23,8 +29,11 @@ from stonemq.coordinator.group_log import CommittedOffset
 from stonemq.handlers.context import RequestContext
 from stonemq.handlers.groups import coordinates, coordinator, waiter
 from stonemq.handlers.registry import api
+from stonemq.topics import UnknownTopicIdError
 
 NO_OFFSET = -1
+COMMIT_TOPIC_IDS_VERSION = 10
+FETCH_TOPIC_IDS_VERSION = 10
 
 
 def _by_topic(
@@ -39,10 +48,39 @@ def _by_topic(
     )
 
 
+def _by_topic_id(
+    ctx: RequestContext, type_topic: str, items: Iterable[tuple[uuid.UUID | None, Any]]
+) -> tuple[Any, ...]:
+    """:func:`_by_topic` for the versions that name topics by id."""
+    topics: dict[uuid.UUID | None, list[Any]] = {}
+    for topic_id, partition in items:
+        topics.setdefault(topic_id, []).append(partition)
+    return tuple(
+        ctx.build(type_topic, topic_id=topic_id, partitions=tuple(parts))
+        for topic_id, parts in topics.items()
+    )
+
+
+def _topic_name(ctx: RequestContext, topic_id: uuid.UUID | None) -> str | None:
+    """The name of the topic with ``topic_id``, or None when this broker knows no such id."""
+    if topic_id is None or topic_id.int == 0:
+        return None
+    try:
+        return ctx.broker.topics.by_id(topic_id).name
+    except UnknownTopicIdError:
+        return None
+
+
+def _topic_id(ctx: RequestContext, name: str) -> uuid.UUID | None:
+    record = ctx.broker.topics.get(name)
+    return record.topic_id if record is not None else None
+
+
 # -- OffsetCommit ----------------------------------------------------------------------------
-@api(8, 2, 9)
+@api(8, 2, 10)
 async def handle_offset_commit(ctx: RequestContext, request: Any) -> Any:
     coord = coordinator(ctx)
+    by_id = ctx.api_version >= COMMIT_TOPIC_IDS_VERSION
     group_error = (
         coord.validate_commit(
             request.group_id,
@@ -53,46 +91,50 @@ async def handle_offset_commit(ctx: RequestContext, request: Any) -> Any:
         if coordinates(ctx, request.group_id)
         else ErrorCode.not_coordinator
     )
-    errors: list[tuple[str, int, ErrorCode]] = []
+    # (topic name or None, topic id or None, partition, error), in the request's order
+    errors: list[tuple[str | None, uuid.UUID | None, int, ErrorCode]] = []
     commits: list[OffsetCommit] = []
     for topic in request.topics:
+        topic_id = topic.topic_id if by_id else None
+        name = _topic_name(ctx, topic_id) if by_id else topic.name
         for p in topic.partitions:
+            if name is None:  # an id this broker does not know, whatever the group's state
+                errors.append((None, topic_id, p.partition_index, ErrorCode.unknown_topic_id))
+                continue
             error = group_error
             if error == ErrorCode.none:
-                error = coord.partition_error(topic.name, p.partition_index, p.committed_metadata)
+                error = coord.partition_error(name, p.partition_index, p.committed_metadata)
             if error == ErrorCode.none:
                 commits.append(
                     OffsetCommit(
-                        topic.name,
+                        name,
                         p.partition_index,
                         p.committed_offset,
                         getattr(p, "committed_leader_epoch", -1),
                         p.committed_metadata,
                     )
                 )
-            errors.append((topic.name, p.partition_index, error))
+            errors.append((name, topic_id, p.partition_index, error))
     if commits:
         future, respond = waiter()
         coord.commit(request.group_id, commits, respond)
         written: ErrorCode = await future
         if written != ErrorCode.none:
-            errors = [(t, p, written if e == ErrorCode.none else e) for t, p, e in errors]
-    return ctx.build(
-        "OffsetCommitResponse",
-        throttle_time=0,
-        topics=_by_topic(
-            ctx,
-            "OffsetCommitResponseTopic",
-            (
-                (t, ctx.build("OffsetCommitResponsePartition", partition_index=p, error_code=e))
-                for t, p, e in errors
-            ),
-        ),
+            errors = [(t, i, p, written if e == ErrorCode.none else e) for t, i, p, e in errors]
+    entries = (
+        (t, i, ctx.build("OffsetCommitResponsePartition", partition_index=p, error_code=e))
+        for t, i, p, e in errors
     )
+    topics = (
+        _by_topic_id(ctx, "OffsetCommitResponseTopic", ((i, entry) for _, i, entry in entries))
+        if by_id
+        else _by_topic(ctx, "OffsetCommitResponseTopic", ((t, entry) for t, _, entry in entries))
+    )
+    return ctx.build("OffsetCommitResponse", throttle_time=0, topics=topics)
 
 
 # -- OffsetFetch -----------------------------------------------------------------------------
-@api(9, 1, 9)
+@api(9, 1, 10)
 async def handle_offset_fetch(ctx: RequestContext, request: Any) -> Any:
     if ctx.api_version >= 8:
         groups = []
@@ -131,17 +173,58 @@ def _fetch_error(ctx: RequestContext, group_id: str) -> ErrorCode:
 def _fetch_topics(
     ctx: RequestContext, group_id: str, topics: tuple[Any, ...] | None, type_topic: str
 ) -> tuple[Any, ...]:
+    type_partition = (
+        "OffsetFetchResponsePartitions" if ctx.api_version >= 8 else "OffsetFetchResponsePartition"
+    )
+    if ctx.api_version >= FETCH_TOPIC_IDS_VERSION:
+        return _by_topic_id(ctx, type_topic, _fetch_by_id(ctx, group_id, topics, type_partition))
     wanted: list[TopicPartition] | None = None
     if topics is not None:
         wanted = [(t.name, p) for t in topics for p in t.partition_indexes]
     offsets = coordinator(ctx).fetch_offsets(group_id, wanted)
-    type_partition = (
-        "OffsetFetchResponsePartitions" if ctx.api_version >= 8 else "OffsetFetchResponsePartition"
-    )
     return _by_topic(
         ctx,
         type_topic,
         ((tp[0], _fetched(ctx, type_partition, tp[1], c)) for tp, c in offsets.items()),
+    )
+
+
+def _fetch_by_id(
+    ctx: RequestContext, group_id: str, topics: tuple[Any, ...] | None, type_partition: str
+) -> list[tuple[uuid.UUID | None, Any]]:
+    """v10: topics named by id; an unknown id is UNKNOWN_TOPIC_ID, and the offsets of a
+    topic that no longer exists (which has no id to name it by) are left out of "all"."""
+    coord = coordinator(ctx)
+    if topics is None:
+        out = []
+        for (name, partition), committed in coord.fetch_offsets(group_id, None).items():
+            topic_id = _topic_id(ctx, name)
+            if topic_id is not None:
+                out.append((topic_id, _fetched(ctx, type_partition, partition, committed)))
+        return out
+    out = []
+    for t in topics:
+        name = _topic_name(ctx, t.topic_id)
+        if name is None:
+            out.extend(
+                (t.topic_id, _unknown_id(ctx, type_partition, p)) for p in t.partition_indexes
+            )
+            continue
+        offsets = coord.fetch_offsets(group_id, [(name, p) for p in t.partition_indexes])
+        out.extend(
+            (t.topic_id, _fetched(ctx, type_partition, p, c)) for (_, p), c in offsets.items()
+        )
+    return out
+
+
+def _unknown_id(ctx: RequestContext, type_partition: str, partition: int) -> Any:
+    return ctx.build(
+        type_partition,
+        partition_index=partition,
+        committed_offset=NO_OFFSET,
+        committed_leader_epoch=-1,
+        metadata="",
+        error_code=ErrorCode.unknown_topic_id,
     )
 
 

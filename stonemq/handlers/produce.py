@@ -14,6 +14,12 @@ keep their order.
 acks=0 gets no response; acks=1 and acks=-1 are answered once every batch of the request is
 in its journal file (and fsynced when ``journal.flush.policy`` is ``always``). With one
 broker, the journal is the whole ISR, so 1 and -1 wait for the same thing.
+
+Versions 3-13, as Kafka 4: v13 names topics by topic id (an unknown id: UNKNOWN_TOPIC_ID;
+no auto-creation by id), and its answer carries the id instead of the name. From v10 a
+NOT_LEADER_OR_FOLLOWER partition says who leads it and the response lists that leader's
+endpoint (KIP-951), so the client goes there without a Metadata round trip. v12 differs from
+v11 only for transactional producers (KIP-890), which are refused here.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import asyncio
 import datetime
 import logging
 import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -50,7 +57,13 @@ from stonemq.storage.errors import (
     OutOfOrderSequenceError,
     ProducerStateError,
 )
-from stonemq.topics import AdminError, ProduceConfig, UnknownTopicOrPartitionError, is_internal
+from stonemq.topics import (
+    AdminError,
+    ProduceConfig,
+    UnknownTopicIdError,
+    UnknownTopicOrPartitionError,
+    is_internal,
+)
 
 log = logging.getLogger("stonemq.produce")
 
@@ -78,14 +91,35 @@ class _PartitionResult:
         return self
 
 
-@api(0, 3, 11)
+LEADER_HINTS_VERSION = 10
+"""From v10 a NOT_LEADER_OR_FOLLOWER answer says who leads (KIP-951)."""
+TOPIC_IDS_VERSION = 13
+"""From v13 topics are named by topic id (KIP-516); an unknown id is UNKNOWN_TOPIC_ID."""
+
+
+@api(0, 3, 13)
 async def handle_produce(ctx: RequestContext, request: Any) -> Any:
     broker = ctx.broker
     acks = request.acks
     topics: list[tuple[str, list[_PartitionResult]]] = []
+    topic_ids: list[uuid.UUID | None] = []
     for topic_data in request.topic_data:
-        name = topic_data.name
         results = [_PartitionResult(p.index) for p in topic_data.partition_data]
+        if ctx.api_version >= TOPIC_IDS_VERSION:
+            topic_id = topic_data.topic_id
+            topic_ids.append(topic_id)
+            try:
+                if topic_id is None or topic_id.int == 0:
+                    raise UnknownTopicIdError("produce names its topic by id from v13")
+                name = broker.topics.by_id(topic_id).name
+            except AdminError as exc:
+                topics.append(("", results))
+                for r in results:
+                    r.fail(exc.error_code, str(exc))
+                continue
+        else:
+            name = topic_data.name
+            topic_ids.append(None)
         topics.append((name, results))
         if request.transactional_id is not None:
             for r in results:
@@ -125,12 +159,14 @@ async def handle_produce(ctx: RequestContext, request: Any) -> Any:
             task.add_done_callback(_BACKGROUND.discard)
         return None
     await _settle(ctx, topics)
+    endpoints: dict[int, Any] = {}
     return ctx.build(
         "ProduceResponse",
         responses=tuple(
             ctx.build(
                 "TopicProduceResponse",
                 name=name,
+                topic_id=topic_id,
                 partition_responses=tuple(
                     ctx.build(
                         "PartitionProduceResponse",
@@ -141,14 +177,32 @@ async def handle_produce(ctx: RequestContext, request: Any) -> Any:
                         log_start_offset=_log_start(ctx, name, r),
                         record_errors=(),
                         error_message=r.message,
+                        **_leader_hint(ctx, name, r, endpoints),
                     )
                     for r in results
                 ),
             )
-            for name, results in topics
+            for (name, results), topic_id in zip(topics, topic_ids, strict=True)
         ),
         throttle_time=0,
+        node_endpoints=tuple(
+            ctx.build("NodeEndpoint", node_id=e.broker_id, host=e.host, port=e.port, rack=e.rack)
+            for e in endpoints.values()
+        ),
     )
+
+
+def _leader_hint(
+    ctx: RequestContext, topic: str, result: _PartitionResult, endpoints: dict[int, Any]
+) -> dict[str, Any]:
+    """KIP-951 (v10+): a NOT_LEADER_OR_FOLLOWER partition carries its current leader and
+    epoch, and the leader's endpoint joins the response's ``node_endpoints``."""
+    if ctx.api_version < LEADER_HINTS_VERSION or result.error != ErrorCode.not_leader_or_follower:
+        return {}
+    leader, epoch, endpoint = ctx.current_leader(topic, result.index)
+    if endpoint is not None:
+        endpoints[endpoint.broker_id] = endpoint
+    return {"current_leader": ctx.build("LeaderIdAndEpoch", leader_id=leader, leader_epoch=epoch)}
 
 
 def _append_one(
@@ -355,7 +409,11 @@ async def _settle(ctx: RequestContext, topics: list[tuple[str, list[_PartitionRe
 
 
 def _log_start(ctx: RequestContext, topic: str, result: _PartitionResult) -> int:
-    if result.error in (ErrorCode.unknown_topic_or_partition, ErrorCode.invalid_topic_exception):
+    if result.error in (
+        ErrorCode.unknown_topic_or_partition,
+        ErrorCode.unknown_topic_id,
+        ErrorCode.invalid_topic_exception,
+    ):
         return -1
     try:
         return ctx.broker.storage.log_start_offset(topic, result.index)

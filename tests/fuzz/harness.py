@@ -20,7 +20,7 @@ import time
 from typing import Any
 
 from integration.helpers import create_topic
-from integration.rawclient import RawConnection, fetch_batches, produce_raw
+from integration.rawclient import RawConnection, fetch_batches, produce_raw, topic_id_of
 
 from . import batches
 from .mutators import FAMILIES, Case
@@ -119,6 +119,8 @@ class Campaign:
         for topic in self.hints.topics:
             create_topic(self.broker.bootstrap, topic, partitions=2)
         create_topic(self.broker.bootstrap, CANARY)
+        with RawConnection(self.broker.host, self.broker.port, timeout=10) as conn:
+            self.hints.topic_ids[:] = [topic_id_of(conn, topic) for topic in self.hints.topics]
         self.round_trip()
         self._log_pos = len(self.broker.log_path.read_bytes())
         self._rss_base = rss_mb(self.broker.proc.pid)

@@ -17,6 +17,7 @@ import functools
 import importlib
 import random
 import struct
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -222,7 +223,12 @@ def _produce(rng: random.Random, hints: Hints, records: bytes, topic: str | None
     mod = importlib.import_module(load_request_schema(PRODUCE, version).__module__)
     partition = mod.PartitionProduceData(index=rng.choice((0, 1)), records=records)
     name = rng.choice(hints.topics) if topic is None else topic
-    topic_data = mod.TopicProduceData(name=name, partition_data=(partition,))
+    if "topic_id" in {f.name for f in dataclasses.fields(mod.TopicProduceData)}:  # v13+
+        known = dict(zip(hints.topics, hints.topic_ids, strict=False))
+        topic_id = known.get(name, uuid.UUID(int=rng.getrandbits(128)))
+        topic_data = mod.TopicProduceData(topic_id=topic_id, partition_data=(partition,))
+    else:
+        topic_data = mod.TopicProduceData(name=name, partition_data=(partition,))
     entity = load_request_schema(PRODUCE, version)(
         transactional_id=None,
         acks=rng.choice((-1, 1)),

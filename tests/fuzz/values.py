@@ -58,6 +58,9 @@ class Hints:
     topics: list[str]
     groups: list[str]
     records: Callable[[random.Random], bytes]
+    # the ids of ``topics`` (same order), once the broker has them: the versions that name
+    # topics by id (Produce v13, Fetch v13+, OffsetCommit/OffsetFetch v10) reach them too
+    topic_ids: list[uuid.UUID] = dataclasses.field(default_factory=list)
 
 
 def encode(entity: Any) -> bytes:
@@ -126,6 +129,8 @@ class Maker:
         if annotation is bool:
             return rng.random() < 0.5
         if annotation is uuid.UUID:
+            if name == "topic_id" and self.hints.topic_ids and rng.random() < 0.8:
+                return rng.choice(self.hints.topic_ids)
             return uuid.UUID(int=rng.getrandbits(128))
         if isinstance(annotation, type) and issubclass(annotation, (i32Timedelta, i64Timedelta)):
             low, high = TIMEOUT_MS.get(name, (0, 1000))

@@ -13,6 +13,7 @@ import io
 import socket
 import struct
 import time
+import uuid
 from typing import Any
 
 from kafka.record.default_records import DefaultRecordBatchBuilder
@@ -205,15 +206,25 @@ def build_batch(
 
 
 def produce_request(
-    topic: str, partition: int, records: bytes, acks: int = -1, version: int = 7
+    topic: str,
+    partition: int,
+    records: bytes,
+    acks: int = -1,
+    version: int = 7,
+    topic_id: uuid.UUID | None = None,
 ) -> Any:
-    return produce_request_to(topic, {partition: records}, acks, version)
+    return produce_request_to(topic, {partition: records}, acks, version, topic_id)
 
 
 def produce_request_to(
-    topic: str, records: dict[int, bytes], acks: int = -1, version: int = 7
+    topic: str,
+    records: dict[int, bytes],
+    acks: int = -1,
+    version: int = 7,
+    topic_id: uuid.UUID | None = None,
 ) -> Any:
-    """One Produce of ``records[partition]`` to each partition of ``topic``."""
+    """One Produce of ``records[partition]`` to each partition of ``topic`` (named by
+    ``topic_id`` from v13, where requests carry ids instead of names)."""
     mod = schema("produce", version, "request")
     return build(
         mod.ProduceRequest,
@@ -223,6 +234,7 @@ def produce_request_to(
             build(
                 mod.TopicProduceData,
                 name=topic,
+                topic_id=topic_id,
                 partition_data=tuple(
                     build(mod.PartitionProduceData, index=i32(p), records=bytes(batch))
                     for p, batch in records.items()
@@ -239,31 +251,35 @@ def produce_raw(
     records: bytes,
     acks: int = -1,
     version: int = 7,
+    topic_id: uuid.UUID | None = None,
 ) -> Any:
     """One Produce; returns the single partition response."""
     resp = conn.request(
-        produce_request(topic, partition, records, acks, version),
+        produce_request(topic, partition, records, acks, version, topic_id),
         schema("produce", version, "response").ProduceResponse,
     )
     (topic_resp,) = resp.responses
-    assert topic_resp.name == topic
+    if version >= 13:
+        assert topic_resp.topic_id == topic_id
+    else:
+        assert topic_resp.name == topic
     (part,) = topic_resp.partition_responses
     assert part.index == partition
     return part
 
 
-def fetch_raw(
-    conn: RawConnection,
+def fetch_request(
     topic: str,
     partition: int,
     offset: int,
     version: int = 12,
     max_wait_ms: int = 0,
     partition_max_bytes: int = 1 << 24,
+    topic_id: uuid.UUID | None = None,
 ) -> Any:
-    """One Fetch of one partition; returns the partition data."""
+    """A Fetch of one partition (named by ``topic_id`` from v13)."""
     req_mod = schema("fetch", version, "request")
-    request = build(
+    return build(
         req_mod.FetchRequest,
         replica_id=i32(-1),
         max_wait=ms(max_wait_ms),
@@ -276,6 +292,7 @@ def fetch_raw(
             build(
                 req_mod.FetchTopic,
                 topic=topic,
+                topic_id=topic_id,
                 partitions=(
                     build(
                         req_mod.FetchPartition,
@@ -288,10 +305,46 @@ def fetch_raw(
         ),
         forgotten_topics_data=(),
     )
+
+
+def fetch_raw(
+    conn: RawConnection,
+    topic: str,
+    partition: int,
+    offset: int,
+    version: int = 12,
+    max_wait_ms: int = 0,
+    partition_max_bytes: int = 1 << 24,
+    topic_id: uuid.UUID | None = None,
+) -> Any:
+    """One Fetch of one partition; returns the partition data."""
+    request = fetch_request(
+        topic, partition, offset, version, max_wait_ms, partition_max_bytes, topic_id
+    )
     resp = conn.request(request, schema("fetch", version, "response").FetchResponse)
     (topic_resp,) = resp.responses
+    if version >= 13:
+        assert topic_resp.topic_id == topic_id
+    else:
+        assert topic_resp.topic == topic
     (part,) = topic_resp.partitions
     return part
+
+
+def topic_id_of(conn: RawConnection, topic: str) -> uuid.UUID:
+    """The topic's id, from Metadata v12."""
+    req = schema("metadata", 12, "request")
+    resp = conn.request(
+        req.MetadataRequest(
+            topics=(req.MetadataRequestTopic(name=topic, topic_id=None),),
+            allow_auto_topic_creation=False,
+            include_topic_authorized_operations=False,
+        ),
+        schema("metadata", 12, "response").MetadataResponse,
+    )
+    (answer,) = resp.topics
+    assert answer.error_code == 0 and answer.topic_id is not None, answer
+    return answer.topic_id
 
 
 def split_batches(records: bytes | None) -> list[bytes]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import struct
 
 import pytest
+from kio.index import UnknownEntity, api_key_map, load_request_schema, load_response_schema
 from kio.schema.api_versions.v0.response import ApiVersionsResponse as ApiVersionsResponseV0
 from kio.schema.request_header.v2.header import RequestHeader as RequestHeaderV2
 from kio.static.primitive import i16, i32
@@ -85,6 +86,53 @@ def test_advertised_ranges(advertised):
     assert produce_lo <= 3 and produce_hi >= 7  # magic-2 produce from v3; kafkajs uses v7
     assert advertised[2][0] <= 1 and advertised[2][1] >= 7  # ListOffsets by max timestamp
     assert advertised[3][0] <= 1  # Metadata: kafka-python and aiokafka start low
+
+
+def kio_range(api_key: int) -> tuple[int, int]:
+    """The versions kio's schemas define for ``api_key``: Kafka 4's baseline to the newest."""
+    versions = []
+    for version in range(64):
+        try:
+            load_request_schema(api_key, version)
+            load_response_schema(api_key, version)
+        except UnknownEntity:
+            continue
+        versions.append(version)
+    assert versions, f"kio has no schema for api key {api_key}"
+    assert versions == list(range(versions[0], versions[-1] + 1)), (api_key, versions)
+    return versions[0], versions[-1]
+
+
+def test_every_api_advertises_every_version_kio_defines(advertised):
+    """Each implemented API is served from Kafka 4's baseline (kio starts there) to the newest
+    version kio's schemas define: when kio moves, this names the APIs left behind."""
+    behind = {
+        (key, api_key_map[key]): (advertised[key], kio_range(key))
+        for key in sorted(advertised)
+        if advertised[key] != kio_range(key)
+    }
+    assert not behind, f"advertised vs kio: {behind}"
+
+
+@pytest.mark.parametrize("version", [0, 1, 2, 3, 4])
+def test_features_as_a_kafka_4_broker(module_broker, version):
+    """v3+ report metadata.version as a Kafka 4.0 broker does: supported from 3.3-IV3 (7) to
+    4.0-IV3 (25), finalized at 25, epoch known; no transaction.version or group.version, so
+    clients keep to the protocols StoneMQ serves."""
+    with RawConnection(module_broker.host, module_broker.port) as conn:
+        resp = ask(conn, version)
+    assert resp.error_code == 0
+    if version < 3:
+        assert not hasattr(resp, "supported_features")
+        return
+    supported = {f.name: (f.min_version, f.max_version) for f in resp.supported_features}
+    finalized = {
+        f.name: (f.min_version_level, f.max_version_level) for f in resp.finalized_features
+    }
+    assert supported == {"metadata.version": (7, 25)}
+    assert finalized == {"metadata.version": (25, 25)}
+    assert resp.finalized_features_epoch == 0
+    assert resp.zk_migration_ready is False
 
 
 def send_unknown_version(conn: RawConnection, version: int, correlation_id: int) -> None:

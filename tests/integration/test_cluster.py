@@ -15,7 +15,14 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from polling import wait_for
 
-from .rawclient import RawConnection, build_batch, produce_raw
+from .rawclient import (
+    RawConnection,
+    build_batch,
+    fetch_request,
+    produce_raw,
+    produce_request,
+    schema,
+)
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(180)]
 
@@ -486,3 +493,79 @@ def test_group_requests_at_another_broker_get_not_coordinator(cluster) -> None:
             assert errors == (25, 0, 0), errors  # UNKNOWN_MEMBER_ID: no such member yet
         else:
             assert errors == (NOT_COORDINATOR,) * 3, (broker_id, errors)
+
+
+def partition_leadership(conn: RawConnection, topic: str) -> tuple[Any, dict[int, Any]]:
+    """Metadata v12 of ``topic``: its topic id, and each partition's entry (leader, epoch)."""
+    req = schema("metadata", 12, "request")
+    resp = conn.request(
+        req.MetadataRequest(
+            topics=(req.MetadataRequestTopic(name=topic, topic_id=None),),
+            allow_auto_topic_creation=False,
+            include_topic_authorized_operations=False,
+        ),
+        schema("metadata", 12, "response").MetadataResponse,
+    )
+    (answer,) = resp.topics
+    return answer.topic_id, {p.partition_index: p for p in answer.partitions}
+
+
+def test_not_leader_answers_name_the_leader(cluster) -> None:
+    """KIP-951: a Produce (v10+) or Fetch (v16+) sent to a broker that does not lead the
+    partition is answered NOT_LEADER_OR_FOLLOWER with the leader's id and epoch, and the
+    leader's endpoint in node_endpoints, so the client goes there without a Metadata call."""
+    admin = AdminClient({"bootstrap.servers": cluster[0].bootstrap})
+    admin.create_topics([NewTopic("hinted", 6, 1)])["hinted"].result(30)
+    with RawConnection(cluster[0].host, cluster[0].port) as conn:
+        deadline = time.monotonic() + 30
+        while True:
+            topic_id, parts = partition_leadership(conn, "hinted")
+            if len(parts) == 6 and all(p.leader_id >= 0 for p in parts.values()):
+                break
+            assert time.monotonic() < deadline, parts
+            time.sleep(0.2)
+    leader = parts[0].leader_id
+    epoch = parts[0].leader_epoch
+    by_id = {b: cluster[b - 1] for b in (1, 2, 3)}
+    host, port = by_id[leader].host, by_id[leader].port
+    elsewhere = next(b for b_id, b in by_id.items() if b_id != leader)
+    batch = bytes(build_batch([(None, b"x")]))
+    with RawConnection(elsewhere.host, elsewhere.port) as conn:
+        for version in range(3, 14):
+            request = produce_request("hinted", 0, batch, version=version, topic_id=topic_id)
+            answer = conn.request(request, schema("produce", version, "response").ProduceResponse)
+            (part,) = answer.responses[0].partition_responses
+            assert part.error_code == NOT_LEADER_OR_FOLLOWER, (version, part)
+            if version < 10:
+                assert not hasattr(answer, "node_endpoints")
+                continue
+            assert (part.current_leader.leader_id, part.current_leader.leader_epoch) == (
+                leader,
+                epoch,
+            ), version
+            assert [(e.node_id, e.host, e.port) for e in answer.node_endpoints] == [
+                (leader, host, port)
+            ], version
+        for version in range(4, 19):
+            request = fetch_request("hinted", 0, 0, version=version, topic_id=topic_id)
+            answer = conn.request(request, schema("fetch", version, "response").FetchResponse)
+            (part,) = answer.responses[0].partitions
+            assert part.error_code == NOT_LEADER_OR_FOLLOWER, (version, part)
+            if version < 16:  # Kafka fills the hint from v16 only
+                hint = getattr(part, "current_leader", None)  # v12-15 have the field, unset
+                assert hint is None or (hint.leader_id, hint.leader_epoch) == (-1, -1)
+                assert not hasattr(answer, "node_endpoints")
+                continue
+            assert (part.current_leader.leader_id, part.current_leader.leader_epoch) == (
+                leader,
+                epoch,
+            ), version
+            assert [(e.node_id, e.host, e.port) for e in answer.node_endpoints] == [
+                (leader, host, port)
+            ], version
+    # the leader itself takes both
+    with RawConnection(host, port) as conn:
+        request = produce_request("hinted", 0, batch, version=13, topic_id=topic_id)
+        answer = conn.request(request, schema("produce", 13, "response").ProduceResponse)
+        assert answer.responses[0].partition_responses[0].error_code == 0
+        assert answer.node_endpoints == ()
