@@ -22,6 +22,7 @@ from stonemq.topics import TopicManager
 if TYPE_CHECKING:
     from stonemq.cluster.controller import Controller
     from stonemq.cluster.membership import Membership
+    from stonemq.replication.manager import ReplicaManager
     from stonemq.tiering.service import TierService
 
 log = logging.getLogger("stonemq.broker")
@@ -65,7 +66,15 @@ class Broker:
             producer_id_expiration_check_interval_ms=(
                 settings.producer_id_expiration_check_interval_ms
             ),
+            replicated=self.routing.clustered,
         )
+        # journal-partition replication (cluster brokers only; None on the single node)
+        self.replicas: ReplicaManager | None = None
+        if isinstance(self.routing, ClusterRouting):
+            from stonemq.replication.manager import ReplicaManager
+
+            self.replicas = ReplicaManager(settings.broker_id, self.routing, self.storage, settings)
+            self.storage.journal_retain_from = self.replicas.retain_from
         self.topics = TopicManager(settings, self.metadata, self.storage, self.routing)
         self.fetch_waiters = FetchWaiters()
         # partitions whose next produce waits for a batch validated off the event loop: the
@@ -108,12 +117,16 @@ class Broker:
         self.storage.start(self.fetch_waiters.notify)
         if self.routing.clustered:  # topics changed through other brokers
             self.topics.follow_store(asyncio.get_running_loop())
+        if self.replicas is not None:
+            self.replicas.start()
         self.groups.start()
         if self.tier is not None:
             self.tier.start()
 
     async def close(self) -> None:
         self.fetch_waiters.wake_all()
+        if self.replicas is not None:
+            await self.replicas.close()
         self.groups.stop()
         if self.tier is not None:
             await self.tier.close()

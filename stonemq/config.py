@@ -114,6 +114,19 @@ class Settings(BaseSettings):
         description="Kafka's unclean.leader.election.enable: a replica outside the ISR may lead "
         "a journal partition whose ISR is gone (acknowledged records may be lost)",
     )
+    min_insync_replicas: int = Field(
+        1, gt=0, description="Kafka's: replicas that must hold a batch before acks=all is answered"
+    )
+    replica_lag_time_max_ms: int = Field(
+        30_000, gt=0, description="a follower not caught up for this long leaves the ISR"
+    )
+    replica_fetch_wait_max_ms: int = Field(500, ge=0, description="a replica fetch's long poll")
+    replica_fetch_min_bytes: int = Field(1, ge=0)
+    replica_fetch_max_bytes: int = Field(
+        1_048_576, gt=0, description="journal bytes per journal partition per replica fetch"
+    )
+    replica_fetch_response_max_bytes: int = Field(10_485_760, gt=0)
+    replica_fetch_backoff_ms: int = Field(1000, ge=0, description="after a failed replica fetch")
     message_max_bytes: int = Field(1_048_588, gt=0, description="default max.message.bytes")
     log_message_timestamp_type: TimestampType = "CreateTime"
     log_message_timestamp_before_max_ms: int = Field(2**63 - 1, ge=0)

@@ -353,11 +353,11 @@ TOPIC_CONFIGS: dict[str, TopicConfigKey] = {
         TopicConfigKey(
             "min.insync.replicas",
             ConfigType.INT,
-            "The replicas that must hold a batch before acks=all is answered. A single-node "
-            "StoneMQ broker is the whole in-sync replica set, so the only value is 1.",
-            synonym=None,
-            default=1,
-            validator=_only(1, "a single-node broker has one in-sync replica; only 1"),
+            "The in-sync replicas that must hold a batch before acks=all is answered: with a "
+            "smaller ISR an acks=all produce gets NOT_ENOUGH_REPLICAS (a single node is an "
+            "ISR of one).",
+            synonym="min.insync.replicas",
+            validator=_at_least(1),
         ),
         TopicConfigKey(
             "remote.storage.enable",
@@ -610,6 +610,8 @@ _BROKER_DOCS: dict[str, str] = {
     "that does not exist.",
     "num.partitions": "The default number of partitions of a new topic.",
     "default.replication.factor": "The default replication factor of a new topic.",
+    "min.insync.replicas": "The default min.insync.replicas of a topic.",
+    "replica.lag.time.max.ms": "A follower that has not caught up for this long leaves the ISR.",
     "log.message.timestamp.type": "The default message.timestamp.type of a topic.",
     "log.segment.bytes": "The default segment.bytes of a topic.",
     "log.roll.ms": "The default segment.ms of a topic.",

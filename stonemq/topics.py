@@ -181,6 +181,7 @@ class ProduceConfig:
     max_message_bytes: int
     log_append_time: bool  # message.timestamp.type == LogAppendTime
     limits: RecordLimits  # the validator's record rules
+    min_insync_replicas: int = 1  # acks=all needs an ISR at least this large
 
 
 @dataclass(frozen=True, slots=True)
@@ -324,6 +325,7 @@ class TopicManager:
                     timestamp_after_max_ms=int(config.values["message.timestamp.after.max.ms"]),
                     log_append_time=log_append_time,
                 ),
+                min_insync_replicas=int(config.values["min.insync.replicas"]),
             )
             self._produce[name] = cached
         return cached

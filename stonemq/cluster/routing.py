@@ -225,6 +225,10 @@ class ClusterRouting(SingleNodeRouting):
     def local_index(self, journal_partition: int) -> int | None:
         return self._local.get(journal_partition)
 
+    def journal_of(self, local: int) -> int:
+        """The journal partition stored under local index ``local``."""
+        return self._order[local]
+
     def leadership(self, journal_partition: int) -> Leadership:
         found = self._partitions.get(journal_partition)
         return found if found is not None else Leadership((), NO_LEADER, -1, ())

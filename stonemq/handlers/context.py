@@ -105,6 +105,13 @@ class RequestContext:
             return ErrorCode.unknown_topic_or_partition
         return ErrorCode.not_leader_or_follower
 
+    def not_led_here(self, record: Any, partition: int) -> bool:
+        """In a cluster: the partition's journal partition is not led here (or not ready:
+        its epoch not yet checkpointed), so clients get NOT_LEADER_OR_FOLLOWER even when
+        this broker holds it as a follower. Always False on a single node."""
+        replicas = self.broker.replicas
+        return replicas is not None and not replicas.leads(record.journal_partitions[partition])
+
     def current_leader(self, topic: str, partition: int) -> tuple[int, int, BrokerEndpoint | None]:
         """KIP-951's hint for a NOT_LEADER_OR_FOLLOWER answer: the partition's leader id and
         leader epoch (-1, -1 when unknown) and that leader's endpoint, if it is alive."""

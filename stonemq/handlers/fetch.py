@@ -204,6 +204,10 @@ async def _read_all(
                 part.error = ErrorCode.unknown_topic_or_partition
                 has_error = True
                 continue
+            if ctx.not_led_here(record, fp.partition):  # a follower serves no consumer
+                part.error = ErrorCode.not_leader_or_follower
+                has_error = True
+                continue
             limit = min(fp.partition_max_bytes, budget - total)
             try:
                 if limit <= 0 and total > 0:

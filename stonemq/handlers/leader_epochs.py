@@ -1,20 +1,17 @@
 """OffsetForLeaderEpoch (23): the end offset of a leader epoch, which clients use to detect log
 truncation after a leader change or an unclean restart (KIP-320).
 
-A partition answers with its journal partition's leader epoch (the routing's: 0 on a single
-node, the controller's epoch in a cluster). The journal partition's epoch history
-(stonemq/storage/leader_epoch.py) is not wired to this API yet, so the answers follow Kafka's
-``LeaderEpochFileCache.endOffsetFor`` over what is known, the current epoch:
+A partition's leader epoch is its journal partition's (the routing's: 0 on a single node, the
+controller's epoch in a cluster). The answers follow Kafka's ``LeaderEpochFileCache.endOffsetFor``:
 
-* epoch -1 (undefined): epoch -1, offset -1;
-* the current epoch: that epoch and the log end offset (what is acknowledged; a consumer's
-  position never passes it, so only a log that lost acknowledged records, an unflushed
-  journal tail after a crash, makes a client see truncation);
-* an epoch above the current one: epoch -1, offset -1 (no such epoch yet);
-* an epoch below it: that epoch ending at the log end, as no earlier epoch's end is known
-  (on a single node every partition has only had epoch 0, so only a negative epoch gets
-  here; in a cluster, reporting no truncation is the answer that never makes a consumer
-  rewind data it already has).
+* epoch -1 (undefined), or one above the current epoch: epoch -1, offset -1;
+* the current epoch: that epoch and the log end offset;
+* an earlier epoch: from the partition's own batches, which carry the journal partition's
+  leader epoch that wrote them (``StorageEngine.epoch_end_offset``): the largest epoch at or
+  below the one asked among them and the offset where the next epoch's batches start (the
+  log end when none do); an epoch below every batch answers itself with the first batch's
+  offset. This is the per-partition view of the journal partition's leader-epoch checkpoint
+  (storage/leader_epoch.py), which answers the followers (handlers/replica_fetch.py).
 
 ``current_leader_epoch`` (-1: not given) is checked first, as Kafka does: below the current
 epoch FENCED_LEADER_EPOCH, above it UNKNOWN_LEADER_EPOCH; a partition whose journal
@@ -35,12 +32,16 @@ UNDEFINED_EPOCH = -1
 UNDEFINED_EPOCH_OFFSET = -1
 
 
-def end_offset_for(requested: int, current: int, log_end: int) -> tuple[int, int]:
+async def end_offset_for(
+    storage: Any, topic: str, partition: int, requested: int, current: int
+) -> tuple[int, int]:
     """``(epoch, end offset)`` answered for ``requested`` when ``current`` is the partition's
     leader epoch (see the module doc)."""
     if requested == UNDEFINED_EPOCH or requested > current:
         return UNDEFINED_EPOCH, UNDEFINED_EPOCH_OFFSET
-    return requested, log_end
+    if requested == current:
+        return requested, storage.log_end_offset(topic, partition)
+    return await storage.epoch_end_offset(topic, partition, requested)
 
 
 def check_current_epoch(client_epoch: int, current: int) -> ErrorCode:
@@ -72,8 +73,8 @@ async def handle_offset_for_leader_epoch(ctx: RequestContext, request: Any) -> A
                 error = check_current_epoch(p.current_leader_epoch, current)
             if error == ErrorCode.none:
                 try:
-                    epoch, end_offset = end_offset_for(
-                        p.leader_epoch, current, storage.log_end_offset(topic.topic, p.partition)
+                    epoch, end_offset = await end_offset_for(
+                        storage, topic.topic, p.partition, p.leader_epoch, current
                     )
                 except UnknownPartitionError:
                     error = ctx.not_here(topic.topic, p.partition)

@@ -47,6 +47,8 @@ async def handle_list_offsets(ctx: RequestContext, request: Any) -> Any:
         for p in topic.partitions:
             if record is None or not 0 <= p.partition_index < record.partitions:
                 error, offset, timestamp = ErrorCode.unknown_topic_or_partition, -1, -1
+            elif ctx.not_led_here(record, p.partition_index):
+                error, offset, timestamp = ErrorCode.not_leader_or_follower, -1, -1
             else:
                 try:
                     error = ErrorCode.none

@@ -76,7 +76,17 @@ _PRODUCER_ERRORS = {
 
 
 class _PartitionResult:
-    __slots__ = ("append_time", "base_offset", "error", "index", "message", "written")
+    __slots__ = (
+        "append_time",
+        "base_offset",
+        "error",
+        "index",
+        "journal",
+        "journal_end",
+        "message",
+        "min_isr",
+        "written",
+    )
 
     def __init__(self, index: int) -> None:
         self.index = index
@@ -85,6 +95,11 @@ class _PartitionResult:
         self.base_offset = -1
         self.append_time = -1
         self.written: asyncio.Future[None] | None = None
+        # a cluster's acks=all: the journal partition, the journal position the HW must pass
+        # and the topic's min.insync.replicas (journal_end -1: no wait for the HW)
+        self.journal = -1
+        self.journal_end = -1
+        self.min_isr = 1
 
     def fail(self, error: ErrorCode, message: str | None = None) -> _PartitionResult:
         self.error, self.message = error, message
@@ -101,6 +116,7 @@ TOPIC_IDS_VERSION = 13
 async def handle_produce(ctx: RequestContext, request: Any) -> Any:
     broker = ctx.broker
     acks = request.acks
+    replicas = broker.replicas  # None on a single node
     topics: list[tuple[str, list[_PartitionResult]]] = []
     topic_ids: list[uuid.UUID | None] = []
     for topic_data in request.topic_data:
@@ -145,10 +161,33 @@ async def handle_produce(ctx: RequestContext, request: Any) -> Any:
             for r in results:
                 r.fail(exc.error_code, str(exc))
             continue
+        if acks == -1 and replicas is None and produce_config.min_insync_replicas > 1:
+            for r in results:  # a single node is an ISR of one
+                r.fail(
+                    ErrorCode.not_enough_replicas,
+                    f"min.insync.replicas is {produce_config.min_insync_replicas}, the ISR 1",
+                )
+            continue
         for result, data in zip(results, topic_data.partition_data, strict=True):
             if not 0 <= data.index < record.partitions:
                 result.fail(ErrorCode.unknown_topic_or_partition)
                 continue
+            if replicas is not None:
+                journal = record.journal_partitions[data.index]
+                if not replicas.leads(journal):
+                    result.fail(ErrorCode.not_leader_or_follower)
+                    continue
+                if acks == -1:
+                    isr = replicas.isr_size(journal)
+                    if isr < produce_config.min_insync_replicas:
+                        result.fail(
+                            ErrorCode.not_enough_replicas,
+                            f"the ISR of {isr} is smaller than min.insync.replicas "
+                            f"{produce_config.min_insync_replicas}",
+                        )
+                        continue
+                    result.journal = journal
+                    result.min_isr = produce_config.min_insync_replicas
             _append_one(ctx, name, result, data.records, produce_config)
 
     if acks == 0:
@@ -159,6 +198,8 @@ async def handle_produce(ctx: RequestContext, request: Any) -> Any:
             task.add_done_callback(_BACKGROUND.discard)
         return None
     await _settle(ctx, topics)
+    if replicas is not None and acks == -1:
+        await _wait_for_isr(ctx, topics, request.timeout.total_seconds())
     endpoints: dict[int, Any] = {}
     return ctx.build(
         "ProduceResponse",
@@ -343,6 +384,7 @@ def _store(
     except DuplicateSequenceError as dup:  # answered with the original's offset once stored
         result.base_offset = dup.base_offset
         result.written = dup.written  # type: ignore[assignment]
+        _note_journal_end(ctx, result)  # the original is at or before it
         return
     except ProducerStateError as exc:
         result.fail(_PRODUCER_ERRORS[type(exc)], str(exc))
@@ -355,6 +397,55 @@ def _store(
         return
     result.base_offset = appended.base_offset
     result.written = appended.written
+    if result.journal >= 0:
+        _note_journal_end(ctx, result)
+
+
+def _note_journal_end(ctx: RequestContext, result: _PartitionResult) -> None:
+    """acks=all in a cluster: the journal position the HW must pass (the end of what the
+    journal partition holds or queues now, the batch included)."""
+    if result.journal < 0:
+        return
+    local = ctx.broker.routing.local_index(result.journal)
+    if local is not None:
+        result.journal_end = ctx.broker.storage.journal_end(local)
+
+
+async def _wait_for_isr(
+    ctx: RequestContext, topics: list[tuple[str, list[_PartitionResult]]], timeout_s: float
+) -> None:
+    """Delayed produce (Kafka's ``DelayedProduce``): each written acks=all batch is answered
+    once its journal partition's HW passes it; NOT_ENOUGH_REPLICAS_AFTER_APPEND when the ISR
+    was smaller than min.insync.replicas then, NOT_LEADER_OR_FOLLOWER when leadership went
+    first, REQUEST_TIMED_OUT after the request's timeout (one timer for the request)."""
+    from stonemq.replication.manager import NotLeaderError
+
+    replicas = ctx.broker.replicas
+    assert replicas is not None
+    waits: list[tuple[_PartitionResult, asyncio.Future[int]]] = []
+    for _, results in topics:
+        for r in results:
+            if r.error == ErrorCode.none and r.journal_end >= 0:
+                waits.append((r, replicas.wait_for_hw(r.journal, r.journal_end)))
+    if not waits:
+        return
+    pending = [f for _, f in waits if not f.done()]
+    if pending:
+        await asyncio.wait(pending, timeout=max(timeout_s, 0))
+    for r, future in waits:
+        if not future.done():
+            future.cancel()
+            r.fail(ErrorCode.request_timed_out, "the ISR did not reach the batch in time")
+        elif isinstance(future.exception(), NotLeaderError):
+            r.fail(ErrorCode.not_leader_or_follower)
+        elif future.exception() is not None:
+            r.fail(ErrorCode.unknown_server_error, str(future.exception()))
+        elif future.result() < r.min_isr:
+            r.fail(
+                ErrorCode.not_enough_replicas_after_append,
+                f"written, but the ISR of {future.result()} is smaller than "
+                f"min.insync.replicas {r.min_isr}",
+            )
 
 
 def _refuse(ctx: RequestContext, topic: str, result: _PartitionResult, exc: Exception) -> None:

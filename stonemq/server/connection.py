@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from stonemq.handlers import REGISTRY
 from stonemq.handlers.api_versions import unsupported_version_response
 from stonemq.handlers.context import RequestContext, heavy_work
+from stonemq.handlers.replica_fetch import INTERNAL
 from stonemq.protocol.codec import (
     API_VERSIONS_KEY,
     RequestDecodeError,
@@ -174,7 +175,7 @@ class Connection(asyncio.BufferedProtocol):
             return
         spec = REGISTRY.get(header.api_key)
         if spec is None:
-            self.abort(f"unknown or unsupported api key {header.api_key}")
+            self._accept_internal(header, frame, pos)
             return
         if not spec.min_version <= header.api_version <= spec.max_version:
             if header.api_key == API_VERSIONS_KEY:
@@ -209,6 +210,36 @@ class Connection(asyncio.BufferedProtocol):
         pending = _Pending(header, len(frame))
         self._pending.append(pending)
         self._ready.append(_Ready(spec.handler, ctx, request, pending))
+        self._budget.take(pending.size)
+
+    def _accept_internal(self, header: Any, frame: bytes, pos: int) -> None:
+        """StoneMQ's internal APIs between brokers (handlers/replica_fetch.py: ReplicaFetch),
+        beside Kafka's keys; their handlers answer with the encoded response's buffers."""
+        internal = INTERNAL.get(header.api_key)
+        if internal is None or self._broker.replicas is None:
+            self.abort(f"unknown or unsupported api key {header.api_key}")
+            return
+        low, high, decode, handler = internal
+        if not low <= header.api_version <= high:
+            self.abort(f"internal api {header.api_key} v{header.api_version} is not supported")
+            return
+        try:
+            request = decode(frame, pos)
+        except ValueError as exc:
+            self.abort(f"malformed internal api {header.api_key} body: {exc}")
+            return
+        ctx = RequestContext(
+            api_key=header.api_key,
+            api_version=header.api_version,
+            correlation_id=header.correlation_id,
+            client_id=header.client_id,
+            client_host=self._peer.rpartition(":")[0],
+            broker=self._broker,
+            listener=self._listener,
+        )
+        pending = _Pending(header, len(frame))
+        self._pending.append(pending)
+        self._ready.append(_Ready(handler, ctx, request, pending))
         self._budget.take(pending.size)
 
     def _sync_reservation(self) -> None:
@@ -254,7 +285,9 @@ class Connection(asyncio.BufferedProtocol):
     ) -> None:
         try:
             response = await handler(ctx, request)
-            if response is not None and ctx.encode_in_thread:
+            if type(response) is list:  # an internal API's encoded response
+                pending.response = response
+            elif response is not None and ctx.encode_in_thread:
                 pending.response = await asyncio.get_running_loop().run_in_executor(
                     heavy_work(), encode_response_chunks, pending.header, response
                 )

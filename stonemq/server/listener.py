@@ -102,6 +102,8 @@ async def _serve_locked(settings: Settings, stop: asyncio.Event) -> None:
     reaper.cancel()
     stalls.cancel()
     broker.fetch_waiters.wake_all()
+    if broker.replicas is not None:  # followers' fetches are answered at once from now
+        broker.replicas.shutting_down()
     try:
         await asyncio.wait_for(
             asyncio.gather(*(c.drain() for c in list(connections))), SHUTDOWN_GRACE_S

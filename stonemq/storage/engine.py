@@ -13,9 +13,11 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import functools
 import itertools
 import logging
 import os
+import struct
 import threading
 import time
 import uuid
@@ -50,18 +52,30 @@ from stonemq.storage.fileio import FsyncError, fsync_paths
 from stonemq.storage.health import Event, is_space_error
 from stonemq.storage.index_file import IndexWrite
 from stonemq.storage.journal import (
+    ENTRY_HEADER_SIZE,
     ENTRY_PREFIX_BATCH_BYTES,
     FLUSH_POLICIES,
+    CorruptEntryError,
     JournalEntry,
     JournalLog,
+    JournalReader,
+    decode_entries,
     encode_entry_prefix,
 )
+from stonemq.storage.leader_epoch import LeaderEpochCache
 from stonemq.storage.open_files import CachedReads, DiskReads, NotCachedError, OpenFiles, Reads
-from stonemq.storage.page_cache import Range, WrittenPages, drop_ranges, release_written
+from stonemq.storage.page_cache import (
+    RECOVERY_READ_BYTES,
+    Range,
+    WrittenPages,
+    drop_ranges,
+    release_written,
+)
 from stonemq.storage.producer_state import BatchSeq, write_snapshot
 from stonemq.storage.queue_log import (
     QueueLog,
     create_queue_log_dir,
+    epoch_search,
     max_time_search,
     queue_log_dir,
     read_views,
@@ -92,6 +106,7 @@ _VALIDATED_BOUND = 2**31 - 1
 PRODUCER_COMPRESSION = -1
 """compression.type=producer: batches are stored in the codec the producer chose."""
 NO_FLUSH = 2**63 - 1
+_EPOCH_FIELD = struct.Struct(">i")  # a RecordBatch's partition leader epoch, at byte 12
 """Kafka's default flush.messages and flush.ms (Long.MAX_VALUE): no fsync of their own."""
 
 
@@ -326,6 +341,7 @@ class StorageEngine:
         log_retention_check_interval_ms: int = 300_000,
         producer_id_expiration_ms: int = 86_400_000,
         producer_id_expiration_check_interval_ms: int = 600_000,
+        replicated: bool = False,
     ) -> None:
         if flush_policy not in FLUSH_POLICIES:
             raise ValueError(f"flush_policy must be one of {FLUSH_POLICIES}, not {flush_policy!r}")
@@ -358,6 +374,24 @@ class StorageEngine:
             )
             for j in range(journal_partitions)
         ]
+        # replication (a cluster broker): each journal partition's leader-epoch checkpoint
+        # (invariant 3), the epoch its appends carry, and how far its splitter may go (the
+        # journal high watermark: consumers never see what a failover could take back)
+        self.replicated = replicated
+        self._epoch_caches: list[LeaderEpochCache] = (
+            [LeaderEpochCache(journal.directory) for journal in self._journals]
+            if replicated
+            else []
+        )
+        self._leader_epochs = [0] * journal_partitions
+        self._split_limits: list[int] | None = [0] * journal_partitions if replicated else None
+        # replication's hooks: entries of a journal partition were written; how far back a
+        # journal partition's segments must stay (what followers still fetch)
+        self.on_journal_written: Callable[[int], None] | None = None
+        self.journal_retain_from: Callable[[int], int] | None = None
+        if replicated:
+            for journal in self._journals:
+                journal.on_visible = functools.partial(self._on_replicated_visible, journal.index)
         # appends wait while the read directory lacks room to split what is acknowledged
         self._headroom = SplitHeadroom(self._queue_dir, self.unsplit_bytes)
         self._by_name: dict[tuple[str, int], _Partition] = {}
@@ -650,6 +684,10 @@ class StorageEngine:
             _, cut = journal.recover(journal_rps.get(j))
             journal.fsync_now()  # what recovery kept is durable before a checkpoint says so
             journal_cut += cut
+            if self._epoch_caches:  # epochs of a cut tail are gone with it
+                cache = self._epoch_caches[j]
+                cache.truncate_from_end(journal.written_end)
+                cache.truncate_from_start(journal.start_position)
         self._set_aside_strays()
         queue_cut = 0
         for key, state in self._by_name.items():
@@ -676,12 +714,19 @@ class StorageEngine:
             convert=self._to_topic_codec,
         )
         replayed = 0
+        limits = self._split_limits
         for j, journal in enumerate(self._journals):
             advanced: set[QueueLog] = set()
-            replayed += self._splitter.recover_to(j, journal.written_end, advanced)
+            limit = journal.written_end
+            if limits is not None:  # replicated: no further than the last split below a HW
+                limit = min(limit, max(split_points.get(j, 0), journal.start_position))
+                limits[j] = limit
+            replayed += self._splitter.recover_to(j, limit, advanced)
             self._dirty |= advanced
         for state in self._by_name.values():
             state.next_offset = state.queue.next_offset if state.queue is not None else 0
+        if limits is not None:
+            self._next_offsets_past(limits)
         self._checkpoint_recovered()
         self._recovered = True
         report = RecoveryReport(time.monotonic() - started, replayed, journal_cut, queue_cut)
@@ -694,6 +739,26 @@ class StorageEngine:
             queue_cut,
         )
         return report
+
+    def _next_offsets_past(self, limits: list[int]) -> None:
+        """Replicated recovery: the journal past each split limit is kept but not split yet
+        (it waits for a HW); the next offsets of its topic partitions follow its entries."""
+        for j, journal in enumerate(self._journals):
+            reader = JournalReader(journal.directory, read_once=True)
+            pos = limits[j]
+            try:
+                while pos < journal.written_end:
+                    entries, nxt = reader.read(pos, journal.written_end, RECOVERY_READ_BYTES, False)
+                    if nxt == pos:
+                        break
+                    for entry in entries:
+                        state = self._by_id.get((entry.topic_id, entry.partition))
+                        end = entry.base_offset + entry.record_count
+                        if state is not None and end > state.next_offset:
+                            state.next_offset = end
+                    pos = nxt
+            finally:
+                reader.close()
 
     def _checkpoint_recovered(self) -> None:
         """Make what recovery kept or re-split durable and checkpoint it, before anything may
@@ -752,11 +817,19 @@ class StorageEngine:
         self._checkpoint_wake = asyncio.Event()
         self._checkpoint_lock = asyncio.Lock()
         journals = self._journals
+        limits = self._split_limits
+        if limits is None:  # the single node: everything visible in the journal
+
+            def limit(j: int) -> int:
+                return journals[j].visible_end
+        else:  # replicated: below the journal high watermark too (invariant 5)
+
+            def limit(j: int) -> int:
+                return min(journals[j].visible_end, limits[j])
+
         self._tasks = [
             loop.create_task(
-                self._splitter.run(
-                    lambda j: journals[j].visible_end, self._split_wake, self._on_split
-                ),
+                self._splitter.run(limit, self._split_wake, self._on_split),
                 name="stonemq-splitter",
             ),
             loop.create_task(self._checkpoint_loop(), name="stonemq-checkpoint"),
@@ -803,8 +876,11 @@ class StorageEngine:
             for j, journal in enumerate(self._journals):
                 if not journal.health.splits:
                     continue  # offline: the next start replays it
+                limit = journal.visible_end
+                if self._split_limits is not None:  # replicated: never past the HW
+                    limit = min(limit, self._split_limits[j])
                 try:
-                    self._splitter.split_to(j, journal.visible_end, advanced)
+                    self._splitter.split_to(j, limit, advanced)
                 except SplitError as exc:
                     self._splitter.failed(exc)
                     log.error("final split of journal-%d failed: %s", j, exc)
@@ -863,7 +939,7 @@ class StorageEngine:
         partition: int,
         batch: bytes | bytearray,
         record_count: int,
-        leader_epoch: int = 0,
+        leader_epoch: int | None = None,
         producer: BatchHeader | None = None,
     ) -> AppendResult:
         """Assign offsets to one validated RecordBatch v2 and queue it on its journal
@@ -899,6 +975,8 @@ class StorageEngine:
         base = state.next_offset
         if isinstance(batch, bytearray):
             set_base_offset(batch, 0, base)
+        if leader_epoch is None:  # the journal partition's epoch (0 on a single node)
+            leader_epoch = self._leader_epochs[state.journal]
         prefix = encode_entry_prefix(
             state.topic_id, partition, base, record_count, batch, leader_epoch
         )
@@ -995,6 +1073,8 @@ class StorageEngine:
         (it takes no more appends in this process)."""
         lowest: dict[_Partition, int] = {}
         for _, state, base, _ in metas:
+            if state is None:  # a replica's entry: the follower fetches it again
+                continue
             if base < lowest.get(state, base + 1):
                 lowest[state] = base
         for state, base in lowest.items():
@@ -1007,6 +1087,11 @@ class StorageEngine:
     def _on_journal_visible(self) -> None:
         if self._split_wake is not None:
             self._split_wake.set()
+
+    def _on_replicated_visible(self, j: int) -> None:
+        hook = self.on_journal_written
+        if hook is not None:
+            hook(j)  # the HW may move (the splitter's limit with it), followers wake
 
     def _on_split(self, advanced: set[QueueLog]) -> None:
         for watcher in self.split_watchers:
@@ -1235,8 +1320,12 @@ class StorageEngine:
                     raise
                 self._last_checkpoint = positions
                 self._rewrite_checkpoints = False
+            retain = self.journal_retain_from
             for journal in self._journals:
-                journal.delete_segments_before(min(replay[journal.index], journal.durable_end))
+                upto = min(replay[journal.index], journal.durable_end)
+                if retain is not None:  # a follower still to fetch them
+                    upto = min(upto, retain(journal.index))
+                journal.delete_segments_before(upto)
 
     def _checkpoint_failed(self, exc: OSError) -> None:
         """A checkpoint write failed. Before its rename, for lack of space: the old file
@@ -1479,6 +1568,24 @@ class StorageEngine:
         largest timestamp; None if empty (searched like :meth:`offset_for_timestamp`)."""
         return await self._time_query(topic, partition, max_time_search)
 
+    async def epoch_end_offset(self, topic: str, partition: int, epoch: int) -> tuple[int, int]:
+        """OffsetForLeaderEpoch for a topic partition from its batches' leader epochs
+        (``queue_log.epoch_search``, in a disk-read thread): (epoch, end offset)."""
+        for _ in range(VIEW_ATTEMPTS):
+            state = self._state(topic, partition)
+            queue = state.queue
+            if queue is None:
+                return epoch, state.next_offset
+            if queue.failed is not None:
+                raise StorageError(str(queue.failed))
+            try:
+                return await self._disk_read(
+                    epoch_search, queue.views(), epoch, queue.next_offset, queue.log_start_offset
+                )
+            except FileNotFoundError:  # a segment went (retention) while it was read
+                continue
+        raise StorageError(f"{topic}-{partition}: segments kept going during the search")
+
     async def _time_query(
         self,
         topic: str,
@@ -1501,6 +1608,125 @@ class StorageEngine:
             if found is None or queue is None or found[0] >= queue.log_start_offset:
                 return found
         raise StorageError(f"{topic}-{partition}: the log start kept moving during the search")
+
+    # -- replication (cluster brokers only; stonemq/replication/ drives these) -------------
+    def journal_end(self, j: int) -> int:
+        """Journal position the next entry of local journal partition ``j`` will start at
+        (what is written plus what is queued: entries are written in order)."""
+        journal = self._journals[j]
+        return journal.written_end + journal.queued_bytes
+
+    def journal_directory(self, j: int) -> str:
+        return self._journals[j].directory
+
+    def journal_start(self, j: int) -> int:
+        return self._journals[j].start_position
+
+    def journal_written_end(self, j: int) -> int:
+        """What is in the files of ``j`` (its log end as replication reports it)."""
+        return self._journals[j].written_end
+
+    def leader_epoch(self, j: int) -> int:
+        """The epoch appends to ``j`` carry (the one it leads in; 0 on a single node)."""
+        return self._leader_epochs[j]
+
+    def last_epoch(self, j: int) -> int:
+        """The epoch of the latest entry of ``j``'s epoch history (-1: none)."""
+        latest = self._epoch_caches[j].latest if self._epoch_caches else None
+        return latest.epoch if latest is not None else -1
+
+    def epoch_end(self, j: int, epoch: int) -> tuple[int, int]:
+        """(largest epoch <= ``epoch``, its end journal position) from ``j``'s checkpoint, as
+        OffsetForLeaderEpoch answers (storage/leader_epoch.py)."""
+        if not self._epoch_caches:
+            return -1, -1
+        return self._epoch_caches[j].end_offset_for(epoch, self.journal_end(j))
+
+    def epoch_entries(self, j: int) -> list[tuple[int, int]]:
+        return [(e.epoch, e.start) for e in self._epoch_caches[j].entries]
+
+    async def become_leader(self, j: int, epoch: int) -> None:
+        """``j`` is led here from now in ``epoch``: the epoch starts at its journal end
+        (checkpointed, in a thread, before any append carries it)."""
+        cache = self._epoch_caches[j]
+        start = self.journal_end(j)
+        await asyncio.get_running_loop().run_in_executor(None, cache.assign, epoch, start)
+        self._leader_epochs[j] = epoch
+
+    def set_split_limit(self, j: int, position: int) -> None:
+        """The journal high watermark of ``j`` moved to ``position``: the splitter may split
+        up to it (it never moves back)."""
+        limits = self._split_limits
+        if limits is None or position <= limits[j]:
+            return
+        limits[j] = position
+        if self._split_wake is not None:
+            self._split_wake.set()
+
+    def split_limit(self, j: int) -> int:
+        limits = self._split_limits
+        return limits[j] if limits is not None else self._journals[j].visible_end
+
+    async def append_replica(self, j: int, position: int, data: memoryview) -> int:
+        """A follower's append: the leader's whole journal entries in ``data``, starting at
+        journal ``position`` (which must be this journal's end), checked (length, version,
+        CRC) and written as they are: no offset is assigned (cluster.md invariant 2). A new
+        leader epoch seen in a batch is checkpointed at its entry's position first. Once
+        written, each topic partition's next offset follows its last entry. Returns the
+        journal end after them. CorruptEntryError for a bad first entry; StorageError when
+        the write fails (the next fetch starts again from the journal's end)."""
+        if self._closed:
+            raise StorageError("storage is closed")
+        journal = self._journals[j]
+        journal.health.check_append()
+        if position != self.journal_end(j):
+            raise StorageError(
+                f"journal-{j}: replica data at {position}, journal end {self.journal_end(j)}"
+            )
+        entries, used = decode_entries(data, position, verify=True)
+        if not entries:
+            return position
+        cache = self._epoch_caches[j]
+        latest = cache.latest
+        last = latest.epoch if latest is not None else -1
+        new_epochs: list[tuple[int, int]] = []
+        for entry in entries:
+            if len(entry.batch) < ENTRY_PREFIX_BATCH_BYTES:
+                raise CorruptEntryError(f"journal-{j}: entry at {entry.position} has no batch")
+            (epoch,) = _EPOCH_FIELD.unpack_from(entry.batch, 12)
+            if epoch > last:
+                new_epochs.append((epoch, entry.position))
+                last = epoch
+        if new_epochs:
+
+            def assign() -> None:
+                for epoch, start in new_epochs:
+                    cache.assign(epoch, start)
+
+            await asyncio.get_running_loop().run_in_executor(None, assign)
+            if position != self.journal_end(j):
+                raise StorageError(f"journal-{j}: appended to while its epochs were written")
+        self._headroom.check(used)
+        loop = asyncio.get_running_loop()
+        futures = []
+        for entry in entries:
+            at = entry.position - position
+            raw = data[at : at + entry.size]
+            written: asyncio.Future[None] = loop.create_future()
+            journal.enqueue(
+                raw[:ENTRY_HEADER_SIZE], raw[ENTRY_HEADER_SIZE:], (written, None, -1, entry.size)
+            )
+            futures.append(written)
+        # the topic partitions' next offsets, applied once the entries are in the file
+        ends: dict[tuple[bytes, int], int] = {}
+        for entry in entries:
+            ends[(entry.topic_id, entry.partition)] = entry.base_offset + entry.record_count
+        await asyncio.gather(*futures)
+        for key, end in ends.items():
+            state = self._by_id.get(key)
+            if state is not None and end > state.next_offset:
+                state.next_offset = end
+        return position + used
 
     # -- introspection (admin APIs, tests, metrics) ---------------------------------------
     @property

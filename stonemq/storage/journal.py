@@ -258,6 +258,23 @@ class JournalReader:
             self._bases = list_segments(self.directory)
         return b""
 
+    def read_raw(self, pos: int, limit: int, max_bytes: int) -> bytes:
+        """The bytes of the whole entries from ``pos`` up to ``limit`` (roughly ``max_bytes``
+        of them, at least one entry when one is there), as stored: what a follower fetches.
+        Lengths are checked, CRCs are not (the follower checks them)."""
+        want = min(max_bytes, limit - pos)
+        if want <= 0:
+            return b""
+        data = self._pread(pos, want)
+        _, used = decode_entries(memoryview(data), pos, verify=False)
+        if used == 0 and len(data) >= 4:
+            size = entry_size_at(memoryview(data), 0)  # one entry bigger than max_bytes
+            if size > limit - pos:
+                return b""
+            data = self._pread(pos, size)
+            used = size if len(data) == size else 0
+        return data if used == len(data) else data[:used]
+
     def read(
         self, pos: int, limit: int, max_bytes: int, verify: bool = True
     ) -> tuple[list[JournalEntry], int]:

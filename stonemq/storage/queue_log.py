@@ -91,6 +91,34 @@ def read_views(
     return b""
 
 
+def epoch_search(
+    views: list[SegmentView], epoch: int, log_end: int, log_start: int, files: Reads
+) -> tuple[int, int]:
+    """OffsetForLeaderEpoch over one topic partition's batches (in a thread): the largest
+    partition leader epoch <= ``epoch`` among its batches and where it ends (the base offset
+    of the first batch of a higher epoch, else ``log_end``), as Kafka's follower-built
+    ``LeaderEpochFileCache`` answers; ``epoch`` below every batch's answers itself with the
+    first batch's offset; no batch at all, ``(epoch, log_end)``. Batch epochs never fall
+    along a log, so segments are scanned newest first, back to the first whose first batch
+    is of an epoch <= ``epoch``."""
+    following = log_end  # base offset of the earliest batch known with an epoch above
+    for view in reversed(views):
+        headers = view.iter_headers(files)
+        first = next(headers, None)
+        if first is None:
+            continue
+        if first[1].partition_leader_epoch > epoch:
+            following = first[1].base_offset
+            continue
+        found = first[1].partition_leader_epoch
+        for _pos, header in headers:
+            if header.partition_leader_epoch > epoch:
+                return found, header.base_offset
+            found = header.partition_leader_epoch
+        return found, following
+    return epoch, following
+
+
 def time_search(
     views: list[SegmentView], timestamp_ms: int, log_start: int, files: Reads
 ) -> tuple[int, int] | None:

@@ -1,0 +1,157 @@
+"""ReplicaFetch (internal key 1000): a follower's fetch of the journal partitions this broker
+leads (codec: stonemq/protocol/replica_fetch.py; the leader's side of replication:
+stonemq/replication/manager.py).
+
+Per journal partition, in Kafka's order (``Partition.fetchRecords``): led here and ready
+(else NOT_LEADER_OR_FOLLOWER); the follower's leader epoch against this one (older:
+FENCED_LEADER_EPOCH, newer: UNKNOWN_LEADER_EPOCH); the follower one of its replicas (else
+NOT_LEADER_OR_FOLLOWER); its last epoch's end here (the journal's leader-epoch checkpoint):
+when it ends before the follower's position, or the epoch is not in this history, the answer
+is that *diverging epoch* and its end, and no bytes (the follower truncates there); a position
+outside the journal gets OFFSET_OUT_OF_RANGE. Otherwise the follower's position is recorded
+(its end, split progress, caught-up time, the HW, an ISR expansion) and whole journal entries
+from it are read in the replica-read thread. With less than ``min_bytes`` ready the request
+waits, up to ``max_wait_ms``, for a journal write. Not advertised in ApiVersions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from kio.schema.errors import ErrorCode
+
+from stonemq.handlers.context import RequestContext
+from stonemq.protocol.replica_fetch import (
+    REPLICA_FETCH_KEY,
+    REPLICA_FETCH_VERSION,
+    PartitionData,
+    ReplicaFetchRequest,
+    ReplicaFetchResponse,
+    decode_request,
+    encode_response,
+)
+from stonemq.storage.journal import JournalReader
+
+INTERNAL: dict[int, tuple[int, int, Any, Any]] = {}
+"""Internal API key -> (min version, max version, decode(frame, pos), handler)."""
+
+_reads: ThreadPoolExecutor | None = None
+_readers: dict[str, JournalReader] = {}
+
+
+def _read_thread() -> ThreadPoolExecutor:
+    """One thread reads journal entries for followers (a reader and descriptor per journal
+    partition, used by that thread only)."""
+    global _reads
+    if _reads is None:
+        _reads = ThreadPoolExecutor(1, thread_name_prefix="stonemq-replica-read")
+    return _reads
+
+
+def _read_entries(jobs: list[tuple[str, int, int, int]]) -> list[bytes]:
+    """In the replica-read thread: for each (directory, position, limit, max bytes), the
+    bytes of the whole entries from ``position`` (``JournalReader.read_raw``)."""
+    out = []
+    for directory, pos, limit, max_bytes in jobs:
+        reader = _readers.get(directory)
+        if reader is None:
+            reader = _readers[directory] = JournalReader(directory)
+        out.append(reader.read_raw(pos, limit, max_bytes))
+    return out
+
+
+async def handle_replica_fetch(ctx: RequestContext, request: ReplicaFetchRequest) -> Any:
+    broker = ctx.broker
+    manager = broker.replicas
+    storage = broker.storage
+    deadline = time.monotonic() + max(0, request.max_wait_ms) / 1000
+    while True:
+        parts: list[PartitionData | None] = []
+        jobs: list[tuple[str, int, int, int]] = []
+        slots: list[tuple[int, Any]] = []
+        waiting: list[int] = []
+        for p in request.partitions:
+            answer, job = _check(broker, manager, storage, request.replica_id, p)
+            parts.append(answer)
+            if job is not None:
+                slots.append((len(parts) - 1, p))
+                jobs.append(job)
+                waiting.append(p.journal_partition)
+        datas: list[bytes] = []
+        if jobs:
+            datas = await asyncio.get_running_loop().run_in_executor(
+                _read_thread(), _read_entries, jobs
+            )
+        total = sum(len(d) for d in datas)
+        remaining = deadline - time.monotonic()
+        if (
+            total >= request.min_bytes
+            or remaining <= 0
+            or not waiting
+            or len(waiting) < len(request.partitions)
+        ):
+            break
+        await manager.wait_written(waiting, remaining)
+    for (at, p), data in zip(slots, datas, strict=True):
+        state = manager.leader_state(p.journal_partition)
+        parts[at] = PartitionData(
+            p.journal_partition,
+            ErrorCode.none,
+            state.epoch if state is not None else -1,
+            state.hw if state is not None else -1,
+            storage.journal_start(state.local) if state is not None else -1,
+            -1,
+            -1,
+            data,
+        )
+    response = ReplicaFetchResponse(0, tuple(p for p in parts if p is not None))
+    return encode_response(response, ctx.correlation_id)
+
+
+def _check(broker: Any, manager: Any, storage: Any, replica: int, p: Any) -> tuple[Any, Any]:
+    """(an answer without data, None) or (None, the read job) for one journal partition."""
+    journal = p.journal_partition
+    state = manager.leader_state(journal)
+
+    def error(code: ErrorCode, epoch: int = -1) -> tuple[PartitionData, None]:
+        return PartitionData(journal, code, epoch, -1, -1, -1, -1, b""), None
+
+    if state is None:
+        return error(ErrorCode.not_leader_or_follower)
+    if p.leader_epoch < state.epoch:
+        return error(ErrorCode.fenced_leader_epoch, state.epoch)
+    if p.leader_epoch > state.epoch:
+        return error(ErrorCode.unknown_leader_epoch, state.epoch)
+    if replica not in state.replicas or replica == broker.broker_id:
+        return error(ErrorCode.not_leader_or_follower, state.epoch)
+    local = state.local
+    if p.last_fetched_epoch >= 0:
+        epoch, end = storage.epoch_end(local, p.last_fetched_epoch)
+        if epoch != p.last_fetched_epoch or end < p.fetch_position:
+            return PartitionData(
+                journal,
+                ErrorCode.none,
+                state.epoch,
+                state.hw,
+                storage.journal_start(local),
+                epoch,
+                end,
+                b"",
+            ), None
+    leader_end = storage.journal_written_end(local)
+    if not storage.journal_start(local) <= p.fetch_position <= leader_end:
+        return error(ErrorCode.offset_out_of_range, state.epoch)
+    manager.follower_fetched(state, replica, p.fetch_position, p.split_position)
+    directory = storage.journal_directory(local)
+    return None, (directory, p.fetch_position, leader_end, max(p.max_bytes, 0))
+
+
+INTERNAL[REPLICA_FETCH_KEY] = (
+    REPLICA_FETCH_VERSION,
+    REPLICA_FETCH_VERSION,
+    decode_request,
+    handle_replica_fetch,
+)

@@ -1,0 +1,195 @@
+"""The follower's side of replication: one :class:`LeaderFetcher` per leader broker, which
+fetches every journal partition this broker follows from that leader over one connection
+(invariant 10: nothing per topic partition) and appends what comes back verbatim
+(``StorageEngine.append_replica``); the follower's own splitter splits it below the HW the
+leader reports (``StorageEngine.set_split_limit``).
+
+A response error is handled as Kafka's ``AbstractFetcherThread``: NOT_LEADER_OR_FOLLOWER,
+FENCED_LEADER_EPOCH and UNKNOWN_LEADER_EPOCH wait for routing to change (the partition is
+fetched again after ``replica.fetch.backoff.ms``); a lost connection is opened again after
+the back-off. A diverging epoch (the follower's history differs from the leader's) asks for
+a truncation, which is not implemented yet: the partition stops being fetched and the broker
+logs it (see docs/architecture.md, Replication, Status).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import struct
+import time
+from typing import TYPE_CHECKING
+
+from kio.schema.errors import ErrorCode
+
+from stonemq.protocol.replica_fetch import (
+    FetchPartition,
+    MalformedReplicaFetch,
+    ReplicaFetchRequest,
+    decode_response,
+    encode_request,
+)
+from stonemq.storage.errors import StorageError
+from stonemq.storage.journal import CorruptEntryError
+
+if TYPE_CHECKING:
+    from stonemq.replication.manager import ReplicaManager
+
+log = logging.getLogger("stonemq.replication")
+
+_LENGTH = struct.Struct(">i")
+_MAX_RESPONSE_BYTES = 1 << 30
+
+
+class LeaderFetcher:
+    """Fetches the journal partitions led by broker ``leader`` that this broker follows."""
+
+    def __init__(self, manager: ReplicaManager, leader: int) -> None:
+        self.manager = manager
+        self.leader = leader
+        self.partitions: list[int] = []
+        self._paused: dict[int, float] = {}  # journal id -> monotonic time to fetch again
+        self._changed = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._writer: asyncio.StreamWriter | None = None
+        self._ids = itertools.count(1)
+        self.requests = 0  # replica fetch requests sent (tests, benchmarks)
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(
+            self._run(), name=f"stonemq-replica-fetcher-{self.leader}"
+        )
+
+    def set_partitions(self, journals: list[int]) -> None:
+        if sorted(journals) != self.partitions:
+            self.partitions = sorted(journals)
+            self._paused = {j: t for j, t in self._paused.items() if j in journals}
+            self._changed.set()
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+        self._disconnect()
+
+    def _disconnect(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+    async def _run(self) -> None:
+        settings = self.manager.settings
+        backoff_s = settings.replica_fetch_backoff_ms / 1000
+        while True:
+            try:
+                await self._fetch_loop()
+            except asyncio.CancelledError:
+                raise
+            except (OSError, EOFError, asyncio.IncompleteReadError, MalformedReplicaFetch) as exc:
+                log.warning("replica fetcher for broker %d: %s; retrying", self.leader, exc)
+            except Exception:
+                log.exception("replica fetcher for broker %d failed; retrying", self.leader)
+            self._disconnect()
+            await asyncio.sleep(backoff_s)
+
+    async def _fetch_loop(self) -> None:
+        manager = self.manager
+        settings = manager.settings
+        endpoint = manager.routing.broker(self.leader)
+        if endpoint is None:
+            raise OSError(f"broker {self.leader} is not live")
+        reader, writer = await asyncio.open_connection(endpoint.host, endpoint.port)
+        self._writer = writer
+        storage = manager.storage
+        routing = manager.routing
+        while True:
+            now = time.monotonic()
+            wanted = [j for j in self.partitions if self._paused.get(j, 0) <= now]
+            if not wanted:
+                self._changed.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._changed.wait(), 0.1)
+                continue
+            parts = []
+            splits = storage.split_positions()
+            for j in wanted:
+                local = routing.local_index(j)
+                if local is None:
+                    continue
+                parts.append(
+                    FetchPartition(
+                        j,
+                        routing.leadership(j).leader_epoch,
+                        storage.journal_end(local),
+                        storage.last_epoch(local),
+                        splits[local] if splits else 0,
+                        settings.replica_fetch_max_bytes,
+                    )
+                )
+            request = ReplicaFetchRequest(
+                manager.broker_id,
+                settings.replica_fetch_wait_max_ms,
+                settings.replica_fetch_min_bytes,
+                settings.replica_fetch_response_max_bytes,
+                tuple(parts),
+            )
+            correlation = next(self._ids)
+            writer.write(encode_request(request, correlation))
+            self.requests += 1
+            (size,) = _LENGTH.unpack(await reader.readexactly(4))
+            if not 0 < size <= _MAX_RESPONSE_BYTES:
+                raise MalformedReplicaFetch(f"response of {size} bytes")
+            got, response = decode_response(await reader.readexactly(size))
+            if got != correlation:
+                raise MalformedReplicaFetch(f"correlation id {got}, expected {correlation}")
+            sent = {p.journal_partition: p for p in parts}
+            for data in response.partitions:
+                asked = sent.get(data.journal_partition)
+                if asked is None:
+                    continue
+                await self._take(asked, data)
+
+    async def _take(self, asked: FetchPartition, data: object) -> None:
+        manager = self.manager
+        storage = manager.storage
+        j = asked.journal_partition
+        local = manager.routing.local_index(j)
+        if local is None or manager.leads(j):
+            return
+        error = data.error_code  # type: ignore[attr-defined]
+        backoff_s = manager.settings.replica_fetch_backoff_ms / 1000
+        if error != ErrorCode.none:
+            log.info(
+                "journal partition %d: leader %d answers %s; waiting for routing",
+                j,
+                self.leader,
+                ErrorCode(error).name,
+            )
+            self._paused[j] = time.monotonic() + backoff_s
+            return
+        if data.diverging_epoch >= 0 or data.diverging_end >= 0:  # type: ignore[attr-defined]
+            log.error(
+                "journal partition %d: history diverges from leader %d's at epoch %d (ends at "
+                "%d there, this replica is at %d); truncation is not implemented yet, not "
+                "fetching it",
+                j,
+                self.leader,
+                data.diverging_epoch,  # type: ignore[attr-defined]
+                data.diverging_end,  # type: ignore[attr-defined]
+                asked.fetch_position,
+            )
+            self._paused[j] = time.monotonic() + 3600
+            return
+        end = asked.fetch_position
+        records = data.records  # type: ignore[attr-defined]
+        if len(records):
+            try:
+                end = await storage.append_replica(local, asked.fetch_position, records)
+            except (StorageError, CorruptEntryError) as exc:
+                log.warning("journal partition %d: replica append failed: %s", j, exc)
+                self._paused[j] = time.monotonic() + backoff_s
+                return
+        storage.set_split_limit(local, min(data.high_watermark, end))  # type: ignore[attr-defined]

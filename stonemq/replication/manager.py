@@ -1,0 +1,427 @@
+"""The replica manager: leadership, the journal high watermark, delayed produce and the ISR of
+the journal partitions hosted here (Kafka's ``ReplicaManager`` + ``Partition``, per journal
+partition only: ../shared/design/cluster.md).
+
+- **Leadership.** Routing (ZooKeeper) says who leads each journal partition in which epoch.
+  When it names this broker, the epoch is checkpointed at the journal end
+  (``StorageEngine.become_leader``) before the partition takes an append (:meth:`leads` is
+  False until then). Otherwise the partition is followed: one :class:`LeaderFetcher` per
+  leader broker fetches every journal partition this broker follows from it.
+- **High watermark.** Per led journal partition, each follower's journal end (its fetch
+  position), split position and last caught-up time (Kafka's rule: caught up when it fetched
+  from at least the leader's end, or from at least the leader's end as of its previous
+  fetch, then as of that fetch). HW = the smallest journal end over the ISR, never moving
+  back; the splitter splits only below it (``StorageEngine.set_split_limit``).
+- **Delayed produce.** An acks=all batch waits for the HW to pass its journal end position:
+  one FIFO of waiters per journal partition (positions only rise), popped as the HW moves.
+  No timer per partition: the request's timeout is the handler's one timer.
+- **ISR.** The leader shrinks the ISR (a follower not caught up for
+  ``replica.lag.time.max.ms``) and expands it (a follower at the HW and past the start of the
+  current epoch), writing ``/journal_partitions/<j>/state`` at the version it read, after
+  checking that it still names this broker leader in this epoch; a deposed leader's write
+  fails, and it stops leading (invariant 7).
+
+Everything here runs on the event loop except the ZooKeeper writes (a thread).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import time
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+from kazoo.exceptions import BadVersionError, NoNodeError
+
+from stonemq.cluster.controller import JOURNAL_PATH
+from stonemq.cluster.journal_state import PartitionState
+
+if TYPE_CHECKING:
+    from stonemq.cluster.routing import ClusterRouting
+    from stonemq.config import Settings
+    from stonemq.replication.fetcher import LeaderFetcher
+    from stonemq.storage.engine import StorageEngine
+
+log = logging.getLogger("stonemq.replication")
+
+
+class NotLeaderError(Exception):
+    """This broker does not (or no longer) lead the journal partition."""
+
+
+@dataclass(slots=True)
+class FollowerState:
+    """What the leader knows of one follower of one journal partition."""
+
+    end: int = -1  # its journal end (fetch position); -1 until it fetched
+    split: int = -1  # its split position
+    last_caught_up_s: float = 0.0
+    last_fetch_s: float = 0.0
+    last_fetch_leader_end: int = -1
+
+
+@dataclass(slots=True)
+class LeaderState:
+    """A journal partition led here."""
+
+    journal: int  # global id
+    local: int  # storage index
+    epoch: int
+    epoch_start: int  # journal position where this epoch starts
+    isr: tuple[int, ...]
+    replicas: tuple[int, ...]
+    hw: int
+    followers: dict[int, FollowerState] = field(default_factory=dict)
+    waiters: collections.deque[tuple[int, asyncio.Future[int]]] = field(
+        default_factory=collections.deque
+    )
+    isr_change_pending: bool = False
+
+
+class ReplicaManager:
+    def __init__(
+        self,
+        broker_id: int,
+        routing: ClusterRouting,
+        storage: StorageEngine,
+        settings: Settings,
+    ) -> None:
+        self.broker_id = broker_id
+        self.routing = routing
+        self.storage = storage
+        self.settings = settings
+        self.client = routing.client
+        self.lag_time_s = settings.replica_lag_time_max_ms / 1000
+        self._leading: dict[int, LeaderState] = {}  # journal id -> state (ready to append)
+        self._becoming: set[int] = set()
+        self._fetchers: dict[int, LeaderFetcher] = {}
+        self._following: dict[int, int] = {}  # journal id -> leader broker fetched from
+        self._written: dict[int, asyncio.Future[None]] = {}  # long polls of replica fetches
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._tasks: set[asyncio.Future[Any]] = set()
+        self._closed = False
+
+    # -- life -------------------------------------------------------------------------------
+    def start(self) -> None:
+        loop = self._loop = asyncio.get_running_loop()
+        self.storage.on_journal_written = self._on_written
+        self.routing.on_change = lambda: loop.call_soon_threadsafe(self.reconcile)
+        self._spawn(self._isr_loop())
+        self.reconcile()
+
+    def shutting_down(self) -> None:
+        """The broker stops: lead nothing more (followers' fetches get
+        NOT_LEADER_OR_FOLLOWER at once and back off), fetch nothing more."""
+        self._closed = True
+        for journal in list(self._leading):
+            self._resign(journal, "the broker is stopping")
+        for fetcher in self._fetchers.values():
+            self._spawn(fetcher.close())
+        self._fetchers.clear()
+        for waiter in self._written.values():
+            if not waiter.done():
+                waiter.set_result(None)
+
+    async def close(self) -> None:
+        self._closed = True
+        self.routing.on_change = None
+        for fetcher in list(self._fetchers.values()):
+            await fetcher.close()
+        self._fetchers.clear()
+        for state in self._leading.values():
+            self._fail_waiters(state)
+        for task in list(self._tasks):
+            task.cancel()
+        for task in list(self._tasks):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # -- leadership -------------------------------------------------------------------------
+    def reconcile(self) -> None:
+        """Take routing's view of every hosted journal partition: become leader, stop
+        leading, or follow (re-planning the fetchers)."""
+        if self._closed:
+            return
+        from stonemq.replication.fetcher import LeaderFetcher
+
+        wanted: dict[int, int] = {}
+        for journal in self.routing.hosted():
+            lead = self.routing.leadership(journal)
+            state = self._leading.get(journal)
+            if lead.leader == self.broker_id:
+                if state is not None and state.epoch == lead.leader_epoch:
+                    state.isr = lead.isr if not state.isr_change_pending else state.isr
+                    continue
+                if state is not None:
+                    self._resign(journal, "a newer epoch of its own leadership")
+                if journal not in self._becoming:
+                    self._becoming.add(journal)
+                    self._spawn(self._become_leader(journal, lead.leader_epoch))
+                continue
+            if state is not None:
+                self._resign(journal, f"broker {lead.leader} leads it in epoch {lead.leader_epoch}")
+            if lead.leader >= 0:
+                wanted[journal] = lead.leader
+        self._following = wanted
+        by_leader: dict[int, list[int]] = {}
+        for journal, leader in wanted.items():
+            by_leader.setdefault(leader, []).append(journal)
+        for leader, fetcher in list(self._fetchers.items()):
+            if leader not in by_leader:
+                del self._fetchers[leader]
+                self._spawn(fetcher.close())
+        for leader, journals in by_leader.items():
+            fetcher = self._fetchers.get(leader)
+            if fetcher is None:
+                fetcher = self._fetchers[leader] = LeaderFetcher(self, leader)
+                fetcher.start()
+            fetcher.set_partitions(journals)
+
+    async def _become_leader(self, journal: int, epoch: int) -> None:
+        try:
+            local = self.routing.local_index(journal)
+            assert local is not None
+            await self.storage.become_leader(local, epoch)
+            lead = self.routing.leadership(journal)
+            if lead.leader != self.broker_id or lead.leader_epoch != epoch:
+                return  # moved on meanwhile; reconcile runs again on that change
+            now = time.monotonic()
+            state = LeaderState(
+                journal,
+                local,
+                epoch,
+                self.storage.journal_end(local),
+                lead.isr,
+                lead.replicas,
+                self.storage.split_limit(local),
+                {
+                    b: FollowerState(last_caught_up_s=now)
+                    for b in lead.replicas
+                    if b != self.broker_id
+                },
+            )
+            self._leading[journal] = state
+            log.info(
+                "journal partition %d: leading in epoch %d from journal position %d (isr %s)",
+                journal,
+                epoch,
+                state.epoch_start,
+                list(state.isr),
+            )
+            self._update_hw(state)
+        except Exception:
+            log.exception(
+                "journal partition %d: becoming leader in epoch %d failed", journal, epoch
+            )
+        finally:
+            self._becoming.discard(journal)
+            if not self._closed and self._loop is not None:
+                self._loop.call_soon(self.reconcile)
+
+    def _resign(self, journal: int, why: str) -> None:
+        state = self._leading.pop(journal, None)
+        if state is None:
+            return
+        log.info("journal partition %d: no longer leading epoch %d: %s", journal, state.epoch, why)
+        self._fail_waiters(state)
+
+    def _fail_waiters(self, state: LeaderState) -> None:
+        while state.waiters:
+            _, future = state.waiters.popleft()
+            if not future.done():
+                future.set_exception(NotLeaderError(f"journal partition {state.journal}"))
+
+    def leads(self, journal: int) -> bool:
+        """Led here and ready for appends (its epoch checkpointed)."""
+        return journal in self._leading
+
+    def leader_state(self, journal: int) -> LeaderState | None:
+        return self._leading.get(journal)
+
+    def isr_size(self, journal: int) -> int:
+        state = self._leading.get(journal)
+        return len(state.isr) if state is not None else 0
+
+    # -- high watermark and delayed produce -------------------------------------------------
+    def _on_written(self, local: int) -> None:
+        """The storage wrote entries of local journal partition ``local``."""
+        journal = self.routing.journal_of(local)
+        state = self._leading.get(journal)
+        if state is not None:
+            self._update_hw(state)
+        waiter = self._written.pop(journal, None)
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def wait_written(self, journals: list[int], timeout_s: float) -> None:
+        """Return once one of ``journals`` was written to, or after ``timeout_s``."""
+        if timeout_s <= 0 or not journals:
+            return
+        loop = asyncio.get_running_loop()
+        futures = []
+        for journal in journals:
+            future = self._written.get(journal)
+            if future is None or future.done():
+                future = self._written[journal] = loop.create_future()
+            futures.append(future)
+        await asyncio.wait(futures, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+
+    def _update_hw(self, state: LeaderState) -> None:
+        hw = self.storage.journal_written_end(state.local)
+        for broker in state.isr:
+            if broker == self.broker_id:
+                continue
+            follower = state.followers.get(broker)
+            end = follower.end if follower is not None else -1
+            if end < 0:
+                return  # not known yet: the HW stays
+            hw = min(hw, end)
+        if hw <= state.hw:
+            return
+        state.hw = hw
+        self.storage.set_split_limit(state.local, hw)
+        waiters = state.waiters
+        isr = len(state.isr)
+        while waiters and waiters[0][0] <= hw:
+            _, future = waiters.popleft()
+            if not future.done():
+                future.set_result(isr)
+
+    def wait_for_hw(self, journal: int, position: int) -> asyncio.Future[int]:
+        """A future resolved (with the ISR size then) once the HW of ``journal`` passes
+        ``position``; NotLeaderError when leadership is lost first."""
+        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        state = self._leading.get(journal)
+        if state is None:
+            future.set_exception(NotLeaderError(f"journal partition {journal}"))
+        elif state.hw >= position:
+            future.set_result(len(state.isr))
+        else:
+            state.waiters.append((position, future))
+        return future
+
+    def high_watermark(self, journal: int) -> int:
+        state = self._leading.get(journal)
+        return state.hw if state is not None else -1
+
+    # -- follower fetches (on the leader) ---------------------------------------------------
+    def follower_fetched(self, state: LeaderState, broker: int, position: int, split: int) -> None:
+        """A follower in ``state``'s replicas fetched from ``position``: its end and
+        caught-up time (Kafka's ``Replica.updateFetchState``), the HW, an ISR expansion."""
+        follower = state.followers.get(broker)
+        if follower is None:
+            follower = state.followers[broker] = FollowerState()
+        now = time.monotonic()
+        leader_end = self.storage.journal_written_end(state.local)
+        if position >= leader_end:
+            follower.last_caught_up_s = max(follower.last_caught_up_s, now)
+        elif position >= follower.last_fetch_leader_end:
+            follower.last_caught_up_s = max(follower.last_caught_up_s, follower.last_fetch_s)
+        follower.last_fetch_leader_end = leader_end
+        follower.last_fetch_s = now
+        follower.end = position
+        follower.split = split
+        self._update_hw(state)
+        if (
+            broker not in state.isr
+            and not state.isr_change_pending
+            and position >= state.hw
+            and position >= state.epoch_start
+        ):
+            self._change_isr(state, (*state.isr, broker), f"broker {broker} caught up")
+
+    def retain_from(self, local: int) -> int:
+        """The journal position below which the leader may delete journal segments: what
+        every follower in the ISR has (a follower out of the ISR may fall behind it)."""
+        journal = self.routing.journal_of(local)
+        state = self._leading.get(journal)
+        if state is None:
+            return 2**63 - 1
+        floor = 2**63 - 1
+        for broker in state.isr:
+            if broker != self.broker_id:
+                follower = state.followers.get(broker)
+                floor = min(floor, follower.end if follower is not None else 0)
+        return max(floor, 0)
+
+    # -- ISR changes ------------------------------------------------------------------------
+    async def _isr_loop(self) -> None:
+        """Shrink the ISR of led journal partitions whose followers lag (Kafka checks every
+        half ``replica.lag.time.max.ms``)."""
+        while True:
+            await asyncio.sleep(self.lag_time_s / 2)
+            now = time.monotonic()
+            for state in list(self._leading.values()):
+                if state.isr_change_pending:
+                    continue
+                out = [
+                    b
+                    for b in state.isr
+                    if b != self.broker_id
+                    and now
+                    - state.followers.setdefault(
+                        b, FollowerState(last_caught_up_s=now)
+                    ).last_caught_up_s
+                    > self.lag_time_s
+                ]
+                if out:
+                    isr = tuple(b for b in state.isr if b not in out)
+                    self._change_isr(state, isr, f"brokers {out} lag")
+
+    def _change_isr(self, state: LeaderState, isr: tuple[int, ...], why: str) -> None:
+        state.isr_change_pending = True
+        self._spawn(self._write_isr(state, isr, why))
+
+    async def _write_isr(self, state: LeaderState, isr: tuple[int, ...], why: str) -> None:
+        try:
+            ok = await asyncio.get_running_loop().run_in_executor(
+                None, self._write_isr_sync, state.journal, state.epoch, isr
+            )
+        except Exception as exc:  # ZooKeeper unreachable: tried again on the next event
+            log.warning(
+                "journal partition %d: ISR change to %s failed: %s", state.journal, isr, exc
+            )
+            ok = None
+        finally:
+            state.isr_change_pending = False
+        if ok is None:
+            return
+        if not ok:
+            self._resign(state.journal, "its ISR change was refused: the controller moved on")
+            return
+        log.info(
+            "journal partition %d: ISR %s -> %s (%s)",
+            state.journal,
+            list(state.isr),
+            list(isr),
+            why,
+        )
+        state.isr = isr
+        self._update_hw(state)
+
+    def _write_isr_sync(self, journal: int, epoch: int, isr: tuple[int, ...]) -> bool:
+        """The conditional write (in a thread): False when the state no longer names this
+        broker leader in ``epoch`` (deposed)."""
+        path = f"{JOURNAL_PATH}/{journal}/state"
+        for _ in range(5):
+            try:
+                data, stat = self.client.get(path)
+            except NoNodeError:
+                return False
+            current = PartitionState.from_json(data)
+            if current.leader != self.broker_id or current.leader_epoch != epoch:
+                return False
+            try:
+                self.client.set(path, replace(current, isr=isr).to_json(), version=stat.version)
+                return True
+            except BadVersionError:
+                continue  # changed since the read: look again
+        raise RuntimeError("state node kept changing")

@@ -1,0 +1,330 @@
+"""Journal replication across three brokers (default.replication.factor=3): real ZooKeeper,
+three ``stonemq serve`` processes, unmodified clients. Every broker's journal holds the same
+bytes at the same journal positions and every broker's queue logs the same batches at the same
+offsets; acks=all waits for the ISR and is refused under min.insync.replicas; batches carry the
+journal partition's real leader epoch."""
+
+from __future__ import annotations
+
+import os
+import struct
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+from kazoo.client import KazooClient
+
+from stonemq.cluster.controller import read_journal_partitions
+from stonemq.storage.checkpoint import CheckpointFile
+from stonemq.storage.leader_epoch import LEADER_EPOCH_FILE
+
+from .rawclient import RawConnection, build_batch, produce_raw
+
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(240)]
+
+NOT_ENOUGH_REPLICAS = 19
+
+
+@pytest.fixture
+def replicated(broker_factory, zookeeper) -> tuple[list[Any], str]:
+    chroot = f"{zookeeper.connect}/stonemq-repl-{uuid.uuid4().hex[:8]}"
+    brokers = [
+        broker_factory(
+            zookeeper_connect=chroot,
+            broker_id=b,
+            journal_partitions=1,
+            default_replication_factor=3,
+            replica_lag_time_max_ms=3000,
+            start=False,
+        )
+        for b in (1, 2, 3)
+    ]
+    for b in brokers:  # placement waits for three live brokers: start them together
+        b.spawn()
+    for b in brokers:
+        b.proc = b.proc  # started above
+    deadline = time.monotonic() + 60
+    for b in brokers:
+        while "ready" not in b.log(since_start=True) or not _accepts(b):
+            assert b.proc.poll() is None, b.log_tail()
+            assert time.monotonic() < deadline, b.log_tail()
+            time.sleep(0.05)
+    return brokers, chroot
+
+
+def _accepts(broker: Any) -> bool:
+    import socket
+
+    try:
+        with socket.create_connection((broker.host, broker.port), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+def _journal_bytes(data_dir: Path) -> dict[int, bytes]:
+    """Each hosted journal partition's bytes from position 0, by global journal id."""
+    journal_dir = data_dir / "journal"
+    order = [
+        int(row[0])
+        for row in CheckpointFile(str(journal_dir / "hosted-journal-partitions"), 1).read() or []
+    ]
+    out = {}
+    for local, j in enumerate(order):
+        d = journal_dir / f"journal-{local}"
+        names = sorted(n for n in os.listdir(d) if n.endswith(".journal"))
+        assert names and int(names[0].split(".")[0]) == 0, (d, names)
+        out[j] = b"".join((d / n).read_bytes() for n in names)
+    return out
+
+
+def _queue_bytes(data_dir: Path, topic: str, partitions: int) -> dict[int, bytes]:
+    out = {}
+    for p in range(partitions):
+        d = data_dir / "queues" / f"{topic}-{p}"
+        names = sorted(n for n in os.listdir(d) if n.endswith(".log"))
+        out[p] = b"".join((d / n).read_bytes() for n in names)
+    return out
+
+
+def _batch_epochs(log: bytes) -> list[tuple[int, int]]:
+    """(base offset, partition leader epoch) of each batch of a queue-log file's bytes."""
+    out = []
+    at = 0
+    while at + 61 <= len(log):
+        base, length, epoch = struct.unpack_from(">qii", log, at)
+        out.append((base, epoch))
+        at += 12 + length
+    return out
+
+
+def _leaders(bootstrap: str, topic: str) -> dict[int, int]:
+    meta = AdminClient({"bootstrap.servers": bootstrap}).list_topics(topic, timeout=10)
+    return {p: m.leader for p, m in meta.topics[topic].partitions.items()}
+
+
+def _isrs(chroot: str) -> dict[int, tuple[int, ...]]:
+    zk = KazooClient(chroot)
+    zk.start(10)
+    try:
+        return {j: p.state.isr for j, p in read_journal_partitions(zk).items()}
+    finally:
+        zk.stop()
+        zk.close()
+
+
+def _wait(predicate: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.2)
+
+
+def test_every_replica_holds_the_same_journal_and_queue_logs(replicated) -> None:
+    brokers, chroot = replicated
+    b1 = brokers[0]
+    admin = AdminClient({"bootstrap.servers": b1.bootstrap})
+    admin.create_topics([NewTopic("repl", 6, 3)])["repl"].result(30)
+    led = _leaders(b1.bootstrap, "repl")
+    assert set(led.values()) == {1, 2, 3}, led  # partitions led by every broker
+    producer = Producer({"bootstrap.servers": b1.bootstrap, "acks": "all", "linger.ms": 5})
+    sent = 0
+    acked: list[tuple[int, int, bytes]] = []
+
+    def on_delivery(err: Any, msg: Any) -> None:
+        assert err is None, err
+        acked.append((msg.partition(), msg.offset(), msg.value()))
+
+    for i in range(600):
+        producer.produce("repl", value=b"r%05d" % i, partition=i % 6, on_delivery=on_delivery)
+        sent += 1
+        if i % 100 == 99:
+            producer.flush(30)
+    assert producer.flush(30) == 0
+    assert len(acked) == sent
+    # every broker's ISR is whole: all three replicas caught up
+    assert all(set(isr) == {1, 2, 3} for isr in _isrs(chroot).values())
+    consumer = Consumer(
+        {
+            "bootstrap.servers": brokers[2].bootstrap,
+            "group.id": "repl-check",
+            "auto.offset.reset": "earliest",
+        }
+    )
+    for p in range(6):
+        assert consumer.get_watermark_offsets(TopicPartition("repl", p), timeout=10) == (0, 100)
+    consumer.close()
+    time.sleep(2)  # followers learn the last HW in their next fetch
+    for b in brokers:
+        b.stop()
+    journals = [_journal_bytes(b.data_dir) for b in brokers]
+    assert journals[0].keys() == journals[1].keys() == journals[2].keys() == {0, 1, 2}
+    for j in range(3):
+        assert len(journals[0][j]) > 600 * 6 // 3
+        assert journals[0][j] == journals[1][j] == journals[2][j], f"journal partition {j}"
+    queues = [_queue_bytes(b.data_dir, "repl", 6) for b in brokers]
+    for p in range(6):
+        assert queues[0][p] == queues[1][p] == queues[2][p], f"repl-{p}"
+        batches = _batch_epochs(queues[0][p])
+        assert batches and batches[0][0] == 0
+    # the queue logs hold exactly what was acknowledged, at the acknowledged offsets
+    values: dict[tuple[int, int], bytes] = {}
+    for p in range(6):
+        values.update(((p, off), val) for off, val in _records(queues[0][p]))
+    assert {(p, off): v for p, off, v in acked} == values
+
+
+def _records(log: bytes) -> list[tuple[int, bytes]]:
+    from stonemq.protocol.record_batch import iter_records
+
+    out = []
+    at = 0
+    while at + 61 <= len(log):
+        (length,) = struct.unpack_from(">i", log, at + 8)
+        batch = log[at : at + 12 + length]
+        for record in iter_records(batch):
+            out.append((record.offset, record.value))
+        at += 12 + length
+    return out
+
+
+def _offset_for_epoch(broker: Any, topic: str, partition: int, current: int, epoch: int) -> Any:
+    from . import rawclient
+
+    req = rawclient.schema("offset_for_leader_epoch", 4, "request")
+    resp = rawclient.schema("offset_for_leader_epoch", 4, "response")
+    with RawConnection(broker.host, broker.port) as conn:
+        answer = conn.request(
+            rawclient.build(
+                req.OffsetForLeaderEpochRequest,
+                replica_id=-1,
+                topics=(
+                    req.OffsetForLeaderTopic(
+                        topic=topic,
+                        partitions=(
+                            req.OffsetForLeaderPartition(
+                                partition=partition,
+                                current_leader_epoch=current,
+                                leader_epoch=epoch,
+                            ),
+                        ),
+                    ),
+                ),
+            ),
+            resp.OffsetForLeaderEpochResponse,
+        )
+    (part,) = answer.topics[0].partitions
+    return part.error_code, part.leader_epoch, part.end_offset
+
+
+def _produce_all(bootstrap: str, topic: str, count: int, tag: bytes) -> list[tuple[int, int]]:
+    """acks=all through confluent-kafka; every message must be acknowledged."""
+    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 5})
+    acked: list[tuple[int, int]] = []
+    errors: list[Any] = []
+
+    def on_delivery(err: Any, msg: Any) -> None:
+        if err is not None:
+            errors.append(err)
+        else:
+            acked.append((msg.partition(), msg.offset()))
+
+    for i in range(count):
+        producer.produce(topic, value=tag + b"%04d" % i, partition=i % 6, on_delivery=on_delivery)
+    assert producer.flush(60) == 0
+    assert not errors, errors
+    return acked
+
+
+def _watermarks(bootstrap: str, topic: str) -> list[tuple[int, int]]:
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "wm"})
+    try:
+        return [
+            consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10) for p in range(6)
+        ]
+    finally:
+        consumer.close()
+
+
+def test_acks_all_waits_for_the_isr_and_min_insync_replicas_refuses(replicated) -> None:
+    brokers, chroot = replicated
+    b1, b2, b3 = brokers
+    admin = AdminClient({"bootstrap.servers": b1.bootstrap})
+    admin.create_topics([NewTopic("acks", 6, 3, config={"min.insync.replicas": "2"})])[
+        "acks"
+    ].result(30)
+    assert len(_produce_all(b1.bootstrap, "acks", 60, b"a")) == 60
+    assert _watermarks(b1.bootstrap, "acks") == [(0, 10)] * 6
+    led = _leaders(b1.bootstrap, "acks")
+    moved = [p for p, leader in led.items() if leader == 2]
+    assert moved
+
+    # broker 2 goes: its journal partition gets a new leader (epoch 1) from the ISR; acks=all
+    # waits until the ISR has shrunk to the two live brokers (replica.lag.time.max.ms 3 s)
+    b2.stop()
+    _wait(lambda: all(_leaders(b1.bootstrap, "acks")[p] in (1, 3) for p in moved), 30, "failover")
+    assert len(_produce_all(b1.bootstrap, "acks", 60, b"b")) == 60
+    assert _watermarks(b1.bootstrap, "acks") == [(0, 20)] * 6
+    new_leader = {1: b1, 3: b3}[_leaders(b1.bootstrap, "acks")[moved[0]]]
+    # OffsetForLeaderEpoch from the batches' real epochs: epoch 0 ended where epoch 1 began
+    assert _offset_for_epoch(new_leader, "acks", moved[0], 1, 0) == (0, 0, 10)
+    assert _offset_for_epoch(new_leader, "acks", moved[0], 1, 1) == (0, 1, 20)
+
+    # broker 3 goes too: one in-sync replica left, below min.insync.replicas=2
+    b3.stop()
+    _wait(lambda: set(_leaders(b1.bootstrap, "acks").values()) == {1}, 30, "all led by 1")
+    _wait(lambda: all(isr == (1,) for isr in _isrs(chroot).values()), 30, "ISR shrinks to 1")
+    with RawConnection(b1.host, b1.port) as conn:
+        for p in range(6):
+            part = produce_raw(conn, "acks", p, bytes(build_batch([(None, b"refused")])), acks=-1)
+            assert part.error_code == NOT_ENOUGH_REPLICAS, (p, part.error_code)
+        # acks=1 is still taken (Kafka's min.insync.replicas binds acks=all only)
+        part = produce_raw(conn, "acks", 0, bytes(build_batch([(None, b"one")])), acks=1)
+        assert part.error_code == 0 and part.base_offset == 20
+    assert _watermarks(b1.bootstrap, "acks")[1:] == [(0, 20)] * 5
+
+    # both come back, catch up, rejoin the ISR; acks=all is answered again
+    b2.start()
+    b3.start()
+    _wait(lambda: all(set(isr) == {1, 2, 3} for isr in _isrs(chroot).values()), 60, "ISR grows")
+    assert len(_produce_all(b1.bootstrap, "acks", 60, b"c")) == 60
+    marks = _watermarks(b1.bootstrap, "acks")
+    assert marks == [(0, 31)] + [(0, 30)] * 5, marks
+    time.sleep(2)  # followers learn the last HW in their next fetch
+    for b in brokers:
+        b.stop()
+    journals = [_journal_bytes(b.data_dir) for b in brokers]
+    for j in range(3):
+        assert journals[0][j] == journals[1][j] == journals[2][j], f"journal partition {j}"
+    queues = [_queue_bytes(b.data_dir, "acks", 6) for b in brokers]
+    for p in range(6):
+        assert queues[0][p] == queues[1][p] == queues[2][p], f"acks-{p}"
+    # batches carry the leader epoch that wrote them: the moved partition's first ten
+    # records in epoch 0, every later one in a later epoch
+    epochs = _batch_epochs(queues[0][moved[0]])
+    assert {e for base, e in epochs if base < 10} == {0}
+    assert all(e >= 1 for base, e in epochs if base >= 10)
+    # each journal partition's leader-epoch checkpoint agrees on every replica for the epochs
+    # that wrote entries (a leader elected during the final stops wrote none: only it knows
+    # that epoch, as in Kafka, where followers learn epochs from batches)
+    for j in range(3):
+        end = len(journals[0][j])
+        files = [[e for e in _epoch_file(b.data_dir, j) if e[1] < end] for b in brokers]
+        assert files[0] == files[1] == files[2], (j, files)
+        assert files[0][0] == (0, 0)
+    moved_journal = next(j for j in range(3) if len(_epoch_file(b1.data_dir, j)) > 1)
+    assert [e for e, _ in _epoch_file(b1.data_dir, moved_journal)][:2] == [0, 1]
+
+
+def _epoch_file(data_dir: Path, journal: int) -> list[tuple[int, int]]:
+    journal_dir = data_dir / "journal"
+    order = [
+        int(row[0])
+        for row in CheckpointFile(str(journal_dir / "hosted-journal-partitions"), 1).read() or []
+    ]
+    path = journal_dir / f"journal-{order.index(journal)}" / LEADER_EPOCH_FILE
+    return [(int(e), int(s)) for e, s in CheckpointFile(str(path), 2).read() or []]
