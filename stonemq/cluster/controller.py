@@ -12,7 +12,8 @@ stop acting at once, before any new election.
 State, per journal partition only (never per topic partition):
 
 - ``/journal_partitions/<j>``: the assignment ``{"version": 1, "replicas": [...]}``
-- ``/journal_partitions/<j>/state``: leader, leader epoch, ISR, controller epoch
+- ``/journal_partitions/<j>/state``: leader, leader epoch, ISR, controller epoch; written by
+  the controller (elections) and by the leader (ISR changes), each at the version it read
 
 The controller acts in one thread, on events (became controller, brokers changed), so its
 decisions never interleave. Placement and election rules are :mod:`stonemq.cluster.journal_state`.
@@ -60,6 +61,7 @@ class JournalPartition:
     id: int
     assignment: Assignment
     state: PartitionState
+    state_version: int = -1  # the state node's ZooKeeper version when read
 
 
 def read_journal_partitions(client: KazooClient) -> dict[int, JournalPartition]:
@@ -74,11 +76,13 @@ def read_journal_partitions(client: KazooClient) -> dict[int, JournalPartition]:
             continue
         try:
             data, _ = client.retry(client.get, f"{JOURNAL_PATH}/{child}")
-            state, _ = client.retry(client.get, f"{JOURNAL_PATH}/{child}/state")
+            state, stat = client.retry(client.get, f"{JOURNAL_PATH}/{child}/state")
         except NoNodeError:
             continue  # being created: its transaction writes both nodes at once
         j = int(child)
-        out[j] = JournalPartition(j, Assignment.from_json(data), PartitionState.from_json(state))
+        out[j] = JournalPartition(
+            j, Assignment.from_json(data), PartitionState.from_json(state), stat.version
+        )
     return dict(sorted(out.items()))
 
 
@@ -239,7 +243,7 @@ class Controller:
         for p in partitions.values():
             new = elect(p.assignment, p.state, live, self.epoch, self.unclean)
             if new is not None:
-                self._set_state(p.id, new)
+                self._set_state(p.id, new, p.state_version)
                 log.info(
                     "journal partition %d: leader %d -> %d, leader epoch %d, isr %s",
                     p.id,
@@ -255,9 +259,12 @@ class Controller:
         tx.create(f"{JOURNAL_PATH}/{j}/state", state.to_json())
         self._commit(tx, f"create journal partition {j}")
 
-    def _set_state(self, j: int, state: PartitionState) -> None:
+    def _set_state(self, j: int, state: PartitionState, version: int) -> None:
+        """Write ``j``'s new state at the version the election read: a leader's ISR change
+        made since (stonemq/replication/manager.py) fails this write, and the event is taken
+        again from a fresh read, so an election never undoes an ISR shrink (invariant 7)."""
         tx = self._fenced()
-        tx.set_data(f"{JOURNAL_PATH}/{j}/state", state.to_json())
+        tx.set_data(f"{JOURNAL_PATH}/{j}/state", state.to_json(), version=version)
         self._commit(tx, f"set journal partition {j}'s state")
 
     def _fenced(self):  # type: ignore[no-untyped-def]

@@ -24,6 +24,7 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
@@ -38,6 +39,7 @@ from stonemq.storage.checkpoint import CheckpointFile
 log = logging.getLogger(__name__)
 
 HOSTED_FILE = "hosted-journal-partitions"
+_PLACEMENT_SETTLE_S = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +116,7 @@ class ClusterRouting(SingleNodeRouting):
         self._order: list[int] = []
         self._watched: set[int] = set()
         self.on_change: Callable[[], None] | None = None
+        self._settle_deadline: float | None = None
 
     @property
     def clustered(self) -> bool:
@@ -129,7 +132,7 @@ class ClusterRouting(SingleNodeRouting):
         while True:
             parts = read_journal_partitions(self.client)
             homed = [j for j, p in parts.items() if p.assignment.home == self.broker_id]
-            if len(homed) >= expected:
+            if len(homed) >= expected and self._others_placed(parts, expected):
                 break
             if deadline is not None and time.monotonic() > deadline:
                 raise ClusterStartError(
@@ -156,6 +159,25 @@ class ClusterRouting(SingleNodeRouting):
         self.client.DataWatch(CONTROLLER_PATH, self._on_controller)
         self.client.ChildrenWatch(JOURNAL_PATH, self._on_journal_partitions)
         return list(self._order)
+
+    def _others_placed(self, parts: dict[int, Any], expected: int) -> bool:
+        """Whether the journal partitions homed on the other live brokers are placed too (the
+        controller places every live broker's in one round, one write each): those that
+        name this broker as a replica must be among the hosted ones fixed at start. Gives up
+        after ``_PLACEMENT_SETTLE_S`` (a broker with another journal.partitions setting).
+
+        A journal partition placed after this broker started (a broker that joins later)
+        is hosted here only after a restart: the storage engine's journal partitions are
+        fixed at start (docs/architecture.md, Replication, Status)."""
+        if self._settle_deadline is None:
+            self._settle_deadline = time.monotonic() + _PLACEMENT_SETTLE_S
+        if time.monotonic() > self._settle_deadline:
+            return True
+        homes: dict[int, int] = {}
+        for p in parts.values():
+            homes[p.assignment.home] = homes.get(p.assignment.home, 0) + 1
+        live = read_brokers(self.client)
+        return all(homes.get(b, 0) >= expected for b in live)
 
     def _fix_order(self, hosted: list[int]) -> list[int]:
         """The local numbering: what the hosted file lists, then any new journal partition

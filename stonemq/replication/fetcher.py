@@ -103,6 +103,13 @@ class LeaderFetcher:
             raise OSError(f"broker {self.leader} is not live")
         reader, writer = await asyncio.open_connection(endpoint.host, endpoint.port)
         self._writer = writer
+        log.info(
+            "fetching journal partitions %s from broker %d at %s:%d",
+            self.partitions,
+            self.leader,
+            endpoint.host,
+            endpoint.port,
+        )
         storage = manager.storage
         routing = manager.routing
         while True:

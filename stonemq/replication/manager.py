@@ -383,7 +383,7 @@ class ReplicaManager:
     async def _write_isr(self, state: LeaderState, isr: tuple[int, ...], why: str) -> None:
         try:
             ok = await asyncio.get_running_loop().run_in_executor(
-                None, self._write_isr_sync, state.journal, state.epoch, isr
+                None, write_isr, self.client, state.journal, self.broker_id, state.epoch, isr
             )
         except Exception as exc:  # ZooKeeper unreachable: tried again on the next event
             log.warning(
@@ -407,21 +407,23 @@ class ReplicaManager:
         state.isr = isr
         self._update_hw(state)
 
-    def _write_isr_sync(self, journal: int, epoch: int, isr: tuple[int, ...]) -> bool:
-        """The conditional write (in a thread): False when the state no longer names this
-        broker leader in ``epoch`` (deposed)."""
-        path = f"{JOURNAL_PATH}/{journal}/state"
-        for _ in range(5):
-            try:
-                data, stat = self.client.get(path)
-            except NoNodeError:
-                return False
-            current = PartitionState.from_json(data)
-            if current.leader != self.broker_id or current.leader_epoch != epoch:
-                return False
-            try:
-                self.client.set(path, replace(current, isr=isr).to_json(), version=stat.version)
-                return True
-            except BadVersionError:
-                continue  # changed since the read: look again
-        raise RuntimeError("state node kept changing")
+
+def write_isr(client: Any, journal: int, broker_id: int, epoch: int, isr: tuple[int, ...]) -> bool:
+    """A leader's ISR change (blocking: a thread): written at the state node's version after
+    checking that the node still names ``broker_id`` leader in ``epoch``; False when it does
+    not (the leader was deposed: the controller moved on)."""
+    path = f"{JOURNAL_PATH}/{journal}/state"
+    for _ in range(5):
+        try:
+            data, stat = client.get(path)
+        except NoNodeError:
+            return False
+        current = PartitionState.from_json(data)
+        if current.leader != broker_id or current.leader_epoch != epoch:
+            return False
+        try:
+            client.set(path, replace(current, isr=isr).to_json(), version=stat.version)
+            return True
+        except BadVersionError:
+            continue  # changed since the read: look again
+    raise RuntimeError("state node kept changing")

@@ -146,8 +146,9 @@ def test_every_replica_holds_the_same_journal_and_queue_logs(replicated) -> None
             producer.flush(30)
     assert producer.flush(30) == 0
     assert len(acked) == sent
-    # every broker's ISR is whole: all three replicas caught up
-    assert all(set(isr) == {1, 2, 3} for isr in _isrs(chroot).values())
+    # every ISR is whole: all three replicas caught up (a follower slow to start may have
+    # been out of it for a moment)
+    _wait(lambda: all(set(isr) == {1, 2, 3} for isr in _isrs(chroot).values()), 30, "ISR")
     consumer = Consumer(
         {
             "bootstrap.servers": brokers[2].bootstrap,
@@ -328,3 +329,67 @@ def _epoch_file(data_dir: Path, journal: int) -> list[tuple[int, int]]:
     ]
     path = journal_dir / f"journal-{order.index(journal)}" / LEADER_EPOCH_FILE
     return [(int(e), int(s)) for e, s in CheckpointFile(str(path), 2).read() or []]
+
+
+def test_a_paused_follower_leaves_the_isr_and_rejoins_once_caught_up(replicated) -> None:
+    """replica.lag.time.max.ms (3 s here): a follower that stops fetching (SIGSTOP, shorter
+    than its ZooKeeper session) is dropped from the ISR of the journal partitions it follows,
+    through the leader's conditional write (no election: the leader epoch stays); acks=all is
+    answered only after that; once it runs again and catches up it is added back."""
+    import signal
+
+    brokers, chroot = replicated
+    b1, _b2, b3 = brokers
+    admin = AdminClient({"bootstrap.servers": b1.bootstrap})
+    admin.create_topics([NewTopic("lag", 6, 3)])["lag"].result(30)
+    assert len(_produce_all(b1.bootstrap, "lag", 60, b"x")) == 60
+    _wait(lambda: all(set(isr) == {1, 2, 3} for isr in _isrs(chroot).values()), 30, "ISR")
+    zk = KazooClient(chroot)
+    zk.start(10)
+    try:
+        before = read_journal_partitions(zk)
+        assert all(set(p.state.isr) == {1, 2, 3} for p in before.values())
+        not_led_by_3 = [j for j, p in before.items() if p.state.leader != 3]
+        led = _leaders(b1.bootstrap, "lag")
+        producer = Producer({"bootstrap.servers": b1.bootstrap, "acks": "all"})
+        assert b3.proc is not None
+        b3.proc.send_signal(signal.SIGSTOP)
+        try:
+            started = time.monotonic()
+            acked: list[float] = []
+            for p, leader in led.items():
+                if leader != 3:
+                    producer.produce(
+                        "lag",
+                        value=b"during",
+                        partition=p,
+                        on_delivery=lambda err, msg: (
+                            acked.append(time.monotonic() - started) if err is None else None
+                        ),
+                    )
+            assert producer.flush(30) == 0
+            # not acknowledged before broker 3 left the ISR: at least the lag time
+            assert acked and min(acked) >= 2.5, acked
+            after = read_journal_partitions(zk)
+            for j in not_led_by_3:
+                assert set(after[j].state.isr) == {1, 2} - {3}, after[j].state
+                assert after[j].state.leader_epoch == before[j].state.leader_epoch
+        finally:
+            b3.proc.send_signal(signal.SIGCONT)
+        _wait(
+            lambda: all(
+                set(p.state.isr) == {1, 2, 3} for p in read_journal_partitions(zk).values()
+            ),
+            30,
+            "broker 3 back in every ISR",
+        )
+        assert all(
+            p.state.leader_epoch == before[j].state.leader_epoch
+            for j, p in read_journal_partitions(zk).items()
+        )
+    finally:
+        zk.stop()
+        zk.close()
+    assert _watermarks(b1.bootstrap, "lag") == [
+        (0, 11) if led[p] != 3 else (0, 10) for p in range(6)
+    ]

@@ -157,9 +157,28 @@ def test_an_expired_session_ends_its_controllers_reign_and_its_writes(cluster) -
     # a controller that has not noticed yet (a long pause) writes with its old epoch: refused
     a.controller.active = True
     stale = PartitionState(leader=1, leader_epoch=99, isr=(1,), controller_epoch=1)
+    version = read_journal_partitions(b.client)[0].state_version
     with pytest.raises(NotControllerError):
-        a.controller._set_state(0, stale)
+        a.controller._set_state(0, stale, version)
     assert read_journal_partitions(b.client)[0].state.leader_epoch != 99
+
+
+def test_an_election_never_overwrites_an_isr_change_it_did_not_read(cluster) -> None:
+    """The controller writes a journal partition's state at the version it read: a leader's
+    ISR change in between (a conditional write of its own) makes the election's write fail,
+    so it is taken again from a fresh read instead of undoing the shrink (invariant 7)."""
+    a = cluster(1)
+    wait_for("broker 1 controller", lambda: a.controller.active)
+    wait_for("4 journal partitions", lambda: len(read_journal_partitions(a.client)) == 4)
+    before = read_journal_partitions(a.client)[0]
+    shrunk = before.state.__class__(
+        before.state.leader, before.state.leader_epoch, (), before.state.controller_epoch
+    )
+    a.client.set("/journal_partitions/0/state", shrunk.to_json(), version=before.state_version)
+    elected = before.state.__class__(1, before.state.leader_epoch + 1, (1,), a.controller.epoch)
+    with pytest.raises(RuntimeError, match="BadVersion"):
+        a.controller._set_state(0, elected, before.state_version)
+    assert read_journal_partitions(a.client)[0].state == shrunk
 
 
 def test_replicas_follow_racks_and_a_follower_in_the_isr_takes_over(cluster) -> None:
@@ -192,3 +211,23 @@ def test_replicas_follow_racks_and_a_follower_in_the_isr_takes_over(cluster) -> 
         if parts[j].state.leader == victim:
             assert p.state.leader == p.assignment.replicas[1]
             assert p.state.leader_epoch == 1 and p.state.isr == (p.assignment.replicas[1],)
+
+
+def test_a_deposed_leaders_isr_change_fails(cluster) -> None:
+    """The leader's ISR writes (stonemq/replication/manager.py write_isr) succeed only while the
+    state node names it leader in its epoch: once the controller elected another leader (a
+    newer epoch), the old leader's shrink is refused and the node is unchanged."""
+    from stonemq.replication.manager import write_isr
+
+    a = cluster(1)
+    wait_for("4 journal partitions", lambda: len(read_journal_partitions(a.client)) == 4)
+    path = "/journal_partitions/0/state"
+    a.client.set(path, PartitionState(1, 5, (1, 2, 3), 1).to_json())
+    assert write_isr(a.client, 0, 1, 5, (1, 2))  # the leader in its epoch: written
+    assert read_journal_partitions(a.client)[0].state.isr == (1, 2)
+    assert write_isr(a.client, 0, 1, 5, (1, 2, 3))  # and grown back
+    # the controller elects broker 2 in epoch 6: broker 1's writes in epoch 5 fail
+    a.client.set(path, PartitionState(2, 6, (2, 3), 1).to_json())
+    assert not write_isr(a.client, 0, 1, 5, (1,))
+    assert not write_isr(a.client, 0, 1, 6, (1,))  # not the leader, whatever the epoch
+    assert read_journal_partitions(a.client)[0].state == PartitionState(2, 6, (2, 3), 1)
