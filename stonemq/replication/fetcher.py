@@ -7,9 +7,10 @@ leader reports (``StorageEngine.set_split_limit``).
 A response error is handled as Kafka's ``AbstractFetcherThread``: NOT_LEADER_OR_FOLLOWER,
 FENCED_LEADER_EPOCH and UNKNOWN_LEADER_EPOCH wait for routing to change (the partition is
 fetched again after ``replica.fetch.backoff.ms``); a lost connection is opened again after
-the back-off. A diverging epoch (the follower's history differs from the leader's) asks for
-a truncation, which is not implemented yet: the partition stops being fetched and the broker
-logs it (see docs/architecture.md, Replication, Status).
+the back-off. A diverging epoch (the follower's history differs from the leader's: a tail the
+leader never had, written by an earlier leader) is answered by truncating to where the two
+agree (``StorageEngine.truncate_replica``); a truncation into split data (only an unclean
+election leads there) is refused, and the partition stops being fetched, logged.
 """
 
 from __future__ import annotations
@@ -178,17 +179,7 @@ class LeaderFetcher:
             self._paused[j] = time.monotonic() + backoff_s
             return
         if data.diverging_epoch >= 0 or data.diverging_end >= 0:  # type: ignore[attr-defined]
-            log.error(
-                "journal partition %d: history diverges from leader %d's at epoch %d (ends at "
-                "%d there, this replica is at %d); truncation is not implemented yet, not "
-                "fetching it",
-                j,
-                self.leader,
-                data.diverging_epoch,  # type: ignore[attr-defined]
-                data.diverging_end,  # type: ignore[attr-defined]
-                asked.fetch_position,
-            )
-            self._paused[j] = time.monotonic() + 3600
+            await self._truncate(asked, data)
             return
         end = asked.fetch_position
         records = data.records  # type: ignore[attr-defined]
@@ -200,3 +191,38 @@ class LeaderFetcher:
                 self._paused[j] = time.monotonic() + backoff_s
                 return
         storage.set_split_limit(local, min(data.high_watermark, end))  # type: ignore[attr-defined]
+
+    async def _truncate(self, asked: FetchPartition, data: object) -> None:
+        """The leader says this replica's last epoch ends earlier there (or is not in its
+        history): truncate as Kafka's follower does (KIP-101/279): to the smaller of the
+        leader's end for that epoch and this replica's own end for it when this replica has
+        that epoch, else to this replica's end for the largest epoch below it; the next
+        fetch checks again from there."""
+        manager = self.manager
+        storage = manager.storage
+        j = asked.journal_partition
+        local = manager.routing.local_index(j)
+        assert local is not None
+        leader_epoch = data.diverging_epoch  # type: ignore[attr-defined]
+        leader_end = data.diverging_end  # type: ignore[attr-defined]
+        if leader_epoch < 0:  # the leader has no epoch at or below ours: back to our HW
+            target = storage.split_limit(local)
+        else:
+            own_epoch, own_end = storage.epoch_end(local, leader_epoch)
+            target = min(leader_end, own_end) if own_epoch == leader_epoch else own_end
+        target = min(target, asked.fetch_position)
+        log.warning(
+            "journal partition %d: diverged from leader %d at epoch %d (ends at %d there); "
+            "truncating from %d to %d",
+            j,
+            self.leader,
+            leader_epoch,
+            leader_end,
+            asked.fetch_position,
+            target,
+        )
+        try:
+            await storage.truncate_replica(local, max(target, 0))
+        except StorageError as exc:
+            log.error("journal partition %d: not fetched any more: %s", j, exc)
+            self._paused[j] = time.monotonic() + 3600

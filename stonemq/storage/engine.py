@@ -1667,6 +1667,71 @@ class StorageEngine:
         limits = self._split_limits
         return limits[j] if limits is not None else self._journals[j].visible_end
 
+    async def truncate_replica(self, j: int, position: int) -> int:
+        """A follower whose history diverged from its leader's cuts journal partition ``j``
+        back to ``position`` (cluster.md invariant 6): the journal files, its leader-epoch
+        checkpoint, and the next offsets of the topic partitions whose entries went. Only
+        journal bytes the splitter has not split can go (a follower splits below the HW,
+        which a clean election never takes back): a cut below the split position raises
+        StorageError and changes nothing. Returns the bytes cut."""
+        journal = self._journals[j]
+        await journal.drain()
+        splitter = self._splitter
+        assert splitter is not None
+        if position < splitter.positions[j]:
+            raise StorageError(
+                f"journal-{j}: truncation to {position} is below the split position "
+                f"{splitter.positions[j]} (queue logs hold batches from there: an unclean "
+                "election); not truncated"
+            )
+        end = journal.written_end
+        if position >= end:
+            return 0
+        loop = asyncio.get_running_loop()
+
+        split_from = splitter.positions[j]
+
+        def scan(start: int, stop: int) -> dict[tuple[bytes, int], int]:
+            """The next offset after each topic partition's last entry in [start, stop)."""
+            ends: dict[tuple[bytes, int], int] = {}
+            reader = JournalReader(journal.directory)
+            try:
+                pos = start
+                while pos < stop:
+                    entries, nxt = reader.read(pos, stop, RECOVERY_READ_BYTES, verify=False)
+                    if nxt == pos:
+                        break
+                    for e in entries:
+                        ends[(e.topic_id, e.partition)] = e.base_offset + e.record_count
+                    pos = nxt
+            finally:
+                reader.close()
+            return ends
+
+        def cut() -> tuple[set[tuple[bytes, int]], dict[tuple[bytes, int], int], int]:
+            gone = set(scan(position, end))
+            kept = scan(split_from, position) if gone else {}
+            size = journal.truncate_to(position)
+            if self._epoch_caches:
+                self._epoch_caches[j].truncate_from_end(position)
+            return gone, kept, size
+
+        gone, kept, size = await loop.run_in_executor(None, cut)
+        # the partitions that lost entries: their queue log's end, or their last entry
+        # still unsplit before ``position``
+        for key in gone:
+            state = self._by_id.get(key)
+            if state is not None:
+                state.next_offset = state.queue.next_offset if state.queue is not None else 0
+                state.next_offset = max(state.next_offset, kept.get(key, 0))
+        log.warning(
+            "journal-%d: truncated %d bytes from position %d (diverged from the leader)",
+            j,
+            size,
+            position,
+        )
+        return size
+
     async def append_replica(self, j: int, position: int, data: memoryview) -> int:
         """A follower's append: the leader's whole journal entries in ``data``, starting at
         journal ``position`` (which must be this journal's end), checked (length, version,

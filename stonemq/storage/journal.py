@@ -404,6 +404,33 @@ class JournalLog:
         self._open_active(self.segments[-1] if self.segments else end)
         return end - start, truncated
 
+    def truncate_to(self, end: int) -> int:
+        """A follower's truncation (blocking: a thread; nothing queued or being written):
+        cut the journal back to ``end``, an entry boundary, deleting later segments, and
+        make the cut durable. Returns the bytes cut."""
+        if self.has_pending:
+            raise StorageError(f"journal-{self.index}: truncation while writes are pending")
+        if end >= self.written_end:
+            return 0
+        if self._fd >= 0:
+            fileio.close(self._fd)
+            self._fd = -1
+        cut = self.written_end - end
+        kept = [b for b in self.segments if b <= end] or [end]
+        for base in self.segments:
+            if base not in kept:
+                fileio.unlink(self.path(base))
+        last = kept[-1]
+        if os.path.exists(self.path(last)):
+            fileio.truncate(self.path(last), end - last)
+        self.segments = kept[:-1]
+        durable = min(self.durable_end, end)
+        self._open_active(last)  # fsyncs the directory (the unlinks)
+        fsync_paths([self.path(last)])
+        self.durable_end = max(durable, self.segments[0])
+        self.released_end = min(self.released_end, end)
+        return cut
+
     def _open_active(self, base: int) -> None:
         """Open (creating it if need be) the active segment at ``base``. Nothing of what the
         files hold counts as durable yet: the caller fsyncs them (``fsync_now``)."""

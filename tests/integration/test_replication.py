@@ -31,6 +31,10 @@ NOT_ENOUGH_REPLICAS = 19
 
 @pytest.fixture
 def replicated(broker_factory, zookeeper) -> tuple[list[Any], str]:
+    return _start_cluster(broker_factory, zookeeper)
+
+
+def _start_cluster(broker_factory: Any, zookeeper: Any, **extra: Any) -> tuple[list[Any], str]:
     chroot = f"{zookeeper.connect}/stonemq-repl-{uuid.uuid4().hex[:8]}"
     brokers = [
         broker_factory(
@@ -40,13 +44,12 @@ def replicated(broker_factory, zookeeper) -> tuple[list[Any], str]:
             default_replication_factor=3,
             replica_lag_time_max_ms=3000,
             start=False,
+            **extra,
         )
         for b in (1, 2, 3)
     ]
     for b in brokers:  # placement waits for three live brokers: start them together
         b.spawn()
-    for b in brokers:
-        b.proc = b.proc  # started above
     deadline = time.monotonic() + 60
     for b in brokers:
         while "ready" not in b.log(since_start=True) or not _accepts(b):
@@ -393,3 +396,78 @@ def test_a_paused_follower_leaves_the_isr_and_rejoins_once_caught_up(replicated)
     assert _watermarks(b1.bootstrap, "lag") == [
         (0, 11) if led[p] != 3 else (0, 10) for p in range(6)
     ]
+
+
+def test_a_returning_leader_truncates_the_tail_it_alone_had(broker_factory, zookeeper) -> None:
+    """Invariant 6: a leader writes acks=1 batches its paused followers never fetch, and is
+    killed; a follower from the ISR leads in the next epoch and takes acks=all writes. The old
+    leader restarts, fetches with its last epoch, is told where that epoch ends on the new
+    leader, truncates its journal there and then holds exactly the new leader's journal and
+    queue logs. No consumer ever saw the lost tail (it was never below the HW)."""
+    import signal
+
+    brokers, chroot = _start_cluster(
+        broker_factory,
+        zookeeper,
+        zookeeper_session_timeout_ms=6000,
+        replica_fetch_wait_max_ms=100,
+    )
+    admin = AdminClient({"bootstrap.servers": brokers[0].bootstrap})
+    admin.create_topics([NewTopic("trunc", 6, 3)])["trunc"].result(30)
+    _wait(lambda: all(set(isr) == {1, 2, 3} for isr in _isrs(chroot).values()), 30, "ISR")
+    assert len(_produce_all(brokers[0].bootstrap, "trunc", 60, b"a")) == 60
+    led = _leaders(brokers[0].bootstrap, "trunc")
+    old = brokers[0]  # broker 1 leads its own journal partition
+    mine = [p for p, leader in led.items() if leader == 1]
+    assert mine
+    followers = brokers[1:]
+    for f in followers:
+        f.proc.send_signal(signal.SIGSTOP)
+    # a fetch the followers sent before they stopped is answered (empty) within its 100 ms
+    # long poll: none is left to carry what follows to them
+    time.sleep(0.5)
+    try:
+        with RawConnection(old.host, old.port) as conn:
+            for i in range(5):
+                part = produce_raw(
+                    conn, "trunc", mine[0], bytes(build_batch([(None, b"lost%d" % i)])), acks=1
+                )
+                assert part.error_code == 0 and part.base_offset == 10 + i
+        old.kill()
+    finally:
+        for f in followers:
+            f.proc.send_signal(signal.SIGCONT)
+    b2 = brokers[1]
+    _wait(lambda: _leaders(b2.bootstrap, "trunc")[mine[0]] in (2, 3), 60, "failover")
+    new_leader = brokers[_leaders(b2.bootstrap, "trunc")[mine[0]] - 1]
+    assert len(_produce_all(new_leader.bootstrap, "trunc", 60, b"b")) == 60
+    old.start()
+    _wait(lambda: all(set(isr) == {1, 2, 3} for isr in _isrs(chroot).values()), 60, "ISR grows")
+    assert "diverged from leader" in old.log(since_start=True)
+    assert len(_produce_all(new_leader.bootstrap, "trunc", 60, b"c")) == 60
+    consumer = Consumer(
+        {
+            "bootstrap.servers": new_leader.bootstrap,
+            "group.id": "trunc-check",
+            "auto.offset.reset": "earliest",
+        }
+    )
+    consumer.assign([TopicPartition("trunc", mine[0], 0)])
+    seen: list[bytes] = []
+    deadline = time.monotonic() + 30
+    while len(seen) < 30 and time.monotonic() < deadline:
+        msg = consumer.poll(0.5)
+        if msg is not None and msg.error() is None:
+            seen.append(msg.value())
+    consumer.close()
+    assert len(seen) == 30 and not any(v.startswith(b"lost") for v in seen), seen
+    time.sleep(2)  # followers learn the last HW in their next fetch
+    for b in brokers:
+        b.stop()
+    journals = [_journal_bytes(b.data_dir) for b in brokers]
+    for j in range(3):
+        assert journals[0][j] == journals[1][j] == journals[2][j], f"journal partition {j}"
+    queues = [_queue_bytes(b.data_dir, "trunc", 6) for b in brokers]
+    for p in range(6):
+        assert queues[0][p] == queues[1][p] == queues[2][p], f"trunc-{p}"
+    assert [v for _, v in _records(queues[0][mine[0]])] == seen
