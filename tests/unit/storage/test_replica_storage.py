@@ -1,0 +1,149 @@
+"""Storage's replication paths (StorageEngine with ``replicated=True``): the leader's epoch
+checkpoint and the epoch its batches carry, the follower's verbatim append, the split limit
+(the journal HW) bounding what consumers see, truncation after a divergence, and the
+per-partition OffsetForLeaderEpoch answered from batch epochs."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import struct
+from collections.abc import Coroutine
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import add_topic, build_batch, new_engine
+
+from stonemq.storage.engine import StorageError
+from stonemq.storage.journal import CorruptEntryError, JournalReader
+
+
+def run(coro: Coroutine[Any, Any, Any]) -> Any:
+    return asyncio.run(asyncio.wait_for(coro, 10))
+
+
+def journal_bytes(root: Path, j: int) -> bytes:
+    d = root / "journal" / f"journal-{j}"
+    names = sorted(n for n in os.listdir(d) if n.endswith(".journal"))
+    return b"".join((d / n).read_bytes() for n in names)
+
+
+def batch_epochs(engine: Any, topic: str, partition: int) -> list[tuple[int, int]]:
+    data = engine.read(topic, partition, 0, 1 << 20).data
+    out, at = [], 0
+    while at < len(data):
+        base, length, epoch = struct.unpack_from(">qii", data, at)
+        out.append((base, epoch))
+        at += 12 + length
+    return out
+
+
+async def settle(engine: Any) -> None:
+    for _ in range(50):
+        await asyncio.sleep(0.01)
+
+
+def test_leader_epochs_follower_append_and_the_split_limit(tmp_path: Path) -> None:
+    leader_root, follower_root = tmp_path / "leader", tmp_path / "follower"
+
+    async def scenario() -> None:
+        leader = new_engine(leader_root, replicated=True)
+        follower = new_engine(follower_root, replicated=True)
+        for engine in (leader, follower):
+            add_topic(engine, partitions=2)
+            engine.recover()
+            engine.start(lambda *a: None)
+        try:
+            await leader.become_leader(0, 3)
+            assert leader.epoch_entries(0) == [(3, 0)]
+            for i in range(4):
+                await leader.append("t", 0, build_batch([b"a%d" % i, b"b%d" % i]), 2).written
+            await leader.become_leader(0, 5)  # a later epoch starts at the journal end
+            end_epoch3 = leader.journal_end(0)
+            assert leader.epoch_entries(0) == [(3, 0), (5, end_epoch3)]
+            await leader.append("t", 0, build_batch([b"c"]), 1).written
+            end = leader.journal_written_end(0)
+            # nothing is split (consumers see nothing) until the HW says so
+            await settle(leader)
+            assert leader.high_watermark("t", 0) == 0 and leader.log_end_offset("t", 0) == 9
+            leader.set_split_limit(0, end_epoch3)
+            await settle(leader)
+            assert leader.high_watermark("t", 0) == 8
+            leader.set_split_limit(0, end)
+            await settle(leader)
+            assert leader.high_watermark("t", 0) == 9
+            assert batch_epochs(leader, "t", 0) == [(0, 3), (2, 3), (4, 3), (6, 3), (8, 5)]
+            # the follower appends the leader's bytes as they are, in two fetches
+            data = JournalReader(str(leader_root / "journal" / "journal-0")).read_raw(
+                0, end, 1 << 20
+            )
+            assert len(data) == end
+            cut = end_epoch3
+            assert await follower.append_replica(0, 0, memoryview(data[:cut])) == cut
+            with pytest.raises(StorageError):  # not at its journal end
+                await follower.append_replica(0, 0, memoryview(data[cut:]))
+            assert await follower.append_replica(0, cut, memoryview(data[cut:])) == end
+            assert follower.epoch_entries(0) == [(3, 0), (5, cut)]  # from the batches' epochs
+            assert follower.log_end_offset("t", 0) == 9  # next offsets follow the entries
+            follower.set_split_limit(0, end)
+            await settle(follower)
+            assert follower.read("t", 0, 0, 1 << 20).data == leader.read("t", 0, 0, 1 << 20).data
+            # OffsetForLeaderEpoch per topic partition, from the batch epochs
+            assert await leader.epoch_end_offset("t", 0, 3) == (3, 8)
+            assert await leader.epoch_end_offset("t", 0, 4) == (3, 8)
+            assert await leader.epoch_end_offset("t", 0, 5) == (5, 9)
+            assert await leader.epoch_end_offset("t", 0, 1) == (1, 0)  # below every batch
+            assert await leader.epoch_end_offset("t", 1, 2) == (2, 0)  # no batch at all
+            # a corrupt entry is refused whole, and nothing is written
+            bad = bytearray(data[:cut])
+            bad[60] ^= 0xFF
+            other = new_engine(tmp_path / "other", replicated=True)
+            add_topic(other, partitions=2)
+            other.recover()
+            other.start(lambda *a: None)
+            with pytest.raises(CorruptEntryError):
+                await other.append_replica(0, 0, memoryview(bytes(bad)))
+            assert other.journal_end(0) == 0
+            await other.close()
+        finally:
+            await leader.close()
+            await follower.close()
+        assert journal_bytes(leader_root, 0) == journal_bytes(follower_root, 0)
+
+    run(scenario())
+
+
+def test_truncation_cuts_only_the_unsplit_tail(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        engine = new_engine(tmp_path, replicated=True)
+        add_topic(engine, partitions=2)
+        engine.recover()
+        engine.start(lambda *a: None)
+        try:
+            await engine.become_leader(0, 1)
+            for i in range(3):
+                await engine.append("t", 0, build_batch([b"x%d" % i]), 1).written
+            split_to = engine.journal_written_end(0)
+            engine.set_split_limit(0, split_to)
+            await settle(engine)
+            await engine.become_leader(0, 2)
+            for i in range(2):
+                await engine.append("t", 0, build_batch([b"y%d" % i]), 1).written
+            assert engine.log_end_offset("t", 0) == 5 and engine.high_watermark("t", 0) == 3
+            with pytest.raises(StorageError, match="below the split position"):
+                await engine.truncate_replica(0, 0)
+            assert engine.log_end_offset("t", 0) == 5
+            cut = await engine.truncate_replica(0, split_to)
+            assert cut > 0 and engine.journal_end(0) == split_to
+            assert engine.log_end_offset("t", 0) == 3  # offsets 3 and 4 are free again
+            assert engine.epoch_entries(0) == [(1, 0)]  # epoch 2 started at the cut
+            await engine.become_leader(0, 3)
+            appended = engine.append("t", 0, build_batch([b"z"]), 1)
+            await appended.written
+            assert appended.base_offset == 3
+        finally:
+            await engine.close()
+        assert len(journal_bytes(tmp_path, 0)) > split_to
+
+    run(scenario())
