@@ -13,7 +13,13 @@ keep their order.
 
 acks=0 gets no response; acks=1 and acks=-1 are answered once every batch of the request is
 in its journal file (and fsynced when ``journal.flush.policy`` is ``always``). With one
-broker, the journal is the whole ISR, so 1 and -1 wait for the same thing.
+broker, the journal is the whole ISR, so 1 and -1 wait for the same thing (a topic whose
+``min.insync.replicas`` is above 1 refuses acks=-1 with NOT_ENOUGH_REPLICAS). In a cluster a
+partition whose journal partition is not led here gets NOT_LEADER_OR_FOLLOWER, and acks=-1
+checks the ISR against ``min.insync.replicas`` first (NOT_ENOUGH_REPLICAS), then is answered
+once the journal partition's high watermark passes the batch (stonemq/replication/manager.py;
+NOT_ENOUGH_REPLICAS_AFTER_APPEND when the ISR was smaller then, REQUEST_TIMED_OUT after the
+request's timeout).
 
 Versions 3-13, as Kafka 4: v13 names topics by topic id (an unknown id: UNKNOWN_TOPIC_ID;
 no auto-creation by id), and its answer carries the id instead of the name. From v10 a
