@@ -15,10 +15,18 @@ from typing import Any
 
 import pytest
 from confluent_kafka import Consumer, Producer
-from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
+from confluent_kafka.admin import (
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    NewTopic,
+)
 from conftest import BrokerStartError, free_port
 from kazoo.client import KazooClient
 from polling import wait_for
+
+from . import rawclient
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(120)]
 
@@ -154,3 +162,65 @@ def test_the_broker_is_controller_and_its_journal_partitions_survive(
     ]
     # leader epochs: each restart is a leader change (offline while stopped, then back)
     assert all(p["leader"] == 5 for p in again["journal_partitions"])
+
+
+def test_a_store_write_waiting_on_zookeeper_never_stalls_other_clients(
+    broker_factory, tmp_path
+) -> None:
+    """Config changes and producer-id blocks are store writes: a ZooKeeper round trip (or a
+    SQLite commit's fsync). They run in the store's thread; on the event loop, a paused
+    ZooKeeper froze every client of the broker until it answered (ApiVersions from another
+    connection waited as long as the pause)."""
+    import signal
+    import threading
+    import time
+
+    import zkserver
+
+    server = zkserver.ZooKeeperServer(tmp_path / "zk", free_port())
+    server.start()
+    try:
+        broker = broker_factory(zookeeper_connect=f"{server.connect}/stonemq", broker_id=1)
+        admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+        admin.create_topics([NewTopic("paused", 1, 1)])["paused"].result(30)
+        resource = ConfigResource(
+            ConfigResource.Type.TOPIC,
+            "paused",
+            incremental_configs=[
+                ConfigEntry("retention.ms", "7200000", incremental_operation=AlterConfigOpType.SET)
+            ],
+        )
+        with rawclient.RawConnection("127.0.0.1", broker.port, timeout=5) as probe:
+            probe.api_versions()
+            os.killpg(server.proc.pid, signal.SIGSTOP)
+            try:
+                done = threading.Event()
+                results: list[Any] = []
+
+                def alter() -> None:
+                    try:
+                        results.append(
+                            admin.incremental_alter_configs([resource])[resource].result(60)
+                        )
+                    except Exception as exc:  # reported by the assertion below
+                        results.append(exc)
+                    done.set()
+
+                threading.Thread(target=alter, daemon=True).start()
+                time.sleep(0.5)  # the write is waiting on ZooKeeper
+                slowest = 0.0
+                for _ in range(8):
+                    started = time.monotonic()
+                    assert probe.api_versions()
+                    slowest = max(slowest, time.monotonic() - started)
+                    time.sleep(0.25)
+                assert not done.is_set(), "the config write did not wait for ZooKeeper"
+            finally:
+                os.killpg(server.proc.pid, signal.SIGCONT)
+        assert slowest < 1.0, f"ApiVersions waited {slowest:.2f} s behind a store write"
+        assert done.wait(60) and results == [None]
+        configs = admin.describe_configs([ConfigResource(ConfigResource.Type.TOPIC, "paused")])
+        described = next(iter(configs.values())).result(10)
+        assert described["retention.ms"].value == "7200000"
+    finally:
+        server.stop()
