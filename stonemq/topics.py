@@ -502,7 +502,9 @@ class TopicManager:
         record = self.require(name)
         missing = {k: v for k, v in PINNED_INTERNAL_CONFIGS.items() if record.configs.get(k) != v}
         if missing:
-            self.alter_configs(name, {**record.configs, **missing})
+            overrides, config = self._plan_topic_configs(name, {**record.configs, **missing})
+            self.store.set_topic_configs(name, overrides)  # once, on the first start after
+            self._topic_configs_stored(name, config)  # an upgrade
 
     # -- changes made through other brokers (a cluster) ---------------------------------------
     def follow_store(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -755,10 +757,27 @@ class TopicManager:
         return record
 
     # -- configs ------------------------------------------------------------------------------
-    def alter_configs(
+    async def alter_configs(
         self, name: str, configs: Mapping[str, str | None], *, validate_only: bool = False
     ) -> TopicConfig:
-        """Replace the topic's whole override set (AlterConfigs)."""
+        """Replace the topic's whole override set (AlterConfigs); the store write runs in the
+        store's thread (a SQLite commit waits on an fsync, a ZooKeeper write on a round trip)."""
+        if validate_only:
+            return self._plan_topic_configs(name, configs)[1]
+        return await self._to_the_end(self._store_topic_configs(name, configs))
+
+    async def _store_topic_configs(
+        self, name: str, configs: Mapping[str, str | None]
+    ) -> TopicConfig:
+        async with self._change(name):  # planned on the state the write replaces
+            overrides, config = self._plan_topic_configs(name, configs)
+            await self._in_store_thread(self.store.set_topic_configs, name, overrides)
+            return self._topic_configs_stored(name, config)
+
+    def _plan_topic_configs(
+        self, name: str, configs: Mapping[str, str | None]
+    ) -> tuple[dict[str, str], TopicConfig]:
+        """Validate a topic's new override set: the overrides and the config they give."""
         self.require(name)
         overrides = validate_topic_configs(configs)
         if is_internal(name):
@@ -770,17 +789,18 @@ class TopicManager:
                     )
         config = resolve_topic(self.settings, self._broker_dynamic, overrides)
         validate_tiered_retention(config.values)
-        if validate_only:
-            return config
+        return overrides, config
+
+    def _topic_configs_stored(self, name: str, config: TopicConfig) -> TopicConfig:
+        """The store holds the topic's new overrides: apply them here."""
         old = self.effective_config(name)
-        self.store.set_topic_configs(name, overrides)
         self._forget(name)
         self._configs[name] = config
         if config.log_config != old.log_config:
             self.storage.update_config(name, config.log_config)
         return config
 
-    def incremental_alter_configs(
+    async def incremental_alter_configs(
         self,
         name: str,
         ops: Sequence[tuple[str, int, str | None]],
@@ -791,18 +811,22 @@ class TopicManager:
         record = self.require(name)
         effective = self.effective_config(name).strings()
         updated = apply_incremental(record.configs, ops, topic_config_type, effective.get)
-        return self.alter_configs(name, updated, validate_only=validate_only)
+        return await self.alter_configs(name, updated, validate_only=validate_only)
 
-    def alter_broker_configs(
+    async def alter_broker_configs(
         self, configs: Mapping[str, str | None], *, validate_only: bool = False
     ) -> dict[str, str]:
         """Replace the whole set of dynamic broker configs; topics without an override of
-        the affected configs pick up the new values at once."""
+        the affected configs pick up the new values at once. The store write runs in the
+        store's thread."""
         dynamic = validate_broker_configs(configs)
         if validate_only:
             return dynamic
+        return await self._to_the_end(self._store_broker_configs(dynamic))
+
+    async def _store_broker_configs(self, dynamic: dict[str, str]) -> dict[str, str]:
+        await self._in_store_thread(self.store.set_broker_configs, dynamic)
         old = {name: self.effective_config(name) for name in self._topic_names()}
-        self.store.set_broker_configs(dynamic)
         self._broker_dynamic = dict(dynamic)
         self._configs.clear()
         self._produce.clear()
@@ -812,12 +836,17 @@ class TopicManager:
                 self.storage.update_config(name, after.log_config)
         return dynamic
 
-    def incremental_alter_broker_configs(
+    async def incremental_alter_broker_configs(
         self, ops: Sequence[tuple[str, int, str | None]], *, validate_only: bool = False
     ) -> dict[str, str]:
         effective = {e.name: e.value for e in self.describe_broker()}
         updated = apply_incremental(self._broker_dynamic, ops, broker_config_type, effective.get)
-        return self.alter_broker_configs(updated, validate_only=validate_only)
+        return await self.alter_broker_configs(updated, validate_only=validate_only)
+
+    async def allocate_producer_id(self) -> int:
+        """A fresh producer id from the store, in the store's thread (reserving a new block
+        is a store write)."""
+        return await self._in_store_thread(self.store.allocate_producer_id)
 
     def _topic_names(self) -> list[str]:
         return [t.name for t in self.store.list_topics()]

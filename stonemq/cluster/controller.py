@@ -41,7 +41,7 @@ from stonemq.cluster.journal_state import (
     initial_state,
     place_replicas,
 )
-from stonemq.cluster.membership import BROKER_IDS_PATH, read_brokers
+from stonemq.cluster.membership import BROKER_IDS_PATH, CLOSE_TIMEOUT_S, read_brokers
 
 log = logging.getLogger(__name__)
 
@@ -294,10 +294,10 @@ class Controller:
         self._events.put(("stop", None))
         if self._thread.is_alive():
             self._thread.join(10)
-        if was_active:
+        if was_active and self.client.connected:
             try:
-                data, _ = self.client.get(CONTROLLER_PATH)
+                data, _ = self.client.get_async(CONTROLLER_PATH).get(timeout=CLOSE_TIMEOUT_S)
                 if int(json.loads(data)["brokerid"]) == self.broker_id:
-                    self.client.delete(CONTROLLER_PATH)
+                    self.client.delete_async(CONTROLLER_PATH).get(timeout=CLOSE_TIMEOUT_S)
             except Exception as exc:  # its session ends next, taking the node with it
                 log.debug("controller %d: /controller not deleted: %s", self.broker_id, exc)

@@ -22,6 +22,9 @@ from kazoo.protocol.states import KazooState
 
 from stonemq.cluster import ClusterStartError
 
+CLOSE_TIMEOUT_S = 2.0
+"""How long a stop waits for each ZooKeeper call it makes (deregistration, resignation)."""
+
 log = logging.getLogger(__name__)
 
 BROKER_IDS_PATH = "/brokers/ids"
@@ -134,11 +137,13 @@ class Membership:
         return read_brokers(self.client)
 
     def close(self) -> None:
-        """Deregister (a clean stop; a crash lets the session expire instead)."""
+        """Deregister (a clean stop; a crash lets the session expire instead). Bounded: with
+        ZooKeeper unreachable the stop goes on and the session's expiry removes the node (an
+        unbounded retry held a stop past its timeout)."""
         self._closed = True
-        if self._registered:
+        if self._registered and self.client.connected:
             try:
-                self.client.retry(self.client.delete, self.path)
+                self.client.delete_async(self.path).get(timeout=CLOSE_TIMEOUT_S)
             except NoNodeError:
                 pass
             except Exception as exc:

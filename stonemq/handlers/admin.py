@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from datetime import timedelta
 from typing import Any
 
@@ -358,7 +358,7 @@ def _config_result(
 async def handle_alter_configs(ctx: RequestContext, request: Any) -> Any:
     """Replace the whole override set of each resource (Kafka's legacy semantics)."""
 
-    def apply(resource: Any, topics: Any, validate_only: bool) -> None:
+    async def apply(resource: Any, topics: Any, validate_only: bool) -> None:
         names = [c.name for c in resource.configs]
         if _duplicates(names):
             raise InvalidRequestError(
@@ -366,12 +366,12 @@ async def handle_alter_configs(ctx: RequestContext, request: Any) -> Any:
             )
         configs = {c.name: c.value for c in resource.configs}
         if resource.resource_type == RESOURCE_TOPIC:
-            topics.alter_configs(resource.resource_name, configs, validate_only=validate_only)
+            await topics.alter_configs(resource.resource_name, configs, validate_only=validate_only)
         else:
-            topics.alter_broker_configs(configs, validate_only=validate_only)
+            await topics.alter_broker_configs(configs, validate_only=validate_only)
 
     return ctx.build(
-        "AlterConfigsResponse", throttle_time=0, responses=_alter_each(ctx, request, apply)
+        "AlterConfigsResponse", throttle_time=0, responses=await _alter_each(ctx, request, apply)
     )
 
 
@@ -379,24 +379,24 @@ async def handle_alter_configs(ctx: RequestContext, request: Any) -> Any:
 async def handle_incremental_alter_configs(ctx: RequestContext, request: Any) -> Any:
     """SET / DELETE / APPEND / SUBTRACT individual configs of each resource."""
 
-    def apply(resource: Any, topics: Any, validate_only: bool) -> None:
+    async def apply(resource: Any, topics: Any, validate_only: bool) -> None:
         ops = [(c.name, c.config_operation, c.value) for c in resource.configs]
         if resource.resource_type == RESOURCE_TOPIC:
-            topics.incremental_alter_configs(
+            await topics.incremental_alter_configs(
                 resource.resource_name, ops, validate_only=validate_only
             )
         else:
-            topics.incremental_alter_broker_configs(ops, validate_only=validate_only)
+            await topics.incremental_alter_broker_configs(ops, validate_only=validate_only)
 
     return ctx.build(
         "IncrementalAlterConfigsResponse",
         throttle_time=0,
-        responses=_alter_each(ctx, request, apply),
+        responses=await _alter_each(ctx, request, apply),
     )
 
 
-def _alter_each(
-    ctx: RequestContext, request: Any, apply: Callable[[Any, Any, bool], None]
+async def _alter_each(
+    ctx: RequestContext, request: Any, apply: Callable[[Any, Any, bool], Awaitable[None]]
 ) -> tuple[Any, ...]:
     """Run ``apply`` for each topic or broker resource; one result (with its error) each."""
     results = []
@@ -406,7 +406,7 @@ def _alter_each(
                 _check_broker_name(ctx, resource.resource_name)
             elif resource.resource_type != RESOURCE_TOPIC:
                 raise InvalidRequestError(f"Unsupported resource type {resource.resource_type}")
-            apply(resource, ctx.broker.topics, request.validate_only)
+            await apply(resource, ctx.broker.topics, request.validate_only)
         results.append(
             ctx.build(
                 "AlterConfigsResourceResponse",

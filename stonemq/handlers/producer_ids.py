@@ -37,7 +37,7 @@ async def handle_init_producer_id(ctx: RequestContext, request: Any) -> Any:
         "InitProducerIdResponse",
         throttle_time=0,
         error_code=ErrorCode.none,
-        producer_id=ctx.broker.metadata.allocate_producer_id(),
+        producer_id=await ctx.broker.topics.allocate_producer_id(),
         producer_epoch=0,
         ongoing_txn_producer_id=-1,
         ongoing_txn_producer_epoch=-1,

@@ -15,10 +15,18 @@ from typing import Any
 
 import pytest
 from confluent_kafka import Consumer, Producer
-from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
+from confluent_kafka.admin import (
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    NewTopic,
+)
 from conftest import BrokerStartError, free_port
 from kazoo.client import KazooClient
 from polling import wait_for
+
+from . import rawclient
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(120)]
 
@@ -154,3 +162,82 @@ def test_the_broker_is_controller_and_its_journal_partitions_survive(
     ]
     # leader epochs: each restart is a leader change (offline while stopped, then back)
     assert all(p["leader"] == 5 for p in again["journal_partitions"])
+
+
+def _alter_config(bootstrap: str) -> None:
+    resource = ConfigResource(
+        ConfigResource.Type.TOPIC,
+        "paused",
+        incremental_configs=[
+            ConfigEntry("retention.ms", "7200000", incremental_operation=AlterConfigOpType.SET)
+        ],
+    )
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.incremental_alter_configs([resource])[resource].result(60)
+
+
+def _init_producer_id(bootstrap: str) -> None:  # the first one reserves a producer-id block
+    produce(bootstrap, "paused", [b"idempotent"])
+
+
+def _find_coordinator(bootstrap: str) -> None:  # the first one creates __consumer_offsets
+    host, port = bootstrap.rsplit(":", 1)
+    req = rawclient.schema("find_coordinator", 3, "request")
+    with rawclient.RawConnection(host, int(port), timeout=60) as conn:
+        answer = conn.request(
+            rawclient.build(req.FindCoordinatorRequest, key="paused-g", key_type=0),
+            rawclient.schema("find_coordinator", 3, "response").FindCoordinatorResponse,
+        )
+    assert answer.error_code == 0, answer
+
+
+@pytest.mark.parametrize("store_write", [_alter_config, _init_producer_id, _find_coordinator])
+def test_a_store_write_waiting_on_zookeeper_never_stalls_other_clients(
+    broker_factory, tmp_path, store_write
+) -> None:
+    """Config changes, producer-id blocks and the creation of ``__consumer_offsets`` are
+    store writes: a ZooKeeper round trip (or a SQLite commit's fsync). They run in the
+    store's thread; on the event loop, a paused ZooKeeper froze every client of the broker
+    until it answered (ApiVersions from another connection waited as long as the pause).
+    The broker's stop afterwards, with ZooKeeper gone, is bounded too (teardown checks it)."""
+    import signal
+    import threading
+    import time
+
+    import zkserver
+
+    server = zkserver.ZooKeeperServer(tmp_path / "zk", free_port())
+    server.start()
+    try:
+        broker = broker_factory(zookeeper_connect=f"{server.connect}/stonemq", broker_id=1)
+        admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+        admin.create_topics([NewTopic("paused", 1, 1)])["paused"].result(30)
+        with rawclient.RawConnection("127.0.0.1", broker.port, timeout=5) as probe:
+            probe.api_versions()
+            os.killpg(server.proc.pid, signal.SIGSTOP)
+            try:
+                done = threading.Event()
+                results: list[Any] = []
+
+                def write() -> None:
+                    try:
+                        results.append(store_write(broker.bootstrap))
+                    except Exception as exc:  # reported by the assertion below
+                        results.append(exc)
+                    done.set()
+
+                threading.Thread(target=write, daemon=True).start()
+                time.sleep(0.5)  # the write is waiting on ZooKeeper
+                slowest = 0.0
+                for _ in range(8):
+                    started = time.monotonic()
+                    assert probe.api_versions()
+                    slowest = max(slowest, time.monotonic() - started)
+                    time.sleep(0.25)
+                assert not done.is_set(), f"{results}: the write did not wait for ZooKeeper"
+            finally:
+                os.killpg(server.proc.pid, signal.SIGCONT)
+        assert slowest < 1.0, f"ApiVersions waited {slowest:.2f} s behind a store write"
+        assert done.wait(60) and results == [None]
+    finally:
+        server.stop()

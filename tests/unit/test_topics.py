@@ -171,7 +171,7 @@ def test_journal_spread_is_even_and_stable() -> None:
 
 def test_create_default_partitions(topics: TopicManager, store: SqliteMetadataStore) -> None:
     assert topics.create("t").record.partitions == 1
-    topics.alter_broker_configs({"num.partitions": "3"})
+    asyncio.run(topics.alter_broker_configs({"num.partitions": "3"}))
     assert topics.create("u", -1).record.partitions == 3
 
 
@@ -233,7 +233,7 @@ def test_ensure_auto_creates(topics: TopicManager, storage: RecordingStorage) ->
 
 
 def test_ensure_disabled(topics: TopicManager) -> None:
-    topics.alter_broker_configs({"auto.create.topics.enable": "false"})
+    asyncio.run(topics.alter_broker_configs({"auto.create.topics.enable": "false"}))
     with pytest.raises(UnknownTopicOrPartitionError):
         topics.ensure("auto")
     with pytest.raises(InvalidTopicError):
@@ -297,8 +297,10 @@ def test_alter_configs_replaces_whole_set(
 ) -> None:
     topics.create("t", 1, {"retention.ms": "1000", "segment.ms": "5000"})
     assert topics.produce_config("t").max_message_bytes == 1_048_588
-    topics.alter_configs(
-        "t", {"max.message.bytes": "100", "message.timestamp.type": "LogAppendTime"}
+    asyncio.run(
+        topics.alter_configs(
+            "t", {"max.message.bytes": "100", "message.timestamp.type": "LogAppendTime"}
+        )
     )
     record = store.get_topic("t")
     assert record is not None
@@ -317,26 +319,31 @@ def test_alter_configs_validate_only_and_invalid(
     topics: TopicManager, store: SqliteMetadataStore
 ) -> None:
     topics.create("t", 1, {"retention.ms": "1000"})
-    topics.alter_configs("t", {"retention.ms": "5"}, validate_only=True)
+    asyncio.run(topics.alter_configs("t", {"retention.ms": "5"}, validate_only=True))
     with pytest.raises(InvalidConfigError):
-        topics.alter_configs("t", {"retention.ms": "x"})
+        asyncio.run(topics.alter_configs("t", {"retention.ms": "x"}))
     record = store.get_topic("t")
     assert record is not None and dict(record.configs) == {"retention.ms": "1000"}
     with pytest.raises(UnknownTopicOrPartitionError):
-        topics.alter_configs("nope", {})
+        asyncio.run(topics.alter_configs("nope", {}))
 
 
 def test_incremental_alter(topics: TopicManager, store: SqliteMetadataStore) -> None:
     topics.create("t", 1, {"retention.ms": "1000"})
-    topics.incremental_alter_configs(
-        "t", [("retention.ms", ConfigOp.DELETE, None), ("segment.bytes", ConfigOp.SET, "2048")]
+    asyncio.run(
+        topics.incremental_alter_configs(
+            "t",
+            [("retention.ms", ConfigOp.DELETE, None), ("segment.bytes", ConfigOp.SET, "2048")],
+        )
     )
     record = store.get_topic("t")
     assert record is not None and dict(record.configs) == {"segment.bytes": "2048"}
     with pytest.raises(InvalidConfigError):
-        topics.incremental_alter_configs("t", [("cleanup.policy", ConfigOp.APPEND, "compact")])
+        asyncio.run(
+            topics.incremental_alter_configs("t", [("cleanup.policy", ConfigOp.APPEND, "compact")])
+        )
     with pytest.raises(InvalidConfigError):
-        topics.incremental_alter_configs("t", [("retention.ms", ConfigOp.APPEND, "1")])
+        asyncio.run(topics.incremental_alter_configs("t", [("retention.ms", ConfigOp.APPEND, "1")]))
 
 
 def test_broker_dynamic_config_reaches_topics_without_override(
@@ -345,7 +352,9 @@ def test_broker_dynamic_config_reaches_topics_without_override(
     topics.create("plain", 1)
     topics.create("pinned", 1, {"retention.ms": "1000", "max.message.bytes": "10"})
     assert topics.produce_config("plain").max_message_bytes == 1_048_588
-    topics.alter_broker_configs({"log.retention.ms": "2000", "message.max.bytes": "500"})
+    asyncio.run(
+        topics.alter_broker_configs({"log.retention.ms": "2000", "message.max.bytes": "500"})
+    )
     assert storage.configs["plain"].retention_ms == 2000
     assert storage.configs["pinned"].retention_ms == 1000
     assert topics.produce_config("plain").max_message_bytes == 500
@@ -357,18 +366,24 @@ def test_broker_dynamic_config_reaches_topics_without_override(
 def test_broker_dynamic_configs_survive_restart(
     settings: Settings, store: SqliteMetadataStore, storage: RecordingStorage
 ) -> None:
-    TopicManager(settings, store, storage).alter_broker_configs({"num.partitions": "7"})
+    asyncio.run(
+        TopicManager(settings, store, storage).alter_broker_configs({"num.partitions": "7"})
+    )
     assert TopicManager(settings, store, storage).default_partitions() == 7
 
 
 def test_incremental_broker_configs(topics: TopicManager) -> None:
-    topics.incremental_alter_broker_configs([("num.partitions", ConfigOp.SET, "4")])
-    topics.incremental_alter_broker_configs([("log.retention.ms", ConfigOp.SET, "9")])
+    asyncio.run(topics.incremental_alter_broker_configs([("num.partitions", ConfigOp.SET, "4")]))
+    asyncio.run(topics.incremental_alter_broker_configs([("log.retention.ms", ConfigOp.SET, "9")]))
     assert topics.broker_dynamic_configs() == {"num.partitions": "4", "log.retention.ms": "9"}
-    topics.incremental_alter_broker_configs([("num.partitions", ConfigOp.DELETE, None)])
+    asyncio.run(
+        topics.incremental_alter_broker_configs([("num.partitions", ConfigOp.DELETE, None)])
+    )
     assert topics.broker_dynamic_configs() == {"log.retention.ms": "9"}
     with pytest.raises(InvalidRequestError):
-        topics.incremental_alter_broker_configs([("journal.partitions", ConfigOp.SET, "8")])
+        asyncio.run(
+            topics.incremental_alter_broker_configs([("journal.partitions", ConfigOp.SET, "8")])
+        )
 
 
 def test_concurrent_partition_growth_of_one_topic_is_serialized(
