@@ -29,6 +29,7 @@ from typing import Any, TypeVar
 from stonemq.protocol.record_batch import (
     BatchHeader,
     RecordBatchError,
+    parse_header,
     recompress,
     set_base_offset,
 )
@@ -1647,10 +1648,54 @@ class StorageEngine:
 
     async def become_leader(self, j: int, epoch: int) -> None:
         """``j`` is led here from now in ``epoch``: the epoch starts at its journal end
-        (checkpointed, in a thread, before any append carries it)."""
+        (checkpointed, in a thread, before any append carries it). The idempotent batches
+        of the journal not split yet (appended as a follower, waiting for a HW) join their
+        partitions' producer state as pending, so a producer's retry of one of them is
+        answered as a duplicate, never appended twice."""
         cache = self._epoch_caches[j]
         start = self.journal_end(j)
-        await asyncio.get_running_loop().run_in_executor(None, cache.assign, epoch, start)
+        assert self._splitter is not None
+        split = self._splitter.positions[j]
+        journal = self._journals[j]
+
+        def prepare() -> list[tuple[bytes, int, BatchHeader]]:
+            cache.assign(epoch, start)
+            found: list[tuple[bytes, int, BatchHeader]] = []
+            reader = JournalReader(journal.directory)
+            try:
+                pos = split
+                while pos < start:
+                    entries, nxt = reader.read(pos, start, RECOVERY_READ_BYTES, verify=False)
+                    if nxt == pos:
+                        break
+                    for e in entries:
+                        header = parse_header(e.batch, 0)
+                        if header.producer_id >= 0 and header.base_sequence >= 0:
+                            found.append((e.topic_id, e.partition, header))
+                    pos = nxt
+            finally:
+                reader.close()
+            return found
+
+        found = await asyncio.get_running_loop().run_in_executor(None, prepare)
+        for topic_id, partition, header in found:
+            state = self._by_id.get((topic_id, partition))
+            if state is None:
+                continue
+            queue = self._open_queue(state)
+            if header.base_offset < queue.next_offset:
+                continue  # split meanwhile: the queue log's state has it
+            queue.producer_state().appended(
+                header.producer_id,
+                header.producer_epoch,
+                BatchSeq(
+                    header.base_sequence,
+                    header.last_sequence,
+                    header.base_offset,
+                    header.last_offset,
+                ),
+                header.max_timestamp,
+            )
         self._leader_epochs[j] = epoch
 
     def set_split_limit(self, j: int, position: int) -> None:

@@ -147,3 +147,56 @@ def test_truncation_cuts_only_the_unsplit_tail(tmp_path: Path) -> None:
         assert len(journal_bytes(tmp_path, 0)) > split_to
 
     run(scenario())
+
+
+def test_a_new_leader_knows_the_idempotent_batches_it_has_not_split(tmp_path: Path) -> None:
+    """A follower appends a producer's batches but has not split them (no HW yet) when it
+    becomes leader: a retry of one of them is a duplicate (its original offset), the next
+    sequence is taken, and a gap is refused, as if the batches were in its queue log."""
+    from stonemq.protocol.record_batch import parse_header
+    from stonemq.storage.errors import DuplicateSequenceError, OutOfOrderSequenceError
+
+    async def scenario() -> None:
+        leader = new_engine(tmp_path / "a", replicated=True)
+        follower = new_engine(tmp_path / "b", replicated=True)
+        for engine in (leader, follower):
+            add_topic(engine, partitions=2)
+            engine.recover()
+            engine.start(lambda *a: None)
+        try:
+            await leader.become_leader(0, 1)
+            batches = [
+                build_batch(
+                    [b"p%d" % i, b"q%d" % i], producer_id=7, producer_epoch=0, base_sequence=2 * i
+                )
+                for i in range(3)
+            ]
+            for batch in batches:
+                appended = leader.append("t", 0, bytearray(batch), 2, producer=parse_header(batch))
+                await appended.written
+            end = leader.journal_written_end(0)
+            data = JournalReader(str(tmp_path / "a" / "journal" / "journal-0")).read_raw(
+                0, end, 1 << 20
+            )
+            await follower.append_replica(0, 0, memoryview(data))
+            assert follower.high_watermark("t", 0) == 0  # nothing split: no HW known
+            await follower.become_leader(0, 2)
+            retry = batches[1]
+            with pytest.raises(DuplicateSequenceError) as dup:
+                follower.append("t", 0, bytearray(retry), 2, producer=parse_header(retry))
+            assert dup.value.base_offset == 2
+            gap = build_batch([b"g"], producer_id=7, producer_epoch=0, base_sequence=9)
+            with pytest.raises(OutOfOrderSequenceError):
+                follower.append("t", 0, gap, 1, producer=parse_header(gap))
+            nxt = build_batch([b"n"], producer_id=7, producer_epoch=0, base_sequence=6)
+            appended = follower.append("t", 0, nxt, 1, producer=parse_header(nxt))
+            await appended.written
+            assert appended.base_offset == 6
+            follower.set_split_limit(0, follower.journal_written_end(0))
+            await settle(follower)
+            assert follower.high_watermark("t", 0) == 7
+        finally:
+            await leader.close()
+            await follower.close()
+
+    run(scenario())
