@@ -471,3 +471,85 @@ def test_a_returning_leader_truncates_the_tail_it_alone_had(broker_factory, zook
     for p in range(6):
         assert queues[0][p] == queues[1][p] == queues[2][p], f"trunc-{p}"
     assert [v for _, v in _records(queues[0][mine[0]])] == seen
+
+
+@pytest.mark.slow
+def test_leader_sigkill_under_an_idempotent_producer_loses_and_doubles_nothing(
+    broker_factory, zookeeper
+) -> None:
+    """An idempotent acks=all producer runs throughout; the leader of a journal partition is
+    SIGKILLed and restarted. Every acknowledged record is then on every replica exactly once,
+    at its acknowledged offset, and every replica holds the same queue logs."""
+    import threading
+
+    brokers, chroot = _start_cluster(broker_factory, zookeeper, zookeeper_session_timeout_ms=6000)
+    admin = AdminClient({"bootstrap.servers": brokers[1].bootstrap})
+    admin.create_topics([NewTopic("fo", 6, 3)])["fo"].result(30)
+    _wait(lambda: all(set(isr) == {1, 2, 3} for isr in _isrs(chroot).values()), 30, "ISR")
+    producer = Producer(
+        {
+            "bootstrap.servers": f"{brokers[1].bootstrap},{brokers[2].bootstrap}",
+            "enable.idempotence": True,
+            "acks": "all",
+            "linger.ms": 2,
+            "message.timeout.ms": 90_000,
+        }
+    )
+    acked: list[tuple[int, int, bytes]] = []
+    errors: list[Any] = []
+    stop = threading.Event()
+
+    def on_delivery(err: Any, msg: Any) -> None:
+        if err is not None:
+            errors.append(err)
+        else:
+            acked.append((msg.partition(), msg.offset(), msg.value()))
+
+    def run() -> None:
+        i = 0
+        while not stop.is_set():
+            try:
+                producer.produce("fo", value=b"v%06d" % i, partition=i % 6, on_delivery=on_delivery)
+                i += 1
+            except BufferError:
+                pass
+            producer.poll(0.001 if i % 50 else 0.02)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    try:
+        _wait(lambda: len(acked) > 300, 30, "producing")
+        mine = [p for p, leader in _leaders(brokers[1].bootstrap, "fo").items() if leader == 1]
+        assert mine
+        brokers[0].kill()  # leads its journal partition; maybe the controller
+        _wait(
+            lambda: all(_leaders(brokers[1].bootstrap, "fo")[p] in (2, 3) for p in mine),
+            60,
+            "failover once broker 1's session expired",
+        )
+        before = len(acked)
+        _wait(lambda: len(acked) > before + 300, 60, "producing on the new leader")
+        brokers[0].start()
+        _wait(lambda: all(set(isr) == {1, 2, 3} for isr in _isrs(chroot).values()), 60, "ISR")
+        before = len(acked)
+        _wait(lambda: len(acked) > before + 100, 60, "producing with all back")
+    finally:
+        stop.set()
+        thread.join(10)
+    assert producer.flush(90) == 0
+    assert not errors, errors[:5]
+    time.sleep(2)  # followers learn the last HW in their next fetch
+    for b in brokers:
+        b.stop()
+    queues = [_queue_bytes(b.data_dir, "fo", 6) for b in brokers]
+    for p in range(6):
+        assert queues[0][p] == queues[1][p] == queues[2][p], f"fo-{p}"
+    stored: dict[tuple[int, int], bytes] = {}
+    for p in range(6):
+        records = _records(queues[0][p])
+        values = [v for _, v in records]
+        assert len(values) == len(set(values)), f"fo-{p}: a record stored twice"
+        stored.update(((p, off), v) for off, v in records)
+    for p, off, value in acked:
+        assert stored.get((p, off)) == value, (p, off, value, stored.get((p, off)))
+    assert len(acked) == len(stored)  # nothing stored that was not acknowledged
