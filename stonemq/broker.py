@@ -81,6 +81,8 @@ class Broker:
         # batches after it are appended behind it (handlers/produce.py)
         self.produce_gates: dict[tuple[str, int], asyncio.Future[None]] = {}
         self.groups = GroupRuntime(settings, self.storage, self.topics)
+        if self.replicas is not None:  # offset commits are answered once the ISR has them
+            self.groups.log.wait_for_hw = self._offsets_hw
         self.tier = _tier_service(settings, self.topics)
         if self.tier is not None:
             self.storage.local_retention = self.tier.local_cutoff
@@ -93,6 +95,17 @@ class Broker:
                 settings.default_replication_factor,
                 self.topics.live_brokers(),
             )
+
+    def _offsets_hw(self, partition: int) -> asyncio.Future[int]:
+        """The HW wait of what was just appended to ``__consumer_offsets``-``partition``."""
+        from stonemq.coordinator.group_log import OFFSETS_TOPIC
+
+        assert self.replicas is not None
+        record = self.topics.get(OFFSETS_TOPIC)
+        journal = record.journal_partitions[partition] if record is not None else -1
+        local = self.routing.local_index(journal)
+        position = self.storage.journal_end(local) if local is not None else 0
+        return self.replicas.wait_for_hw(journal, position)
 
     @property
     def broker_id(self) -> int:

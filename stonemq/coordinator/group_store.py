@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from stonemq.coordinator import group_log as glog
 from stonemq.coordinator.group_coordinator import GroupConfig, GroupCoordinator
@@ -60,6 +60,9 @@ class OffsetsLog:
         self.storage = storage
         self.topics = topics
         self.settings = settings
+        # in a cluster: a future resolved once the journal HW passes what was just appended
+        # to an offsets partition (Kafka's coordinator appends with acks=all); None: a node
+        self.wait_for_hw: Callable[[int], asyncio.Future[int]] | None = None
         self.timers = timers
         self.coordinator: GroupCoordinator | None = None
         self._in_flight: dict[int, int] = {}
@@ -135,8 +138,11 @@ class OffsetsLog:
             done(exc)
             return
         self._in_flight[partition] = self._in_flight.get(partition, 0) + 1
+        acked: asyncio.Future[Any] = appended.written
+        if self.wait_for_hw is not None:  # replicated: answered once the ISR has it
+            acked = asyncio.gather(appended.written, self.wait_for_hw(partition))
 
-        def written(future: asyncio.Future[None]) -> None:
+        def written(future: asyncio.Future[Any]) -> None:
             self._in_flight[partition] -= 1
             error = None if future.cancelled() else future.exception()
             if future.cancelled():
@@ -148,7 +154,7 @@ class OffsetsLog:
             if error is None:
                 self._maybe_snapshot(partition)
 
-        appended.written.add_done_callback(written)
+        acked.add_done_callback(written)
 
     # -- snapshots -----------------------------------------------------------------------------
     def _maybe_snapshot(self, partition: int) -> None:

@@ -161,6 +161,11 @@ def test_every_replica_holds_the_same_journal_and_queue_logs(replicated) -> None
     )
     for p in range(6):
         assert consumer.get_watermark_offsets(TopicPartition("repl", p), timeout=10) == (0, 100)
+    # a commit is answered once the ISR holds it (the coordinator appends as acks=all)
+    positions = [TopicPartition("repl", p, 40 + p) for p in range(6)]
+    assert all(tp.error is None for tp in consumer.commit(offsets=positions, asynchronous=False))
+    committed = consumer.committed([TopicPartition("repl", p) for p in range(6)], timeout=10)
+    assert [tp.offset for tp in committed] == [40 + p for p in range(6)]
     consumer.close()
     time.sleep(2)  # followers learn the last HW in their next fetch
     for b in brokers:
