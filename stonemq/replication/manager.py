@@ -328,7 +328,12 @@ class ReplicaManager:
         follower.last_fetch_leader_end = leader_end
         follower.last_fetch_s = now
         follower.end = position
-        follower.split = split
+        if split < follower.split:  # never seen go back, except by a restart
+            follower.split = split
+        elif split > follower.split:
+            follower.split = split
+            for watcher in self.storage.split_watchers:  # held produces may go again
+                watcher()
         self._update_hw(state)
         if (
             broker not in state.isr
@@ -337,6 +342,23 @@ class ReplicaManager:
             and position >= state.epoch_start
         ):
             self._change_isr(state, (*state.isr, broker), f"broker {broker} caught up")
+
+    def follower_split_lag(self) -> int:
+        """The most journal bytes an ISR follower of a journal partition led here holds but
+        has not split (its fetch position less its split position, both reported in every
+        replica fetch): the dispatcher holds produces while it exceeds
+        ``splitter.max.lag.bytes``, as for this broker's own splitter, so a follower that
+        would lead after a failover is never far behind in splitting (invariant 8)."""
+        worst = 0
+        me = self.broker_id
+        for state in self._leading.values():
+            followers = state.followers
+            for broker in state.isr:
+                if broker != me:
+                    follower = followers.get(broker)
+                    if follower is not None and follower.split >= 0:
+                        worst = max(worst, follower.end - follower.split)
+        return worst
 
     def retain_from(self, local: int) -> int:
         """The journal position below which the leader may delete journal segments: what

@@ -52,7 +52,15 @@ async def _serve_locked(settings: Settings, stop: asyncio.Event) -> None:
     broker.start()
     connections: set[Connection] = set()
     budget = RequestBudget(settings.queued_max_request_bytes)
-    dispatcher = Dispatcher(broker.storage.split_lag_bytes, settings.splitter_max_lag_bytes)
+    lag = broker.storage.split_lag_bytes
+    replicas = broker.replicas
+    if replicas is not None:  # a follower in the ISR that lags in splitting holds produces too
+        storage_lag = lag
+
+        def lag() -> int:
+            return max(storage_lag(), replicas.follower_split_lag())
+
+    dispatcher = Dispatcher(lag, settings.splitter_max_lag_bytes)
     broker.storage.split_watchers.append(dispatcher.recheck)
     servers: list[asyncio.Server] = []
     advertised = settings.advertised_endpoints()
