@@ -15,7 +15,7 @@ from stonemq.coordinator.group_store import GroupRuntime
 from stonemq.handlers.fetch_waiters import FetchWaiters
 from stonemq.metadata.sqlite import SqliteMetadataStore
 from stonemq.metadata.store import MetadataStore
-from stonemq.storage.engine import StorageEngine
+from stonemq.storage.engine import StorageEngine, UnknownPartitionError
 from stonemq.storage.open_files import fit_to_fd_limit
 from stonemq.topics import TopicManager
 
@@ -83,6 +83,8 @@ class Broker:
         self.groups = GroupRuntime(settings, self.storage, self.topics)
         if self.replicas is not None:  # offset commits are answered once the ISR has them
             self.groups.log.wait_for_hw = self._offsets_hw
+            self.replicas.on_leader = self._reload_groups
+        self._reloads: set[asyncio.Future[None]] = set()
         self.tier = _tier_service(settings, self.topics)
         if self.tier is not None:
             self.storage.local_retention = self.tier.local_cutoff
@@ -95,6 +97,26 @@ class Broker:
                 settings.default_replication_factor,
                 self.topics.live_brokers(),
             )
+
+    def _reload_groups(self, journal: int) -> None:
+        """``journal`` is led here now: the group coordinator reloads the
+        ``__consumer_offsets`` partitions it carries (COORDINATOR_LOAD_IN_PROGRESS meanwhile)."""
+        from stonemq.coordinator.group_log import OFFSETS_TOPIC
+
+        record = self.topics.get(OFFSETS_TOPIC)
+        if record is None:
+            return
+        until = {}
+        for p, j in enumerate(record.journal_partitions):
+            if j == journal:
+                try:
+                    until[p] = self.storage.log_end_offset(OFFSETS_TOPIC, p)
+                except UnknownPartitionError:  # not registered here yet
+                    continue
+        if until:
+            task = asyncio.ensure_future(self.groups.reload(until))
+            self._reloads.add(task)
+            task.add_done_callback(self._reloads.discard)
 
     def _offsets_hw(self, partition: int) -> asyncio.Future[int]:
         """The HW wait of what was just appended to ``__consumer_offsets``-``partition``."""

@@ -1024,6 +1024,15 @@ class GroupCoordinator:
             group.transition(GroupEvent.LOADED, stored.state_timestamp_ms)
         return group
 
+    def resume_sessions(self, group_ids: set[str]) -> None:
+        """After a reload of these groups (a new coordinator): start their members' session
+        clocks afresh."""
+        for group_id in group_ids:
+            group = self.groups.get(group_id)
+            if group is not None:
+                for member in group.members.values():
+                    self._refresh_session(group, member)
+
     def finish_loading(self) -> None:
         """After replay: start the loaded members' session clocks, and the retention timer."""
         for group in self.groups.values():

@@ -334,6 +334,8 @@ class GroupRuntime:
         clock: Clock | None = None,
     ) -> None:
         self.clock = clock or SystemClock()
+        # __consumer_offsets partitions being reloaded by a new coordinator
+        self.loading: set[int] = set()
         self.driver: LoopTimerDriver | None = None
         self.timers = TimerQueue(self.clock, on_earlier=self._on_earlier)
         self.log = OffsetsLog(storage, topics, settings, self.timers)
@@ -368,6 +370,37 @@ class GroupRuntime:
             applied,
             OFFSETS_TOPIC,
         )
+
+    async def reload(self, until: dict[int, int], timeout_s: float = 60.0) -> None:
+        """This broker now leads the journal partition carrying these ``__consumer_offsets``
+        partitions (a failover): once its splitter has split each up to ``until`` (the
+        partition's end here when it started leading), replay them into the coordinator, so
+        it answers with every commit the ISR acknowledged (invariant 9). Group requests for
+        them get COORDINATOR_LOAD_IN_PROGRESS meanwhile (``handlers/groups.py``)."""
+        partitions = set(until)
+        self.loading |= partitions
+        storage = self.log.storage
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        try:
+            while loop.time() < deadline and any(
+                storage.high_watermark(OFFSETS_TOPIC, p) < end for p, end in until.items()
+            ):
+                await asyncio.sleep(0.05)
+            applied = 0
+            for p in sorted(partitions):
+                applied += self.log._load_partition(self.coordinator, p)
+            self.coordinator.resume_sessions(
+                {g for g in self.coordinator.groups if self.log.partition(g) in partitions}
+            )
+            log.info(
+                "reloaded %d %s records of partitions %s as their new coordinator",
+                applied,
+                OFFSETS_TOPIC,
+                sorted(partitions),
+            )
+        finally:
+            self.loading -= partitions
 
     def start(self) -> None:
         assert self.driver is not None

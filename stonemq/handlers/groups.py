@@ -145,12 +145,30 @@ def coordinator_id(ctx: RequestContext, group_id: str) -> int:
 
 
 def coordinates(ctx: RequestContext, group_id: str) -> bool:
-    """Whether this broker coordinates ``group_id`` (always, on a single node). A group
-    request sent elsewhere is answered NOT_COORDINATOR, as Kafka answers it: the client asks
-    FindCoordinator again."""
+    """Whether this broker coordinates ``group_id`` and has its groups loaded (always, on a
+    single node). A group request sent elsewhere is answered NOT_COORDINATOR, as Kafka
+    answers it: the client asks FindCoordinator again; one whose offsets partition is still
+    being loaded here (a new leader of its journal partition) COORDINATOR_LOAD_IN_PROGRESS
+    (:func:`refusal`)."""
     if not ctx.broker.routing.clustered:
         return True
-    return coordinator_id(ctx, group_id) == ctx.broker.broker_id
+    if coordinator_id(ctx, group_id) != ctx.broker.broker_id:
+        return False
+    groups = ctx.broker.groups
+    return not groups.loading or groups.log.partition(group_id) not in groups.loading
+
+
+def refusal(ctx: RequestContext, group_id: str) -> ErrorCode:
+    """The error for a group request this broker does not answer (``coordinates`` False)."""
+    groups = ctx.broker.groups
+    if (
+        groups.loading
+        and group_id
+        and groups.log.partition(group_id) in groups.loading
+        and coordinator_id(ctx, group_id) == ctx.broker.broker_id
+    ):
+        return ErrorCode.coordinator_load_in_progress
+    return ErrorCode.not_coordinator
 
 
 # -- JoinGroup -------------------------------------------------------------------------------
@@ -174,7 +192,7 @@ async def handle_join_group(ctx: RequestContext, request: Any) -> Any:
         coordinator(ctx).join(join, respond)
         result: JoinResult = await future
     else:
-        result = JoinResult(ErrorCode.not_coordinator, member_id=request.member_id)
+        result = JoinResult(refusal(ctx, request.group_id), member_id=request.member_id)
     protocol_name = result.protocol_name
     if protocol_name is None and ctx.api_version < 7:
         protocol_name = ""  # nullable only from v7
@@ -207,7 +225,7 @@ async def handle_sync_group(ctx: RequestContext, request: Any) -> Any:
         return ctx.build(
             "SyncGroupResponse",
             throttle_time=0,
-            error_code=ErrorCode.not_coordinator,
+            error_code=refusal(ctx, request.group_id),
             protocol_type=None,
             protocol_name=None,
             assignment=b"",
@@ -238,7 +256,9 @@ async def handle_sync_group(ctx: RequestContext, request: Any) -> Any:
 @api(12, 0, 4)
 async def handle_heartbeat(ctx: RequestContext, request: Any) -> Any:
     if not coordinates(ctx, request.group_id):
-        return ctx.build("HeartbeatResponse", throttle_time=0, error_code=ErrorCode.not_coordinator)
+        return ctx.build(
+            "HeartbeatResponse", throttle_time=0, error_code=refusal(ctx, request.group_id)
+        )
     error = coordinator(ctx).heartbeat(
         request.group_id,
         request.generation_id,
@@ -254,10 +274,13 @@ async def handle_leave_group(ctx: RequestContext, request: Any) -> Any:
     if not coordinates(ctx, request.group_id):
         if ctx.api_version < 3:
             return ctx.build(
-                "LeaveGroupResponse", throttle_time=0, error_code=ErrorCode.not_coordinator
+                "LeaveGroupResponse", throttle_time=0, error_code=refusal(ctx, request.group_id)
             )
         return ctx.build(
-            "LeaveGroupResponse", throttle_time=0, error_code=ErrorCode.not_coordinator, members=()
+            "LeaveGroupResponse",
+            throttle_time=0,
+            error_code=refusal(ctx, request.group_id),
+            members=(),
         )
     if ctx.api_version < 3:
         leaving = [(request.member_id, None)]
@@ -291,7 +314,7 @@ async def handle_describe_groups(ctx: RequestContext, request: Any) -> Any:
         summary = coord.describe(group_id)
         error = ErrorCode.none if group_id else ErrorCode.invalid_group_id
         if error == ErrorCode.none and not coordinates(ctx, group_id):
-            error = ErrorCode.not_coordinator
+            error = refusal(ctx, group_id)
             summary = GroupSummary(group_id, GroupState.DEAD, "", "", ())
         elif (
             error == ErrorCode.none
@@ -371,7 +394,7 @@ async def handle_delete_groups(ctx: RequestContext, request: Any) -> Any:
     for group_id in request.groups_names:
         future, respond = waiter()
         if group_id and not coordinates(ctx, group_id):
-            respond(ErrorCode.not_coordinator)
+            respond(refusal(ctx, group_id))
         else:
             coord.delete_group(group_id, respond)
         pending.append((group_id, future))

@@ -27,7 +27,7 @@ from kio.schema.errors import ErrorCode
 from stonemq.coordinator.group_coordinator import OffsetCommit, TopicPartition
 from stonemq.coordinator.group_log import CommittedOffset
 from stonemq.handlers.context import RequestContext
-from stonemq.handlers.groups import coordinates, coordinator, waiter
+from stonemq.handlers.groups import coordinates, coordinator, refusal, waiter
 from stonemq.handlers.registry import api
 from stonemq.topics import UnknownTopicIdError
 
@@ -89,7 +89,7 @@ async def handle_offset_commit(ctx: RequestContext, request: Any) -> Any:
             getattr(request, "group_instance_id", None),
         )
         if coordinates(ctx, request.group_id)
-        else ErrorCode.not_coordinator
+        else refusal(ctx, request.group_id)
     )
     # (topic name or None, topic id or None, partition, error), in the request's order
     errors: list[tuple[str | None, uuid.UUID | None, int, ErrorCode]] = []
@@ -167,7 +167,7 @@ async def handle_offset_fetch(ctx: RequestContext, request: Any) -> Any:
 def _fetch_error(ctx: RequestContext, group_id: str) -> ErrorCode:
     if not group_id:
         return ErrorCode.invalid_group_id
-    return ErrorCode.none if coordinates(ctx, group_id) else ErrorCode.not_coordinator
+    return ErrorCode.none if coordinates(ctx, group_id) else refusal(ctx, group_id)
 
 
 def _fetch_topics(
@@ -247,7 +247,10 @@ async def handle_offset_delete(ctx: RequestContext, request: Any) -> Any:
     wanted = [(t.name, p.partition_index) for t in request.topics for p in t.partitions]
     if not coordinates(ctx, request.group_id):
         return ctx.build(
-            "OffsetDeleteResponse", error_code=ErrorCode.not_coordinator, throttle_time=0, topics=()
+            "OffsetDeleteResponse",
+            error_code=refusal(ctx, request.group_id),
+            throttle_time=0,
+            topics=(),
         )
     future, respond = waiter()
     coordinator(ctx).delete_offsets(

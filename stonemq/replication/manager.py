@@ -31,6 +31,7 @@ import collections
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -103,6 +104,8 @@ class ReplicaManager:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: set[asyncio.Future[Any]] = set()
         self._closed = False
+        # called with a journal partition once it is led here (group coordinators reload)
+        self.on_leader: Callable[[int], None] | None = None
 
     # -- life -------------------------------------------------------------------------------
     def start(self) -> None:
@@ -217,6 +220,8 @@ class ReplicaManager:
                 list(state.isr),
             )
             self._update_hw(state)
+            if self.on_leader is not None:
+                self.on_leader(journal)
         except Exception:
             log.exception(
                 "journal partition %d: becoming leader in epoch %d failed", journal, epoch

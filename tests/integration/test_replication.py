@@ -558,3 +558,42 @@ def test_leader_sigkill_under_an_idempotent_producer_loses_and_doubles_nothing(
     for p, off, value in acked:
         assert stored.get((p, off)) == value, (p, off, value, stored.get((p, off)))
     assert len(acked) == len(stored)  # nothing stored that was not acknowledged
+
+
+def test_committed_offsets_survive_the_coordinators_sigkill(broker_factory, zookeeper) -> None:
+    """Offsets committed after every broker started are answered by the new coordinator once
+    the old one is SIGKILLed: commits were acknowledged only once the ISR held them, and the
+    new leader of the ``__consumer_offsets`` journal partition reloads its groups (answering
+    COORDINATOR_LOAD_IN_PROGRESS meanwhile) before it coordinates them."""
+    brokers, chroot = _start_cluster(broker_factory, zookeeper, zookeeper_session_timeout_ms=6000)
+    admin = AdminClient({"bootstrap.servers": brokers[0].bootstrap})
+    admin.create_topics([NewTopic("cg", 6, 3)])["cg"].result(30)
+    _wait(lambda: all(set(isr) == {1, 2, 3} for isr in _isrs(chroot).values()), 30, "ISR")
+    assert len(_produce_all(brokers[0].bootstrap, "cg", 60, b"m")) == 60
+    bootstrap = ",".join(b.bootstrap for b in brokers)
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "survivor"})
+    wanted = [TopicPartition("cg", p, 3 + p) for p in range(6)]
+    assert all(tp.error is None for tp in consumer.commit(offsets=wanted, asynchronous=False))
+    consumer.close()
+    described = admin.describe_consumer_groups(["survivor"])["survivor"].result(30)
+    coordinator = described.coordinator.id
+    victim = brokers[coordinator - 1]
+    victim.kill()
+    others = [b for b in brokers if b is not victim]
+    survivors = AdminClient({"bootstrap.servers": others[0].bootstrap})
+
+    def coordinator_now() -> int:
+        try:
+            found = survivors.describe_consumer_groups(["survivor"])["survivor"].result(10)
+        except Exception:  # no coordinator yet (its journal partition has no leader)
+            return coordinator
+        return found.coordinator.id
+
+    _wait(lambda: coordinator_now() != coordinator, 60, "a new coordinator")
+    consumer = Consumer(
+        {"bootstrap.servers": ",".join(b.bootstrap for b in others), "group.id": "survivor"}
+    )
+    committed = consumer.committed([TopicPartition("cg", p) for p in range(6)], timeout=30)
+    consumer.close()
+    assert [tp.offset for tp in committed] == [3 + p for p in range(6)]
+    assert "reloaded" in "".join(b.log(since_start=True) for b in others)
