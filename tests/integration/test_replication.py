@@ -69,6 +69,20 @@ def _accepts(broker: Any) -> bool:
         return False
 
 
+def _storage_check(data_dir: Path) -> None:
+    """``stonemq storage check`` finds no defect in a stopped broker's data dir."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "stonemq", "storage", "check", "--data-dir", str(data_dir)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+
+
 def _journal_bytes(data_dir: Path) -> dict[int, bytes]:
     """Each hosted journal partition's bytes from position 0, by global journal id."""
     journal_dir = data_dir / "journal"
@@ -170,6 +184,7 @@ def test_every_replica_holds_the_same_journal_and_queue_logs(replicated) -> None
     time.sleep(2)  # followers learn the last HW in their next fetch
     for b in brokers:
         b.stop()
+        _storage_check(b.data_dir)
     journals = [_journal_bytes(b.data_dir) for b in brokers]
     assert journals[0].keys() == journals[1].keys() == journals[2].keys() == {0, 1, 2}
     for j in range(3):
@@ -469,6 +484,7 @@ def test_a_returning_leader_truncates_the_tail_it_alone_had(broker_factory, zook
     time.sleep(2)  # followers learn the last HW in their next fetch
     for b in brokers:
         b.stop()
+        _storage_check(b.data_dir)
     journals = [_journal_bytes(b.data_dir) for b in brokers]
     for j in range(3):
         assert journals[0][j] == journals[1][j] == journals[2][j], f"journal partition {j}"
@@ -546,6 +562,7 @@ def test_leader_sigkill_under_an_idempotent_producer_loses_and_doubles_nothing(
     time.sleep(2)  # followers learn the last HW in their next fetch
     for b in brokers:
         b.stop()
+        _storage_check(b.data_dir)
     queues = [_queue_bytes(b.data_dir, "fo", 6) for b in brokers]
     for p in range(6):
         assert queues[0][p] == queues[1][p] == queues[2][p], f"fo-{p}"
