@@ -1326,7 +1326,19 @@ class StorageEngine:
                 upto = min(replay[journal.index], journal.durable_end)
                 if retain is not None:  # a follower still to fetch them
                     upto = min(upto, retain(journal.index))
-                journal.delete_segments_before(upto)
+                if journal.delete_segments_before(upto) and self._epoch_caches:
+                    # the epoch history starts where the journal now starts (Kafka's
+                    # truncateFromStart); a failed write leaves the longer history, still true
+                    try:
+                        await loop.run_in_executor(
+                            None,
+                            self._epoch_caches[journal.index].truncate_from_start,
+                            journal.start_position,
+                        )
+                    except OSError as exc:
+                        log.warning(
+                            "journal-%d: epoch checkpoint not trimmed: %s", journal.index, exc
+                        )
 
     def _checkpoint_failed(self, exc: OSError) -> None:
         """A checkpoint write failed. Before its rename, for lack of space: the old file

@@ -200,3 +200,33 @@ def test_a_new_leader_knows_the_idempotent_batches_it_has_not_split(tmp_path: Pa
             await follower.close()
 
     run(scenario())
+
+
+def test_journal_deletion_moves_the_epoch_history_start(tmp_path: Path) -> None:
+    """When the checkpoint round deletes journal segments, the epoch checkpoint's history
+    starts at the new journal start (Kafka's truncateFromStart), its latest epoch kept."""
+
+    async def scenario() -> None:
+        engine = new_engine(tmp_path, replicated=True, journal_segment_bytes=4096)
+        add_topic(engine, partitions=2)
+        engine.recover()
+        engine.start(lambda *a: None)
+        try:
+            await engine.become_leader(0, 1)
+            for i in range(40):
+                await engine.append("t", 0, build_batch([b"%04d" % i * 50]), 1).written
+            await engine.become_leader(0, 2)
+            for i in range(40):
+                await engine.append("t", 0, build_batch([b"%04d" % i * 50]), 1).written
+            engine.set_split_limit(0, engine.journal_written_end(0))
+            await settle(engine)
+            assert engine.high_watermark("t", 0) == 80
+            await engine.flush()
+            start = engine.journal_start(0)
+            assert start > 0
+            entries = engine.epoch_entries(0)
+            assert entries[0][1] == start and entries[-1][0] == 2
+        finally:
+            await engine.close()
+
+    run(scenario())
