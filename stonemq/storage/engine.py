@@ -1090,6 +1090,8 @@ class StorageEngine:
             self._split_wake.set()
 
     def _on_replicated_visible(self, j: int) -> None:
+        if self._split_wake is not None:
+            self._split_wake.set()
         hook = self.on_journal_written
         if hook is not None:
             hook(j)  # the HW may move (the splitter's limit with it), followers wake
