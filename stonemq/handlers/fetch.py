@@ -183,6 +183,7 @@ async def _read_all(
 ) -> tuple[list[tuple[_Topic, list[_Part]]], int, bool]:
     storage = ctx.broker.storage
     topics_mgr = ctx.broker.topics
+    replicas = ctx.broker.replicas  # None on a single node
     budget = min(getattr(request, "max_bytes", 2**31 - 1), ctx.broker.settings.fetch_max_bytes)
     total = 0
     has_error = False
@@ -204,7 +205,8 @@ async def _read_all(
                 part.error = ErrorCode.unknown_topic_or_partition
                 has_error = True
                 continue
-            if ctx.not_led_here(record, fp.partition):  # a follower serves no consumer
+            if replicas is not None and not replicas.leads(record.journal_partitions[fp.partition]):
+                # a follower serves no consumer
                 part.error = ErrorCode.not_leader_or_follower
                 has_error = True
                 continue
