@@ -30,6 +30,7 @@ from kio.schema.errors import ErrorCode
 from stonemq.handlers.context import RequestContext
 from stonemq.handlers.registry import api
 from stonemq.protocol.record_batch import COMPRESSION_ZSTD, iter_batches
+from stonemq.quotas.entity import CONSUMER_BYTE_RATE
 from stonemq.storage.engine import (
     OffsetOutOfRangeError,
     ReadResult,
@@ -113,15 +114,29 @@ async def handle_fetch(ctx: RequestContext, request: Any) -> Any:
         if tier
         else {}
     )
+    quota_cap = None
+    if broker.quotas.fetch_active:  # KIP-13: read no more than the quota lets through
+        quota_cap = broker.quotas.max_value_in_window(
+            CONSUMER_BYTE_RATE, ctx.user, ctx.client_id or ""
+        )
     while True:
-        topics, total, has_error = await _read_all(ctx, request, wanted, cold)
+        topics, total, has_error = await _read_all(ctx, request, wanted, cold, quota_cap)
         remaining = deadline - time.monotonic()
         if total >= request.min_bytes or has_error or remaining <= 0 or not keys:
             break
         await broker.fetch_waiters.wait(keys, remaining)
         if broker.fetch_waiters.closed:
-            topics, total, has_error = await _read_all(ctx, request, wanted, cold)
+            topics, total, has_error = await _read_all(ctx, request, wanted, cold, quota_cap)
             break
+    if quota_cap is not None and _over_consumer_quota(ctx, total):
+        return ctx.build(  # Kafka's throttled fetch: empty, with the throttle time
+            "FetchResponse",
+            throttle_time=ctx.throttle_ms,
+            error_code=ErrorCode.none,
+            session_id=0,
+            responses=(),
+            node_endpoints=(),
+        )
     endpoints: dict[int, Any] = {}
     return ctx.build(
         "FetchResponse",
@@ -158,6 +173,21 @@ async def handle_fetch(ctx: RequestContext, request: Any) -> Any:
     )
 
 
+def _over_consumer_quota(ctx: RequestContext, total: int) -> bool:
+    """Record the response's bytes against the client's consumer byte rate; when that goes
+    over the quota, take them back (the response will be empty, as Kafka answers a
+    throttled fetch) and set the throttle time the connection mutes for."""
+    quotas = ctx.broker.quotas
+    now_ms = time.monotonic() * 1000
+    client_id = ctx.client_id or ""
+    throttle = quotas.record(CONSUMER_BYTE_RATE, ctx.user, client_id, total, now_ms)
+    if throttle <= 0:
+        return False
+    quotas.unrecord(CONSUMER_BYTE_RATE, ctx.user, client_id, total, now_ms)
+    ctx.throttle_ms = throttle
+    return True
+
+
 def _leader_hint(
     ctx: RequestContext, topic: str | None, part: _Part, endpoints: dict[int, Any]
 ) -> dict[str, Any]:
@@ -180,10 +210,13 @@ async def _read_all(
     request: Any,
     wanted: list[_Topic],
     cold: dict[tuple[str, int], tuple[bytes, int]] | None = None,
+    quota_cap: float | None = None,
 ) -> tuple[list[tuple[_Topic, list[_Part]]], int, bool]:
     storage = ctx.broker.storage
     topics_mgr = ctx.broker.topics
     budget = min(getattr(request, "max_bytes", 2**31 - 1), ctx.broker.settings.fetch_max_bytes)
+    if quota_cap is not None:
+        budget = max(1, min(budget, int(quota_cap)))
     total = 0
     has_error = False
     zstd_allowed = ctx.api_version >= FIRST_ZSTD_FETCH_VERSION
