@@ -398,7 +398,7 @@ def _consume(bootstrap: str, topic: str, client_id: str, seconds: float, out: di
     consumer.close()
 
 
-FILL_BYTES = 30_000_000
+FILL_BYTES = 15_000_000
 
 
 def test_a_consumer_over_its_byte_rate_is_held_to_it_and_others_are_not(
@@ -499,3 +499,53 @@ def test_kafkas_default_window_holds_a_producer_to_its_quota(broker: Any) -> Non
     late = flood_a.delivered_between(20.0, 40.0) / 20.0
     assert 0.8 * QUOTA <= late <= 1.2 * QUOTA, late
     assert flood_b.rate > 5 * QUOTA
+
+
+# -- a cluster: every broker follows a change ----------------------------------------------------
+@pytest.mark.cluster
+@pytest.mark.timeout(180)
+def test_every_broker_of_a_cluster_applies_a_quota_change(
+    broker_factory: Any, zookeeper: Any
+) -> None:
+    """A quota set through one broker is described by, and throttles at, another within a
+    second (ZooKeeper watch); a removal through the other is seen by the first."""
+    chroot = f"{zookeeper.connect}/stonemq-quotas-{uuid.uuid4().hex[:8]}"
+    one, two = (
+        broker_factory(
+            zookeeper_connect=chroot,
+            broker_id=b,
+            journal_partitions=2,
+            quota_window_num=WINDOW_NUM,
+        )
+        for b in (1, 2)
+    )
+    client = _id("zk")
+    admin_one, admin_two = QuotaAdmin(one.bootstrap), QuotaAdmin(two.bootstrap)
+    try:
+        admin_one.alter([({"client-id": client}, {"producer_byte_rate": 10_000.0})])
+        deadline = time.monotonic() + 1.0
+        while admin_two.describe([("client-id", 0, client)])[2] == {}:
+            assert time.monotonic() < deadline, "broker 2 did not see the quota within 1 s"
+            time.sleep(0.05)
+        topic = _id("zk")
+        create_topic(one.bootstrap, topic, 4)
+        response_type = schema("produce", 9, "response").ProduceResponse
+        batch = build_batch([(None, b"z" * 100_000)])
+        for broker in (one, two):  # a partition each broker leads
+            throttled = False
+            for partition in range(4):
+                with RawConnection(broker.host, broker.port, client_id=client) as conn:
+                    response = conn.request(
+                        produce_request(topic, partition, batch, version=9), response_type
+                    )
+                part = response.responses[0].partition_responses[0]
+                if part.error_code == 0:
+                    throttled = response.throttle_time.total_seconds() > 0
+                    break
+            assert throttled, f"broker {broker.port} did not throttle"
+        admin_two.alter([({"client-id": client}, {"producer_byte_rate": None})])
+        time.sleep(1.0)
+        assert admin_one.describe([("client-id", 0, client)])[2] == {}
+    finally:
+        admin_one.close()
+        admin_two.close()
