@@ -30,6 +30,8 @@ from stonemq.quotas.entity import (
 from stonemq.quotas.rate import SampledRate, throttle_time_ms
 
 _RESOLVED_CACHE_MAX = 10_000
+# throttle_time_ms is an INT32 on the wire: a client far over a tiny quota is muted this long
+MAX_THROTTLE_MS = 2**31 - 1
 
 
 class QuotaManager:
@@ -103,7 +105,7 @@ class QuotaManager:
         throttle = throttle_time_ms(rate, bound, now_ms)
         if key == REQUEST_PERCENTAGE:
             return min(throttle, self.request_max_throttle_ms)
-        return throttle
+        return min(throttle, MAX_THROTTLE_MS)
 
     def unrecord(self, key: str, user: str, client_id: str, value: float, now_ms: float) -> None:
         """Take back a value recorded for a response that was not sent (a throttled fetch

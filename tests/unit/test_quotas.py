@@ -185,6 +185,12 @@ def test_manager_is_inactive_until_a_quota_of_the_type_exists() -> None:
     assert manager.record("producer_byte_rate", "ANONYMOUS", "A", 1e9, 1) == 0
 
 
+def test_a_throttle_fits_the_int32_of_the_response() -> None:
+    manager = QuotaManager(11, 1)
+    manager.update({entity_of([(CLIENT_ID, "tiny")]): {"producer_byte_rate": 1.0}})
+    assert manager.record("producer_byte_rate", "ANONYMOUS", "tiny", 1e12, 0) == 2**31 - 1
+
+
 def test_request_quota_throttle_is_bounded_by_one_window() -> None:
     manager = QuotaManager(11, 1)
     manager.update({entity_of([(USER, None)]): {"request_percentage": 1.0}})
