@@ -115,7 +115,8 @@ async def handle_fetch(ctx: RequestContext, request: Any) -> Any:
         else {}
     )
     quota_cap = None
-    if broker.quotas.fetch_active:  # KIP-13: read no more than the quota lets through
+    if broker.quotas.fetch_active and not _from_follower(request):
+        # KIP-13: read no more than the quota lets through (replication is never throttled)
         quota_cap = broker.quotas.max_value_in_window(
             CONSUMER_BYTE_RATE, ctx.user, ctx.client_id or ""
         )
@@ -171,6 +172,14 @@ async def handle_fetch(ctx: RequestContext, request: Any) -> Any:
             for e in endpoints.values()
         ),
     )
+
+
+def _from_follower(request: Any) -> bool:
+    """A replica's fetch (replica id >= 0: ``replica_id`` before v15, ``replica_state``
+    from v15), which client quotas never throttle, as on Kafka."""
+    state = getattr(request, "replica_state", None)
+    replica_id = state.replica_id if state is not None else getattr(request, "replica_id", -1)
+    return int(replica_id) >= 0
 
 
 def _over_consumer_quota(ctx: RequestContext, total: int) -> bool:

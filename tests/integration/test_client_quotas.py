@@ -1,5 +1,5 @@
 """Client quotas against a real broker: DescribeClientQuotas/AlterClientQuotas sent by
-kafka-python (its own encoding of the requests, pinned to several Kafka releases; neither
+kafka-python (its own encoding of the requests, pinned to Kafka 2.8, 3.0, 3.7, 3.9 and 4.0; neither
 kafka-python 3.0.12 nor confluent-kafka 2.16.1 has an admin method for them), quotas that
 survive a restart, and enforcement measured with real clients: a confluent-kafka producer over
 its producer_byte_rate is held to it (±20%) while another is not, likewise a consumer's
@@ -14,6 +14,7 @@ least num - 1 windows), which a 6-second measurement would see; the arithmetic i
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 import uuid
@@ -27,11 +28,13 @@ from kafka.protocol.admin.client_quotas import (
     AlterClientQuotasRequest,
     DescribeClientQuotasRequest,
 )
+from kio.static.primitive import i32
 
 from .helpers import create_topic
 from .rawclient import (
     RawConnection,
     build_batch,
+    fetch_request,
     produce_request,
     schema,
 )
@@ -124,7 +127,7 @@ INVALID_REQUEST = 42
 UNSUPPORTED_VERSION = 35
 
 
-@pytest.mark.parametrize("api_version", [(2, 8), (3, 7), (4, 0)])
+@pytest.mark.parametrize("api_version", [(2, 8), (3, 0), (3, 7), (3, 9), (4, 0)])
 def test_alter_and_describe_from_pinned_kafka_python(
     module_broker: Any, api_version: tuple[int, int]
 ) -> None:
@@ -549,3 +552,70 @@ def test_every_broker_of_a_cluster_applies_a_quota_change(
     finally:
         admin_one.close()
         admin_two.close()
+
+
+def test_a_fetch_over_the_consumer_quota_is_empty_and_a_followers_is_not_throttled(
+    module_broker: Any, quota_admin: QuotaAdmin
+) -> None:
+    client = _id("rawc")
+    topic = _id("rawc")
+    create_topic(module_broker.bootstrap, topic, 1)
+    response_type = schema("produce", 9, "response").ProduceResponse
+    with RawConnection(module_broker.host, module_broker.port) as conn:
+        for _ in range(3):
+            batch = build_batch([(None, b"f" * 50_000)])
+            produced = conn.request(produce_request(topic, 0, batch, version=9), response_type)
+            assert produced.responses[0].partition_responses[0].error_code == 0
+    quota_admin.alter([({"client-id": client}, {"consumer_byte_rate": 10_000.0})])
+    fetch_type = schema("fetch", 12, "response").FetchResponse
+    request = fetch_request(topic, 0, 0, version=12)
+    follower = dataclasses.replace(request, replica_id=i32(1))
+    try:
+        with RawConnection(module_broker.host, module_broker.port, client_id=client) as conn:
+            # the quota window holds (3 - 1) s * 10 kB/s: one 50 kB batch (a fetch returns at
+            # least one), which goes over: the answer is empty with the throttle time
+            response = conn.request(request, fetch_type)
+            assert response.responses == ()
+            assert response.throttle_time.total_seconds() > 0
+        with RawConnection(module_broker.host, module_broker.port, client_id=client) as conn:
+            response = conn.request(follower, fetch_type)
+            assert response.throttle_time.total_seconds() == 0
+            assert len(response.responses[0].partitions[0].records) >= 150_000
+    finally:
+        quota_admin.alter([({"client-id": client}, {"consumer_byte_rate": None})])
+
+
+def test_version_0_of_both_calls(module_broker: Any) -> None:
+    """v0 (not flexible; no client sends it any more) answers as v1 does."""
+    alter_req = schema("alter_client_quotas", 0, "request")
+    alter_resp = schema("alter_client_quotas", 0, "response")
+    describe_req = schema("describe_client_quotas", 0, "request")
+    describe_resp = schema("describe_client_quotas", 0, "response")
+    client = _id("v0")
+    with RawConnection(module_broker.host, module_broker.port) as conn:
+        altered = conn.request(
+            alter_req.AlterClientQuotasRequest(
+                entries=(
+                    alter_req.EntryData(
+                        entity=(alter_req.EntityData(entity_type="client-id", entity_name=client),),
+                        ops=(alter_req.OpData(key="producer_byte_rate", value=64.0, remove=False),),
+                    ),
+                ),
+                validate_only=False,
+            ),
+            alter_resp.AlterClientQuotasResponse,
+        )
+        assert [e.error_code for e in altered.entries] == [0]
+        described = conn.request(
+            describe_req.DescribeClientQuotasRequest(
+                components=(
+                    describe_req.ComponentData(entity_type="client-id", match_type=0, match=client),
+                ),
+                strict=True,
+            ),
+            describe_resp.DescribeClientQuotasResponse,
+        )
+    assert described.error_code == 0
+    (entry,) = described.entries
+    assert [(e.entity_type, e.entity_name) for e in entry.entity] == [("client-id", client)]
+    assert [(v.key, v.value) for v in entry.values] == [("producer_byte_rate", 64.0)]
