@@ -4,6 +4,7 @@ their start and stop order. Handlers reach the parts through ``ctx.broker``."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from typing import TYPE_CHECKING
@@ -117,7 +118,7 @@ class Broker:
             loop = asyncio.get_running_loop()
 
             def quotas_changed(quotas: dict[Entity, dict[str, float]]) -> None:
-                if not loop.is_closed():
+                with contextlib.suppress(RuntimeError):  # the loop closed: stopping
                     loop.call_soon_threadsafe(self.quotas.update, quotas)
 
             add_quota_listener(quotas_changed)

@@ -9,6 +9,7 @@ alone. Without authentication the user is Kafka's anonymous principal, ``ANONYMO
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -84,6 +85,16 @@ def validate_entity(pairs: list[tuple[str, str | None]]) -> Entity:
             "Invalid quota entity combination, IP entity should not be combined with User "
             "or ClientId",
         )
+    ip = seen.get(IP)
+    if ip is not None:
+        # Kafka also resolves host names here; a lookup has no place in a request handler,
+        # so only address literals are taken
+        try:
+            ipaddress.ip_address(ip)
+        except ValueError:
+            raise QuotaRequestError(
+                "invalid_request", f"{ip} is not a valid IP or resolvable host."
+            ) from None
     return entity_of(seen.items())
 
 

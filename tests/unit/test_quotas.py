@@ -216,6 +216,7 @@ def test_idle_rates_are_dropped() -> None:
         ([("group", "g")], "Unhandled client quota entity type: group"),
         ([(CLIENT_ID, "")], "Empty client-id not supported"),
         ([(IP, "1.2.3.4"), (USER, "u")], "Invalid quota entity combination"),
+        ([(IP, "not an address")], "not an address is not a valid IP or resolvable host."),
     ],
 )
 def test_bad_entities(pairs: list, message: str) -> None:
@@ -228,6 +229,7 @@ def test_bad_entities(pairs: list, message: str) -> None:
 def test_good_entities_are_canonical() -> None:
     assert validate_entity([(CLIENT_ID, "c"), (USER, None)]) == ((CLIENT_ID, "c"), (USER, None))
     assert validate_entity([(IP, None)]) == ((IP, None),)
+    assert validate_entity([(IP, "::1")]) == ((IP, "::1"),)
 
 
 @pytest.mark.parametrize(
