@@ -15,6 +15,11 @@ NOT_LEADER_OR_FOLLOWER partition says who leads it, with that leader's endpoint 
 ``node_endpoints`` (KIP-951). What v14, v15, v17 and v18 add concerns follower replicas
 (tiered-storage offsets, replica state, directory id, the follower's high watermark), which
 consumers send as their defaults: there are no followers to fetch here.
+
+Consumer byte-rate quotas (KIP-13), when one applies to the client: the response is capped at
+what the quota window holds; a response whose record bytes take the client over its quota is
+recorded, taken back and answered empty with ``throttle_time_ms`` (the connection then mutes),
+as Kafka answers a throttled fetch. A follower's fetch is never throttled.
 """
 
 from __future__ import annotations
