@@ -345,7 +345,7 @@ def split_at_seam(
     cold_start = max(start, cold.start_offset)
     out = []
     if cold_start > start:  # below the cold log start: only Kafka can say it is gone
-        out.append(OffsetRange(topic, partition, start, cold_start))
+        out.append(OffsetRange(topic, partition, start, min(cold_start, end)))
     if seam > cold_start:
         files = tuple(f for f in cold.files if f[1] >= cold_start and f[0] < seam)
         out.append(OffsetRange(topic, partition, cold_start, seam, cold=True, files=files))
@@ -359,9 +359,10 @@ def split_ranges(
     min_partitions: int | None = None,
     max_records: int | None = None,
 ) -> list[OffsetRange]:
-    """Split ranges so there are at least ``min_partitions`` of them (bigger ranges split
-    into more parts, as Spark's KafkaOffsetRangeCalculator does) and none holds more than
-    ``max_records`` offsets. Parts cover their range exactly, in order."""
+    """Split ranges so there are at least ``min_partitions`` of them when there are that
+    many offsets (each range into parts in proportion to its size, as Spark's
+    KafkaOffsetRangeCalculator does) and none holds more than ``max_records`` offsets.
+    Parts cover their range exactly, in order."""
     out = [r for r in ranges if r.size > 0]
     if max_records:
         out = [p for r in out for p in _split_even(r, -(-r.size // max_records))]
@@ -369,7 +370,7 @@ def split_ranges(
     if min_partitions and total and len(out) < min_partitions:
         big = []
         for r in out:
-            parts = max(1, round(r.size / total * min_partitions))
+            parts = max(1, -(-r.size * min_partitions // total))  # ceil: sum >= min
             big.extend(_split_even(r, min(parts, r.size)))
         out = big
     return out
