@@ -6,8 +6,8 @@ Kafka source and sink without a connector jar, reading archived offsets from Par
     spark.read.format("stonemq").option("kafka.bootstrap.servers", "host:9092")...
 
 Installed with ``stonemq[tier]``, the source is also found by Spark on its own (the
-``pyspark_stonemq`` module), so ``register`` is only needed where that lookup is off; it also turns on Spark's
-filter pushdown for Python data sources.
+``pyspark_stonemq`` module), so ``register`` is only needed where that lookup is off; it
+also turns on Spark's filter pushdown for Python data sources.
 """
 
 from __future__ import annotations

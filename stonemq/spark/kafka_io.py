@@ -411,7 +411,7 @@ def read_kafka(opts: SourceOptions, r: OffsetRange) -> Iterator[pa.RecordBatch]:
                         if msg.offset() >= r.end:
                             done = True
                             break
-                        low, high = consumer.get_watermark_offsets(tp, timeout=10, cached=False)
+                        _, high = consumer.get_watermark_offsets(tp, timeout=10, cached=False)
                         if high < r.end:  # the log ends before the planned range does
                             yield from _lost(
                                 opts, r, f"the log now ends at {high}, before offset {r.end}"

@@ -240,16 +240,16 @@ class FilteringBatchReader(BatchReader):
             if column == "timestamp" and isinstance(f, GreaterThan | GreaterThanOrEqual):
                 ms = _millis(value)
                 if ms is not None:
-                    floor = ms if isinstance(f, GreaterThanOrEqual) else ms
-                    p.timestamp_min_ms = max(p.timestamp_min_ms or floor, floor)
+                    # > T and >= T both mean no row older than T is wanted
+                    p.timestamp_min_ms = max(p.timestamp_min_ms or ms, ms)
             yield f
 
 
 def _prune_cold_by_time(r: OffsetRange, floor_ms: int, broker: Broker) -> OffsetRange | None:
     """Drop archived files whose newest record is older than ``floor_ms`` (the manifest
     keeps each file's largest timestamp)."""
-    from stonemq.tiering import manifest as mf
     from stonemq.spark.kafka_io import _store
+    from stonemq.tiering import manifest as mf
 
     current = mf.load(_store(broker.opts.store), r.topic, r.partition)
     newest = {f.key: f.max_timestamp_ms for f in current.files}

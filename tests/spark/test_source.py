@@ -35,8 +35,8 @@ from integration.helpers import (
     wait_high_watermark,
 )
 from kafka import KafkaConsumer
-from pyspark.sql.datasource import EqualTo, GreaterThanOrEqual, LessThan
 from kafka import TopicPartition as KpTopicPartition
+from pyspark.sql.datasource import EqualTo, GreaterThanOrEqual, LessThan
 
 from stonemq.cli.tier import _cycle
 from stonemq.config import load_settings
@@ -271,7 +271,7 @@ def test_clear_errors(spark, tiered) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(Exception, match=r"no-such-topic.*do not exist"):
         t.reader(spark, subscribe="no-such-topic").load().count()
     started = time.monotonic()
-    with pytest.raises(Exception, match="no broker reachable at 127.0.0.1:1"):
+    with pytest.raises(Exception, match=r"no broker reachable at 127\.0\.0\.1:1"):
         spark.read.format("stonemq").option("kafka.bootstrap.servers", "127.0.0.1:1").option(
             "kafka.default.api.timeout.ms", "3000"
         ).option("subscribe", t.topic).load().count()
@@ -469,9 +469,7 @@ def test_streaming_topic_to_topic_killed_and_restarted_reads_every_record_once( 
     # interrupted (the sink is at least once)
     got = consume(t.broker.bootstrap, out, RECORDS, timeout=120)
     want = _consumed(t, 0, RECORDS)
-    assert {(m.key, m.value, m.headers) for m in got} == {
-        (m.key, m.value, m.headers) for m in want
-    }
+    assert {(m.key, m.value, m.headers) for m in got} == {(m.key, m.value, m.headers) for m in want}
     assert len(got) - len(want) <= 97
 
 
