@@ -104,8 +104,6 @@ def run_spark_source(run: Run) -> None:
         )
         conf = {"bootstrap.servers": broker.bootstrap, "linger.ms": 5, "acks": "1"}
         first = archive.produce_json(_Queue(), conf, TOPIC, PARTITIONS, half, 600)  # type: ignore[arg-type]
-        ingest_mb_s = first["bytes"] / first["seconds"] / 1e6
-        log(f"  produce (first half): {ingest_mb_s:.1f} MB/s")
         store = StoreSpec((broker.data_dir / "tier").resolve().as_uri()).open()
         queue_dir = broker.data_dir / "queues"
         sealed = {p: archive._sealed_local(queue_dir, TOPIC, p) for p in range(PARTITIONS)}
@@ -133,7 +131,12 @@ def run_spark_source(run: Run) -> None:
             archive.LOCAL_DELETE_TIMEOUT_S,
             broker.tail,
         )
-        archive.produce_json(_Queue(), conf, TOPIC, PARTITIONS, total - half, 600)  # type: ignore[arg-type]
+        second = archive.produce_json(_Queue(), conf, TOPIC, PARTITIONS, total - half, 600)  # type: ignore[arg-type]
+        # the broker's ingest: both halves' bytes over both produces' seconds (flush included)
+        ingest_mb_s = (
+            (first["bytes"] + second["bytes"]) / (first["seconds"] + second["seconds"]) / 1e6
+        )
+        log(f"  produce: {ingest_mb_s:.1f} MB/s")
         from confluent_kafka import Consumer, TopicPartition
 
         c = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": "x"})
@@ -271,9 +274,9 @@ def _stream(run: Run, spark: Any, bootstrap: str, mb_s: float, quick: bool) -> d
         "lag_max": max(samples) if samples else None,
         "lag_max_second_half": max(tail) if tail else None,
         "lag_end": samples[-1] if samples else None,
-        # bounded: the second half's worst lag no larger than the first half's
-        "bounded": bool(samples)
-        and max(tail) <= max(samples[: len(samples) // 2] or [0]) * 1.5 + rate,
+        # bounded: the second half's worst lag is no larger than the first half's worst plus
+        # one second of records (a lag that grows with time fails this)
+        "bounded": bool(samples) and max(tail) <= max(samples[: len(samples) // 2] or [0]) + rate,
     }
 
 
