@@ -181,19 +181,25 @@ class Broker:
         *,
         starting: bool,
     ) -> dict[TopicPartitionKey, int]:
-        """Concrete offsets for a starting or ending bound (Spark's Kafka semantics: a
-        partition a JSON bound does not name starts at earliest / ends at latest; a
-        timestamp with no offset at or after it ends at latest, and as a start fails unless
-        startingOffsetsByTimestampStrategy=latest)."""
-        default = EARLIEST if starting else LATEST
+        """Concrete offsets for a starting or ending bound (Spark's Kafka semantics: JSON
+        offsets name every partition read; by timestamp, a partition not named starts at
+        earliest / ends at latest, and a timestamp with no offset at or after it ends at
+        latest and as a start fails unless startingOffsetsByTimestampStrategy=latest)."""
         if bound.kind == "earliest":
             return {tp: marks[tp][0] for tp in tps}
         if bound.kind == "latest":
             return {tp: marks[tp][1] for tp in tps}
         if bound.kind == "specific":
+            if set(bound.offsets) != set(tps):  # Spark's Kafka source asserts the same
+                name = "startingOffsets" if starting else "endingOffsets"
+                raise SourceError(
+                    f"{name} names {sorted(bound.offsets)} but the query reads "
+                    f"{sorted(tps)}: if {name} contains specific offsets, you must specify "
+                    "all topic partitions (-2 for earliest, -1 for latest)"
+                )
             out = {}
             for tp in tps:
-                value = bound.offsets.get(tp, default)
+                value = bound.offsets[tp]
                 out[tp] = (
                     marks[tp][0]
                     if value == EARLIEST

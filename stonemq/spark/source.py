@@ -186,11 +186,11 @@ class BatchReader(DataSourceReader):
         opts = self.opts
         with Broker(opts) as broker:
             tps = broker.partitions()
-            if self.pushed.partitions is not None:
-                tps = [tp for tp in tps if tp[1] in self.pushed.partitions]
             marks = broker.watermarks(tps)
             starts = broker.resolve(opts.starting, tps, marks, starting=True)
             ends = broker.resolve(opts.ending, tps, marks, starting=False)
+            if self.pushed.partitions is not None:  # pruned after the options' checks
+                ends = {tp: o for tp, o in ends.items() if tp[1] in self.pushed.partitions}
             ranges = _plan(broker, opts, starts, ends, marks)
         out = []
         for r in ranges:

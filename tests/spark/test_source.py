@@ -291,6 +291,9 @@ def test_clear_errors(spark, tiered) -> None:  # type: ignore[no-untyped-def]
         t.reader(spark, subscribe=topic, startingOffsets=start).load().count()
     df = t.reader(spark, subscribe=topic, startingOffsets=start, failOnDataLoss="false").load()
     assert sorted(r.offset for r in df.select("offset").collect()) == list(range(20, 50))
+    extra = json.dumps({topic: {"0": 20, "1": 0}})  # the topic has one partition
+    with pytest.raises(Exception, match="must specify all topic partitions"):
+        t.reader(spark, subscribe=topic, startingOffsets=extra).load().count()
     with pytest.raises(Exception, match="exactly one of"):
         t.reader(spark).load().count()
 
