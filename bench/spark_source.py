@@ -152,7 +152,7 @@ def run_spark_source(run: Run) -> None:
             "stonemq.tier.store.url": store.spec.url,
             "minPartitions": "4",
         }
-        _spark_read(spark, {**options, "endingOffsets": json.dumps({TOPIC: {"0": 10}})})  # warm
+        _spark_read(spark, {**options, "endingOffsets": json.dumps({TOPIC: {"0": 10, "1": 10}})})
         spark_all = _rate(_spark_read(spark, options))
         ending = json.dumps({TOPIC: {str(p): archived[p] for p in range(PARTITIONS)}})
         spark_cold = _rate(_spark_read(spark, {**options, "endingOffsets": ending}))

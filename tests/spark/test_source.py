@@ -487,3 +487,53 @@ def test_registered_by_name_and_by_register(spark, tiered) -> None:  # type: ign
         check=True,
     ).stdout
     assert "pyspark_stonemq" in out
+
+
+def test_streaming_new_partitions_rate_limit_and_data_loss(spark, tiered, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """In this process: Trigger.AvailableNow with maxOffsetsPerTrigger, a restart from the
+    checkpoint after partitions were added (the new one read from its start), and a restart
+    after retention removed offsets the query still needed (failOnDataLoss)."""
+    t = tiered
+    bootstrap = t.broker.bootstrap
+    topic = create_topic(bootstrap, unique_topic("grow"))
+    produce(bootstrap, topic, sample_messages(10, tag="g0"))
+    checkpoint = tmp_path / "ckpt"
+
+    def run(name: str, **extra: str) -> list[tuple[int, int]]:
+        reader = spark.readStream.format("stonemq")
+        options = {**t.options, "subscribe": topic, "startingOffsets": "earliest", **extra}
+        for k, v in options.items():
+            reader = reader.option(k, v)
+        query = (
+            reader.load()
+            .writeStream.format("memory")
+            .queryName(name)
+            .option("checkpointLocation", str(checkpoint))
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination(180)
+        if query.exception() is not None:
+            raise RuntimeError(str(query.exception()))
+        rows = spark.sql(f"SELECT partition, offset FROM {name}").collect()
+        return sorted((r.partition, r.offset) for r in rows)
+
+    assert run("grow1", maxOffsetsPerTrigger="3") == [(0, o) for o in range(10)]
+    assert len(_batches(checkpoint, topic)) == 4  # 10 offsets, at most 3 a batch
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    from confluent_kafka.admin import NewPartitions
+
+    admin.create_partitions([NewPartitions(topic, 2)])[topic].result(30)
+    produce(bootstrap, topic, sample_messages(4, tag="g1"), partition=1)
+    produce(bootstrap, topic, sample_messages(2, tag="g2"), partition=0)
+    got = run("grow2")
+    assert got == [(0, 10), (0, 11), (1, 0), (1, 1), (1, 2), (1, 3)]
+
+    # retention removes offsets 12..14 of partition 0 before the query read them
+    produce(bootstrap, topic, sample_messages(5, tag="g3"), partition=0)
+    for fut in admin.delete_records([TopicPartition(topic, 0, 15)]).values():
+        fut.result(30)
+    with pytest.raises(RuntimeError, match=r"offsets 12\.\.14 are gone"):
+        run("grow3")
+    assert run("grow4", failOnDataLoss="false") == [(0, 15), (0, 16)]
