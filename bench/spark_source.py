@@ -301,6 +301,10 @@ def table(res: dict[str, Any]) -> list[str]:
         f"Streaming topic -> topic at {st['target_mb_s']} MB/s (half the measured produce rate "
         f"{s['ingest_mb_s']} MB/s) for {st['seconds']:.0f} s: lag max {st['lag_max']}, max in "
         f"the second half {st['lag_max_second_half']}, at the end {st['lag_end']} records "
-        f"({'bounded' if st['bounded'] else 'growing'}). Spark local[2] in the bench process, "
-        "minPartitions=4; the consumer is one confluent-kafka consumer reading by assignment.",
+        f"({'bounded' if st['bounded'] else 'growing'}); the query moved "
+        f"{(st['produced'] - (st['lag_end'] or 0)) * 1024 / st['seconds'] / 1e6:.1f} MB/s "
+        "topic -> topic. Spark local[2] in the bench process, minPartitions=4; the consumer is "
+        "one confluent-kafka consumer reading by assignment; MB/s are value bytes."
+        + (f" Run: {s['run']['note']} (started {s['run']['started']})." if s.get("run") else ""),
+        "",
     ]
