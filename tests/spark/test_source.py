@@ -96,7 +96,9 @@ class Tiered:
 
 @pytest.fixture(scope="module", params=["file", "s3"])
 def tiered(request, tmp_path_factory, spark) -> Any:  # type: ignore[no-untyped-def]
-    from conftest import BrokerFactory
+    # the suite's root conftest (``import conftest`` finds whichever conftest loaded last)
+    root = request.config.pluginmanager.get_plugin(str(Path(__file__).parents[1] / "conftest.py"))
+    BrokerFactory = root.BrokerFactory
 
     settings: dict[str, Any] = dict(BROKER)
     if request.param == "s3":
