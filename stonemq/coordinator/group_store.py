@@ -33,6 +33,7 @@ from stonemq.coordinator.group_state import Clock, SystemClock
 from stonemq.coordinator.group_timers import TimerQueue
 from stonemq.protocol.record_batch import RecordBatchError, iter_batches
 from stonemq.storage.engine import OffsetOutOfRangeError, StorageError, UnknownPartitionError
+from stonemq.topics import TopicAlreadyExistsError
 
 if TYPE_CHECKING:
     from stonemq.config import Settings
@@ -83,6 +84,25 @@ class OffsetsLog:
             self.topics.pin_internal(OFFSETS_TOPIC)  # created by an older version
         self._partitions = record.partitions
         return record.partitions
+
+    async def ensure_topic_async(self) -> int:
+        """:meth:`ensure_topic` for a request: a creation's store write runs in the store's
+        thread and its partitions are registered in steps, off the event loop."""
+        if self._partitions is None and self.topics.get(OFFSETS_TOPIC) is None:
+            try:
+                await self.topics.create_async(
+                    OFFSETS_TOPIC,
+                    self.settings.offsets_topic_num_partitions,
+                    {"segment.bytes": str(self.settings.offsets_topic_segment_bytes)},
+                )
+                log.info(
+                    "created %s with %d partitions",
+                    OFFSETS_TOPIC,
+                    self.settings.offsets_topic_num_partitions,
+                )
+            except TopicAlreadyExistsError:
+                pass  # another request (or broker) created it meanwhile
+        return self.ensure_topic()
 
     def partition(self, group_id: str) -> int:
         return partition_for(group_id, self.ensure_topic())

@@ -77,20 +77,20 @@ async def handle_find_coordinator(ctx: RequestContext, request: Any) -> Any:
     if ctx.api_version >= 4:
         coordinators = []
         for key in request.coordinator_keys:
-            error, message = _coordinator_error(ctx, key_type, key)
+            error, message = await _coordinator_error(ctx, key_type, key)
             coordinators.append(
                 ctx.build("Coordinator", key=key, **_node(ctx, error, message, key))
             )
         return ctx.build(
             "FindCoordinatorResponse", throttle_time=0, coordinators=tuple(coordinators)
         )
-    error, message = _coordinator_error(ctx, key_type, request.key)
+    error, message = await _coordinator_error(ctx, key_type, request.key)
     return ctx.build(
         "FindCoordinatorResponse", throttle_time=0, **_node(ctx, error, message, request.key)
     )
 
 
-def _coordinator_error(
+async def _coordinator_error(
     ctx: RequestContext, key_type: int, key: str
 ) -> tuple[ErrorCode, str | None]:
     if key_type == KEY_TYPE_TRANSACTION:
@@ -100,7 +100,7 @@ def _coordinator_error(
     if not key:
         return ErrorCode.invalid_request, "empty group id"
     try:
-        ctx.broker.groups.log.ensure_topic()
+        await ctx.broker.groups.log.ensure_topic_async()
     except Exception as exc:
         return ErrorCode.coordinator_not_available, str(exc)
     return ErrorCode.none, None

@@ -117,7 +117,11 @@ class ZooKeeperMetadataStore(MetadataStore):
         )
         self.client.start(timeout=connect_timeout_s)
         self._retry = self.client.retry
-        self._lock = threading.RLock()  # the cache and the producer-id block
+        self._lock = threading.RLock()  # the topic cache
+        # the producer-id block: its own lock, so that a reservation waiting on ZooKeeper
+        # never holds the cache's readers (a Metadata request's list_topics on the event loop)
+        self._pid_lock = threading.Lock()
+        self._cluster_id: str | None = None
         self._topics: dict[str, TopicRecord] = {}
         self._versions: dict[str, tuple[int, int]] = {}  # name: (topic node, config node)
         # topics with armed watches: name -> the token their watch callbacks carry (a watch
@@ -245,13 +249,20 @@ class ZooKeeperMetadataStore(MetadataStore):
 
     # -- cluster ----------------------------------------------------------------------------------
     def cluster_id(self) -> str:
-        value = self._seed_cluster_id or new_cluster_id()
-        try:
-            self._retry(self.client.create, CLUSTER_ID_PATH, _json({"version": "1", "id": value}))
-            return value
-        except NodeExistsError:
-            data, _ = self._retry(self.client.get, CLUSTER_ID_PATH)
-            return str(json.loads(data)["id"])
+        """The cluster id: created by the first broker, never changed, so read once (every
+        Metadata request asks for it on the event loop: it read ZooKeeper there each time,
+        and a stop with ZooKeeper gone waited on that read for good)."""
+        if self._cluster_id is None:
+            value = self._seed_cluster_id or new_cluster_id()
+            try:
+                self._retry(
+                    self.client.create, CLUSTER_ID_PATH, _json({"version": "1", "id": value})
+                )
+            except NodeExistsError:
+                data, _ = self._retry(self.client.get, CLUSTER_ID_PATH)
+                value = str(json.loads(data)["id"])
+            self._cluster_id = value
+        return self._cluster_id
 
     # -- topics -----------------------------------------------------------------------------------
     def list_topics(self) -> list[TopicRecord]:
@@ -382,7 +393,7 @@ class ZooKeeperMetadataStore(MetadataStore):
 
     # -- producer ids -----------------------------------------------------------------------------
     def allocate_producer_id(self) -> int:
-        with self._lock:
+        with self._pid_lock:
             if self._pid_next >= self._pid_end:
                 self._pid_next, self._pid_end = self._reserve_block()
             pid = self._pid_next

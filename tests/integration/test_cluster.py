@@ -379,10 +379,10 @@ def _rss_bytes(pid: int) -> int:
 
 @pytest.mark.slow
 def test_per_partition_memory_in_a_cluster_is_the_single_nodes(broker_factory, zookeeper) -> None:
-    """A broker of a three-broker cluster holding its share of 9,000 topic partitions costs
-    no more memory per partition than a single node holding 3,000: replication state,
+    """A broker of a three-broker cluster holding its 10,000 of 30,000 topic partitions costs
+    no more memory per partition than a single node holding 10,000: replication state,
     watches and routing are per journal partition, never per topic partition."""
-    per = 3000
+    per = 10_000
 
     def grown(broker: Any, before: int, topic: str, partitions: int, hosted: int) -> float:
         admin = AdminClient({"bootstrap.servers": broker.bootstrap, "socket.timeout.ms": 120000})
