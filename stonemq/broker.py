@@ -4,6 +4,7 @@ their start and stop order. Handlers reach the parts through ``ctx.broker``."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from typing import TYPE_CHECKING
@@ -15,6 +16,8 @@ from stonemq.coordinator.group_store import GroupRuntime
 from stonemq.handlers.fetch_waiters import FetchWaiters
 from stonemq.metadata.sqlite import SqliteMetadataStore
 from stonemq.metadata.store import MetadataStore
+from stonemq.quotas.entity import Entity
+from stonemq.quotas.manager import QuotaManager
 from stonemq.storage.engine import StorageEngine, UnknownPartitionError
 from stonemq.storage.open_files import fit_to_fd_limit
 from stonemq.topics import TopicManager
@@ -76,6 +79,8 @@ class Broker:
             self.replicas = ReplicaManager(settings.broker_id, self.routing, self.storage, settings)
             self.storage.journal_retain_from = self.replicas.retain_from
         self.topics = TopicManager(settings, self.metadata, self.storage, self.routing)
+        self.quotas = QuotaManager(settings.quota_window_num, settings.quota_window_size_seconds)
+        self.quotas.update(self.metadata.client_quotas())
         self.fetch_waiters = FetchWaiters()
         # partitions whose next produce waits for a batch validated off the event loop: the
         # batches after it are appended behind it (handlers/produce.py)
@@ -154,6 +159,15 @@ class Broker:
             self.topics.follow_store(asyncio.get_running_loop())
         if self.replicas is not None:
             self.replicas.start()
+        add_quota_listener = getattr(self.metadata, "add_quota_listener", None)
+        if add_quota_listener is not None:  # client quotas changed through other brokers
+            loop = asyncio.get_running_loop()
+
+            def quotas_changed(quotas: dict[Entity, dict[str, float]]) -> None:
+                with contextlib.suppress(RuntimeError):  # the loop closed: stopping
+                    loop.call_soon_threadsafe(self.quotas.update, quotas)
+
+            add_quota_listener(quotas_changed)
         self.groups.start()
         if self.tier is not None:
             self.tier.start()
