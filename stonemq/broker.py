@@ -4,6 +4,7 @@ their start and stop order. Handlers reach the parts through ``ctx.broker``."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from typing import TYPE_CHECKING
@@ -15,6 +16,8 @@ from stonemq.coordinator.group_store import GroupRuntime
 from stonemq.handlers.fetch_waiters import FetchWaiters
 from stonemq.metadata.sqlite import SqliteMetadataStore
 from stonemq.metadata.store import MetadataStore
+from stonemq.quotas.entity import Entity
+from stonemq.quotas.manager import QuotaManager
 from stonemq.storage.engine import StorageEngine
 from stonemq.storage.open_files import fit_to_fd_limit
 from stonemq.topics import TopicManager
@@ -67,6 +70,8 @@ class Broker:
             ),
         )
         self.topics = TopicManager(settings, self.metadata, self.storage, self.routing)
+        self.quotas = QuotaManager(settings.quota_window_num, settings.quota_window_size_seconds)
+        self.quotas.update(self.metadata.client_quotas())
         self.fetch_waiters = FetchWaiters()
         # partitions whose next produce waits for a batch validated off the event loop: the
         # batches after it are appended behind it (handlers/produce.py)
@@ -108,6 +113,15 @@ class Broker:
         self.storage.start(self.fetch_waiters.notify)
         if self.routing.clustered:  # topics changed through other brokers
             self.topics.follow_store(asyncio.get_running_loop())
+        add_quota_listener = getattr(self.metadata, "add_quota_listener", None)
+        if add_quota_listener is not None:  # client quotas changed through other brokers
+            loop = asyncio.get_running_loop()
+
+            def quotas_changed(quotas: dict[Entity, dict[str, float]]) -> None:
+                with contextlib.suppress(RuntimeError):  # the loop closed: stopping
+                    loop.call_soon_threadsafe(self.quotas.update, quotas)
+
+            add_quota_listener(quotas_changed)
         self.groups.start()
         if self.tier is not None:
             self.tier.start()

@@ -135,6 +135,12 @@ class Settings(BaseSettings):
     max_request_partition_size_limit: int = Field(
         2000, gt=0, description="most partitions one DescribeTopicPartitions response carries"
     )
+    quota_window_num: int = Field(
+        11, ge=2, description="samples a client quota's rate is kept over (Kafka's default)"
+    )
+    quota_window_size_seconds: int = Field(
+        1, gt=0, description="length of one client-quota sample (Kafka's default)"
+    )
 
     # -- journal and splitter (StoneMQ's own) -------------------------------------------------
     journal_partitions: int = Field(4, gt=0, le=1024)

@@ -589,6 +589,10 @@ class TopicManager:
                 f"({self.settings.max_partitions})."
             )
 
+    async def in_store_thread(self, fn: Callable[..., _T], *args: Any) -> _T:
+        """Run another metadata-store write (client quotas) in the store's thread."""
+        return await self._in_store_thread(fn, *args)
+
     async def _in_store_thread(self, fn: Callable[..., _T], *args: Any) -> _T:
         """Run a metadata-store write in the store's thread: its commit waits on an fsync."""
         if self._store_thread is None:

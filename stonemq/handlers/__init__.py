@@ -3,6 +3,7 @@
 from stonemq.handlers import (  # noqa: F401  (imported for registration)
     admin,
     api_versions,
+    client_quotas,
     delete_records,
     describe_producers,
     describe_topic_partitions,

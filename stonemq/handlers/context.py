@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Any
 from kio.index import load_response_schema
 from kio.schema.errors import ErrorCode
 
+from stonemq.quotas.entity import ANONYMOUS_USER
+
 if TYPE_CHECKING:
     from stonemq.broker import Broker
     from stonemq.cluster.routing import BrokerEndpoint
@@ -72,6 +74,11 @@ class RequestContext:
     encode_in_thread: bool = False
     # the name of the listener the request came in on (Kafka's listener name)
     listener: str = "PLAINTEXT"
+    # the client's principal name for quotas (Kafka's anonymous principal without SASL)
+    user: str = ANONYMOUS_USER
+    # set by a handler that throttled its own response (a fetch over its consumer byte
+    # rate answers empty): the connection mutes for at least this long (KIP-219)
+    throttle_ms: int = 0
 
     @property
     def advertised_address(self) -> tuple[str, int]:

@@ -15,6 +15,11 @@ NOT_LEADER_OR_FOLLOWER partition says who leads it, with that leader's endpoint 
 ``node_endpoints`` (KIP-951). What v14, v15, v17 and v18 add concerns follower replicas
 (tiered-storage offsets, replica state, directory id, the follower's high watermark), which
 consumers send as their defaults: there are no followers to fetch here.
+
+Consumer byte-rate quotas (KIP-13), when one applies to the client: the response is capped at
+what the quota window holds; a response whose record bytes take the client over its quota is
+recorded, taken back and answered empty with ``throttle_time_ms`` (the connection then mutes),
+as Kafka answers a throttled fetch. A follower's fetch is never throttled.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from kio.schema.errors import ErrorCode
 from stonemq.handlers.context import RequestContext
 from stonemq.handlers.registry import api
 from stonemq.protocol.record_batch import COMPRESSION_ZSTD, iter_batches
+from stonemq.quotas.entity import CONSUMER_BYTE_RATE
 from stonemq.storage.engine import (
     OffsetOutOfRangeError,
     ReadResult,
@@ -113,15 +119,30 @@ async def handle_fetch(ctx: RequestContext, request: Any) -> Any:
         if tier
         else {}
     )
+    quota_cap = None
+    if broker.quotas.fetch_active and not _from_follower(request):
+        # KIP-13: read no more than the quota lets through (replication is never throttled)
+        quota_cap = broker.quotas.max_value_in_window(
+            CONSUMER_BYTE_RATE, ctx.user, ctx.client_id or ""
+        )
     while True:
-        topics, total, has_error = await _read_all(ctx, request, wanted, cold)
+        topics, total, has_error = await _read_all(ctx, request, wanted, cold, quota_cap)
         remaining = deadline - time.monotonic()
         if total >= request.min_bytes or has_error or remaining <= 0 or not keys:
             break
         await broker.fetch_waiters.wait(keys, remaining)
         if broker.fetch_waiters.closed:
-            topics, total, has_error = await _read_all(ctx, request, wanted, cold)
+            topics, total, has_error = await _read_all(ctx, request, wanted, cold, quota_cap)
             break
+    if quota_cap is not None and _over_consumer_quota(ctx, total):
+        return ctx.build(  # Kafka's throttled fetch: empty, with the throttle time
+            "FetchResponse",
+            throttle_time=ctx.throttle_ms,
+            error_code=ErrorCode.none,
+            session_id=0,
+            responses=(),
+            node_endpoints=(),
+        )
     endpoints: dict[int, Any] = {}
     return ctx.build(
         "FetchResponse",
@@ -158,6 +179,29 @@ async def handle_fetch(ctx: RequestContext, request: Any) -> Any:
     )
 
 
+def _from_follower(request: Any) -> bool:
+    """A replica's fetch (replica id >= 0: ``replica_id`` before v15, ``replica_state``
+    from v15), which client quotas never throttle, as on Kafka."""
+    state = getattr(request, "replica_state", None)
+    replica_id = state.replica_id if state is not None else getattr(request, "replica_id", -1)
+    return int(replica_id) >= 0
+
+
+def _over_consumer_quota(ctx: RequestContext, total: int) -> bool:
+    """Record the response's bytes against the client's consumer byte rate; when that goes
+    over the quota, take them back (the response will be empty, as Kafka answers a
+    throttled fetch) and set the throttle time the connection mutes for."""
+    quotas = ctx.broker.quotas
+    now_ms = time.monotonic() * 1000
+    client_id = ctx.client_id or ""
+    throttle = quotas.record(CONSUMER_BYTE_RATE, ctx.user, client_id, total, now_ms)
+    if throttle <= 0:
+        return False
+    quotas.unrecord(CONSUMER_BYTE_RATE, ctx.user, client_id, total, now_ms)
+    ctx.throttle_ms = throttle
+    return True
+
+
 def _leader_hint(
     ctx: RequestContext, topic: str | None, part: _Part, endpoints: dict[int, Any]
 ) -> dict[str, Any]:
@@ -180,10 +224,13 @@ async def _read_all(
     request: Any,
     wanted: list[_Topic],
     cold: dict[tuple[str, int], tuple[bytes, int]] | None = None,
+    quota_cap: float | None = None,
 ) -> tuple[list[tuple[_Topic, list[_Part]]], int, bool]:
     storage = ctx.broker.storage
     topics_mgr = ctx.broker.topics
     budget = min(getattr(request, "max_bytes", 2**31 - 1), ctx.broker.settings.fetch_max_bytes)
+    if quota_cap is not None:
+        budget = max(1, min(budget, int(quota_cap)))
     total = 0
     has_error = False
     zstd_allowed = ctx.api_version >= FIRST_ZSTD_FETCH_VERSION

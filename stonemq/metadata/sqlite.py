@@ -27,9 +27,10 @@ from stonemq.metadata.store import (
     TopicRecord,
     UnknownTopicError,
 )
+from stonemq.quotas.entity import Entity, apply_ops, entity_of
 
 METADATA_FILE = "metadata.db"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 PRODUCER_ID_BLOCK = 1000
 
 _SCHEMA_V1 = """
@@ -58,8 +59,16 @@ CREATE TABLE producer_ids (
 INSERT INTO producer_ids (next_block_start) VALUES (0);
 """
 
-# Upgrades from version N to N+1, applied in order when an older file is opened.
-_MIGRATIONS: dict[int, str] = {}
+# Upgrades from version N to N+1, applied in order when an older file is opened (and after
+# the version-1 schema when a new file is made).
+_MIGRATIONS: dict[int, str] = {
+    1: """
+CREATE TABLE client_quotas (
+    entity TEXT PRIMARY KEY,
+    quotas TEXT NOT NULL
+);
+""",
+}
 
 
 class MetadataSchemaError(Exception):
@@ -129,8 +138,7 @@ class SqliteMetadataStore(MetadataStore):
                 db.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
                 for statement in _statements(_SCHEMA_V1):
                     db.execute(statement)
-                db.execute("INSERT INTO schema_version (version) VALUES (?)", (SCHEMA_VERSION,))
-                return
+                db.execute("INSERT INTO schema_version (version) VALUES (1)")
             version = db.execute("SELECT version FROM schema_version").fetchone()[0]
             if version > SCHEMA_VERSION:
                 raise MetadataSchemaError(
@@ -272,6 +280,31 @@ class SqliteMetadataStore(MetadataStore):
                 [(str(k), str(v)) for k, v in configs.items()],
             )
 
+    # -- client quotas ----------------------------------------------------------------------------
+    def client_quotas(self) -> dict[Entity, dict[str, float]]:
+        with self._lock:
+            rows = self._conn.execute("SELECT entity, quotas FROM client_quotas").fetchall()
+        return {_entity_from_text(entity): json.loads(quotas) for entity, quotas in rows}
+
+    def alter_client_quotas(
+        self, changes: Mapping[Entity, Mapping[str, float | None]]
+    ) -> dict[Entity, dict[str, float]]:
+        with self._tx() as db:
+            for entity, ops in changes.items():
+                key = _entity_text(entity)
+                row = db.execute(
+                    "SELECT quotas FROM client_quotas WHERE entity = ?", (key,)
+                ).fetchone()
+                updated = apply_ops(json.loads(row[0]) if row else {}, ops)
+                if updated:
+                    db.execute(
+                        "INSERT OR REPLACE INTO client_quotas (entity, quotas) VALUES (?, ?)",
+                        (key, json.dumps(updated, sort_keys=True)),
+                    )
+                elif row:
+                    db.execute("DELETE FROM client_quotas WHERE entity = ?", (key,))
+        return self.client_quotas()
+
     # -- producer ids -----------------------------------------------------------------------------
     def allocate_producer_id(self) -> int:
         with self._lock:
@@ -296,6 +329,14 @@ class SqliteMetadataStore(MetadataStore):
 
 def _dump(configs: Mapping[str, str]) -> str:
     return json.dumps(dict(configs), sort_keys=True, separators=(",", ":"))
+
+
+def _entity_text(entity: Entity) -> str:
+    return json.dumps([list(pair) for pair in entity], separators=(",", ":"))
+
+
+def _entity_from_text(text: str) -> Entity:
+    return entity_of((str(t), None if n is None else str(n)) for t, n in json.loads(text))
 
 
 def _statements(script: str) -> list[str]:

@@ -7,6 +7,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from stonemq.quotas.entity import Entity
+
 
 class TopicExistsError(Exception):
     """A topic with that name already exists."""
@@ -79,6 +81,17 @@ class MetadataStore(ABC):
     @abstractmethod
     def set_broker_configs(self, configs: Mapping[str, str]) -> None:
         """Replace the whole set of dynamic broker-level overrides."""
+
+    @abstractmethod
+    def client_quotas(self) -> dict[Entity, dict[str, float]]:
+        """Every configured client quota: entity -> {key: value}."""
+
+    @abstractmethod
+    def alter_client_quotas(
+        self, changes: Mapping[Entity, Mapping[str, float | None]]
+    ) -> dict[Entity, dict[str, float]]:
+        """Set (a value) or remove (None) quota keys of entities, all at once; an entity left
+        without keys is removed. Returns every configured quota after the change."""
 
     @abstractmethod
     def allocate_producer_id(self) -> int:

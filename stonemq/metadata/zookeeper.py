@@ -12,6 +12,11 @@ the same thing, and is per topic, never per topic partition:
   partition keep a 100,000-partition topic at 267 KB, under ZooKeeper's 1 MB node limit.
 - ``/config/topics/<topic>``: ``{"version": 1, "config": {...}}`` (the topic's overrides)
 - ``/config/brokers/<default>``: ``{"version": 1, "config": {...}}`` (dynamic broker configs)
+- ``/config/client-quotas``: ``{"version": 1, "quotas": [{"entity": [[type, name or null],
+  ...], "config": {key: value}}, ...]}``: every client quota in one node (Kafka's ZooKeeper
+  mode kept one node per entity plus change notifications; one node is enough for the
+  thousands of entities a cluster configures, about 100 bytes each against the 1 MB limit),
+  updated by conditional writes and followed by one data watch on every broker.
 - ``/latest_producer_id_block``: ``{"version": 1, "broker": <id>, "block_start": s,
   "block_end": e}`` (inclusive), as Kafka's ZooKeeper-mode brokers reserve producer ids.
 
@@ -49,6 +54,7 @@ from stonemq.metadata.store import (
     TopicRecord,
     UnknownTopicError,
 )
+from stonemq.quotas.entity import Entity, apply_ops, entity_of
 
 log = logging.getLogger(__name__)
 
@@ -57,8 +63,11 @@ TOPICS_PATH = "/brokers/topics"
 TOPIC_CONFIGS_PATH = "/config/topics"
 BROKER_CONFIG_PATH = "/config/brokers/<default>"
 PRODUCER_ID_BLOCK_PATH = "/latest_producer_id_block"
+CLIENT_QUOTAS_PATH = "/config/client-quotas"
 
 MAX_JOURNAL_PARTITION = 0xFFFF
+QuotaListener = Callable[[dict[Entity, dict[str, float]]], None]
+"""Called with every configured client quota when they change, in kazoo's thread."""
 TopicListener = Callable[[str, TopicRecord | None], None]
 """Called as ``listener(name, record)`` (None: deleted) when a topic changes, in kazoo's thread."""
 
@@ -391,6 +400,64 @@ class ZooKeeperMetadataStore(MetadataStore):
         except NodeExistsError:
             self._retry(self.client.set, BROKER_CONFIG_PATH, data)
 
+    # -- client quotas ----------------------------------------------------------------------------
+    def client_quotas(self) -> dict[Entity, dict[str, float]]:
+        return self._read_quotas()[0]
+
+    def _read_quotas(self) -> tuple[dict[Entity, dict[str, float]], int]:
+        """The quotas and the node's version (-1: no node yet)."""
+        try:
+            data, stat = self._retry(self.client.get, CLIENT_QUOTAS_PATH)
+        except NoNodeError:
+            return {}, -1
+        return _quotas_from_node(data), stat.version
+
+    def alter_client_quotas(
+        self, changes: Mapping[Entity, Mapping[str, float | None]]
+    ) -> dict[Entity, dict[str, float]]:
+        """A conditional write of the quotas node on the version the change was computed
+        from; when another broker wrote meanwhile, re-read and apply the change again (the
+        change sets and removes keys, so it means the same on the newer quotas)."""
+        while True:
+            quotas, version = self._read_quotas()
+            for entity, ops in changes.items():
+                updated = apply_ops(quotas.get(entity, {}), ops)
+                if updated:
+                    quotas[entity] = updated
+                else:
+                    quotas.pop(entity, None)
+            data = _quotas_node(quotas)
+            try:
+                if version < 0:
+                    self._retry(self.client.create, CLIENT_QUOTAS_PATH, data)
+                else:
+                    self._retry(self.client.set, CLIENT_QUOTAS_PATH, data, version=version)
+            except (BadVersionError, NodeExistsError):
+                try:
+                    now, _ = self._retry(self.client.get, CLIENT_QUOTAS_PATH)
+                except NoNodeError:
+                    continue
+                if now == data:  # our own write, retried after a lost connection
+                    return quotas
+                continue
+            return quotas
+
+    def add_quota_listener(self, listener: QuotaListener) -> None:
+        """Be told of every change of the client quotas, by any broker (a data watch)."""
+
+        def on_quotas(data: bytes | None, stat: ZnodeStat | None) -> None:
+            try:
+                quotas = _quotas_from_node(data) if data else {}
+            except (ValueError, KeyError, TypeError) as exc:
+                log.error("unreadable client quotas in ZooKeeper, ignored: %s", exc)
+                return
+            try:
+                listener(quotas)
+            except Exception:
+                log.exception("client quota listener failed")
+
+        self.client.DataWatch(CLIENT_QUOTAS_PATH, on_quotas)
+
     # -- producer ids -----------------------------------------------------------------------------
     def allocate_producer_id(self) -> int:
         with self._pid_lock:
@@ -462,6 +529,22 @@ def _topic_record(name: str, topic_data: bytes, config_data: bytes) -> TopicReco
         journal_partitions=decode_mapping(node["journal_partitions"]),
         configs={str(k): str(v) for k, v in config.items()},
     )
+
+
+def _quotas_node(quotas: Mapping[Entity, Mapping[str, float]]) -> bytes:
+    entries = [
+        {"entity": [list(pair) for pair in entity], "config": dict(values)}
+        for entity, values in sorted(quotas.items(), key=lambda item: repr(item[0]))
+    ]
+    return _json({"version": 1, "quotas": entries})
+
+
+def _quotas_from_node(data: bytes) -> dict[Entity, dict[str, float]]:
+    out: dict[Entity, dict[str, float]] = {}
+    for entry in json.loads(data)["quotas"]:
+        entity = entity_of((str(t), None if n is None else str(n)) for t, n in entry["entity"])
+        out[entity] = {str(k): float(v) for k, v in entry["config"].items()}
+    return out
 
 
 def _raise_first(results: list[Any]) -> None:

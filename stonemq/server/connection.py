@@ -9,6 +9,13 @@ per connection per round. Requests of one connection may be in flight together (
 produces share a group commit) but start in arrival order, and are answered strictly in that
 order, as Kafka clients require.
 
+Client quotas (KIP-13/124/219): when a quota of the client's is configured, a request that
+takes its produce bytes or its handling time over the quota gets ``throttle_time_ms`` in its
+response, which is sent at once, and the connection is muted for that long: no request is
+read or started until the throttle time has passed (other connections go on). A fetch over
+the consumer byte rate is throttled by its handler (it answers empty). With no quota
+configured, a request costs three attribute reads here.
+
 Back-pressure, so nothing buffers without bound: at most ``queued.max.requests`` requests
 decoded and unanswered per connection (frames past that wait in the receive buffer); bytes of
 requests in flight and of frames still arriving over all connections against
@@ -21,8 +28,11 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
+import datetime
 import logging
 import time
+from collections.abc import Awaitable, Generator
 from typing import TYPE_CHECKING, Any
 
 from stonemq.handlers import REGISTRY
@@ -37,6 +47,7 @@ from stonemq.protocol.codec import (
     parse_header_prefix,
 )
 from stonemq.protocol.framing import FrameDecoder, FrameError
+from stonemq.quotas.entity import ANONYMOUS_USER, PRODUCER_BYTE_RATE, REQUEST_PERCENTAGE
 from stonemq.server.budget import RequestBudget
 from stonemq.server.dispatcher import PRODUCE_KEY, Dispatcher
 
@@ -71,6 +82,43 @@ class _Ready:
         self.pending = pending
 
 
+# request handling time in ns, as a percentage of one thread for one second (Kafka's
+# ClientRequestQuotaManager.NanosToPercentagePerSecond)
+_NANOS_TO_PERCENTAGE = 100.0 / 1e9
+
+
+class _Timed:
+    """Awaits a coroutine and adds up the time its steps ran (the time the event loop spent
+    on the request, not the time it waited for disk, other brokers or new data)."""
+
+    __slots__ = ("_coro", "ns")
+
+    def __init__(self, coro: Awaitable[Any]) -> None:
+        self._coro = coro.__await__()
+        self.ns = 0
+
+    def __await__(self) -> Generator[Any, Any, Any]:
+        step = self._coro
+        clock = time.perf_counter_ns
+        value: Any = None
+        error: BaseException | None = None
+        while True:
+            started = clock()
+            try:
+                yielded = step.send(value) if error is None else step.throw(error)
+            except StopIteration as done:
+                self.ns += clock() - started
+                return done.value
+            except BaseException:
+                self.ns += clock() - started
+                raise
+            self.ns += clock() - started
+            try:
+                value, error = (yield yielded), None
+            except BaseException as exc:  # cancellation: into the coroutine
+                value, error = None, exc
+
+
 class Connection(asyncio.BufferedProtocol):
     def __init__(
         self,
@@ -98,6 +146,11 @@ class Connection(asyncio.BufferedProtocol):
         self._held = False
         self._reading_paused = False
         self._writing_paused = False
+        self._quotas = broker.quotas
+        self._user = ANONYMOUS_USER  # the principal, for quotas (no SASL: Kafka's anonymous)
+        self._throttled = False  # muted for a quota (KIP-219)
+        self._throttled_until = 0.0
+        self._unmute: asyncio.TimerHandle | None = None
         self.last_active = self.receiving_since = time.monotonic()
 
     # -- asyncio callbacks ------------------------------------------------------------------
@@ -110,6 +163,8 @@ class Connection(asyncio.BufferedProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._closing = True
         self._registry.discard(self)
+        if self._unmute is not None:
+            self._unmute.cancel()
         for task in self._tasks:
             task.cancel()
         self._dispatcher.forget(self)
@@ -205,6 +260,7 @@ class Connection(asyncio.BufferedProtocol):
             client_host=self._peer.rpartition(":")[0],
             broker=self._broker,
             listener=self._listener,
+            user=self._user,
         )
         pending = _Pending(header, len(frame))
         self._pending.append(pending)
@@ -222,7 +278,7 @@ class Connection(asyncio.BufferedProtocol):
     def start_next(self) -> tuple[int, int] | None:
         """Start the next ready request unless the connection is closing, its client is not
         reading responses, or it is a Produce while the splitter lags (then hold)."""
-        if self._closing or self._writing_paused or not self._ready:
+        if self._closing or self._writing_paused or self._throttled or not self._ready:
             return None
         item = self._ready[0]
         api_key = item.ctx.api_key
@@ -232,6 +288,8 @@ class Connection(asyncio.BufferedProtocol):
             self.update_reading()
             return None
         self._ready.popleft()
+        if api_key == PRODUCE_KEY and self._quotas.produce_active:
+            self._record_produce(item.ctx, item.pending.size)
         task = asyncio.get_running_loop().create_task(
             self._run(item.handler, item.ctx, item.request, item.pending)
         )
@@ -252,8 +310,12 @@ class Connection(asyncio.BufferedProtocol):
     async def _run(
         self, handler: Handler, ctx: RequestContext, request: Any, pending: _Pending
     ) -> None:
+        quotas = self._quotas
+        timed = _Timed(handler(ctx, request)) if quotas.request_active else None
         try:
-            response = await handler(ctx, request)
+            response = await (handler(ctx, request) if timed is None else timed)
+            if timed is not None or ctx.throttle_ms:
+                response = self._throttle(ctx, pending, response, timed)
             if response is not None and ctx.encode_in_thread:
                 pending.response = await asyncio.get_running_loop().run_in_executor(
                     heavy_work(), encode_response_chunks, pending.header, response
@@ -274,6 +336,66 @@ class Connection(asyncio.BufferedProtocol):
             return
         pending.done = True
         self._flush()
+
+    # -- quotas -------------------------------------------------------------------------------
+    def _record_produce(self, ctx: RequestContext, size: int) -> None:
+        """Record a produce's bytes as it starts: Kafka handles one request of a connection
+        at a time, so the one that goes over the quota mutes the connection before the next
+        starts; here pipelined produces run together, so the mute must come at the start."""
+        throttle = self._quotas.record(
+            PRODUCER_BYTE_RATE, self._user, ctx.client_id or "", size, time.monotonic() * 1000
+        )
+        if throttle > 0:
+            ctx.throttle_ms = throttle
+            self.mute(throttle)
+
+    def _throttle(
+        self, ctx: RequestContext, pending: _Pending, response: Any, timed: _Timed | None
+    ) -> Any:
+        """Record the request's handling time against the client's request quota; if it, or
+        the produce or fetch quota, went over, mute the connection for the throttle time and
+        put it in the response's ``throttle_time_ms``."""
+        quotas = self._quotas
+        now_ms = time.monotonic() * 1000
+        client_id = ctx.client_id or ""
+        throttle = ctx.throttle_ms
+        if timed is not None:
+            percentage = timed.ns * _NANOS_TO_PERCENTAGE
+            used = quotas.record(REQUEST_PERCENTAGE, self._user, client_id, percentage, now_ms)
+            throttle = max(throttle, used)
+        if throttle <= 0:
+            return response
+        self.mute(throttle)
+        if response is not None and hasattr(response, "throttle_time"):
+            response = dataclasses.replace(
+                response, throttle_time=datetime.timedelta(milliseconds=throttle)
+            )
+        return response
+
+    def mute(self, throttle_ms: int) -> None:
+        """Read and start nothing more of this connection for ``throttle_ms`` (KIP-219)."""
+        until = time.monotonic() + throttle_ms / 1000
+        if self._closing or until <= self._throttled_until:
+            return
+        self._throttled_until = until
+        self._throttled = True
+        if self._unmute is not None:
+            self._unmute.cancel()
+        self._unmute = asyncio.get_running_loop().call_later(throttle_ms / 1000, self._unmuted)
+        self.update_reading()
+
+    def _unmuted(self) -> None:
+        self._unmute = None
+        self._throttled = False
+        if self._closing:
+            return
+        self.update_reading()
+        if self._ready:
+            self._dispatcher.ready(self)
+
+    @property
+    def throttled(self) -> bool:
+        return self._throttled
 
     # -- responses and back-pressure ------------------------------------------------------------
     def _flush(self) -> None:
@@ -298,7 +420,10 @@ class Connection(asyncio.BufferedProtocol):
             return
         budget = self._budget
         should_pause = (
-            self._writing_paused or self._held or len(self._pending) >= self._max_requests
+            self._writing_paused
+            or self._held
+            or self._throttled
+            or len(self._pending) >= self._max_requests
         )
         if not should_pause and not budget.may_read(self, self._decoder.needs_growth):
             should_pause = True

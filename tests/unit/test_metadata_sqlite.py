@@ -143,6 +143,24 @@ def test_producer_ids_never_repeat_across_reopen(path: Path) -> None:
     assert len(seen) == PRODUCER_ID_BLOCK + 5 + 9
 
 
+def test_a_version_1_file_gets_the_client_quotas_table(path: Path) -> None:
+    store = SqliteMetadataStore(path)
+    store.create_topic("kept", [0], {})
+    store.close()
+    conn = sqlite3.connect(path)
+    conn.execute("DROP TABLE client_quotas")
+    conn.execute("UPDATE schema_version SET version = 1")
+    conn.commit()
+    conn.close()
+    store = SqliteMetadataStore(path)
+    assert store.schema_version() == SCHEMA_VERSION == 2
+    assert store.get_topic("kept") is not None
+    assert store.alter_client_quotas({(("client-id", "x"),): {"producer_byte_rate": 5.0}}) == {
+        (("client-id", "x"),): {"producer_byte_rate": 5.0}
+    }
+    store.close()
+
+
 def test_newer_schema_is_refused(path: Path) -> None:
     SqliteMetadataStore(path).close()
     conn = sqlite3.connect(path)

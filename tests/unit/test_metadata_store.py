@@ -32,6 +32,8 @@ from stonemq.metadata.zookeeper import (
     decode_mapping,
     encode_mapping,
 )
+from stonemq.quotas.entity import CLIENT_ID as CLIENT_T
+from stonemq.quotas.entity import USER as USER_T
 
 _chroots = itertools.count()
 
@@ -143,6 +145,37 @@ def test_producer_ids_never_repeat_across_reopen(opener: Opener) -> None:
     assert len(seen) == PRODUCER_ID_BLOCK + 11
 
 
+U_DEFAULT = ((USER_T, None),)
+C_A = ((CLIENT_T, "A"),)
+U_C = ((CLIENT_T, "c"), (USER_T, "u"))
+
+
+def test_client_quotas_alter_remove_and_survive(opener: Opener) -> None:
+    store = opener()
+    assert store.client_quotas() == {}
+    after = store.alter_client_quotas(
+        {C_A: {"producer_byte_rate": 1048576.0}, U_DEFAULT: {"request_percentage": 50.0}}
+    )
+    assert after == {
+        C_A: {"producer_byte_rate": 1048576.0},
+        U_DEFAULT: {"request_percentage": 50.0},
+    }
+    store.alter_client_quotas(
+        {
+            C_A: {"consumer_byte_rate": 2048.0, "producer_byte_rate": None},
+            U_DEFAULT: {"request_percentage": None},  # its last key: the entity goes
+            U_C: {"producer_byte_rate": 10.0},
+            ((CLIENT_T, "never"),): {"producer_byte_rate": None},  # removing nothing
+        }
+    )
+    store.close()
+    store = opener()
+    assert store.client_quotas() == {
+        C_A: {"consumer_byte_rate": 2048.0},
+        U_C: {"producer_byte_rate": 10.0},
+    }
+
+
 # -- what a cluster adds (ZooKeeper) ------------------------------------------------------------
 @pytest.fixture
 def two_brokers(zookeeper: zkserver.ZooKeeperServer) -> Iterator[tuple[Any, Any]]:
@@ -191,6 +224,37 @@ def test_of_two_racing_conditional_writes_one_wins(two_brokers: tuple[Any, Any])
         b.set_topic_configs("t", {"x": "2"})
     data, _ = a.client.get(f"{TOPICS_PATH}/t")
     assert decode_mapping(__import__("json").loads(data)["journal_partitions"]) == (0, 1, 2)
+
+
+@pytest.mark.cluster
+def test_each_broker_sees_the_others_client_quotas(two_brokers: tuple[Any, Any]) -> None:
+    a, b = two_brokers
+    seen: list[dict[Any, Any]] = []
+    b.add_quota_listener(seen.append)
+    eventually(lambda: seen == [{}])  # the watch reports the current state first
+    a.alter_client_quotas({C_A: {"producer_byte_rate": 1000.0}})
+    eventually(lambda: seen[-1] == {C_A: {"producer_byte_rate": 1000.0}})
+    assert b.client_quotas() == {C_A: {"producer_byte_rate": 1000.0}}
+
+
+@pytest.mark.cluster
+def test_racing_client_quota_changes_are_all_kept(two_brokers: tuple[Any, Any]) -> None:
+    """Two brokers altering different entities at once: the conditional write of the one
+    that loses is redone on the winner's quotas, so neither change is lost."""
+    a, b = two_brokers
+
+    def alter(store: Any, name: str) -> None:
+        for i in range(20):
+            store.alter_client_quotas({((CLIENT_T, f"{name}{i}"),): {"producer_byte_rate": 1.0}})
+
+    threads = [threading.Thread(target=alter, args=(s, n)) for s, n in ((a, "a"), (b, "b"))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    quotas = a.client_quotas()
+    assert len(quotas) == 40
+    assert quotas == b.client_quotas()
 
 
 @pytest.mark.cluster
