@@ -515,6 +515,9 @@ def tables(res: dict[str, Any]) -> str:
             "",
         ]
     lines += archive_table(res)
+    from bench import spark_source
+
+    lines += spark_source.table(res)
     lines += interference_table(res)
     return "\n".join(lines)
 

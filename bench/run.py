@@ -26,7 +26,16 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from bench import archive, baselines, clients, interference, multiproduce, procs, report
+from bench import (
+    archive,
+    baselines,
+    clients,
+    interference,
+    multiproduce,
+    procs,
+    report,
+    spark_source,
+)
 from stonemq.config import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -717,4 +726,5 @@ WORKLOADS: dict[str, Callable[[Run], None]] = {
     "recovery": Run.recovery,
     "archive": archive.run_archive,
     "interference": interference.run_interference,
+    "spark-source": spark_source.run_spark_source,
 }

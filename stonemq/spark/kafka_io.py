@@ -1,0 +1,474 @@
+"""The ``stonemq`` data source's I/O: partition metadata and offsets from the broker
+(confluent-kafka, on the driver), and the rows of one planned offset range as Arrow batches
+(on an executor): archived ranges straight from the cold store's committed Parquet files
+(pyarrow + fsspec), the rest over the Kafka protocol.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from stonemq.spark.options import (
+    EARLIEST,
+    LATEST,
+    Bound,
+    ColdPart,
+    OffsetRange,
+    SourceOptions,
+    TopicPartitionKey,
+)
+
+BATCH_ROWS = 8192
+HEADER_TYPE = pa.struct([pa.field("key", pa.string()), pa.field("value", pa.binary())])
+HEADERS_TYPE = pa.list_(pa.field("element", HEADER_TYPE))
+TS_TYPE = pa.timestamp("us", tz="UTC")
+
+
+class SourceError(RuntimeError):
+    """A read the source cannot do: a missing topic, an unreachable broker, offsets lost to
+    retention (with failOnDataLoss=true)."""
+
+
+class DataLossError(SourceError):
+    """Offsets the query needs are gone (retention, a deleted and re-created topic)."""
+
+
+def arrow_schema(include_headers: bool) -> pa.Schema:
+    fields = [
+        pa.field("key", pa.binary()),
+        pa.field("value", pa.binary()),
+        pa.field("topic", pa.string()),
+        pa.field("partition", pa.int32()),
+        pa.field("offset", pa.int64()),
+        pa.field("timestamp", TS_TYPE),
+        pa.field("timestampType", pa.int32()),
+    ]
+    if include_headers:
+        fields.append(pa.field("headers", HEADERS_TYPE))
+    return pa.schema(fields)
+
+
+def _client_config(opts: SourceOptions) -> dict[str, Any]:
+    conf: dict[str, Any] = {
+        "bootstrap.servers": opts.bootstrap,
+        "group.id": f"stonemq-spark-{uuid.uuid4().hex[:12]}",  # never joined: assign() only
+        "enable.auto.commit": False,
+        "enable.auto.offset.store": False,
+        "enable.partition.eof": True,
+        "auto.offset.reset": "error",
+        "allow.auto.create.topics": False,
+    }
+    conf.update(opts.consumer_config)
+    return conf
+
+
+def _store(opts: Mapping[str, str]) -> Any:
+    from stonemq.tiering.cold_store import StoreSpec
+
+    return StoreSpec(**opts).open()
+
+
+# -- the driver -----------------------------------------------------------------------------
+class Broker:
+    """The driver's view of the cluster through one confluent-kafka consumer (metadata,
+    watermarks, offsets by time); never joins a group."""
+
+    def __init__(self, opts: SourceOptions) -> None:
+        from confluent_kafka import Consumer
+
+        self.opts = opts
+        self.timeout_s = opts.timeout_ms / 1000
+        self.consumer = Consumer(_client_config(opts))
+
+    def close(self) -> None:
+        self.consumer.close()
+
+    def __enter__(self) -> Broker:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def partitions(self) -> list[TopicPartitionKey]:
+        """The topic partitions the options select, sorted. A subscribed or assigned topic
+        that does not exist is an error; a pattern may match nothing."""
+        from confluent_kafka import KafkaException
+
+        try:
+            meta = self.consumer.list_topics(timeout=self.timeout_s)
+        except KafkaException as exc:
+            raise SourceError(
+                f"no broker reachable at {self.opts.bootstrap} within "
+                f"{self.opts.timeout_ms} ms (kafka.default.api.timeout.ms): {exc}"
+            ) from None
+        topics = {name: t for name, t in meta.topics.items() if t.error is None}
+        wanted: list[TopicPartitionKey] = []
+        if self.opts.subscribe:
+            missing = [t for t in self.opts.subscribe if t not in topics]
+            if missing:
+                raise SourceError(
+                    f"topic(s) {', '.join(missing)} do not exist on {self.opts.bootstrap} "
+                    "(UNKNOWN_TOPIC_OR_PARTITION)"
+                )
+            for name in self.opts.subscribe:
+                wanted += [(name, p) for p in topics[name].partitions]
+        elif self.opts.pattern is not None:
+            for name, t in topics.items():
+                if self.opts.topic_matches(name) and not name.startswith("__"):
+                    wanted += [(name, p) for p in t.partitions]
+        else:
+            for name, p in self.opts.assign:
+                if name not in topics or p not in topics[name].partitions:
+                    raise SourceError(
+                        f"assigned partition {name}-{p} does not exist on "
+                        f"{self.opts.bootstrap} (UNKNOWN_TOPIC_OR_PARTITION)"
+                    )
+                wanted.append((name, p))
+        return sorted(set(wanted))
+
+    def watermarks(self, tps: list[TopicPartitionKey]) -> dict[TopicPartitionKey, tuple[int, int]]:
+        """(earliest, latest) per partition: the log start (the cold log start on a tiered
+        topic) and the high watermark (the last stable offset under read_committed)."""
+        from confluent_kafka import KafkaException, TopicPartition
+
+        out = {}
+        for topic, partition in tps:
+            try:
+                low, high = self.consumer.get_watermark_offsets(
+                    TopicPartition(topic, partition), timeout=self.timeout_s, cached=False
+                )
+            except KafkaException as exc:
+                raise SourceError(f"ListOffsets of {topic}-{partition} failed: {exc}") from None
+            out[(topic, partition)] = (int(low), int(high))
+        return out
+
+    def offsets_for_times(
+        self, wanted: Mapping[TopicPartitionKey, int]
+    ) -> dict[TopicPartitionKey, int]:
+        """ListOffsets by time: the first offset whose timestamp is >= the given one, or -1
+        when there is none."""
+        from confluent_kafka import KafkaException, TopicPartition
+
+        if not wanted:
+            return {}
+        query = [TopicPartition(t, p, ts) for (t, p), ts in wanted.items()]
+        try:
+            found = self.consumer.offsets_for_times(query, timeout=self.timeout_s)
+        except KafkaException as exc:
+            raise SourceError(f"ListOffsets by timestamp failed: {exc}") from None
+        out = {}
+        for tp in found:
+            if tp.error is not None:
+                raise SourceError(
+                    f"ListOffsets by timestamp of {tp.topic}-{tp.partition}: {tp.error}"
+                )
+            out[(tp.topic, tp.partition)] = int(tp.offset)
+        return out
+
+    def resolve(
+        self,
+        bound: Bound,
+        tps: list[TopicPartitionKey],
+        marks: Mapping[TopicPartitionKey, tuple[int, int]],
+        *,
+        starting: bool,
+    ) -> dict[TopicPartitionKey, int]:
+        """Concrete offsets for a starting or ending bound (Spark's Kafka semantics: JSON
+        offsets name every partition read; by timestamp, a partition not named starts at
+        earliest / ends at latest, and a timestamp with no offset at or after it ends at
+        latest and as a start fails unless startingOffsetsByTimestampStrategy=latest)."""
+        if bound.kind == "earliest":
+            return {tp: marks[tp][0] for tp in tps}
+        if bound.kind == "latest":
+            return {tp: marks[tp][1] for tp in tps}
+        if bound.kind == "specific":
+            if set(bound.offsets) != set(tps):  # Spark's Kafka source asserts the same
+                name = "startingOffsets" if starting else "endingOffsets"
+                raise SourceError(
+                    f"{name} names {sorted(bound.offsets)} but the query reads "
+                    f"{sorted(tps)}: if {name} contains specific offsets, you must specify "
+                    "all topic partitions (-2 for earliest, -1 for latest)"
+                )
+            out = {}
+            for tp in tps:
+                value = bound.offsets[tp]
+                out[tp] = (
+                    marks[tp][0]
+                    if value == EARLIEST
+                    else marks[tp][1]
+                    if value == LATEST
+                    else value
+                )
+            return out
+        if bound.kind == "timestamp":
+            assert bound.timestamp_ms is not None
+            query = {tp: bound.timestamp_ms for tp in tps}
+        else:
+            unknown = set(bound.offsets) - set(tps)
+            if unknown:
+                raise SourceError(
+                    f"offsets by timestamp name partitions not read: {sorted(unknown)}"
+                )
+            query = {tp: bound.offsets[tp] for tp in tps if tp in bound.offsets}
+        found = self.offsets_for_times(query)
+        out = {}
+        for tp in tps:
+            if tp not in query:
+                out[tp] = marks[tp][0] if starting else marks[tp][1]
+                continue
+            offset = found.get(tp, -1)
+            if offset < 0:
+                if starting and self.opts.timestamp_strategy == "error":
+                    raise SourceError(
+                        f"no offset of {tp[0]}-{tp[1]} has a timestamp >= {query[tp]} "
+                        "(set startingOffsetsByTimestampStrategy=latest to start at the end)"
+                    )
+                offset = marks[tp][1]
+            out[tp] = offset
+        return out
+
+    def cold_parts(self, tps: list[TopicPartitionKey]) -> dict[TopicPartitionKey, ColdPart]:
+        """Per partition, what the cold store's manifest has committed; {} without a store
+        option or under read_committed (the archive keeps aborted records)."""
+        if not self.opts.store.get("url") or self.opts.read_committed:
+            return {}
+        from stonemq.tiering import manifest as mf
+
+        store = _store(self.opts.store)
+        ids = self._topic_ids({t for t, _ in tps})
+        out = {}
+        for topic, partition in tps:
+            current = mf.load(store, topic, partition, ids.get(topic))
+            if current.files:
+                out[(topic, partition)] = ColdPart(
+                    current.start_offset,
+                    current.next_offset,
+                    tuple((f.first, f.last, f.key) for f in current.files),
+                )
+        return out
+
+    def _topic_ids(self, topics: set[str]) -> dict[str, str]:
+        """Topic ids (a manifest of an older topic of the same name counts as empty)."""
+        from confluent_kafka.admin import AdminClient
+
+        admin = AdminClient({"bootstrap.servers": self.opts.bootstrap})
+        out = {}
+        try:
+            from confluent_kafka import TopicCollection
+
+            futures = admin.describe_topics(TopicCollection(sorted(topics)))
+            for name, fut in futures.items():
+                tid = fut.result(timeout=self.timeout_s).topic_id
+                if tid is not None:
+                    high = tid.get_most_significant_bits() & (2**64 - 1)
+                    low = tid.get_least_significant_bits() & (2**64 - 1)
+                    out[name] = str(uuid.UUID(int=(high << 64) | low))
+        except Exception:  # an older broker without DescribeTopicPartitions: no id check
+            return {}
+        return out
+
+
+# -- the executors --------------------------------------------------------------------------
+@dataclass(slots=True)
+class ReadContext:
+    """What an executor needs to read a range (picklable)."""
+
+    opts: SourceOptions
+
+    def read(self, r: OffsetRange) -> Iterator[pa.RecordBatch]:
+        if r.cold:
+            yield from read_cold(self.opts, r)
+        else:
+            yield from read_kafka(self.opts, r)
+
+
+def read_cold(opts: SourceOptions, r: OffsetRange) -> Iterator[pa.RecordBatch]:
+    """Rows of ``[r.start, r.end)`` from the committed Parquet files the plan named, row
+    groups outside the range skipped by their statistics."""
+    store = _store(opts.store)
+    schema = arrow_schema(opts.include_headers)
+    columns = ["offset", "timestamp", "timestamp_type", "key", "value"]
+    if opts.include_headers:
+        columns.append("headers")
+    for first, last, key in r.files:
+        if key is None or last < r.start or first >= r.end:
+            continue
+        try:
+            fh = store.open_read(key)
+        except FileNotFoundError:
+            yield from _lost(opts, r, f"archived file {key} was removed by cold retention")
+            return
+        with fh:
+            pf = pq.ParquetFile(fh)
+            meta = pf.metadata
+            col = meta.schema.names.index("offset")
+            for rg in range(meta.num_row_groups):
+                stats = meta.row_group(rg).column(col).statistics
+                if (
+                    stats is not None
+                    and stats.has_min_max
+                    and (stats.max < r.start or stats.min >= r.end)
+                ):
+                    continue
+                table = pf.read_row_group(rg, columns=columns)
+                offsets = table.column("offset")
+                mask = pc.and_(pc.greater_equal(offsets, r.start), pc.less(offsets, r.end))
+                table = table.filter(mask)
+                if table.num_rows:
+                    yield from _cold_batches(table, r, schema, opts.include_headers)
+
+
+def _cold_batches(
+    table: pa.Table, r: OffsetRange, schema: pa.Schema, headers: bool
+) -> Iterator[pa.RecordBatch]:
+    n = table.num_rows
+    kinds = pc.cast(pc.equal(table.column("timestamp_type"), "LogAppendTime"), pa.int32())
+    arrays = [
+        table.column("key").cast(pa.binary()),
+        table.column("value").cast(pa.binary()),
+        pa.repeat(pa.scalar(r.topic, pa.string()), n),
+        pa.repeat(pa.scalar(r.partition, pa.int32()), n),
+        table.column("offset").cast(pa.int64()),
+        table.column("timestamp").cast(TS_TYPE),
+        kinds.fill_null(0),
+    ]
+    if headers:
+        arrays.append(table.column("headers").cast(HEADERS_TYPE))
+    out = pa.Table.from_arrays(arrays, schema=schema)
+    yield from out.to_batches(max_chunksize=BATCH_ROWS)
+
+
+def _lost(opts: SourceOptions, r: OffsetRange, why: str) -> Iterator[pa.RecordBatch]:
+    if opts.fail_on_data_loss:
+        raise DataLossError(
+            f"{r.topic}-{r.partition} offsets {r.start}..{r.end - 1}: {why}. Some data may "
+            "have been lost; set failOnDataLoss=false to go on without it."
+        )
+    return iter(())
+
+
+class _Rows:
+    __slots__ = ("headers", "keys", "kinds", "offsets", "stamps", "values")
+
+    def __init__(self) -> None:
+        self.keys: list[bytes | None] = []
+        self.values: list[bytes | None] = []
+        self.offsets: list[int] = []
+        self.stamps: list[int] = []
+        self.kinds: list[int] = []
+        self.headers: list[list[dict[str, Any]]] = []
+
+    def batch(self, r: OffsetRange, schema: pa.Schema, headers: bool) -> pa.RecordBatch:
+        n = len(self.offsets)
+        arrays = [
+            pa.array(self.keys, pa.binary()),
+            pa.array(self.values, pa.binary()),
+            pa.array([r.topic] * n, pa.string()),
+            pa.array([r.partition] * n, pa.int32()),
+            pa.array(self.offsets, pa.int64()),
+            pa.array(self.stamps, pa.int64()).cast(TS_TYPE),
+            pa.array(self.kinds, pa.int32()),
+        ]
+        if headers:
+            arrays.append(pa.array(self.headers, HEADERS_TYPE))
+        return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
+def read_kafka(opts: SourceOptions, r: OffsetRange) -> Iterator[pa.RecordBatch]:
+    """Rows of ``[r.start, r.end)`` fetched with confluent-kafka by assignment. Offsets may
+    be missing inside the range (control records, compaction); the range is done once the
+    consumer's position reaches ``r.end``."""
+    from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+    schema = arrow_schema(opts.include_headers)
+    want_headers = opts.include_headers
+    conf = _client_config(opts)
+    conf.setdefault("fetch.wait.max.ms", 100)
+    consumer = Consumer(conf)
+    tp = TopicPartition(r.topic, r.partition, r.start)
+    try:
+        consumer.assign([tp])
+        rows = _Rows()
+        deadline = time.monotonic() + opts.poll_timeout_ms / 1000
+        done = False
+        while not done:
+            msgs = consumer.consume(num_messages=BATCH_ROWS, timeout=0.5)
+            if not msgs:
+                if time.monotonic() > deadline:
+                    raise SourceError(
+                        f"no records of {r.topic}-{r.partition} from offset "
+                        f"{_position(consumer, tp)} within {opts.poll_timeout_ms} ms "
+                        "(kafkaConsumer.pollTimeoutMs)"
+                    )
+                continue
+            deadline = time.monotonic() + opts.poll_timeout_ms / 1000
+            for msg in msgs:
+                err = msg.error()
+                if err is not None:
+                    if err.code() == KafkaError._PARTITION_EOF:
+                        if msg.offset() >= r.end:
+                            done = True
+                            break
+                        _, high = consumer.get_watermark_offsets(tp, timeout=10, cached=False)
+                        if high < r.end:  # the log ends before the planned range does
+                            yield from _lost(
+                                opts, r, f"the log now ends at {high}, before offset {r.end}"
+                            )
+                            done = True
+                            break
+                        continue
+                    if err.code() in (
+                        KafkaError._AUTO_OFFSET_RESET,
+                        KafkaError.OFFSET_OUT_OF_RANGE,
+                    ):
+                        yield from _lost(opts, r, f"offset out of range ({err.str()})")
+                        return
+                    if err.code() in (
+                        KafkaError.UNKNOWN_TOPIC_OR_PART,
+                        KafkaError._UNKNOWN_TOPIC,
+                        KafkaError._UNKNOWN_PARTITION,
+                    ):
+                        yield from _lost(opts, r, f"the topic partition is gone ({err.str()})")
+                        return
+                    if err.fatal() or not err.retriable():
+                        raise SourceError(f"reading {r.topic}-{r.partition}: {err.str()}")
+                    continue
+                offset = msg.offset()
+                if offset >= r.end:
+                    done = True
+                    break
+                if offset < r.start:
+                    continue
+                kind, stamp = msg.timestamp()
+                rows.keys.append(msg.key())
+                rows.values.append(msg.value())
+                rows.offsets.append(offset)
+                rows.stamps.append(stamp * 1000)
+                rows.kinds.append(1 if kind == 2 else 0)  # TIMESTAMP_LOG_APPEND_TIME
+                if want_headers:
+                    rows.headers.append([{"key": k, "value": v} for k, v in (msg.headers() or ())])
+                if offset == r.end - 1:
+                    done = True
+                    break
+            if len(rows.offsets) >= BATCH_ROWS or (done and rows.offsets):
+                yield rows.batch(r, schema, want_headers)
+                rows = _Rows()
+        if rows.offsets:
+            yield rows.batch(r, schema, want_headers)
+    finally:
+        consumer.close()
+
+
+def _position(consumer: Any, tp: Any) -> int:
+    try:
+        return int(consumer.position([tp])[0].offset)
+    except Exception:
+        return -1
