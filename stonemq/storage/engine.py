@@ -21,7 +21,7 @@ import struct
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -170,7 +170,7 @@ class _Flushing:
         queue: QueueLog,
         point: QueueRecoveryPoint,
         first_unflushed: int | None,
-        unflushed: list[Segment],
+        unflushed: list[Segment] | tuple[()],
         paths: list[str],
     ) -> None:
         self.queue = queue
@@ -187,7 +187,7 @@ class _Flushing:
             queue.first_unflushed_journal_position = (
                 self.first_unflushed if current is None else min(self.first_unflushed, current)
             )
-        queue.unflushed = self.unflushed + queue.unflushed
+        queue.unflushed = [*self.unflushed, *queue.unflushed]
 
 
 DISK_READ_THREADS = 4
@@ -235,7 +235,7 @@ def _write_index_and_fsync(files: OpenFiles, jobs: list[IndexWrite], paths: list
     fsync_paths(paths)
 
 
-def _remove_files(paths: list[str], create: list[str] | None = None) -> None:
+def _remove_files(paths: Sequence[str], create: Sequence[str] = ()) -> None:
     """Directory thread: create the new empty segment files a roll left (they hold the log
     end across a restart, so they exist before anything older goes), then unlink dropped
     segments' files (a file that cannot be unlinked is logged: it holds nothing the log
@@ -304,6 +304,7 @@ class _Partition:
         "next_offset",
         "partition",
         "queue",
+        "recovery_point",
         "topic",
         "topic_id",
         "unflushed_messages",
@@ -320,6 +321,78 @@ class _Partition:
         self.next_offset = 0  # next offset to assign (log end offset)
         self.queue: QueueLog | None = None  # opened on first use
         self.unflushed_messages = 0  # records appended since flush.messages last forced fsync
+        # its queue log's state at the last flush (checkpointed); None: none flushed
+        self.recovery_point: QueueRecoveryPoint | None = None
+
+
+class _Registry:
+    """The registered partitions, by (topic, partition) and by (topic id, partition): a dict
+    of partitions per topic name and one per topic id. No tuple key per partition (two of
+    them, 56 bytes each, and a third container entry cost about 200 bytes per partition)."""
+
+    __slots__ = ("_ids", "_names")
+
+    def __init__(self) -> None:
+        self._names: dict[str, dict[int, _Partition]] = {}
+        self._ids: dict[bytes, dict[int, _Partition]] = {}
+
+    def get(self, key: tuple[str, int]) -> _Partition | None:
+        parts = self._names.get(key[0])
+        return None if parts is None else parts.get(key[1])
+
+    def by_id(self, topic_id: bytes, partition: int) -> _Partition | None:
+        parts = self._ids.get(topic_id)
+        return None if parts is None else parts.get(partition)
+
+    def __contains__(self, key: tuple[str, int]) -> bool:
+        return self.get(key) is not None
+
+    def __getitem__(self, key: tuple[str, int]) -> _Partition:
+        state = self.get(key)
+        if state is None:
+            raise KeyError(key)
+        return state
+
+    def __iter__(self) -> Iterator[tuple[str, int]]:
+        """The (topic, partition) keys."""
+        for topic, parts in self._names.items():
+            for partition in parts:
+                yield topic, partition
+
+    def __len__(self) -> int:
+        return sum(len(parts) for parts in self._names.values())
+
+    def values(self) -> Iterator[_Partition]:
+        for parts in self._names.values():
+            yield from parts.values()
+
+    def topic(self, topic: str) -> list[_Partition]:
+        parts = self._names.get(topic)
+        return [] if parts is None else list(parts.values())
+
+    def topic_id_of(self, topic: str) -> bytes | None:
+        """The id of a registered partition of ``topic`` (shared: one bytes object per topic,
+        not one per partition)."""
+        parts = self._names.get(topic)
+        return None if not parts else next(iter(parts.values())).topic_id
+
+    def add(self, state: _Partition) -> None:
+        self._names.setdefault(state.topic, {})[state.partition] = state
+        self._ids.setdefault(state.topic_id, {})[state.partition] = state
+
+    def remove(self, state: _Partition) -> None:
+        if _drop(self._names.get(state.topic), state):
+            del self._names[state.topic]
+        if _drop(self._ids.get(state.topic_id), state):
+            del self._ids[state.topic_id]
+
+
+def _drop(parts: dict[int, _Partition] | None, state: _Partition) -> bool:
+    """Take ``state`` out of ``parts`` (if there); True when ``parts`` is left empty."""
+    if parts is None or parts.get(state.partition) is not state:
+        return False
+    del parts[state.partition]
+    return not parts
 
 
 class StorageEngine:
@@ -395,10 +468,7 @@ class StorageEngine:
                 journal.on_visible = functools.partial(self._on_replicated_visible, journal.index)
         # appends wait while the read directory lacks room to split what is acknowledged
         self._headroom = SplitHeadroom(self._queue_dir, self.unsplit_bytes)
-        self._by_name: dict[tuple[str, int], _Partition] = {}
-        self._by_id: dict[tuple[bytes, int], _Partition] = {}
-        self._topics: dict[str, list[_Partition]] = {}
-        self._queue_rps: dict[tuple[str, int], QueueRecoveryPoint] = {}
+        self._by_name = _Registry()
         # log start offsets that retention or DeleteRecords advanced (checkpointed)
         self._log_starts: dict[tuple[str, int], int] = {}
         self._log_starts_changed = False
@@ -454,6 +524,9 @@ class StorageEngine:
             )
         key = (topic, partition)
         tid = topic_id.bytes
+        known = self._by_name.topic_id_of(topic)
+        if known == tid:
+            tid = known  # one bytes object per topic
         state = self._by_name.get(key)
         if state is not None:
             if state.topic_id == tid:
@@ -465,9 +538,7 @@ class StorageEngine:
             self._forget(state)  # the name now belongs to a new topic
         state = _Partition(tid, topic, partition, journal_partition, config)
         self._headroom.note_config(config.segment_bytes, config.index_interval_bytes)
-        self._by_name[key] = state
-        self._by_id[(tid, partition)] = state
-        self._topics.setdefault(topic, []).append(state)
+        self._by_name.add(state)
         if self._recovered:
             # a partition added while serving is new: no directory of its name exists (a
             # deleted topic's name stays taken until its directories are gone, and recovery
@@ -530,7 +601,7 @@ class StorageEngine:
 
     def update_config(self, topic: str, config: LogConfig) -> None:
         self._headroom.note_config(config.segment_bytes, config.index_interval_bytes)
-        for state in self._topics.get(topic, ()):
+        for state in self._by_name.topic(topic):
             state.config = config
             if state.queue is not None:
                 state.queue.config = config
@@ -540,10 +611,10 @@ class StorageEngine:
         clients between steps), then delete its queue-log directories in the directory
         thread, in order with the directories it was asked to create before; returns once
         they are gone. Journal entries still pending for it are dropped by the splitter."""
-        states = self._topics.pop(topic, [])
+        states = self._by_name.topic(topic)
         paths = []
         for i, state in enumerate(states, 1):
-            self._forget(state, listed=False)
+            self._forget(state)
             paths.append(self._queue_path(topic, state.partition))
             if i % STEP_PARTITIONS == 0:
                 await asyncio.sleep(0)
@@ -572,20 +643,13 @@ class StorageEngine:
             except RuntimeError:  # the directory thread is shut down: the broker is stopping
                 return
 
-    def _forget(self, state: _Partition, listed: bool = True) -> None:
-        """Drop a partition's state and close its files (``listed``: also take it out of its
-        topic's list, which a whole-topic removal drops at once)."""
+    def _forget(self, state: _Partition) -> None:
+        """Drop a partition's state and close its files."""
         key = (state.topic, state.partition)
-        self._by_name.pop(key, None)
-        self._by_id.pop((state.topic_id, state.partition), None)
-        self._queue_rps.pop(key, None)
+        self._by_name.remove(state)
+        state.recovery_point = None
         if self._log_starts.pop(key, None) is not None:
             self._log_starts_changed = True
-        states = self._topics.get(state.topic) if listed else None
-        if states is not None:
-            states.remove(state)
-            if not states:
-                del self._topics[state.topic]
         if state.queue is not None:
             self._dirty.discard(state.queue)
             state.queue.close_files()
@@ -602,7 +666,9 @@ class StorageEngine:
             names = os.listdir(self._queue_dir)
         except FileNotFoundError:
             return
-        known = {os.path.basename(self._queue_path(t, p)) for t, p in self._by_name}
+        known = {
+            os.path.basename(self._queue_path(s.topic, s.partition)) for s in self._by_name.values()
+        }
         now_ms = int(time.time() * 1000)
         for name in names:
             _, dash, partition = name.rpartition("-")
@@ -625,7 +691,7 @@ class StorageEngine:
         queue = state.queue
         if queue is None:
             queue = state.queue = QueueLog(
-                self._queue_path(state.topic, state.partition),
+                self._queue_dir,
                 state.topic,
                 state.partition,
                 state.journal,
@@ -642,7 +708,7 @@ class StorageEngine:
         journal keeps the batch as produced; the queue log, which consumers read, gets the
         topic's codec. Deterministic, so a re-split after a crash writes the same bytes."""
         for entry in entries:
-            state = self._by_id.get((entry.topic_id, entry.partition))
+            state = self._by_name.by_id(entry.topic_id, entry.partition)
             if state is None:
                 continue
             config = state.config
@@ -664,7 +730,7 @@ class StorageEngine:
                 )
 
     def _resolve(self, topic_id: bytes, partition: int) -> QueueLog | None:
-        state = self._by_id.get((topic_id, partition))
+        state = self._by_name.by_id(topic_id, partition)
         if state is None:
             return None
         return state.queue or self._open_queue(state)
@@ -675,7 +741,7 @@ class StorageEngine:
         started = time.monotonic()
         journal_rps = read_positions(os.path.join(self._journal_dir, JOURNAL_RECOVERY_POINT_FILE))
         split_points = read_positions(os.path.join(self._journal_dir, SPLIT_POSITION_FILE))
-        self._queue_rps = read_queue_recovery_points(
+        queue_rps = read_queue_recovery_points(
             os.path.join(self._queue_dir, QUEUE_RECOVERY_POINT_FILE)
         )
         self._log_starts = read_offsets(os.path.join(self._queue_dir, LOG_START_OFFSET_FILE))
@@ -691,16 +757,18 @@ class StorageEngine:
                 cache.truncate_from_start(journal.start_position)
         self._set_aside_strays()
         queue_cut = 0
-        for key, state in self._by_name.items():
+        for state in self._by_name.values():
+            key = (state.topic, state.partition)
             state.queue = None
+            state.recovery_point = queue_rps.get(key)
             if os.path.isdir(self._queue_path(*key)):
                 queue_cut += self._open_queue(state).recover(
-                    self._queue_rps.get(key), self._log_starts.get(key, 0)
+                    state.recovery_point, self._log_starts.get(key, 0)
                 )
         starts = []
         for j, journal in enumerate(self._journals):
             start = split_points.get(j, journal.start_position)
-            for rp in self._queue_rps.values():
+            for rp in queue_rps.values():
                 if rp.journal_partition == j and rp.journal_position >= 0:
                     start = min(start, rp.journal_position)
             starts.append(min(max(start, journal.start_position), journal.written_end))
@@ -768,11 +836,11 @@ class StorageEngine:
         point's segment on, and its new recovery point written. Without this, the journal
         segments behind such a tail could go while the tail itself is not yet durable."""
         changed: list[tuple[QueueLog, QueueRecoveryPoint | None]] = []
-        for key, state in self._by_name.items():
+        for state in self._by_name.values():
             queue = state.queue
             if queue is None or not queue.segments:
                 continue
-            rp = self._queue_rps.get(key)
+            rp = state.recovery_point
             now = queue.recovery_point()
             if (
                 queue in self._dirty
@@ -792,17 +860,29 @@ class StorageEngine:
         fsync_paths(sorted(set(paths), key=paths.index))
         for queue, _ in changed:
             queue.mark_flushing()
-            self._queue_rps[(queue.topic, queue.partition)] = queue.recovery_point()
+            self._set_recovery_point(queue, queue.recovery_point())
         self._dirty.clear()
         assert self._splitter is not None
         replay = dict(enumerate(self._splitter.positions))
         journal_rps = {j.index: j.durable_end for j in self._journals}
-        queue_rps = {key: rp for key, rp in self._queue_rps.items() if key in self._by_name}
-        self._write_checkpoints(journal_rps, replay, queue_rps, dict(self._log_starts))
+        self._write_checkpoints(journal_rps, replay, self._queue_rps(), dict(self._log_starts))
         self._last_checkpoint = (dict(journal_rps), dict(replay))
         self._rewrite_checkpoints = False
         if changed:
             log.info("recovery: %d queue logs fsynced and checkpointed", len(changed))
+
+    def _set_recovery_point(self, queue: QueueLog, point: QueueRecoveryPoint) -> None:
+        state = self._by_name.get((queue.topic, queue.partition))
+        if state is not None and state.queue is queue:  # not a deleted partition's
+            state.recovery_point = point
+
+    def _queue_rps(self) -> dict[tuple[str, int], QueueRecoveryPoint]:
+        """Every registered partition's recovery point, for the checkpoint file."""
+        return {
+            (state.topic, state.partition): state.recovery_point
+            for state in self._by_name.values()
+            if state.recovery_point is not None
+        }
 
     def _ensure_recovered(self) -> None:
         if not self._recovered:
@@ -1266,6 +1346,9 @@ class StorageEngine:
                 )
                 queue.mark_flushing()
                 self._dirty.discard(queue)
+            if len(snapshot) > len(self._dirty):
+                # a set never shrinks its table: 100,000 queue logs dirty once kept theirs
+                self._dirty = set(self._dirty)
             for journal, position in zip(self._journals, split_positions, strict=True):
                 await self._fsync_journal(
                     journal, journal.written_end if journal_to_end else position
@@ -1289,7 +1372,7 @@ class StorageEngine:
                     item.restore_dirty()
                     self._dirty.add(item.queue)
                 elif item.queue.segments or item.point.offset:
-                    self._queue_rps[(item.queue.topic, item.queue.partition)] = item.point
+                    self._set_recovery_point(item.queue, item.point)
             replay = dict(enumerate(split_positions))
             for queue in self._dirty:
                 first = queue.first_unflushed_journal_position
@@ -1303,7 +1386,7 @@ class StorageEngine:
             rewrite = self._rewrite_checkpoints
             queue_rps: dict[tuple[str, int], QueueRecoveryPoint] | None = None
             if snapshot or rewrite:
-                queue_rps = {key: rp for key, rp in self._queue_rps.items() if key in self._by_name}
+                queue_rps = self._queue_rps()
             log_starts = None
             if self._log_starts_changed or rewrite:
                 self._log_starts_changed = False
@@ -1419,8 +1502,8 @@ class StorageEngine:
     def _unlink_doomed(self, queue: QueueLog) -> None:
         """Unlink the files of the segments ``queue`` dropped, in the directory thread (in
         order with its other work) when a loop runs, else at once."""
-        paths, queue.doomed = queue.doomed, []
-        create, queue.to_create = queue.to_create, []
+        paths, queue.doomed = queue.doomed, ()
+        create, queue.to_create = queue.to_create, ()
         if not paths and not create:
             return
         try:

@@ -453,7 +453,7 @@ def test_a_delete_racing_a_large_create_leaves_no_partition_behind(
         again = await topics.create_async("big", 3)
         await topics.add_partitions("big", 5)
         assert sorted(p for (t, p) in engine._by_name if t == "big") == list(range(5))
-        assert {s.topic_id for s in engine._topics["big"]} == {again.record.topic_id.bytes}
+        assert {s.topic_id for s in engine._by_name.topic("big")} == {again.record.topic_id.bytes}
         await engine.close()
 
     asyncio.run(race())

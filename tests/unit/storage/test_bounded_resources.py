@@ -5,6 +5,7 @@ below a bound once the idle queue logs are flushed by the periodic checkpoint ro
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import shutil
 import time
@@ -88,3 +89,49 @@ def test_100k_idle_partitions_bounded_files_memory_and_journal(tmp_path: Path) -
         asyncio.run(run())
     finally:
         shutil.rmtree(tmp_path, ignore_errors=True)  # 100,000 directories: not for later runs
+
+
+PER_PARTITION_REGISTERED_BYTES = 220
+PER_PARTITION_WRITTEN_BYTES = 1_050
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_bytes_per_partition_registered_and_written_once(tmp_path: Path) -> None:
+    """The engine's own memory per partition, counted by tracemalloc (exact, unlike RSS): a
+    registered partition and one written once, split, flushed and left idle. The bounds sit
+    just above what the structures cost (docs/benchmarks.md, idle cost): a field, a list or
+    a tuple key added per partition breaks them. Before the per-partition cuts of issue 22
+    the same count was 356 bytes registered and 1,579 after the write and flush (194 and
+    986 after)."""
+    partitions = 10_000
+
+    async def run() -> None:
+        engine = new_engine(tmp_path, journal_partitions=2, max_open_files=MAX_OPEN_FILES)
+        config = LogConfig()
+        topic_id = uuid.uuid4()
+        gc.collect()
+        tracemalloc.start()
+        base = tracemalloc.get_traced_memory()[0]
+        for p in range(partitions):  # as at a start: registered, then recovered
+            engine.add_partition(topic_id, "per", p, p % 2, config)
+        gc.collect()
+        registered = (tracemalloc.get_traced_memory()[0] - base) / partitions
+        engine.recover()
+        engine.start(lambda *a: None)
+        batch = bytes(build_batch([b"x" * 100]))
+        pending = [engine.append("per", p, bytearray(batch), 1).written for p in range(partitions)]
+        await asyncio.gather(*pending)
+        del pending
+        await wait_split(engine, timeout_s=120)
+        await engine.flush()
+        assert engine.high_watermark("per", partitions - 1) == 1
+        gc.collect()
+        written = (tracemalloc.get_traced_memory()[0] - base) / partitions
+        tracemalloc.stop()
+        print(f"bytes per partition: {registered:.0f} registered, {written:.0f} written once")
+        assert registered <= PER_PARTITION_REGISTERED_BYTES, registered
+        assert written <= PER_PARTITION_WRITTEN_BYTES, written
+        await engine.close()
+
+    asyncio.run(run())

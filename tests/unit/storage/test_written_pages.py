@@ -153,3 +153,32 @@ def test_due_ranges_are_handed_out_in_steps_of_megabytes() -> None:
     assert handed, "two windows written"
     assert all(n >= 8 << 20 for n in handed)
     assert len(handed) < 2048 // 64  # not one hand-out per append
+
+
+def test_a_write_ending_in_the_page_it_starts_in_costs_no_range() -> None:
+    """100,000 partitions written once with a small batch track nothing; the page is covered
+    by the file's next range, which starts from its boundary."""
+    pages = WrittenPages(16 * PAGE_BYTES)
+    for i in range(100_000):
+        pages.note(f"{i}.log", 0, 100)
+    assert len(pages) == 0
+    pages.note("0.log", 100, 2 * PAGE_BYTES + 100)
+    assert len(pages) == 1
+    handed: list[tuple[str, int, int]] = []
+    for i in range(64):  # the window passes over it
+        pages.note("other.log", i * 4 * PAGE_BYTES, (i + 1) * 4 * PAGE_BYTES)
+        hint, drop = pages.due()
+        handed += [r for r in hint + drop if r[0] == "0.log"]
+    assert ("0.log", 0, 2 * PAGE_BYTES) in handed
+
+
+def test_10000_partitions_written_in_turn_keep_one_range_each() -> None:
+    """Small batches to 10,000 files in turn: each file's appends merge into its one range,
+    none handed out before the window says (the bound counts files, not appends)."""
+    pages = WrittenPages(1 << 40)
+    batch = 1100
+    for turn in range(8):
+        for i in range(10_000):
+            pages.note(f"{i}.log", turn * batch, (turn + 1) * batch)
+            assert pages.due() == ([], [])
+    assert len(pages) == 10_000
