@@ -821,7 +821,7 @@ class StorageEngine:
                     if nxt == pos:
                         break
                     for entry in entries:
-                        state = self._by_id.get((entry.topic_id, entry.partition))
+                        state = self._by_name.by_id(entry.topic_id, entry.partition)
                         end = entry.base_offset + entry.record_count
                         if state is not None and end > state.next_offset:
                             state.next_offset = end
@@ -1776,7 +1776,7 @@ class StorageEngine:
 
         found = await asyncio.get_running_loop().run_in_executor(None, prepare)
         for topic_id, partition, header in found:
-            state = self._by_id.get((topic_id, partition))
+            state = self._by_name.by_id(topic_id, partition)
             if state is None:
                 continue
             queue = self._open_queue(state)
@@ -1862,7 +1862,7 @@ class StorageEngine:
         # the partitions that lost entries: their queue log's end, or their last entry
         # still unsplit before ``position``
         for key in gone:
-            state = self._by_id.get(key)
+            state = self._by_name.by_id(*key)
             if state is not None:
                 state.next_offset = state.queue.next_offset if state.queue is not None else 0
                 state.next_offset = max(state.next_offset, kept.get(key, 0))
@@ -1930,7 +1930,7 @@ class StorageEngine:
             ends[(entry.topic_id, entry.partition)] = entry.base_offset + entry.record_count
         await asyncio.gather(*futures)
         for key, end in ends.items():
-            state = self._by_id.get(key)
+            state = self._by_name.by_id(*key)
             if state is not None and end > state.next_offset:
                 state.next_offset = end
         return position + used
