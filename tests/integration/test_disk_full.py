@@ -8,6 +8,7 @@ Needs root (or CAP_SYS_ADMIN) to mount the tmpfs; skipped with that reason other
 
 from __future__ import annotations
 
+import errno
 import os
 import subprocess
 import sys
@@ -44,15 +45,25 @@ def small_fs(tmp_path: Path):
 
 
 def fill(path: Path, leave_bytes: int) -> None:
-    """Write a filler file until only about ``leave_bytes`` stay free."""
+    """Write a filler file until only about ``leave_bytes`` stay free. The broker writes
+    meanwhile: when the disk fills before the filler is done (ENOSPC, seen once in CI), the
+    filler gives ``leave_bytes`` back instead of failing the test."""
     st = os.statvfs(path.parent)
     free = st.f_bavail * st.f_frsize
-    with path.open("wb") as f:
-        chunk = b"\0" * (1 << 20)
-        remaining = max(free - leave_bytes, 0)
-        while remaining > 0:
-            f.write(chunk[: min(len(chunk), remaining)])
-            remaining -= len(chunk)
+    chunk = b"\0" * (1 << 20)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        written, wanted = 0, max(free - leave_bytes, 0)
+        while written < wanted:
+            try:
+                written += os.write(fd, chunk[: min(len(chunk), wanted - written)])
+            except OSError as exc:
+                if exc.errno != errno.ENOSPC:
+                    raise
+                os.ftruncate(fd, max(written - leave_bytes, 0))
+                break
+    finally:
+        os.close(fd)
 
 
 def storage_check(data_dir: Path) -> subprocess.CompletedProcess[str]:
