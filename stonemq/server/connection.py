@@ -253,20 +253,7 @@ class Connection(asyncio.BufferedProtocol):
         except RequestDecodeError as exc:
             self.abort(str(exc))
             return
-        ctx = RequestContext(
-            api_key=header.api_key,
-            api_version=header.api_version,
-            correlation_id=header.correlation_id,
-            client_id=header.client_id,
-            client_host=self._peer.rpartition(":")[0],
-            broker=self._broker,
-            listener=self._listener,
-            user=self._user,
-        )
-        pending = _Pending(header, len(frame))
-        self._pending.append(pending)
-        self._ready.append(_Ready(spec.handler, ctx, request, pending))
-        self._budget.take(pending.size)
+        self._queue(header, len(frame), spec.handler, request)
 
     def _accept_internal(self, header: Any, frame: bytes, pos: int) -> None:
         """StoneMQ's internal APIs between brokers (handlers/replica_fetch.py: ReplicaFetch),
@@ -284,6 +271,10 @@ class Connection(asyncio.BufferedProtocol):
         except ValueError as exc:
             self.abort(f"malformed internal api {header.api_key} body: {exc}")
             return
+        self._queue(header, len(frame), handler, request)
+
+    def _queue(self, header: Any, size: int, handler: Any, request: Any) -> None:
+        """A decoded request joins the connection's queue, its bytes counted in the budget."""
         ctx = RequestContext(
             api_key=header.api_key,
             api_version=header.api_version,
@@ -294,7 +285,7 @@ class Connection(asyncio.BufferedProtocol):
             listener=self._listener,
             user=self._user,
         )
-        pending = _Pending(header, len(frame))
+        pending = _Pending(header, size)
         self._pending.append(pending)
         self._ready.append(_Ready(handler, ctx, request, pending))
         self._budget.take(pending.size)

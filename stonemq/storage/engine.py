@@ -1758,20 +1758,10 @@ class StorageEngine:
         def prepare() -> list[tuple[bytes, int, BatchHeader]]:
             cache.assign(epoch, start)
             found: list[tuple[bytes, int, BatchHeader]] = []
-            reader = JournalReader(journal.directory)
-            try:
-                pos = split
-                while pos < start:
-                    entries, nxt = reader.read(pos, start, RECOVERY_READ_BYTES, verify=False)
-                    if nxt == pos:
-                        break
-                    for e in entries:
-                        header = parse_header(e.batch, 0)
-                        if header.producer_id >= 0 and header.base_sequence >= 0:
-                            found.append((e.topic_id, e.partition, header))
-                    pos = nxt
-            finally:
-                reader.close()
+            for e in _journal_entries(journal.directory, split, start):
+                header = parse_header(e.batch, 0)
+                if header.producer_id >= 0 and header.base_sequence >= 0:
+                    found.append((e.topic_id, e.partition, header))
             return found
 
         found = await asyncio.get_running_loop().run_in_executor(None, prepare)
@@ -1835,20 +1825,10 @@ class StorageEngine:
 
         def scan(start: int, stop: int) -> dict[tuple[bytes, int], int]:
             """The next offset after each topic partition's last entry in [start, stop)."""
-            ends: dict[tuple[bytes, int], int] = {}
-            reader = JournalReader(journal.directory)
-            try:
-                pos = start
-                while pos < stop:
-                    entries, nxt = reader.read(pos, stop, RECOVERY_READ_BYTES, verify=False)
-                    if nxt == pos:
-                        break
-                    for e in entries:
-                        ends[(e.topic_id, e.partition)] = e.base_offset + e.record_count
-                    pos = nxt
-            finally:
-                reader.close()
-            return ends
+            return {
+                (e.topic_id, e.partition): e.base_offset + e.record_count
+                for e in _journal_entries(journal.directory, start, stop)
+            }
 
         def cut() -> tuple[set[tuple[bytes, int]], dict[tuple[bytes, int], int], int]:
             gone = set(scan(position, end))
@@ -1991,3 +1971,19 @@ class StorageEngine:
     def journal_health(self) -> list[str]:
         """Each journal partition's state (``health.py``), for logs, metrics and tests."""
         return [journal.health.state.value for journal in self._journals]
+
+
+def _journal_entries(directory: str, start: int, stop: int) -> Iterator[JournalEntry]:
+    """The entries of a journal partition's directory from ``start`` to ``stop`` (blocking
+    reads: for a thread)."""
+    reader = JournalReader(directory)
+    try:
+        pos = start
+        while pos < stop:
+            entries, nxt = reader.read(pos, stop, RECOVERY_READ_BYTES, verify=False)
+            if nxt == pos:
+                break
+            yield from entries
+            pos = nxt
+    finally:
+        reader.close()
