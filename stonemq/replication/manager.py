@@ -195,6 +195,7 @@ class ReplicaManager:
             await self.storage.become_leader(local, epoch)
             lead = self.routing.leadership(journal)
             if lead.leader != self.broker_id or lead.leader_epoch != epoch:
+                self.storage.stop_leading(local)
                 return  # moved on meanwhile; reconcile runs again on that change
             now = time.monotonic()
             state = LeaderState(
@@ -235,6 +236,7 @@ class ReplicaManager:
         state = self._leading.pop(journal, None)
         if state is None:
             return
+        self.storage.stop_leading(state.local)
         log.info("journal partition %d: no longer leading epoch %d: %s", journal, state.epoch, why)
         self._fail_waiters(state)
 

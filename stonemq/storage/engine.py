@@ -48,7 +48,12 @@ from stonemq.storage.checkpoint import (
     write_positions,
     write_queue_recovery_points,
 )
-from stonemq.storage.errors import OffsetOutOfRangeError, StorageError, UnknownPartitionError
+from stonemq.storage.errors import (
+    NotLeaderError,
+    OffsetOutOfRangeError,
+    StorageError,
+    UnknownPartitionError,
+)
 from stonemq.storage.fileio import FsyncError, fsync_paths
 from stonemq.storage.health import Event, is_space_error
 from stonemq.storage.index_file import IndexWrite
@@ -89,6 +94,7 @@ from stonemq.storage.splitter import SplitError, Splitter
 __all__ = [
     "AppendResult",
     "LogConfig",
+    "NotLeaderError",
     "OffsetOutOfRangeError",
     "ReadResult",
     "RecoveryReport",
@@ -458,6 +464,10 @@ class StorageEngine:
             else []
         )
         self._leader_epochs = [0] * journal_partitions
+        # which journal partitions take this broker's own appends: all on a single node; in
+        # a cluster only those it leads (become_leader .. stop_leading), so a follower's
+        # journal holds nothing but its leader's bytes (invariant 2)
+        self._leading = [not replicated] * journal_partitions
         self._split_limits: list[int] | None = [0] * journal_partitions if replicated else None
         # replication's hooks: entries of a journal partition were written; how far back a
         # journal partition's segments must stay (what followers still fetch)
@@ -1043,6 +1053,8 @@ class StorageEngine:
             raise StorageError("storage is closed")
         self._ensure_recovered()
         journal = self._journals[state.journal]
+        if not self._leading[state.journal]:
+            raise NotLeaderError(f"{topic}-{partition}: journal-{state.journal} not led here")
         journal.health.check_append()  # offline, or its queue logs cannot be written
         producers = None
         if producer is not None and producer.producer_id >= 0 and producer.base_sequence >= 0:
@@ -1784,6 +1796,13 @@ class StorageEngine:
                 header.max_timestamp,
             )
         self._leader_epochs[j] = epoch
+        self._leading[j] = True
+
+    def stop_leading(self, j: int) -> None:
+        """``j`` is no longer led here: this broker's own appends to it are refused
+        (NotLeaderError) until it leads again; its leader's bytes still come through
+        :meth:`append_replica`."""
+        self._leading[j] = False
 
     def set_split_limit(self, j: int, position: int) -> None:
         """The journal high watermark of ``j`` moved to ``position``: the splitter may split

@@ -20,6 +20,12 @@ class UnknownPartitionError(Exception):
     """(topic, partition) was never registered, or its topic was removed."""
 
 
+class NotLeaderError(UnknownPartitionError):
+    """A replicated broker's own append (a produce, a group coordinator's record) to a journal
+    partition it does not lead now: only the leader assigns offsets (cluster.md invariant 2).
+    Answered as a partition not hosted here: NOT_LEADER_OR_FOLLOWER."""
+
+
 class ProducerStateError(Exception):
     """A batch from an idempotent producer that the partition's producer state refuses."""
 

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from conftest import add_topic, build_batch, new_engine
 
-from stonemq.storage.engine import StorageError
+from stonemq.storage.engine import NotLeaderError, StorageError
 from stonemq.storage.journal import CorruptEntryError, JournalReader
 
 
@@ -228,5 +228,51 @@ def test_journal_deletion_moves_the_epoch_history_start(tmp_path: Path) -> None:
             assert entries[0][1] == start and entries[-1][0] == 2
         finally:
             await engine.close()
+
+    run(scenario())
+
+
+def test_only_a_leader_takes_its_own_appends(tmp_path: Path) -> None:
+    """A replicated engine refuses this broker's own appends (a produce, a group
+    coordinator's record) to a journal partition it does not lead: before it leads and after
+    it stops leading (NotLeaderError, NOT_LEADER_OR_FOLLOWER), with no offset assigned and
+    nothing queued, while the leader's bytes still come in through the follower's append. A
+    follower whose group coordinator wrote to its own journal diverged from its leader (the
+    fault suite found one split into __consumer_offsets with offsets the leader never had)."""
+
+    async def scenario() -> None:
+        leader = new_engine(tmp_path / "leader", replicated=True)
+        follower = new_engine(tmp_path / "follower", replicated=True)
+        for engine in (leader, follower):
+            add_topic(engine, partitions=1)
+            engine.recover()
+            engine.start(lambda *a: None)
+        try:
+            with pytest.raises(NotLeaderError):  # a replicated broker starts leading nothing
+                leader.append("t", 0, build_batch([b"early"]), 1)
+            assert leader.journal_end(0) == 0 and leader.log_end_offset("t", 0) == 0
+            await leader.become_leader(0, 1)
+            await leader.append("t", 0, build_batch([b"a"]), 1).written
+            end = leader.journal_written_end(0)
+            data = JournalReader(str(tmp_path / "leader" / "journal" / "journal-0")).read_raw(
+                0, end, 1 << 20
+            )
+            with pytest.raises(NotLeaderError):
+                follower.append("t", 0, build_batch([b"mine"]), 1)
+            assert await follower.append_replica(0, 0, memoryview(data)) == end
+            assert follower.log_end_offset("t", 0) == 1
+            leader.stop_leading(0)
+            with pytest.raises(NotLeaderError):
+                leader.append("t", 0, build_batch([b"late"]), 1)
+            assert leader.journal_end(0) == end and leader.log_end_offset("t", 0) == 1
+            await leader.become_leader(0, 2)  # leads again, in a later epoch
+            assert leader.append("t", 0, build_batch([b"b"]), 1).base_offset == 1
+        finally:
+            await leader.close()
+            await follower.close()
+        assert (
+            journal_bytes(tmp_path / "follower", 0)
+            == journal_bytes(tmp_path / "leader", 0)[: len(data)]
+        )
 
     run(scenario())
