@@ -27,6 +27,7 @@ from .rawclient import RawConnection, build_batch, produce_raw
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(240)]
 
 NOT_ENOUGH_REPLICAS = 19
+NOT_ENOUGH_REPLICAS_AFTER_APPEND = 20
 
 
 @pytest.fixture
@@ -202,6 +203,20 @@ def test_every_replica_holds_the_same_journal_and_queue_logs(replicated) -> None
     assert {(p, off): v for p, off, v in acked} == values
 
 
+def _journal_values(data_dir: Path) -> set[bytes]:
+    """The value of every record in every hosted journal partition of a stopped broker."""
+    from stonemq.protocol.record_batch import iter_records
+    from stonemq.storage.journal import decode_entries
+
+    out = set()
+    for data in _journal_bytes(data_dir).values():
+        entries, used = decode_entries(memoryview(data), 0, verify=True)
+        assert used == len(data)
+        for entry in entries:
+            out.update(record.value for record in iter_records(entry.batch))
+    return out
+
+
 def _records(log: bytes) -> list[tuple[int, bytes]]:
     from stonemq.protocol.record_batch import iter_records
 
@@ -298,8 +313,29 @@ def test_acks_all_waits_for_the_isr_and_min_insync_replicas_refuses(replicated) 
     assert _offset_for_epoch(new_leader, "acks", moved[0], 1, 0) == (0, 0, 10)
     assert _offset_for_epoch(new_leader, "acks", moved[0], 1, 1) == (0, 1, 20)
 
-    # broker 3 goes too: one in-sync replica left, below min.insync.replicas=2
+    # broker 3 goes too. Broker 1 keeps it in the ISR of the journal partition it leads until
+    # replica.lag.time.max.ms (3 s) has passed: what it takes for acks=all meanwhile is on it
+    # alone and is never acknowledged (appended, then NOT_ENOUGH_REPLICAS_AFTER_APPEND once
+    # the ISR shrank below min.insync.replicas, as Kafka's DelayedProduce)
+    led_by_1 = [p for p, leader in _leaders(b1.bootstrap, "acks").items() if leader == 1]
+    assert led_by_1
     b3.stop()
+    alone: dict[int, int] = {}
+    with RawConnection(b1.host, b1.port) as conn:
+        for p in led_by_1:
+            batch = bytes(build_batch([(None, b"alone%d" % p)]))
+            alone[p] = produce_raw(conn, "acks", p, batch, acks=-1).error_code
+    assert all(
+        code in (NOT_ENOUGH_REPLICAS, NOT_ENOUGH_REPLICAS_AFTER_APPEND) for code in alone.values()
+    ), alone
+    appended = {p for p, code in alone.items() if code == NOT_ENOUGH_REPLICAS_AFTER_APPEND}
+    # everything acknowledged so far is on both brokers that were in the ISR when it was
+    # (broker 1 and the stopped broker 3, in their journals: a follower splits later); no
+    # record taken while broker 1 was alone reached broker 3
+    acknowledged = {b"a%04d" % i for i in range(60)} | {b"b%04d" % i for i in range(60)}
+    on_3 = _journal_values(b3.data_dir)
+    assert acknowledged <= on_3, sorted(acknowledged - on_3)[:5]
+    assert not any(v.startswith(b"alone") for v in on_3)
     _wait(lambda: set(_leaders(b1.bootstrap, "acks").values()) == {1}, 30, "all led by 1")
     _wait(lambda: all(isr == (1,) for isr in _isrs(chroot).values()), 30, "ISR shrinks to 1")
     with RawConnection(b1.host, b1.port) as conn:
@@ -308,8 +344,10 @@ def test_acks_all_waits_for_the_isr_and_min_insync_replicas_refuses(replicated) 
             assert part.error_code == NOT_ENOUGH_REPLICAS, (p, part.error_code)
         # acks=1 is still taken (Kafka's min.insync.replicas binds acks=all only)
         part = produce_raw(conn, "acks", 0, bytes(build_batch([(None, b"one")])), acks=1)
-        assert part.error_code == 0 and part.base_offset == 20
-    assert _watermarks(b1.bootstrap, "acks")[1:] == [(0, 20)] * 5
+        assert part.error_code == 0 and part.base_offset == 20 + (0 in appended)
+    assert acknowledged <= _journal_values(b1.data_dir)
+    # nothing refused before the append is in any log
+    assert _watermarks(b1.bootstrap, "acks")[1:] == [(0, 20 + (p in appended)) for p in range(1, 6)]
 
     # both come back, catch up, rejoin the ISR; acks=all is answered again
     b2.start()
@@ -317,7 +355,7 @@ def test_acks_all_waits_for_the_isr_and_min_insync_replicas_refuses(replicated) 
     _wait(lambda: all(set(isr) == {1, 2, 3} for isr in _isrs(chroot).values()), 60, "ISR grows")
     assert len(_produce_all(b1.bootstrap, "acks", 60, b"c")) == 60
     marks = _watermarks(b1.bootstrap, "acks")
-    assert marks == [(0, 31)] + [(0, 30)] * 5, marks
+    assert marks == [(0, 30 + (p == 0) + (p in appended)) for p in range(6)], marks
     time.sleep(2)  # followers learn the last HW in their next fetch
     for b in brokers:
         b.stop()
