@@ -1,0 +1,610 @@
+"""The replication fault suite (issue 20): ZooKeeper and three brokers (replication factor 3,
+min.insync.replicas 2, zookeeper.session.timeout.ms 6000), an idempotent acks=all producer
+and a committing group consumer running throughout, and a seeded schedule of faults:
+
+- ``leader_kill``: SIGKILL the leader of a journal partition, restart it once another leads;
+- ``leader_pause``: SIGSTOP a leader past its ZooKeeper session, SIGCONT once another leads
+  (the deposed leader comes back believing it leads);
+- ``follower_torn``: SIGKILL a broker, cut or garble the last bytes of the active segment of a
+  journal partition it follows while it is down, restart it;
+- ``controller_kill``: SIGKILL a leader, then the controller while it is electing the next;
+- ``zookeeper_restart``: stop ZooKeeper for a while and start it again (same data);
+- ``disk_full``: fill the small tmpfs a follower's data directory lives on for a while, then
+  give the space back (only where a tmpfs can be mounted: root; otherwise not scheduled).
+
+After each fault, once every journal partition has a leader and its full ISR again and both
+clients make progress, the checker (``check``) verifies: every acknowledged record is present
+exactly once, at its acknowledged offset, on every replica; every consumed record is the one
+the replicas hold at that offset (no consumer saw a record that was later truncated); the
+committed offsets never went back and are not past the log end; ``stonemq storage check`` is
+clean on a copy of every broker's data directory taken while the three brokers were frozen
+(SIGSTOP, shorter than replica.lag.time.max.ms). At the end the brokers stop, their data
+directories are checked in place, and every replica's journals and queue logs are identical.
+
+The seed is printed first; ``STONEMQ_CLUSTER_FAULT_SEED`` replays a schedule (the faults,
+their targets by role and their timings: which broker holds a role then depends on the run)
+and ``STONEMQ_CLUSTER_FAULTS`` sets the number of faults (7 by default: CI's short run; more
+than 8 also marks the test ``slow``). The long run::
+
+    STONEMQ_CLUSTER_FAULTS=30 .venv/bin/pytest -m cluster tests/faults -s
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+from kazoo.client import KazooClient
+
+from stonemq.cluster.controller import read_controller, read_journal_partitions
+from stonemq.cluster.membership import BROKER_IDS_PATH
+
+from . import logs
+from .workload import ConsumerLoad, ProducerLoad
+
+FAULTS = int(os.environ.get("STONEMQ_CLUSTER_FAULTS", "7"))
+KINDS = ["leader_kill", "leader_pause", "follower_torn", "controller_kill", "zookeeper_restart"]
+TOPIC = "faults"
+PARTITIONS = 6
+GROUP = "fault-group"
+BROKERS = (1, 2, 3)
+SESSION_MS = 6000
+LAG_MS = 5000
+HEALTHY_S = 120.0  # a fault's longest allowed recovery
+DISK_BYTES = 256 << 20
+
+pytestmark = [
+    pytest.mark.cluster,
+    pytest.mark.timeout(240 + 150 * FAULTS),
+    *([pytest.mark.slow] if FAULTS > 8 else []),
+]
+
+
+def _tmpfs_possible() -> bool:
+    return hasattr(os, "geteuid") and os.geteuid() == 0 and shutil.which("mount") is not None
+
+
+class FaultCluster:
+    """ZooKeeper (its own, restartable) and three brokers, each optionally on its own small
+    tmpfs; queries ZooKeeper through short-lived clients (they survive its restarts)."""
+
+    def __init__(self, base: Path, broker_factory: Any, disks: bool) -> None:
+        import zkserver
+        from conftest import free_port
+
+        self.base = base
+        self.zk = zkserver.ZooKeeperServer(base / "zookeeper", free_port())
+        self.zk.start()
+        self.chroot = f"{self.zk.connect}/stonemq-faults-{uuid.uuid4().hex[:8]}"
+        self.mounts: list[Path] = []
+        self.brokers: dict[int, Any] = {}
+        for b in BROKERS:
+            data_dir = None
+            if disks:
+                mount = base / f"disk{b}"
+                mount.mkdir()
+                done = subprocess.run(
+                    ["mount", "-t", "tmpfs", "-o", f"size={DISK_BYTES}", "tmpfs", str(mount)],
+                    capture_output=True,
+                    text=True,
+                )
+                if done.returncode == 0:
+                    self.mounts.append(mount)
+                    data_dir = mount / "data"
+            self.brokers[b] = broker_factory(
+                data_dir=data_dir,
+                zookeeper_connect=self.chroot,
+                broker_id=b,
+                journal_partitions=1,
+                default_replication_factor=3,
+                min_insync_replicas=2,
+                zookeeper_session_timeout_ms=SESSION_MS,
+                replica_lag_time_max_ms=LAG_MS,
+                offsets_topic_num_partitions=6,
+                start=False,
+            )
+        self.disks = len(self.mounts) == len(BROKERS)
+        for broker in self.brokers.values():  # placement waits for three live brokers
+            broker.spawn()
+        for broker in self.brokers.values():
+            self.wait_ready(broker)
+
+    @property
+    def bootstrap(self) -> str:
+        return ",".join(b.bootstrap for b in self.brokers.values())
+
+    def wait_ready(self, broker: Any, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while "ready" not in broker.log(since_start=True) or not _accepts(broker):
+            assert broker.proc.poll() is None, broker.log_tail()
+            assert time.monotonic() < deadline, broker.log_tail()
+            time.sleep(0.05)
+
+    def start(self, b: int) -> None:
+        """Restart broker ``b`` once ZooKeeper dropped its last session's registration (as
+        Kafka's, a broker refuses to start while its broker.id is registered by a session
+        that has not expired yet: a supervisor restarting it retries until then)."""
+        broker = self.brokers[b]
+        _wait(
+            lambda: str(b) not in self.zk_read(lambda zk: zk.get_children(BROKER_IDS_PATH)),
+            60,
+            f"broker {b}'s old session expires",
+        )
+        broker.spawn()
+        self.wait_ready(broker)
+
+    def zk_read(self, read: Callable[[KazooClient], Any], timeout: float = 30.0) -> Any:
+        deadline = time.monotonic() + timeout
+        while True:
+            zk = KazooClient(self.chroot, timeout=5)
+            try:
+                zk.start(5)
+                return read(zk)
+            except Exception:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+            finally:
+                zk.stop()
+                zk.close()
+
+    def states(self) -> dict[int, Any]:
+        return {j: p.state for j, p in self.zk_read(read_journal_partitions).items()}
+
+    def controller(self) -> int:
+        return self.zk_read(read_controller)[0]
+
+    def healthy(self) -> bool:
+        """Every broker runs and every journal partition has a live leader and its full ISR."""
+        if not all(b.alive for b in self.brokers.values()):
+            return False
+        try:
+            states = self.states()
+        except Exception:
+            return False
+        return len(states) == len(BROKERS) and all(
+            s.leader in BROKERS and set(s.isr) == set(BROKERS) for s in states.values()
+        )
+
+    def close(self) -> None:
+        for broker in self.brokers.values():  # before their disks go
+            if broker.alive:
+                broker.proc.send_signal(signal.SIGCONT)
+                try:
+                    broker.stop()
+                except AssertionError:
+                    broker.kill()
+        self.zk.stop()
+        for mount in self.mounts:
+            subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def _accepts(broker: Any) -> bool:
+    try:
+        with socket.create_connection((broker.host, broker.port), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+def _wait(predicate: Callable[[], bool], timeout: float, what: str) -> float:
+    started = time.monotonic()
+    while not predicate():
+        assert time.monotonic() - started < timeout, f"{what}: not within {timeout:.0f} s"
+        time.sleep(0.2)
+    return time.monotonic() - started
+
+
+@pytest.fixture
+def cluster(broker_factory: Any, tmp_path: Path) -> Iterator[FaultCluster]:
+    c = FaultCluster(tmp_path, broker_factory, disks=_tmpfs_possible())
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+# -- the faults -------------------------------------------------------------------------------
+
+
+class Faults:
+    """Each fault takes the schedule's random source and returns a line saying what it did."""
+
+    def __init__(self, cluster: FaultCluster) -> None:
+        self.c = cluster
+
+    def _leader_of_some_journal(self, rng: random.Random) -> tuple[int, int]:
+        states = self.c.states()
+        j = rng.choice(sorted(states))
+        return j, states[j].leader
+
+    def _wait_leader_moves(self, j: int, old: int, timeout: float = 60.0) -> float:
+        return _wait(
+            lambda: self.c.states()[j].leader not in (old, -1),
+            timeout,
+            f"journal partition {j}: a leader other than {old}",
+        )
+
+    def leader_kill(self, rng: random.Random) -> str:
+        j, victim = self._leader_of_some_journal(rng)
+        self.c.brokers[victim].kill()
+        took = self._wait_leader_moves(j, victim)
+        time.sleep(rng.uniform(0, 3))
+        self.c.start(victim)
+        return f"SIGKILL broker {victim} (leads journal {j}); new leader after {took:.1f} s"
+
+    def leader_pause(self, rng: random.Random) -> str:
+        j, victim = self._leader_of_some_journal(rng)
+        proc = self.c.brokers[victim].proc
+        proc.send_signal(signal.SIGSTOP)
+        try:
+            took = self._wait_leader_moves(j, victim)
+            time.sleep(rng.uniform(0, 2))
+        finally:
+            proc.send_signal(signal.SIGCONT)
+        return f"SIGSTOP broker {victim} (leads journal {j}); deposed after {took:.1f} s; SIGCONT"
+
+    def follower_torn(self, rng: random.Random) -> str:
+        states = self.c.states()
+        leading = {s.leader for s in states.values()}
+        pure = [b for b in BROKERS if b not in leading]  # a broker that leads nothing, if any
+        victim = rng.choice(pure) if pure else rng.choice(BROKERS)
+        followed = sorted(j for j, s in states.items() if s.leader != victim)
+        j = rng.choice(followed)
+        garble = rng.random() < 0.5
+        cut = rng.randint(1, 64) if garble else rng.randint(1, 4096)
+        broker = self.c.brokers[victim]
+        broker.kill()
+        directory = logs.hosted_journals(broker.data_dir)[j]
+        segment = logs.active_segment(directory)
+        size = segment.stat().st_size
+        # a crash can tear only what no fsync covered: the bytes past the journal's recovery
+        # point (what its checkpoint says was made durable)
+        durable = logs.recovery_point(broker.data_dir, directory)
+        cut = max(0, min(cut, size, int(segment.name.split(".")[0]) + size - durable))
+        if garble:
+            with segment.open("r+b") as f:
+                f.seek(size - cut)
+                tail = f.read(cut)
+                f.seek(size - cut)
+                f.write(bytes(b ^ 0xFF for b in tail))
+        else:
+            os.truncate(segment, size - cut)
+        time.sleep(rng.uniform(0, 3))
+        self.c.start(victim)
+        how = "garbled" if garble else "cut"
+        return (
+            f"SIGKILL broker {victim}; {how} the last {cut} bytes of journal {j} "
+            f"({segment.name}, {size} bytes, recovery point {durable})"
+        )
+
+    def controller_kill(self, rng: random.Random) -> str:
+        controller = self.c.controller()
+        states = self.c.states()
+        others = sorted(j for j, s in states.items() if s.leader not in (controller, -1))
+        delay = rng.uniform(SESSION_MS / 1000 - 2, SESSION_MS / 1000 + 1.5)
+        if others:
+            j = rng.choice(others)
+            leader = states[j].leader
+            self.c.brokers[leader].kill()
+            time.sleep(delay)  # the controller notices the lost session about now
+            self.c.brokers[controller].kill()
+            what = (
+                f"SIGKILL broker {leader} (leads journal {j}), {delay:.1f} s later the "
+                f"controller {controller}"
+            )
+            victims = [leader, controller]
+        else:  # the controller leads everything: kill it, then its successor mid-election
+            self.c.brokers[controller].kill()
+            successor = _wait_value(
+                lambda: c if (c := self.c.controller()) not in (-1, controller) else None,
+                60,
+                "a new controller",
+            )
+            time.sleep(rng.uniform(0, 1.5))
+            self.c.brokers[successor].kill()
+            what = f"SIGKILL controller {controller} (leads all), then its successor {successor}"
+            victims = [controller, successor]
+        time.sleep(rng.uniform(0, 3))
+        rng.shuffle(victims)
+        for b in victims:
+            self.c.start(b)
+        return what
+
+    def zookeeper_restart(self, rng: random.Random) -> str:
+        down = rng.uniform(0.5, 10)
+        self.c.zk.stop()
+        time.sleep(down)
+        self.c.zk.start()
+        return f"ZooKeeper down for {down:.1f} s"
+
+    def disk_full(self, rng: random.Random) -> str:
+        states = self.c.states()
+        leading = {s.leader for s in states.values()}
+        pure = [b for b in BROKERS if b not in leading]
+        victim = rng.choice(pure) if pure else rng.choice(BROKERS)
+        mount = self.c.brokers[victim].data_dir.parent
+        filler = mount / "filler"
+        hold = rng.uniform(2, 8)
+        _fill(filler)
+        time.sleep(hold)
+        filler.unlink()
+        return f"disk of broker {victim} full for {hold:.1f} s"
+
+
+def _fill(path: Path) -> None:
+    chunk = b"\0" * (1 << 20)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        while True:
+            try:
+                os.write(fd, chunk)
+            except OSError:
+                try:
+                    os.write(fd, chunk[:4096])
+                except OSError:
+                    break
+    finally:
+        os.close(fd)
+
+
+def _wait_value(read: Callable[[], Any], timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while (value := read()) is None:
+        assert time.monotonic() < deadline, what
+        time.sleep(0.1)
+    return value
+
+
+# -- the checker ------------------------------------------------------------------------------
+
+
+class Checker:
+    """What every check verifies, keeping what it must compare across checks."""
+
+    def __init__(self, cluster: FaultCluster, base: Path) -> None:
+        self.c = cluster
+        self.base = base
+        self.committed_seen: dict[int, int] = {}
+        self.checks = 0
+
+    def snapshot(self) -> dict[int, Path]:
+        """A copy of each broker's data directory, taken with all three frozen (SIGSTOP) so
+        each copy is that broker's files as of one instant."""
+        self.checks += 1
+        out: dict[int, Path] = {}
+        procs = [b.proc for b in self.c.brokers.values()]
+        for proc in procs:
+            proc.send_signal(signal.SIGSTOP)
+        try:
+            for b, broker in self.c.brokers.items():
+                dest = self.base / f"snap{self.checks}-{b}"
+                shutil.copytree(broker.data_dir, dest, ignore=shutil.ignore_patterns("filler"))
+                out[b] = dest
+        finally:
+            for proc in procs:
+                proc.send_signal(signal.SIGCONT)
+        return out
+
+    def check(self, producer: ProducerLoad, consumer: ConsumerLoad, timeout: float = 60.0) -> None:
+        acked = list(producer.acked)
+        consumed = list(consumer.consumed)
+        commits = dict(consumer.committed)
+        # read before the logs are: a committed offset is within the log end as of then
+        committed = committed_offsets(self.c.bootstrap)
+        deadline = time.monotonic() + timeout
+        while True:
+            snaps = self.snapshot()
+            missing = self._verify_records(snaps, acked, consumed)
+            if not missing:
+                break
+            # a follower splits up to the HW it last heard of: give it a moment
+            assert time.monotonic() < deadline, f"still missing on a replica: {missing[:5]}"
+            for snap in snaps.values():
+                shutil.rmtree(snap)
+            time.sleep(1)
+        for b, snap in snaps.items():
+            storage_check(snap, f"broker {b} (frozen copy, check {self.checks})")
+        ends = self._log_ends(snaps)
+        for snap in snaps.values():
+            shutil.rmtree(snap)
+        self._verify_commits(commits, committed, ends)
+
+    def _verify_records(
+        self,
+        snaps: dict[int, Path],
+        acked: list[tuple[int, int, bytes]],
+        consumed: list[tuple[int, int, bytes]],
+    ) -> list[tuple[int, int, int]]:
+        """Fails on a record at the wrong offset, twice, or different from what a consumer
+        saw; returns what a replica does not hold yet (broker, partition, offset)."""
+        missing = []
+        for b, snap in snaps.items():
+            for p in range(PARTITIONS):
+                held = logs.records(logs.queue_log_bytes(snap, TOPIC, p))
+                values = [v for _, v in held]
+                assert len(values) == len(set(values)), (
+                    f"broker {b} {TOPIC}-{p}: a record stored twice: "
+                    f"{sorted(v for v in set(values) if values.count(v) > 1)[:5]}"
+                )
+                at = dict(held)
+                end = held[-1][0] + 1 if held else 0
+                for what, seen in (("acknowledged", acked), ("consumed", consumed)):
+                    for q, off, value in seen:
+                        if q != p:
+                            continue
+                        if off >= end:
+                            missing.append((b, p, off))
+                            continue
+                        assert at.get(off) == value, (
+                            f"broker {b} {TOPIC}-{p} offset {off}: {what} {value!r}, "
+                            f"the replica holds {at.get(off)!r}"
+                        )
+        return missing
+
+    def _log_ends(self, snaps: dict[int, Path]) -> dict[int, int]:
+        ends: dict[int, int] = {}
+        for snap in snaps.values():
+            for p in range(PARTITIONS):
+                held = logs.records(logs.queue_log_bytes(snap, TOPIC, p))
+                ends[p] = max(ends.get(p, 0), held[-1][0] + 1 if held else 0)
+        return ends
+
+    def _verify_commits(
+        self, acknowledged: dict[int, int], committed: dict[int, int], ends: dict[int, int]
+    ) -> None:
+        """The group's committed offsets as the coordinator answered them: never behind a
+        commit it acknowledged before (or behind what an earlier check read), never past the
+        log end."""
+        for p in range(PARTITIONS):
+            now = committed.get(p, -1)
+            floor = max(acknowledged.get(p, -1), self.committed_seen.get(p, -1))
+            assert now >= floor, f"{TOPIC}-{p}: committed offset {now} went back from {floor}"
+            assert now <= max(ends.get(p, 0), floor), (
+                f"{TOPIC}-{p}: committed offset {now} is past the log end {ends.get(p)}"
+            )
+            self.committed_seen[p] = max(now, self.committed_seen.get(p, -1))
+
+
+def committed_offsets(bootstrap: str) -> dict[int, int]:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            request = ConsumerGroupTopicPartitions(
+                GROUP, [TopicPartition(TOPIC, p) for p in range(PARTITIONS)]
+            )
+            answer = admin.list_consumer_group_offsets([request])[GROUP].result(15)
+            return {tp.partition: tp.offset for tp in answer.topic_partitions}
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+
+
+def storage_check(data_dir: Path, what: str) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "stonemq", "storage", "check", "--data-dir", str(data_dir)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, f"storage check of {what}:\n{done.stdout[-4000:]}"
+
+
+# -- the run ----------------------------------------------------------------------------------
+
+
+def schedule(rng: random.Random, count: int, kinds: list[str]) -> list[str]:
+    """Every kind once (shuffled) first, so a short run covers them all, then at random."""
+    first = list(kinds)
+    rng.shuffle(first)
+    return (first + [rng.choice(kinds) for _ in range(max(0, count - len(kinds)))])[:count]
+
+
+def test_replication_survives_a_seeded_fault_schedule(
+    cluster: FaultCluster, tmp_path: Path
+) -> None:
+    seed = int(os.environ.get("STONEMQ_CLUSTER_FAULT_SEED", str(random.randrange(1 << 30))))
+    rng = random.Random(seed)
+    kinds = KINDS + (["disk_full"] if cluster.disks else [])
+    plan = schedule(rng, FAULTS, kinds)
+    print(f"\ncluster fault suite seed {seed} ({FAULTS} faults: {' '.join(plan)})", flush=True)
+    if not cluster.disks:
+        print("disk_full not scheduled: no tmpfs could be mounted (needs root)", flush=True)
+
+    admin = AdminClient({"bootstrap.servers": cluster.bootstrap})
+    admin.create_topics([NewTopic(TOPIC, PARTITIONS, 3)])[TOPIC].result(30)
+    _wait(cluster.healthy, 60, "a healthy cluster at start")
+    producer = ProducerLoad(cluster.bootstrap, TOPIC, PARTITIONS, rate=200)
+    consumer = ConsumerLoad(cluster.bootstrap, TOPIC, GROUP, commit_every_s=0.5)
+    producer.start()
+    consumer.start()
+    faults = Faults(cluster)
+    checker = Checker(cluster, tmp_path)
+    _wait(lambda: len(producer.acked) > 200 and len(consumer.consumed) > 100, 60, "clients run")
+    try:
+        for n, kind in enumerate(plan, 1):
+            time.sleep(rng.uniform(0.5, 3))
+            started = time.monotonic()
+            what = getattr(faults, kind)(rng)
+            took = _wait(cluster.healthy, HEALTHY_S, f"fault {n} ({kind}): healthy again")
+            acked, consumed = len(producer.acked), len(consumer.consumed)
+            _wait(
+                lambda a=acked, c=consumed: (
+                    len(producer.acked) > a + 50 and len(consumer.consumed) > c + 50
+                ),
+                60,
+                f"fault {n} ({kind}): producing and consuming again",
+            )
+            checker.check(producer, consumer)
+            print(
+                f"fault {n}/{FAULTS} {kind}: {what}; healthy {took:.1f} s later; checked "
+                f"{len(producer.acked)} acknowledged, {len(consumer.consumed)} consumed "
+                f"({time.monotonic() - started:.0f} s)",
+                flush=True,
+            )
+    finally:
+        left = producer.stop()
+    assert left == 0, f"{left} records never delivered"
+    assert not producer.errors, producer.errors[:5]
+    final_ends: dict[int, int] = {}
+    for p, off, _ in producer.acked:
+        final_ends[p] = max(final_ends.get(p, 0), off + 1)
+    # the consumer reads everything acknowledged; its last commit reaches the end
+    _wait(
+        lambda: all(
+            any(q == p and off == end - 1 for q, off, _ in consumer.consumed[-200:])
+            or consumer.committed.get(p, 0) >= end
+            for p, end in final_ends.items()
+        ),
+        60,
+        "the consumer reads to the end",
+    )
+    time.sleep(1.5)
+    consumer.stop()
+    checker.check(producer, consumer)
+    time.sleep(2)  # followers learn the last HW in their next fetch
+    for b, broker in cluster.brokers.items():
+        broker.stop()
+        storage_check(broker.data_dir, f"broker {b} (stopped)")
+    _verify_final(cluster, producer, consumer)
+
+
+def _verify_final(cluster: FaultCluster, producer: ProducerLoad, consumer: ConsumerLoad) -> None:
+    """Every replica holds the same journal bytes and queue logs; the logs hold exactly what
+    was acknowledged (nothing else: the producer got an answer for every record)."""
+    dirs = {b: broker.data_dir for b, broker in cluster.brokers.items()}
+    journals = {b: logs.hosted_journals(d) for b, d in dirs.items()}
+    for j in journals[1]:
+        starts = {b: logs.journal_start(journals[b][j]) for b in dirs}
+        start = max(starts.values())
+        data = {b: logs.journal_bytes(journals[b][j])[start - starts[b] :] for b in dirs}
+        assert data[1] == data[2] == data[3], f"journal partition {j} differs between replicas"
+    queues = {
+        b: [logs.queue_log_bytes(d, TOPIC, p) for p in range(PARTITIONS)] for b, d in dirs.items()
+    }
+    for p in range(PARTITIONS):
+        assert queues[1][p] == queues[2][p] == queues[3][p], f"{TOPIC}-{p} differs"
+    stored = {(p, off): v for p in range(PARTITIONS) for off, v in logs.records(queues[1][p])}
+    acked = {(p, off): v for p, off, v in producer.acked}
+    assert len(acked) == len(producer.acked), "two acknowledgements of one offset"
+    assert stored == acked, (
+        f"stored {len(stored)} records, acknowledged {len(acked)}: "
+        f"{sorted(set(stored.items()) ^ set(acked.items()))[:5]}"
+    )
+    for p, off, v in consumer.consumed:
+        assert stored.get((p, off)) == v, (p, off, v, stored.get((p, off)))
