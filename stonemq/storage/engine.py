@@ -1852,12 +1852,25 @@ class StorageEngine:
         def cut() -> tuple[set[tuple[bytes, int]], dict[tuple[bytes, int], int], int]:
             gone = set(scan(position, end))
             kept = scan(split_from, position) if gone else {}
+            # the checkpointed recovery point first (Kafka checkpoints its recovery points
+            # right after a truncation too): left past the cut, it would fall inside the
+            # leader's entries appended next, and a crash's recovery would start scanning
+            # mid-entry and cut everything from there as a torn tail
+            path = os.path.join(self._journal_dir, JOURNAL_RECOVERY_POINT_FILE)
+            points = read_positions(path)
+            if points.get(j, -1) > position:
+                points[j] = position
+                write_positions(path, points)
             size = journal.truncate_to(position)
             if self._epoch_caches:
                 self._epoch_caches[j].truncate_from_end(position)
             return gone, kept, size
 
-        gone, kept, size = await loop.run_in_executor(None, cut)
+        assert self._checkpoint_lock is not None  # no checkpoint round writes meanwhile
+        async with self._checkpoint_lock:
+            gone, kept, size = await loop.run_in_executor(None, cut)
+            if self._last_checkpoint is not None and self._last_checkpoint[0].get(j, -1) > position:
+                self._last_checkpoint[0][j] = position
         # the partitions that lost entries: their queue log's end, or their last entry
         # still unsplit before ``position``
         for key in gone:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import add_topic, build_batch, new_engine
+from conftest import abandon, add_topic, build_batch, new_engine
 
 from stonemq.storage.engine import NotLeaderError, StorageError
 from stonemq.storage.journal import CorruptEntryError, JournalReader
@@ -274,5 +274,58 @@ def test_only_a_leader_takes_its_own_appends(tmp_path: Path) -> None:
             journal_bytes(tmp_path / "follower", 0)
             == journal_bytes(tmp_path / "leader", 0)[: len(data)]
         )
+
+    run(scenario())
+
+
+def test_a_crash_after_a_truncation_recovers_the_leaders_entries_appended_since(
+    tmp_path: Path,
+) -> None:
+    """A follower truncates its diverged tail, appends its leader's entries over those
+    positions and crashes before the next checkpoint round. Its journal's checkpointed
+    recovery point must not still name the old end: inside the leader's entries now, it made
+    recovery scan from mid-entry and cut everything after it as a torn tail, leaving a
+    partial entry the follower could never fetch past (the fault suite, seed 598538733)."""
+    leader_root, follower_root = tmp_path / "leader", tmp_path / "follower"
+
+    async def scenario() -> None:
+        leader = new_engine(leader_root, replicated=True)
+        follower = new_engine(follower_root, replicated=True)
+        for engine in (leader, follower):
+            add_topic(engine, partitions=1)
+            engine.recover()
+            engine.start(lambda *a: None)
+        reader = JournalReader(str(leader_root / "journal" / "journal-0"))
+        try:
+            await leader.become_leader(0, 1)
+            for i in range(3):
+                await leader.append("t", 0, build_batch([b"x%d" % i]), 1).written
+            agreed = leader.journal_written_end(0)
+            await follower.append_replica(0, 0, memoryview(reader.read_raw(0, agreed, 1 << 20)))
+            # the follower led epoch 1 for a moment: a short tail its leader never had
+            await follower.become_leader(0, 1)
+            await follower.append("t", 0, build_batch([b"y"]), 1).written
+            follower.stop_leading(0)
+            await follower.flush()  # checkpointed: its recovery point is past that tail
+            await leader.become_leader(0, 2)
+            for i in range(3):
+                await leader.append("t", 0, build_batch([b"z%d" % i * 100]), 1).written
+            end = leader.journal_written_end(0)
+            assert await follower.truncate_replica(0, agreed) > 0
+            tail = reader.read_raw(agreed, end, 1 << 20)
+            assert await follower.append_replica(0, agreed, memoryview(tail)) == end
+        finally:
+            reader.close()
+            await leader.close()
+        abandon(follower)  # a crash before the next checkpoint round
+        again = new_engine(follower_root, replicated=True)
+        add_topic(again, partitions=1)
+        again.recover()
+        try:
+            assert again.journal_written_end(0) == end
+        finally:
+            again.start(lambda *a: None)
+            await again.close()
+        assert journal_bytes(follower_root, 0) == journal_bytes(leader_root, 0)
 
     run(scenario())
