@@ -541,6 +541,7 @@ def test_replication_survives_a_seeded_fault_schedule(
             time.sleep(rng.uniform(0.5, 3))
             started = time.monotonic()
             what = getattr(faults, kind)(rng)
+            print(f"fault {n}/{FAULTS} {kind}: {what}", flush=True)
             took = _wait(cluster.healthy, HEALTHY_S, f"fault {n} ({kind}): healthy again")
             acked, consumed = len(producer.acked), len(consumer.consumed)
             _wait(
@@ -552,9 +553,8 @@ def test_replication_survives_a_seeded_fault_schedule(
             )
             checker.check(producer, consumer)
             print(
-                f"fault {n}/{FAULTS} {kind}: {what}; healthy {took:.1f} s later; checked "
-                f"{len(producer.acked)} acknowledged, {len(consumer.consumed)} consumed "
-                f"({time.monotonic() - started:.0f} s)",
+                f"    healthy {took:.1f} s later; checked {len(producer.acked)} acknowledged, "
+                f"{len(consumer.consumed)} consumed ({time.monotonic() - started:.0f} s)",
                 flush=True,
             )
     finally:
