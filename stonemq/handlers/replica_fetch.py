@@ -33,6 +33,7 @@ from stonemq.protocol.replica_fetch import (
     decode_request,
     encode_response,
 )
+from stonemq.server.metrics import METRICS
 from stonemq.storage.journal import JournalReader
 
 INTERNAL: dict[int, tuple[int, int, Any, Any]] = {}
@@ -107,6 +108,8 @@ async def handle_replica_fetch(ctx: RequestContext, request: ReplicaFetchRequest
             -1,
             data,
         )
+    METRICS.replica_fetch_requests_served += 1
+    METRICS.replica_fetch_bytes_served += sum(len(d) for d in datas)
     response = ReplicaFetchResponse(0, tuple(p for p in parts if p is not None))
     return encode_response(response, ctx.correlation_id)
 
