@@ -41,10 +41,8 @@ def _metrics(port: int) -> dict[str, float]:
         return parse_metrics(resp.read().decode())
 
 
-def test_pipelined_acks_all_is_answered_as_fast_as_the_followers_fetch(
-    broker_factory: Any, zookeeper: Any
-) -> None:
-    ports = [_free_port() for _ in range(3)]
+def _cluster(broker_factory: Any, zookeeper: Any, ports: list[int], **extra: Any) -> list[Any]:
+    """Three brokers at replication factor 3, each with its metrics endpoint on ``ports``."""
     chroot = f"{zookeeper.connect}/stonemq-pipe-{uuid.uuid4().hex[:8]}"
     brokers = [
         broker_factory(
@@ -54,6 +52,7 @@ def test_pipelined_acks_all_is_answered_as_fast_as_the_followers_fetch(
             default_replication_factor=3,
             metrics_listen=f"127.0.0.1:{port}",
             start=False,
+            **extra,
         )
         for b, port in zip((1, 2, 3), ports, strict=True)
     ]
@@ -61,6 +60,14 @@ def test_pipelined_acks_all_is_answered_as_fast_as_the_followers_fetch(
         b.spawn()
     for b in brokers:
         _wait(lambda b=b: "ready" in b.log(since_start=True) and _accepts(b), 60, "ready")
+    return brokers
+
+
+def test_pipelined_acks_all_is_answered_as_fast_as_the_followers_fetch(
+    broker_factory: Any, zookeeper: Any
+) -> None:
+    ports = [_free_port() for _ in range(3)]
+    brokers = _cluster(broker_factory, zookeeper, ports)
     bootstrap = brokers[0].bootstrap
     admin = AdminClient({"bootstrap.servers": bootstrap})
     admin.create_topics([NewTopic("pipe", 1, 3)])["pipe"].result(30)
@@ -101,3 +108,39 @@ def test_pipelined_acks_all_is_answered_as_fast_as_the_followers_fetch(
             assert _metrics(port)["stonemq_replica_fetch_requests_sent_total"] > 0
     # the process collector comes with the endpoint
     assert after["process_cpu_seconds_total"] > 0
+
+
+def test_acks_all_holding_the_request_budget_does_not_stop_the_followers(
+    broker_factory: Any, zookeeper: Any
+) -> None:
+    """acks=all produces waiting for the ISR hold ``queued.max.request.bytes``; the followers'
+    fetches, which alone can move the HW, are still read. They were not: every connection
+    stopped reading, and the produces waited out their timeout (REQUEST_TIMED_OUT) while the
+    brokers idled."""
+    budget = 64 * 1024
+    brokers = _cluster(
+        broker_factory,
+        zookeeper,
+        [_free_port() for _ in range(3)],
+        queued_max_request_bytes=budget,
+    )
+    bootstrap = brokers[0].bootstrap
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([NewTopic("held", 1, 3)])["held"].result(30)
+    _wait(lambda: _leaders(bootstrap, "held").get(0, -1) > 0, 30, "a leader")
+    leader = brokers[_leaders(bootstrap, "held")[0] - 1]
+    response_type = schema("produce", 7, "response").ProduceResponse
+    batch = bytes(build_batch([(None, RECORD)] * 40))  # ~41 KiB: two exceed the budget
+    requests = 12
+    with RawConnection(leader.host, leader.port, timeout=30) as conn:
+        cid = conn.send_request(produce_request("held", 0, batch, acks=-1))  # warm-up
+        assert conn.recv_response(response_type, cid).responses[0].partition_responses[0]
+        started = time.monotonic()
+        cids = [conn.send_request(produce_request("held", 0, batch)) for _ in range(requests)]
+        errors = []
+        for cid in cids:
+            (answer,) = conn.recv_response(response_type, cid).responses[0].partition_responses
+            errors.append(answer.error_code)
+        elapsed = time.monotonic() - started
+    assert errors == [0] * requests  # 7 (REQUEST_TIMED_OUT) after the 10 s request timeout
+    assert elapsed < 8, f"{elapsed:.1f} s for {requests} pipelined acks=all requests"
