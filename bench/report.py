@@ -519,6 +519,9 @@ def tables(res: dict[str, Any]) -> str:
 
     lines += spark_source.table(res)
     lines += interference_table(res)
+    from bench import replication
+
+    lines += replication.table(res)
     return "\n".join(lines)
 
 

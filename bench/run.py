@@ -33,6 +33,7 @@ from bench import (
     interference,
     multiproduce,
     procs,
+    replication,
     report,
     spark_source,
 )
@@ -727,4 +728,5 @@ WORKLOADS: dict[str, Callable[[Run], None]] = {
     "archive": archive.run_archive,
     "interference": interference.run_interference,
     "spark-source": spark_source.run_spark_source,
+    "replication": replication.run_replication,
 }
