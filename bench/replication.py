@@ -20,6 +20,7 @@ import shutil
 import socket
 import statistics
 import subprocess
+import tempfile
 import threading
 import time
 import traceback
@@ -46,6 +47,8 @@ ZOOKEEPER_JAR = "/usr/share/java/zookeeper.jar"
 ZOOKEEPER_TICK_MS = 2000
 ACKS_ALL = -1
 SERVED = "stonemq_replica_fetch_requests_served_total"
+ISR_WAIT_S = 45.0  # after a killed broker's restart, before a fresh cluster takes over
+MAX_REJOIN_FAILURES = 8
 
 # the issue's targets: (key, text, goal, "ge"/"le")
 TARGETS = (
@@ -99,10 +102,10 @@ def percentiles(values: list[float]) -> dict[str, float] | None:
     }
 
 
-def targets(result: dict[str, Any]) -> list[dict[str, Any]]:
-    """Each target of the issue against ``result`` (this workload's results): measured value,
-    goal and whether it is reached (None: not measured in this run, e.g. a quick run without
-    the 10,000-partition step)."""
+def targets(result: dict[str, Any], failover: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """Each target of the issue against ``result`` (this workload's steps) and ``failover``
+    (its kills): measured value, goal and whether it is reached (None: not measured in this
+    run, e.g. a quick run without the 10,000-partition step)."""
     rows = result.get("steps", [])
     single = result.get("single", [])
     rdk, pack = _by(rows, "librdkafka"), _by(rows, "packing")
@@ -122,7 +125,7 @@ def targets(result: dict[str, Any]) -> list[dict[str, Any]]:
         (get(t, 10_000, "pss_peak_per_broker_mb") or 0 for t in (rdk, pack)), default=0
     )
     pss_single = max((get(t, 10_000, "pss_peak_mb") or 0 for t in (s_rdk, s_pack)), default=0)
-    fail = result.get("failover", {}).get("to_first_ack_s")
+    fail = (failover or {}).get("to_first_ack_s")
     measured = {
         "packing_10k_vs_1": _ratio(get(pack, 10_000, "mb_s"), get(pack, 1, "mb_s")),
         "cpu_10k_vs_1_librdkafka": _ratio(
@@ -475,51 +478,76 @@ def _leader(bootstrap: str, topic: str) -> int:
     return int(meta.topics[topic].partitions[0].leader)
 
 
+def _kill_round(cluster: Cluster) -> dict[str, Any]:
+    """SIGKILL the leader of ``failover``-0, watch ZooKeeper until a new leader is elected,
+    restart the killed broker."""
+    time.sleep(1.0)  # acknowledgements flowing before the kill
+    leader = _leader(cluster.bootstrap, "failover")
+    controller = _controller(cluster)
+    broker = cluster.brokers[leader]
+    watcher = _Watcher(cluster.chroot, leader)
+    watcher.start()
+    killed_at = time.monotonic()
+    broker.kill()  # SIGKILL
+    deadline = time.monotonic() + 60
+    while watcher.elected is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(1.0)  # the producer's first acks on the new leader
+    watcher.close()
+    broker.start(timeout=180)
+    return {
+        "killed": leader,
+        "was_controller": controller == leader,
+        "killed_at": killed_at,
+        "expired_s": _since(watcher.expired, killed_at),
+        "elected_s": _since(watcher.elected, killed_at),
+    }
+
+
 def failover(run: Run, zk: ZooKeeper, kills: int) -> dict[str, Any]:
     """``kills`` rounds: SIGKILL the leader of ``failover``-0 while an acks=all producer
     writes to it, time to its first acknowledgement after the kill; restart the killed
-    broker and wait for full ISRs before the next round."""
+    broker and wait for full ISRs before the next round. When the ISR does not fill again
+    (a restarted broker that cannot rejoin), that is recorded with the brokers' logs and the
+    rounds go on in a fresh cluster."""
     from bench.run import _CTX, expect, log, worker
 
-    cluster = Cluster(run.tmp, zk, "failover")
-    cluster.start()
     rounds: list[dict[str, Any]] = []
-    try:
-        create_topic(cluster.bootstrap, "failover", 1, REPLICAS)
-        cluster.wait_isr_full()
-        stop = _CTX.Event()
-        with worker(failover_producer, cluster.bootstrap, "failover", stop) as q:
-            expect(q, "start", 120)
-            for i in range(kills):
-                time.sleep(1.0)  # acknowledgements flowing before the kill
-                leader = _leader(cluster.bootstrap, "failover")
-                controller = _controller(cluster)
-                broker = cluster.brokers[leader]
-                watcher = _Watcher(cluster.chroot, leader)
-                watcher.start()
-                killed_at = time.monotonic()
-                broker.kill()  # SIGKILL
-                deadline = time.monotonic() + 60
-                while watcher.elected is None and time.monotonic() < deadline:
-                    time.sleep(0.05)
-                time.sleep(1.0)  # the producer's first acks on the new leader
-                watcher.close()
-                rounds.append(
-                    {
-                        "killed": leader,
-                        "was_controller": controller == leader,
-                        "killed_at": killed_at,
-                        "expired_s": _since(watcher.expired, killed_at),
-                        "elected_s": _since(watcher.elected, killed_at),
-                    }
-                )
-                broker.start(timeout=180)
-                cluster.wait_isr_full(180)
-                log(f"  kill {i + 1}/{kills}: broker {leader} {rounds[-1]}")
-            stop.set()
-            done = expect(q, "done", 120)
-    finally:
-        cluster.stop()
+    rejoin_failures: list[dict[str, Any]] = []
+    acked: list[float] = []
+    errors = 0
+    generation = 0
+    while len(rounds) < kills and len(rejoin_failures) <= MAX_REJOIN_FAILURES:
+        generation += 1
+        cluster = Cluster(run.tmp, zk, f"failover{generation}")
+        cluster.start()
+        try:
+            create_topic(cluster.bootstrap, "failover", 1, REPLICAS)
+            cluster.wait_isr_full()
+            stop = _CTX.Event()
+            with worker(failover_producer, cluster.bootstrap, "failover", stop) as q:
+                expect(q, "start", 120)
+                while len(rounds) < kills:
+                    r = _kill_round(cluster)
+                    rounds.append(r)
+                    log(f"  kill {len(rounds)}/{kills}: {r}")
+                    try:
+                        cluster.wait_isr_full(ISR_WAIT_S)
+                    except RuntimeError as exc:
+                        logs = _keep_logs(cluster)
+                        rejoin_failures.append(
+                            {"after_kill": len(rounds), "error": str(exc), "logs": str(logs)}
+                        )
+                        log(f"  the ISR did not fill again ({exc}); logs in {logs}")
+                        break
+                stop.set()
+                done = expect(q, "done", 120)
+            acked.extend(done["acked"])
+            errors += done["errors"]
+        finally:
+            cluster.stop()
+    acked.sort()
+    done = {"acked": acked, "errors": errors}
     acked = done["acked"]
     for r in rounds:
         r["first_ack_s"] = first_ack_after(acked, r["killed_at"], r["expired_s"])
@@ -535,7 +563,17 @@ def failover(run: Run, zk: ZooKeeper, kills: int) -> dict[str, Any]:
         "to_election_s": percentiles([r["elected_s"] for r in rounds if r["elected_s"]]),
         "producer_errors": done["errors"],
         "acked": len(acked),
+        "rejoin_failures": rejoin_failures,
     }
+
+
+def _keep_logs(cluster: Cluster) -> Path:
+    """Copy the cluster's broker logs out of the run's temp dir (removed at the end)."""
+    keep = Path(tempfile.mkdtemp(prefix="stonemq-bench-failover-logs-"))
+    for broker in cluster.brokers.values():
+        with contextlib.suppress(OSError):
+            shutil.copy(broker.log_path, keep / broker.log_path.name)
+    return keep
 
 
 def first_ack_after(acked: list[float], killed_at: float, expired_s: float | None) -> float | None:
@@ -607,14 +645,35 @@ def run_replication(run: Run) -> None:
                 _log(rows, "single acks=1")
             finally:
                 run.done_with(broker)
-        log(f"replication: failover, {scale.kills} leader kills")
-        result["failover"] = failover(run, zk, scale.kills)
-        log(f"  failover: {result['failover']['to_first_ack_s']}")
+        _failover(run, zk, scale)
     finally:
         zk.stop()
         shutil.rmtree(zk.root, ignore_errors=True)
         result["uptime_end"] = _uptime()
-    result["targets"] = targets(result)
+    result["targets"] = targets(result, run.results.get("replication_failover"))
+
+
+def _failover(run: Run, zk: ZooKeeper, scale: Scale) -> None:
+    from bench.run import log
+
+    log(f"replication: failover, {scale.kills} leader kills")
+    fo = run.results["replication_failover"] = failover(run, zk, scale.kills)
+    log(f"  failover: {fo['to_first_ack_s']}")
+
+
+def run_failover(run: Run) -> None:
+    """Only the failover rounds (``--only replication-failover --merge``: into a report that
+    has the replication steps)."""
+    scale = QUICK if run.scale.name == "quick" else FULL
+    if not zookeeper_available():
+        raise RuntimeError(f"needs ZooKeeper ({ZOOKEEPER_JAR}) and java")
+    zk = ZooKeeper(run.tmp / "zookeeper")
+    zk.start()
+    try:
+        _failover(run, zk, scale)
+    finally:
+        zk.stop()
+        shutil.rmtree(zk.root, ignore_errors=True)
 
 
 def _uptime() -> str:
@@ -648,7 +707,8 @@ def table(res: dict[str, Any]) -> list[str]:
         "| target | goal | measured | reached |",
         "|---|---:|---:|---|",
     ]
-    for t in rep.get("targets") or targets(rep):
+    fo = res.get("replication_failover")
+    for t in targets(rep, fo):
         reached = {True: "reached", False: "not reached", None: "not measured"}[t["reached"]]
         lines.append(f"| {t['target']} | {t['goal']} | {_fmt(t['measured'])} | {reached} |")
     lines += [
@@ -667,7 +727,6 @@ def table(res: dict[str, Any]) -> list[str]:
                 f"{_fmt(r.get('fetch_req_s'))} | {_fmt(r.get('partitions_per_request'))} | "
                 f"{r['errors']} |"
             )
-    fo = rep.get("failover")
     if fo:
         lines += [
             "",
@@ -693,6 +752,13 @@ def table(res: dict[str, Any]) -> list[str]:
             f"(librdkafka, acks=all, one record every 2 ms to partition 0) had "
             f"{fo['acked']:,} acknowledgements and {fo['producer_errors']} delivery errors.",
         ]
+        for f in fo.get("rejoin_failures") or []:
+            lines += [
+                "",
+                f"**After kill {f['after_kill']} the restarted broker did not rejoin the ISR** "
+                f"within {ISR_WAIT_S:.0f} s (`{f['error'][:300]}`); the next rounds ran in a "
+                "fresh cluster.",
+            ]
     if rep.get("uptime_start"):
         lines += [
             "",

@@ -729,4 +729,5 @@ WORKLOADS: dict[str, Callable[[Run], None]] = {
     "interference": interference.run_interference,
     "spark-source": spark_source.run_spark_source,
     "replication": replication.run_replication,
+    "replication-failover": replication.run_failover,
 }
