@@ -657,7 +657,9 @@ def _failover(run: Run, zk: ZooKeeper, scale: Scale) -> None:
     from bench.run import log
 
     log(f"replication: failover, {scale.kills} leader kills")
+    started = _uptime()
     fo = run.results["replication_failover"] = failover(run, zk, scale.kills)
+    fo["uptime_start"], fo["uptime_end"] = started, _uptime()
     log(f"  failover: {fo['to_first_ack_s']}")
 
 
@@ -752,12 +754,20 @@ def table(res: dict[str, Any]) -> list[str]:
             f"(librdkafka, acks=all, one record every 2 ms to partition 0) had "
             f"{fo['acked']:,} acknowledgements and {fo['producer_errors']} delivery errors.",
         ]
-        for f in fo.get("rejoin_failures") or []:
+        failures = fo.get("rejoin_failures") or []
+        if failures:
+            after = ", ".join(str(f["after_kill"]) for f in failures)
             lines += [
                 "",
-                f"**After kill {f['after_kill']} the restarted broker did not rejoin the ISR** "
-                f"within {ISR_WAIT_S:.0f} s (`{f['error'][:300]}`); the next rounds ran in a "
-                "fresh cluster.",
+                f"**A restarted broker did not rejoin the ISR** within {ISR_WAIT_S:.0f} s after "
+                f"kills {after} (each time the next rounds ran in a fresh cluster); the first: "
+                f"`{failures[0]['error'][:400]}`.",
+            ]
+        if fo.get("uptime_start"):
+            lines += [
+                "",
+                f"Machine load (`uptime`) before the kills: `{fo['uptime_start']}`; after: "
+                f"`{fo.get('uptime_end', '')}`.",
             ]
     if rep.get("uptime_start"):
         lines += [
