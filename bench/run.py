@@ -679,7 +679,7 @@ def main(argv: list[str] | None = None) -> int:
     run = Run(scale, args.out)
     started = time.time()
     machine = report.machine(run.tmp)
-    chosen = [w for w in args.only.split(",") if w] or list(WORKLOADS)
+    chosen = [w for w in args.only.split(",") if w] or [w for w in WORKLOADS if w not in ON_REQUEST]
     try:
         for name in chosen:
             try:
@@ -731,3 +731,5 @@ WORKLOADS: dict[str, Callable[[Run], None]] = {
     "replication": replication.run_replication,
     "replication-failover": replication.run_failover,
 }
+ON_REQUEST = frozenset({"replication-failover"})
+"""Workloads only ``--only`` runs (the replication workload includes the failover rounds)."""
