@@ -29,7 +29,8 @@ def response_module(api_key: int, api_version: int) -> ModuleType:
 
 
 @functools.cache
-def _field_names(cls: type) -> frozenset[str]:
+def field_names(cls: type) -> frozenset[str]:
+    """The fields a kio entity class has (versions of an entity differ in them)."""
     return frozenset(f.name for f in dataclasses.fields(cls))
 
 
@@ -39,7 +40,7 @@ def build(cls: type, **values: Any) -> Any:
     Handlers are written once for all versions of an API; fields a version lacks are simply
     not sent, exactly as Kafka does. ``throttle_time`` may be given in ms as an int.
     """
-    names = _field_names(cls)
+    names = field_names(cls)
     kept = {k: v for k, v in values.items() if k in names}
     if "throttle_time" in kept and isinstance(kept["throttle_time"], int):
         kept["throttle_time"] = datetime.timedelta(milliseconds=kept["throttle_time"])

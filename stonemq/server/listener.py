@@ -11,6 +11,7 @@ import time
 from stonemq.broker import Broker
 from stonemq.config import Settings
 from stonemq.server.budget import PARTIAL_STALL_S, RequestBudget
+from stonemq.server.collector import tune_collector
 from stonemq.server.connection import Connection
 from stonemq.server.dispatcher import Dispatcher
 from stonemq.server.lock import DirectoryLock
@@ -87,6 +88,7 @@ async def _serve_locked(settings: Settings, stop: asyncio.Event) -> None:
         from stonemq.server.metrics import start_exporter
 
         exporter = start_exporter(settings.metrics_listen)
+    tune_collector()  # recovered and listening: what exists now lives as long as the broker
     reaper = loop.create_task(_close_idle(connections, settings.connections_max_idle_ms))
     stalls = loop.create_task(_close_stalled_owner(budget))
     host, port = settings.listen_address

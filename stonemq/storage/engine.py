@@ -24,7 +24,7 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from stonemq.protocol.record_batch import (
     BatchHeader,
@@ -132,11 +132,10 @@ class LogConfig:
     compression_level: int = -1
 
 
-@dataclass(frozen=True, slots=True)
-class AppendResult:
-    """Where an appended batch landed. ``written`` resolves (to None) once the bytes are in
-    the journal file, and fsynced too when the flush policy is ``always``; it raises
-    :class:`StorageError` when the write failed."""
+class AppendResult(NamedTuple):
+    """Where an appended batch landed (a named tuple: one is made per batch). ``written``
+    resolves (to None) once the bytes are in the journal file, and fsynced too when the flush
+    policy is ``always``; it raises :class:`StorageError` when the write failed."""
 
     base_offset: int
     log_start_offset: int
