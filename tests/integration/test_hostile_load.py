@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import random
+import re
 import socket
 import statistics
 import struct
@@ -16,13 +17,20 @@ import time
 from typing import Any
 
 import pytest
+from confluent_kafka import Producer, TopicPartition
 from confluent_kafka.admin import NewTopic
 from fuzz import batches
 from kio.schema.metadata.v1.request import MetadataRequest as MetadataV1
 
 from stonemq.server.budget import PARTIAL_STALL_S
 
-from .helpers import admin, create_topic
+from .helpers import (
+    admin,
+    consumer,
+    create_topic,
+    producer_config,
+    wait_high_watermark,
+)
 from .rawclient import (
     RawConnection,
     encode,
@@ -228,3 +236,49 @@ def test_a_stalled_partial_frame_does_not_hold_back_a_large_request(broker_facto
         assert "nothing received for" in broker.log(since_start=True)
     finally:
         stalled.close()
+
+
+# -- a catch-up fetch of many MiB next to others ---------------------------------------------
+_ROUND_LINE = re.compile(r"the most bytes one connection moved in a round: (\d+) \(api key (-?\d+)")
+
+
+def test_a_catch_up_fetch_moves_about_a_turn_per_round(broker_factory) -> None:
+    """A consumer catching up 8 partitions of 1.5 MiB each asks for 1 MiB of every partition
+    in one fetch (librdkafka's defaults): the broker reads it a partition per step, so the
+    most bytes one connection moved within one dispatcher round, by the broker's own
+    accounting (logged at shutdown), stays within a turn plus one partition's read (2 MiB),
+    and the records arrive whole and in order. The old broker read and answered the whole
+    8 MiB fetch in one go, while every other connection waited."""
+    broker = broker_factory()
+    topic = create_topic(broker.bootstrap, "catch-up", partitions=8)
+    records_per_partition = 1536
+    producer = Producer(producer_config(broker.bootstrap, acks="all"))
+    for p in range(8):
+        for i in range(records_per_partition):
+            producer.produce(topic, struct.pack(">ii", p, i) + bytes(1016), partition=p)
+            producer.poll(0)
+    assert producer.flush(60) == 0
+    for p in range(8):
+        wait_high_watermark(broker.bootstrap, topic, records_per_partition, partition=p)
+    c = consumer(broker.bootstrap, **{"max.partition.fetch.bytes": 1 << 20})
+    seen = {p: 0 for p in range(8)}
+    try:
+        c.assign([TopicPartition(topic, p, 0) for p in range(8)])
+        deadline = time.monotonic() + 60
+        while sum(seen.values()) < 8 * records_per_partition and time.monotonic() < deadline:
+            msg = c.poll(0.5)
+            if msg is None or msg.error() is not None:
+                continue
+            assert struct.unpack_from(">ii", msg.value()) == (
+                msg.partition(),
+                seen[msg.partition()],
+            )
+            seen[msg.partition()] += 1
+    finally:
+        c.close()
+    assert seen == {p: records_per_partition for p in range(8)}
+    broker.stop()
+    found = _ROUND_LINE.search(broker.log(since_start=True))
+    assert found is not None, broker.log_tail()
+    most = int(found.group(1))
+    assert most <= (2 << 20) + (64 << 10), f"{most} bytes in one round (api key {found[2]})"
