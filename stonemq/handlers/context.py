@@ -84,6 +84,9 @@ class RequestContext:
     turns: Any = None
     # bytes this request's handler charged to the connection's turns so far
     charged: int = 0
+    # set by a handler answering with a response kept for reuse (codec.EncodedOnce: a cached
+    # Metadata response): the connection sends its body as encoded the first time
+    reuse: Any = None
 
     async def take_turn(self) -> None:
         """Wait for the connection's next turn if it has spent the current one (a handler

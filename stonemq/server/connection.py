@@ -373,7 +373,10 @@ class Connection(asyncio.BufferedProtocol):
                 response = None
             elif timed is not None or ctx.throttle_ms:
                 response = self._throttle(ctx, pending, response, timed)
-            if response is not None and ctx.encode_in_thread:
+            reuse = ctx.reuse
+            if response is not None and reuse is not None and response is reuse.response:
+                pending.response = reuse.chunks(pending.header)  # not throttled: as it was
+            elif response is not None and ctx.encode_in_thread:
                 pending.response = await asyncio.get_running_loop().run_in_executor(
                     heavy_work(), encode_response_chunks, pending.header, response
                 )
