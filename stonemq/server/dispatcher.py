@@ -22,7 +22,9 @@ with 4 MiB) is in debt and skips rounds until the debt is paid, one ``TURN_BYTES
 while the others are served; a connection's unspent allowance does not grow past one turn.
 So a consumer catching up with several-MiB fetches gets the same bytes per round as a
 producer sending 1 MiB of produces, and when nobody else has work, a connection in debt is
-credited at once (the loop never idles for it).
+credited at once (the loop never idles for it). A follower's replica fetch connection is not
+charged its responses (connection.py): its one fetch at a time moves the high watermark that
+acks=all produces wait for.
 
 Accounting: :attr:`Dispatcher.rounds` counts the rounds, and the most bytes one connection
 moved within one round (:attr:`Dispatcher.most_in_a_round`, with its api key) is kept, and
