@@ -13,7 +13,7 @@ from stonemq.config import Settings
 from stonemq.server.budget import PARTIAL_STALL_S, RequestBudget
 from stonemq.server.collector import tune_collector
 from stonemq.server.connection import Connection
-from stonemq.server.dispatcher import Dispatcher
+from stonemq.server.dispatcher import TURN_BYTES, Dispatcher
 from stonemq.server.lock import DirectoryLock
 
 log = logging.getLogger("stonemq.server")
@@ -128,6 +128,14 @@ async def _serve_locked(settings: Settings, stop: asyncio.Event) -> None:
     for conn in list(connections):
         conn.close()
     log.info("requests in flight answered in %.2f s", time.monotonic() - started)
+    log.info(
+        "dispatcher: %d rounds; the most bytes one connection moved in a round: %d "
+        "(api key %d; a turn is %d)",
+        dispatcher.rounds,
+        dispatcher.most_in_a_round,
+        dispatcher.most_in_a_round_api,
+        TURN_BYTES,
+    )
     await broker.close()
     if exporter is not None:
         exporter[0].shutdown()

@@ -1613,9 +1613,10 @@ class StorageEngine:
     async def read_async(
         self, topic: str, partition: int, offset: int, max_bytes: int
     ) -> ReadResult:
-        """:meth:`read` that never waits for the disk on the event loop (fetches): what the
-        page cache holds is read at once (``CachedReads``), anything else in a disk-read
-        thread, from views of the segments taken on the loop (``read_views``)."""
+        """:meth:`read` that never waits for the disk on the event loop (fetches): up to
+        ``LOOP_READ_MAX_BYTES`` that the page cache holds is read at once (``CachedReads``),
+        anything else in a disk-read thread, from views of the segments taken on the loop
+        (``read_views``)."""
         for _ in range(VIEW_ATTEMPTS):
             try:
                 return self.read(topic, partition, offset, max_bytes, CachedReads(self._files))
