@@ -29,7 +29,8 @@ def response_module(api_key: int, api_version: int) -> ModuleType:
 
 
 @functools.cache
-def _field_names(cls: type) -> frozenset[str]:
+def field_names(cls: type) -> frozenset[str]:
+    """The fields a kio entity class has (versions of an entity differ in them)."""
     return frozenset(f.name for f in dataclasses.fields(cls))
 
 
@@ -39,7 +40,7 @@ def build(cls: type, **values: Any) -> Any:
     Handlers are written once for all versions of an API; fields a version lacks are simply
     not sent, exactly as Kafka does. ``throttle_time`` may be given in ms as an int.
     """
-    names = _field_names(cls)
+    names = field_names(cls)
     kept = {k: v for k, v in values.items() if k in names}
     if "throttle_time" in kept and isinstance(kept["throttle_time"], int):
         kept["throttle_time"] = datetime.timedelta(milliseconds=kept["throttle_time"])
@@ -79,6 +80,29 @@ class RequestContext:
     # set by a handler that throttled its own response (a fetch over its consumer byte
     # rate answers empty): the connection mutes for at least this long (KIP-219)
     throttle_ms: int = 0
+    # the connection's share of the dispatcher's rounds (stonemq/server/dispatcher.py), for a
+    # handler that moves many bytes in steps; None outside a connection
+    turns: Any = None
+    # bytes this request's handler charged to the connection's turns so far
+    charged: int = 0
+    # set by a handler answering with a response kept for reuse (codec.EncodedOnce: a cached
+    # Metadata response): the connection sends its body as encoded the first time
+    reuse: Any = None
+
+    async def take_turn(self) -> None:
+        """Wait for the connection's next turn if it has spent the current one (a handler
+        moving many bytes calls this between steps: the fetch before each partition), so
+        other connections are served meanwhile."""
+        turns = self.turns
+        if turns is not None and turns.allowance <= 0:
+            await turns.next_turn()
+
+    def charge(self, nbytes: int) -> None:
+        """Charge ``nbytes`` this request moved (a fetch's records) to the connection's turns;
+        its response's other bytes are charged when it is sent."""
+        if self.turns is not None and nbytes:
+            self.charged += nbytes
+            self.turns.charge(nbytes, self.api_key)
 
     @property
     def advertised_address(self) -> tuple[str, int]:

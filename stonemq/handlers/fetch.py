@@ -20,6 +20,11 @@ Consumer byte-rate quotas (KIP-13), when one applies to the client: the response
 what the quota window holds; a response whose record bytes take the client over its quota is
 recorded, taken back and answered empty with ``throttle_time_ms`` (the connection then mutes),
 as Kafka answers a throttled fetch. A follower's fetch is never throttled.
+
+Bounded steps: the records read are charged to the connection's turns (the dispatcher's
+share by bytes, stonemq/server/dispatcher.py) partition by partition, and once the
+connection has spent its turn the next partition waits for its next one, so a fetch of many
+MiB is read about a mebibyte per round while other connections are served in between.
 """
 
 from __future__ import annotations
@@ -258,6 +263,10 @@ async def _read_all(
                 has_error = True
                 continue
             limit = min(fp.partition_max_bytes, budget - total)
+            if limit > 0 or total == 0:
+                # a partition per step: once the connection spent its turn (its share of
+                # a dispatcher round), the next partition waits for its next turn
+                await ctx.take_turn()
             try:
                 if limit <= 0 and total > 0:
                     part.hw = storage.high_watermark(name, fp.partition)
@@ -296,6 +305,7 @@ async def _read_all(
                 continue
             part.records = data
             total += len(data)
+            ctx.charge(len(data))
     tier = getattr(ctx.broker, "tier", None)
     if tier is not None:  # tiered partitions start at the cold log start
         for topic, parts in out:

@@ -15,7 +15,9 @@ invalid: the answer is Kafka's error response, every requested topic with INVALI
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
+import weakref
 from typing import Any
 
 from kio.schema.errors import ErrorCode
@@ -30,6 +32,7 @@ from stonemq.handlers.authorized_operations import (
 from stonemq.handlers.context import RequestContext, heavy_work
 from stonemq.handlers.registry import api
 from stonemq.metadata.store import TopicRecord
+from stonemq.protocol.codec import EncodedOnce
 from stonemq.topics import AdminError, UnknownTopicOrPartitionError, validate_topic_name
 
 log = logging.getLogger(__name__)
@@ -48,6 +51,21 @@ async def handle_metadata(ctx: RequestContext, request: Any) -> Any:
             invalid,
         )
         return _error_response(ctx, request.topics, ErrorCode.invalid_request)
+    cache = _cache_of(ctx.broker)
+    key = _cache_key(ctx, request)
+    fingerprint = _fingerprint(ctx, key) if key is not None else None
+    if fingerprint is not None:
+        kept = cache.get(key, fingerprint)
+        if kept is not None:
+            ctx.reuse = kept
+            return kept.response
+    response = await _build_response(ctx, request)
+    if fingerprint is not None and not ctx.encode_in_thread:
+        ctx.reuse = cache.put(key, fingerprint, response)
+    return response
+
+
+async def _build_response(ctx: RequestContext, request: Any) -> Any:
     broker = ctx.broker
     allow_create = getattr(request, "allow_auto_topic_creation", True)
     wanted_topics: list[tuple[TopicRecord | None, ErrorCode, str | None]] = []
@@ -173,6 +191,125 @@ def _partition(ctx: RequestContext, index: int, lead: Leadership) -> Any:
         replica_nodes=lead.replicas,
         isr_nodes=lead.isr,
         offline_replicas=tuple(r for r in lead.replicas if ctx.broker.routing.broker(r) is None),
+    )
+
+
+CACHE_PARTITIONS = 50_000
+"""Partition entries of the Metadata responses kept for reuse, over all the keys (least
+recently used out first): a few MB of entities and encoded bodies at most."""
+
+
+class _Kept(EncodedOnce):
+    """A response kept for reuse with the fingerprint of the state it was built from."""
+
+    __slots__ = ("fingerprint", "partitions")
+
+    def __init__(self, response: Any, fingerprint: tuple[Any, ...]) -> None:
+        super().__init__(response)
+        self.fingerprint = fingerprint
+        self.partitions = len(fingerprint[1])
+
+
+class ResponseCache:
+    """Metadata responses by what was asked (version, listener, topic names or all topics,
+    the authorized-operations flags), each valid while the fingerprint of what it was built
+    from is unchanged: the topic records (a topic created, deleted or grown has a new
+    record), every partition's leadership, the live brokers, the controller and the cluster
+    id. A client asking the same Metadata over and over (a pipeliner, or every client's
+    periodic refresh) then costs a fingerprint and a copy of bytes, not a build and an
+    encode of every partition. Only responses whose topics all exist are kept (a missing
+    topic may be auto-created by the request), and none of ``LARGE_RESPONSE_PARTITIONS`` or
+    more partitions (those are built in a thread)."""
+
+    def __init__(self, max_partitions: int = CACHE_PARTITIONS) -> None:
+        self.max_partitions = max_partitions
+        self.partitions = 0
+        self.hits = 0
+        self._kept: collections.OrderedDict[tuple[Any, ...], _Kept] = collections.OrderedDict()
+
+    def get(self, key: tuple[Any, ...], fingerprint: tuple[Any, ...]) -> _Kept | None:
+        kept = self._kept.get(key)
+        if kept is None:
+            return None
+        if kept.fingerprint != fingerprint:
+            self._drop(key)
+            return None
+        self._kept.move_to_end(key)
+        self.hits += 1
+        return kept
+
+    def put(self, key: tuple[Any, ...], fingerprint: tuple[Any, ...], response: Any) -> _Kept:
+        """Keep ``response`` for ``key`` (its body is encoded when it is first sent)."""
+        self._drop(key)
+        kept = self._kept[key] = _Kept(response, fingerprint)
+        self.partitions += kept.partitions
+        while self.partitions > self.max_partitions and len(self._kept) > 1:
+            self._drop(next(iter(self._kept)))
+        return kept
+
+    def __len__(self) -> int:
+        return len(self._kept)
+
+    def _drop(self, key: tuple[Any, ...]) -> None:
+        kept = self._kept.pop(key, None)
+        if kept is not None:
+            self.partitions -= kept.partitions
+
+
+_caches: weakref.WeakKeyDictionary[Any, ResponseCache] = weakref.WeakKeyDictionary()
+
+
+def _cache_of(broker: Any) -> ResponseCache:
+    cache = _caches.get(broker)
+    if cache is None:
+        cache = _caches[broker] = ResponseCache()
+    return cache
+
+
+def _cache_key(ctx: RequestContext, request: Any) -> tuple[Any, ...] | None:
+    """What the response depends on besides the broker's state; None when it may not be
+    kept (a topic named by id)."""
+    topics = request.topics
+    names: tuple[str, ...] | None
+    if topics is None or (ctx.api_version == 0 and not topics):
+        names = None
+    else:
+        names = tuple(t.name for t in topics)
+        for t in topics:
+            topic_id = getattr(t, "topic_id", None)
+            if t.name is None or (topic_id is not None and topic_id.int != 0):
+                return None
+    return (
+        ctx.api_version,
+        ctx.listener,
+        names,
+        bool(getattr(request, "include_cluster_authorized_operations", False)),
+        bool(getattr(request, "include_topic_authorized_operations", False)),
+    )
+
+
+def _fingerprint(ctx: RequestContext, key: tuple[Any, ...]) -> tuple[Any, ...] | None:
+    """The state a response for ``key`` is built from, or None when it may not be kept."""
+    broker = ctx.broker
+    names = key[2]
+    if names is None:
+        records = tuple(broker.metadata.list_topics())
+    else:
+        found = [broker.topics.get(name) for name in names]
+        if any(record is None for record in found):
+            return None  # it may be auto-created, or is an error: built each time
+        records = tuple(found)
+    routing = broker.routing
+    leadership = routing.leadership
+    leads = tuple(leadership(j) for record in records for j in record.journal_partitions)
+    if len(leads) >= LARGE_RESPONSE_PARTITIONS:
+        return None
+    return (
+        records,
+        leads,
+        tuple(routing.brokers()),
+        routing.controller_id(),
+        broker.metadata.cluster_id(),
     )
 
 

@@ -35,12 +35,13 @@ import datetime
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from kio.schema.errors import ErrorCode
 
-from stonemq.handlers.context import RequestContext
+from stonemq.handlers.context import RequestContext, field_names
 from stonemq.handlers.registry import api
 from stonemq.protocol.record_batch import (
     COMPRESSION_NONE,
@@ -89,6 +90,7 @@ class _PartitionResult:
         "index",
         "journal",
         "journal_end",
+        "log_start",
         "message",
         "min_isr",
         "written",
@@ -100,6 +102,7 @@ class _PartitionResult:
         self.message: str | None = None
         self.base_offset = -1
         self.append_time = -1
+        self.log_start = -1  # the partition's log start when the batch was appended; -1: ask
         self.written: asyncio.Future[None] | None = None
         # a cluster's acks=all: the journal partition, the journal position the HW must pass
         # and the topic's min.insync.replicas (journal_end -1: no wait for the HW)
@@ -125,6 +128,7 @@ async def handle_produce(ctx: RequestContext, request: Any) -> Any:
     replicas = broker.replicas  # None on a single node
     topics: list[tuple[str, list[_PartitionResult]]] = []
     topic_ids: list[uuid.UUID | None] = []
+    now_ms = _now_ms()  # the broker's time for the timestamp bounds, once per request
     for topic_data in request.topic_data:
         results = [_PartitionResult(p.index) for p in topic_data.partition_data]
         if ctx.api_version >= TOPIC_IDS_VERSION:
@@ -194,7 +198,7 @@ async def handle_produce(ctx: RequestContext, request: Any) -> Any:
                         continue
                     result.journal = journal
                     result.min_isr = produce_config.min_insync_replicas
-            _append_one(ctx, name, result, data.records, produce_config)
+            _append_one(ctx, name, result, data.records, produce_config, now_ms)
 
     if acks == 0:
         pending = [r for _, rs in topics for r in rs if r.written is not None]
@@ -207,6 +211,7 @@ async def handle_produce(ctx: RequestContext, request: Any) -> Any:
     if replicas is not None and acks == -1:
         await _wait_for_isr(ctx, topics, request.timeout.total_seconds())
     endpoints: dict[int, Any] = {}
+    partition_response = _partition_response(ctx)
     return ctx.build(
         "ProduceResponse",
         responses=tuple(
@@ -215,18 +220,7 @@ async def handle_produce(ctx: RequestContext, request: Any) -> Any:
                 name=name,
                 topic_id=topic_id,
                 partition_responses=tuple(
-                    ctx.build(
-                        "PartitionProduceResponse",
-                        index=r.index,
-                        error_code=r.error,
-                        base_offset=r.base_offset if r.error == ErrorCode.none else -1,
-                        log_append_time=_as_datetime(r.append_time),
-                        log_start_offset=_log_start(ctx, name, r),
-                        record_errors=(),
-                        error_message=r.message,
-                        **_leader_hint(ctx, name, r, endpoints),
-                    )
-                    for r in results
+                    partition_response(ctx, name, r, endpoints) for r in results
                 ),
             )
             for (name, results), topic_id in zip(topics, topic_ids, strict=True)
@@ -237,6 +231,59 @@ async def handle_produce(ctx: RequestContext, request: Any) -> Any:
             for e in endpoints.values()
         ),
     )
+
+
+def _partition_response(
+    ctx: RequestContext,
+) -> Callable[[RequestContext, str, _PartitionResult, dict[int, Any]], Any]:
+    """The builder of one PartitionProduceResponse for this request's version (the class
+    and the fields it has looked up once per version, not once per partition: a request of
+    the multi-partition generator answers 1,024 partitions)."""
+    return _PARTITION_RESPONSES.get(ctx.api_version) or _partition_response_for(ctx)
+
+
+_PARTITION_RESPONSES: dict[
+    int, Callable[[RequestContext, str, _PartitionResult, dict[int, Any]], Any]
+] = {}
+
+
+def _partition_response_for(
+    ctx: RequestContext,
+) -> Callable[[RequestContext, str, _PartitionResult, dict[int, Any]], Any]:
+    cls = ctx.module.PartitionProduceResponse
+    names = field_names(cls)
+    optional = {  # the fields later versions added (v5, v8), sent when the version has them
+        name: value
+        for name, value in (("record_errors", ()), ("error_message", None))
+        if name in names
+    }
+    with_log_start = "log_start_offset" in names
+    hints = ctx.api_version >= LEADER_HINTS_VERSION
+    none = ErrorCode.none
+
+    def build(
+        ctx: RequestContext, topic: str, r: _PartitionResult, endpoints: dict[int, Any]
+    ) -> Any:
+        values = dict(optional)
+        if with_log_start:
+            values["log_start_offset"] = (
+                r.log_start if r.log_start >= 0 else _log_start(ctx, topic, r)
+            )
+        if r.error != none:
+            if "error_message" in values:
+                values["error_message"] = r.message
+            if hints and r.error == ErrorCode.not_leader_or_follower:
+                values.update(_leader_hint(ctx, topic, r, endpoints))
+        return cls(
+            index=r.index,
+            error_code=r.error,
+            base_offset=r.base_offset if r.error == none else -1,
+            log_append_time=_as_datetime(r.append_time),
+            **values,
+        )
+
+    _PARTITION_RESPONSES[ctx.api_version] = build
+    return build
 
 
 def _leader_hint(
@@ -258,6 +305,7 @@ def _append_one(
     result: _PartitionResult,
     records: bytes | None,
     config: ProduceConfig,
+    now_ms: int,
 ) -> None:
     """Validate one partition's batch and append it, before the request's first await (so
     pipelined batches keep their order); a large compressed batch is validated in a thread
@@ -287,7 +335,7 @@ def _append_one(
         limits = config.limits
         bound = min(limits.max_uncompressed_bytes, INLINE_UNCOMPRESSED_BYTES)
         try:
-            max_timestamp = check_records(records, header, limits, _now_ms(), bound)
+            max_timestamp = check_records(records, header, limits, now_ms, bound)
         except RecordsTooLargeError:
             if bound >= limits.max_uncompressed_bytes:
                 result.fail(ErrorCode.message_too_large, "records decompress past the bound")
@@ -402,6 +450,7 @@ def _store(
         result.fail(ErrorCode.kafka_storage_error, str(exc))
         return
     result.base_offset = appended.base_offset
+    result.log_start = appended.log_start_offset
     result.written = appended.written
     if result.journal >= 0:
         _note_journal_end(ctx, result)

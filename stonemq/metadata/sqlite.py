@@ -114,6 +114,7 @@ class SqliteMetadataStore(MetadataStore):
             self._conn.execute("PRAGMA foreign_keys=ON")
             self._migrate()
             self._seed_cluster_id = cluster_id
+            self._cluster_id: str | None = None
             self._topics: dict[str, TopicRecord] = self._load_topics()
         except BaseException:
             self._conn.close()
@@ -189,15 +190,22 @@ class SqliteMetadataStore(MetadataStore):
 
     # -- cluster ----------------------------------------------------------------------------------
     def cluster_id(self) -> str:
+        """The cluster id: stored once, never changed, so read once (every Metadata request
+        asks for it on the event loop, where waiting for the lock behind a commit of the
+        metadata thread stalled every client)."""
+        if self._cluster_id is not None:
+            return self._cluster_id
         with self._lock:
             row = self._conn.execute(
                 "SELECT value FROM cluster WHERE key = 'cluster_id'"
             ).fetchone()
         if row:
-            return str(row[0])
+            self._cluster_id = str(row[0])
+            return self._cluster_id
         value = self._seed_cluster_id or new_cluster_id()
         with self._tx() as db:
             db.execute("INSERT INTO cluster (key, value) VALUES ('cluster_id', ?)", (value,))
+        self._cluster_id = value
         return value
 
     # -- topics -----------------------------------------------------------------------------------

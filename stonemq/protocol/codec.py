@@ -163,6 +163,24 @@ def encode_response_chunks(
     return chunks
 
 
+class EncodedOnce:
+    """A response entity answered to many requests (a cached Metadata response): its body
+    is encoded once, and each request gets it behind its own length and correlation id."""
+
+    __slots__ = ("body", "response")
+
+    def __init__(self, response: Any) -> None:
+        self.response = response
+        self.body: bytes | None = None  # everything after the correlation id
+
+    def chunks(self, header: RequestHeader) -> list[bytes | bytearray | memoryview]:
+        """The framed response to ``header`` (its api version must be the one it was built
+        for: the cache is keyed by version)."""
+        if self.body is None:
+            self.body = b"".join(encode_response_chunks(header, self.response))[8:]
+        return [_I32.pack(len(self.body) + 4) + _I32.pack(header.correlation_id), self.body]
+
+
 def encode_response(header: RequestHeader, response: Any, api_version: int | None = None) -> bytes:
     """The whole response as one ``bytes`` (see ``encode_response_chunks``)."""
     return b"".join(encode_response_chunks(header, response, api_version))

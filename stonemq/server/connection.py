@@ -19,7 +19,10 @@ configured, a request costs three attribute reads here.
 Back-pressure, so nothing buffers without bound: at most ``queued.max.requests`` requests
 decoded and unanswered per connection (frames past that wait in the receive buffer); bytes of
 requests in flight and of frames still arriving over all connections against
-``queued.max.request.bytes`` (:class:`~stonemq.server.budget.RequestBudget`); reading stops
+``queued.max.request.bytes`` (:class:`~stonemq.server.budget.RequestBudget`), except on a
+follower's replica fetch connection: acks=all produces waiting for the ISR hold that budget,
+and only the followers' fetches can release them (their requests are small, one per
+connection at a time); reading stops
 while the transport's write buffer is above its high-water mark, and while a produce is held
 for the splitter's lag.
 """
@@ -60,15 +63,17 @@ log = logging.getLogger("stonemq.server")
 
 
 class _Pending:
-    """A request in flight: its header, its size and, once handled, its encoded response."""
+    """A request in flight: its header, its size and, once handled, its encoded response and
+    the bytes its handler already charged to the connection's turns (a fetch's records)."""
 
-    __slots__ = ("done", "header", "response", "size")
+    __slots__ = ("charged", "done", "header", "response", "size")
 
     def __init__(self, header: RequestHeader, size: int = 0) -> None:
         self.header = header
         self.size = size
         self.response: list[bytes | bytearray | memoryview] | None = None
         self.done = False
+        self.charged = 0
 
 
 class _Ready:
@@ -150,9 +155,17 @@ class Connection(asyncio.BufferedProtocol):
         self._quotas = broker.quotas
         self._user = ANONYMOUS_USER  # the principal, for quotas (no SASL: Kafka's anonymous)
         self._throttled = False  # muted for a quota (KIP-219)
+        # a follower's replica fetch connection (it sent a ReplicaFetch): read whatever the
+        # request budget says, since its fetches are what move the HW that acks=all produces
+        # holding the budget wait for
+        self._replica_link = False
         self._throttled_until = 0.0
         self._unmute: asyncio.TimerHandle | None = None
         self.last_active = self.receiving_since = time.monotonic()
+        # the dispatcher's share by bytes (dispatcher.py): what this connection may still move
+        # in its turn (negative: its debt), and its handler steps waiting for a turn
+        self.allowance = 0
+        self._turn_waiters: list[asyncio.Future[None]] = []
 
     # -- asyncio callbacks ------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -271,6 +284,7 @@ class Connection(asyncio.BufferedProtocol):
         except ValueError as exc:
             self.abort(f"malformed internal api {header.api_key} body: {exc}")
             return
+        self._replica_link = True
         self._queue(header, len(frame), handler, request)
 
     def _queue(self, header: Any, size: int, handler: Any, request: Any) -> None:
@@ -284,6 +298,7 @@ class Connection(asyncio.BufferedProtocol):
             broker=self._broker,
             listener=self._listener,
             user=self._user,
+            turns=self,
         )
         pending = _Pending(header, size)
         self._pending.append(pending)
@@ -324,6 +339,26 @@ class Connection(asyncio.BufferedProtocol):
     def next_api_key(self) -> int | None:
         return self._ready[0].ctx.api_key if self._ready else None
 
+    def charge(self, nbytes: int, api_key: int) -> None:
+        """Take ``nbytes`` moved for a request of ``api_key`` from this connection's turn."""
+        self._dispatcher.charge(self, nbytes, api_key)
+
+    def next_turn(self) -> asyncio.Future[None]:
+        """A future done at this connection's next turn (a handler step that waits for it)."""
+        future = asyncio.get_running_loop().create_future()
+        self._turn_waiters.append(future)
+        if not self._closing:
+            self._dispatcher.ready(self)
+        return future
+
+    def wake_steps(self) -> None:
+        waiters = self._turn_waiters
+        if waiters:
+            self._turn_waiters = []
+            for future in waiters:
+                if not future.done():
+                    future.set_result(None)
+
     def release(self) -> None:
         self._held = False
         if not self._closing:
@@ -346,7 +381,10 @@ class Connection(asyncio.BufferedProtocol):
                 response = None
             elif timed is not None or ctx.throttle_ms:
                 response = self._throttle(ctx, pending, response, timed)
-            if response is not None and ctx.encode_in_thread:
+            reuse = ctx.reuse
+            if response is not None and reuse is not None and response is reuse.response:
+                pending.response = reuse.chunks(pending.header)  # not throttled: as it was
+            elif response is not None and ctx.encode_in_thread:
                 pending.response = await asyncio.get_running_loop().run_in_executor(
                     heavy_work(), encode_response_chunks, pending.header, response
                 )
@@ -364,6 +402,7 @@ class Connection(asyncio.BufferedProtocol):
             )
             self.abort("internal error")
             return
+        pending.charged = ctx.charged
         pending.done = True
         self._flush()
 
@@ -437,6 +476,11 @@ class Connection(asyncio.BufferedProtocol):
             answered += pending.size
             if pending.response is not None and transport is not None and not self._closing:
                 transport.writelines(pending.response)
+                if not self._replica_link:  # a follower's fetch never waits out a debt:
+                    # it moves the HW acks=all produces wait for (one request at a time)
+                    uncharged = sum(map(len, pending.response)) - pending.charged
+                    if uncharged > 0:
+                        self.charge(uncharged, pending.header.api_key)
         self.last_active = time.monotonic()
         if answered:
             self._budget.give_back(answered)
@@ -455,7 +499,11 @@ class Connection(asyncio.BufferedProtocol):
             or self._throttled
             or len(self._pending) >= self._max_requests
         )
-        if not should_pause and not budget.may_read(self, self._decoder.needs_growth):
+        if (
+            not should_pause
+            and not self._replica_link
+            and not budget.may_read(self, self._decoder.needs_growth)
+        ):
             should_pause = True
             budget.waiting.add(self)
         if should_pause and not self._reading_paused:

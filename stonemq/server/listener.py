@@ -11,8 +11,9 @@ import time
 from stonemq.broker import Broker
 from stonemq.config import Settings
 from stonemq.server.budget import PARTIAL_STALL_S, RequestBudget
+from stonemq.server.collector import tune_collector
 from stonemq.server.connection import Connection
-from stonemq.server.dispatcher import Dispatcher
+from stonemq.server.dispatcher import TURN_BYTES, Dispatcher
 from stonemq.server.lock import DirectoryLock
 
 log = logging.getLogger("stonemq.server")
@@ -82,6 +83,12 @@ async def _serve_locked(settings: Settings, stop: asyncio.Event) -> None:
             server.close()
         await broker.close()  # recovery already ran: leave flushed checkpoints behind
         raise
+    exporter = None
+    if settings.metrics_listen is not None:
+        from stonemq.server.metrics import start_exporter
+
+        exporter = start_exporter(settings.metrics_listen)
+    tune_collector()  # recovered and listening: what exists now lives as long as the broker
     reaper = loop.create_task(_close_idle(connections, settings.connections_max_idle_ms))
     stalls = loop.create_task(_close_stalled_owner(budget))
     host, port = settings.listen_address
@@ -121,7 +128,17 @@ async def _serve_locked(settings: Settings, stop: asyncio.Event) -> None:
     for conn in list(connections):
         conn.close()
     log.info("requests in flight answered in %.2f s", time.monotonic() - started)
+    log.info(
+        "dispatcher: %d rounds; the most bytes one connection moved in a round: %d "
+        "(api key %d; a turn is %d)",
+        dispatcher.rounds,
+        dispatcher.most_in_a_round,
+        dispatcher.most_in_a_round_api,
+        TURN_BYTES,
+    )
     await broker.close()
+    if exporter is not None:
+        exporter[0].shutdown()
     log.info("stopped cleanly in %.2f s", time.monotonic() - started)
 
 

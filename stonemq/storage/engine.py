@@ -24,7 +24,7 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from stonemq.protocol.record_batch import (
     BatchHeader,
@@ -138,11 +138,10 @@ class LogConfig:
     compression_level: int = -1
 
 
-@dataclass(frozen=True, slots=True)
-class AppendResult:
-    """Where an appended batch landed. ``written`` resolves (to None) once the bytes are in
-    the journal file, and fsynced too when the flush policy is ``always``; it raises
-    :class:`StorageError` when the write failed."""
+class AppendResult(NamedTuple):
+    """Where an appended batch landed (a named tuple: one is made per batch). ``written``
+    resolves (to None) once the bytes are in the journal file, and fsynced too when the flush
+    policy is ``always``; it raises :class:`StorageError` when the write failed."""
 
     base_offset: int
     log_start_offset: int
@@ -1626,9 +1625,10 @@ class StorageEngine:
     async def read_async(
         self, topic: str, partition: int, offset: int, max_bytes: int
     ) -> ReadResult:
-        """:meth:`read` that never waits for the disk on the event loop (fetches): what the
-        page cache holds is read at once (``CachedReads``), anything else in a disk-read
-        thread, from views of the segments taken on the loop (``read_views``)."""
+        """:meth:`read` that never waits for the disk on the event loop (fetches): up to
+        ``LOOP_READ_MAX_BYTES`` that the page cache holds is read at once (``CachedReads``),
+        anything else in a disk-read thread, from views of the segments taken on the loop
+        (``read_views``)."""
         for _ in range(VIEW_ATTEMPTS):
             try:
                 return self.read(topic, partition, offset, max_bytes, CachedReads(self._files))

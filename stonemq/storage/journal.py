@@ -93,13 +93,26 @@ def encode_entry_prefix(
     partition ``leader_epoch`` patched in: with ``batch[16:]`` after it, a whole entry for a
     batch as the producer sent it, which stays unchanged (a RecordBatch's CRC covers neither
     field), so nothing is copied."""
-    (length,) = struct.unpack_from(">i", batch, 8)
-    head = _BATCH_HEAD.pack(base_offset, length, leader_epoch)
-    body = memoryview(batch)[ENTRY_PREFIX_BATCH_BYTES:]
-    tail = _ENTRY_TAIL.pack(ENTRY_VERSION, topic_id, partition, base_offset, record_count)
-    crc = crc32c(body, crc32c(head, crc32c(tail)))
-    size = len(tail) + 4 + ENTRY_PREFIX_BATCH_BYTES + len(body)
-    return struct.pack(">II", size, crc) + tail + head
+    (length,) = _LENGTH.unpack_from(batch, 8)
+    covered = _TAIL_AND_HEAD.pack(
+        ENTRY_VERSION,
+        topic_id,
+        partition,
+        base_offset,
+        record_count,
+        base_offset,
+        length,
+        leader_epoch,
+    )
+    crc = crc32c(memoryview(batch)[ENTRY_PREFIX_BATCH_BYTES:], crc32c(covered))
+    # the size counts the header after itself and the whole batch (16 of its bytes are here)
+    return _SIZE_CRC.pack(len(covered) + 4 + len(batch) - ENTRY_PREFIX_BATCH_BYTES, crc) + covered
+
+
+_LENGTH = struct.Struct(">i")
+_SIZE_CRC = struct.Struct(">II")
+_TAIL_AND_HEAD = struct.Struct(">B16siqiqii")
+""":data:`_ENTRY_TAIL` then :data:`_BATCH_HEAD`, packed at once (the CRC covers both)."""
 
 
 def encode_entry(

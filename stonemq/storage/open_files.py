@@ -43,28 +43,43 @@ class Reads(Protocol):
     def hint(self, path: str, pos: int, n: int) -> None: ...
 
 
+LOOP_READ_MAX_BYTES = 64 * 1024
+"""The largest read a fetch makes on the event loop (index lookups and header scans read at
+most this much): records beyond it are copied in a disk-read thread, in parallel with the
+loop, whether the page cache holds them or not (a consumer catching up reads MiBs per fetch,
+and each MiB copied on the loop delayed every other client by that long)."""
+
+
 class NotCachedError(Exception):
-    """A read of :class:`CachedReads` that would have waited for the disk."""
+    """A read of :class:`CachedReads` that would have waited for the disk, or copied more
+    than ``LOOP_READ_MAX_BYTES`` on the event loop."""
 
 
 class CachedReads:
     """The event loop's reads for fetches: through the cache's descriptors, but never waiting
-    for the disk (``fileio.pread_cached``). A read of bytes not in the page cache raises
-    :class:`NotCachedError`, and the fetch reads them in a thread (:class:`DiskReads`)."""
+    for the disk (``fileio.pread_cached``) and never larger than ``max_read_bytes``. Any other
+    read raises :class:`NotCachedError`, and the fetch reads in a thread (:class:`DiskReads`),
+    which also asks the kernel to read ahead: ``posix_fadvise(WILLNEED)`` allocates pages and
+    queues the reads before it returns, which waits while the disk is busy, so the loop never
+    makes it."""
 
-    __slots__ = ("files",)
+    __slots__ = ("files", "max_read_bytes")
 
-    def __init__(self, files: OpenFiles) -> None:
+    def __init__(self, files: OpenFiles, max_read_bytes: int = LOOP_READ_MAX_BYTES) -> None:
         self.files = files
+        self.max_read_bytes = max_read_bytes
 
     def pread(self, path: str, n: int, pos: int) -> bytes:
+        if n > self.max_read_bytes:
+            raise NotCachedError(path)
         data = self.files.pread_cached(path, n, pos)
         if data is None:
             raise NotCachedError(path)
         return data
 
     def hint(self, path: str, pos: int, n: int) -> None:
-        self.files.hint(path, pos, n)
+        """Nothing on the loop (see the class): the next read past the cache goes to a
+        thread, whose read asks for the read-ahead."""
 
 
 class DiskReads:

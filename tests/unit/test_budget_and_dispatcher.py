@@ -5,9 +5,13 @@ in tests/integration/test_hostile_requests.py and test_backpressure.py)."""
 from __future__ import annotations
 
 import asyncio
+import itertools
+from collections.abc import Callable, Coroutine
+from typing import Any
 
+from stonemq.handlers.context import RequestContext
 from stonemq.server.budget import RequestBudget
-from stonemq.server.dispatcher import Dispatcher
+from stonemq.server.dispatcher import TURN_BYTES, Dispatcher
 
 
 class _Reader:
@@ -98,6 +102,26 @@ class _Conn:
         self.size = size
         self.released = 0
         self.dispatcher: Dispatcher | None = None
+        self.allowance = 0
+        self.waiters: list[asyncio.Future[None]] = []
+        self.handlers: dict[str, Callable[[_Conn], Coroutine[Any, Any, None]]] = {}
+        self.tasks: list[asyncio.Task[None]] = []
+
+    def charge(self, nbytes: int, api_key: int) -> None:  # RequestContext's turns
+        assert self.dispatcher is not None
+        self.dispatcher.charge(self, nbytes, api_key)
+
+    def next_turn(self) -> asyncio.Future[None]:
+        assert self.dispatcher is not None
+        future = asyncio.get_running_loop().create_future()
+        self.waiters.append(future)
+        self.dispatcher.ready(self)
+        return future
+
+    def wake_steps(self) -> None:
+        waiters, self.waiters = self.waiters, []
+        for future in waiters:
+            future.set_result(None)
 
     def start_next(self) -> tuple[int, int] | None:
         assert self.dispatcher is not None
@@ -108,6 +132,9 @@ class _Conn:
             return None
         request = self.requests.pop(0)
         self.started.append(f"{self.name}:{request}")
+        handler = self.handlers.get(request)
+        if handler is not None:  # a handler that runs on, as a connection's task does
+            self.tasks.append(asyncio.get_running_loop().create_task(handler(self)))
         return API_KEYS[request], self.size
 
     @property
@@ -166,3 +193,81 @@ def test_a_turn_starts_pipelined_produces_up_to_a_mebibyte() -> None:
         "big:metadata",
         "big:produce",
     ]  # fmt: skip
+
+
+MIB = 1 << 20
+
+
+def stepped_fetch(partitions: int, started: list[str]) -> Callable[[_Conn], Any]:
+    """A fetch handler as handlers/fetch.py steps: before each partition it waits for its
+    connection's turn if the last one is spent, and charges the records it reads."""
+
+    async def handler(conn: _Conn) -> None:
+        ctx = RequestContext(1, 12, 0, "c", "h", None, turns=conn)  # type: ignore[arg-type]
+        for p in range(partitions):
+            await ctx.take_turn()
+            started.append(f"{conn.name}:part{p}")
+            ctx.charge(MIB)
+        started.append(f"{conn.name}:answered")
+
+    return handler
+
+
+def test_a_large_fetch_is_read_a_turn_per_round_between_the_producers_turns() -> None:
+    """A consumer's fetch of 8 partitions of 1 MiB each and a producer pipelining 256 KiB
+    produces: the fetch reads about one turn's bytes per round, and the producer starts a
+    run of produces in between, every round. The dispatcher's own accounting bounds what one
+    connection moved in a round to a turn plus one partition (before, a fetch read and
+    answered all 8 MiB in one go while the producer waited)."""
+    started: list[str] = []
+    dispatcher = Dispatcher()
+    consumer = _Conn("c", ["fetch"], started)
+    consumer.handlers["fetch"] = stepped_fetch(8, started)
+    producer = _Conn("p", ["produce"] * 40, started, size=256 * 1024)
+
+    async def run() -> None:
+        await serve(dispatcher, consumer, producer, iterations=60)
+        await asyncio.gather(*consumer.tasks)
+
+    asyncio.run(run())
+    parts = [i for i, s in enumerate(started) if s.startswith("c:part")]
+    last_produce = max(i for i, s in enumerate(started) if s == "p:produce")
+    assert len(parts) == 8 and started[-1] == "c:answered"
+    assert started.count("p:produce") == 40
+    while_producing = [i for i in parts if i < last_produce]
+    assert len(while_producing) >= 4, started
+    for before, after in itertools.pairwise(while_producing):
+        # the producer started produces between two steps of the fetch
+        assert "p:produce" in started[before + 1 : after], started
+    # once the producer is done the fetch reads on without waiting for rounds of nobody
+    assert started[parts[-1] + 1 :] == ["c:answered"]
+    assert dispatcher.most_in_a_round <= TURN_BYTES + MIB, dispatcher.most_in_a_round
+    assert dispatcher.rounds >= 8
+
+
+def test_a_connection_in_debt_skips_rounds_unless_it_is_alone() -> None:
+    """A connection that moved 3.5 MiB more than its turn (a large response) skips 3 rounds
+    while another is served each round; alone, it is credited at once (no idle rounds)."""
+    started: list[str] = []
+    dispatcher = Dispatcher()
+    debtor = _Conn("d", ["metadata"] * 2, started)
+    other = _Conn("o", ["metadata"] * 6, started)
+    debtor.dispatcher = other.dispatcher = dispatcher
+    debtor.allowance = -(3 * MIB + MIB // 2)
+
+    async def together() -> None:
+        await serve(dispatcher, debtor, other, iterations=12)
+
+    asyncio.run(together())
+    assert started[:7] == ["o:metadata"] * 3 + ["d:metadata", "o:metadata"] * 2, started
+    started.clear()
+    alone = _Conn("a", ["metadata"], started)
+    alone.allowance = -(50 * MIB)
+    solo = Dispatcher()
+
+    async def by_itself() -> None:
+        await serve(solo, alone, iterations=1)
+
+    asyncio.run(by_itself())
+    assert started == ["a:metadata"]
+    assert solo.rounds == 51  # credited 51 times within one loop iteration

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from conftest import add_topic, build_batch, cached_pages, new_engine, read_all, wait_split
 
-from stonemq.storage.open_files import CachedReads, NotCachedError
+from stonemq.storage.open_files import LOOP_READ_MAX_BYTES, CachedReads, NotCachedError
 from stonemq.storage.page_cache import drop_pages
 
 
@@ -88,3 +88,32 @@ def last_offset_after(data: bytes) -> int:
         nxt = base + delta + 1
         pos += 12 + length
     return nxt
+
+
+def test_a_fetch_of_many_cached_bytes_copies_them_in_a_thread(tmp_path: Path) -> None:
+    """A consumer catching up reads a MiB per partition: even when the page cache holds it,
+    the copy runs in a disk-read thread (in parallel with the event loop), not on the loop;
+    a read within ``LOOP_READ_MAX_BYTES`` (a consumer at the tail) stays on the loop."""
+
+    async def main() -> None:
+        engine = new_engine(tmp_path, queue_cache_retain_bytes=-1)
+        add_topic(engine)
+        engine.start(lambda *a: None)
+        small = build_batch([b"x" * 100])
+        await engine.append("t", 0, small, 1).written
+        for _ in range(10):  # 1.2 MB more in batches of 120 KB, in the page cache
+            await engine.append("t", 0, build_batch([os.urandom(3000)] * 40), 40).written
+        await wait_split(engine)
+        on_loop = CachedReads(engine._files)
+        assert bytes(engine.read("t", 0, 0, 200, on_loop).data) == small  # small: on the loop
+        with pytest.raises(NotCachedError):
+            engine.read("t", 0, 1, 1 << 20, on_loop)
+        assert bytes((await engine.read_async("t", 0, 0, 200)).data) == small
+        assert engine._disk_readers is None  # no thread for the small read
+        whole = bytes((await engine.read_async("t", 0, 1, 1 << 20)).data)
+        assert engine._disk_readers is not None  # the large one went to a disk-read thread
+        assert whole == bytes(engine.read("t", 0, 1, 1 << 20).data)
+        assert len(whole) > LOOP_READ_MAX_BYTES
+        await engine.close()
+
+    asyncio.run(main())

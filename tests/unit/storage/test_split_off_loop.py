@@ -84,4 +84,6 @@ def test_a_stalled_split_never_stalls_the_event_loop(tmp_path: Path, op: str, ma
 
     took, worst = asyncio.run(main())
     assert disk.stalls >= 2 and took >= 2 * STALL_S  # the split did wait for the disk
-    assert worst < STALL_S / 4, f"the event loop stalled {worst:.3f} s"
+    # a stall on the loop lags it by STALL_S or more; half of it leaves room for the
+    # scheduler on a loaded machine (STALL_S / 4 failed twice at load average 15 on 2 cores)
+    assert worst < STALL_S / 2, f"the event loop stalled {worst:.3f} s"
