@@ -18,7 +18,7 @@ from stonemq.metadata.sqlite import SqliteMetadataStore
 from stonemq.metadata.store import MetadataStore
 from stonemq.quotas.entity import Entity
 from stonemq.quotas.manager import QuotaManager
-from stonemq.storage.engine import StorageEngine, UnknownPartitionError
+from stonemq.storage.engine import StorageEngine, StorageError, UnknownPartitionError
 from stonemq.storage.open_files import fit_to_fd_limit
 from stonemq.topics import TopicManager
 
@@ -123,6 +123,42 @@ class Broker:
             self._reloads.add(task)
             task.add_done_callback(self._reloads.discard)
 
+    def _host_journal(self, journal: int) -> None:
+        """On the loop: host journal partition ``journal``, placed on this broker after it
+        started (a broker that joined the cluster): the hosted file, the storage engine's new
+        journal, the topic partitions routed to it, then routing and replication take it
+        (it is followed, or led, like those found at the start)."""
+        routing = self.routing
+        assert isinstance(routing, ClusterRouting) and self.replicas is not None
+        if routing.local_index(journal) is not None or self.replicas.closed:
+            return
+        try:
+            local = routing.host(journal)
+            opened = self.storage.add_journal_partition()
+            if opened != local:
+                raise StorageError(
+                    f"the storage engine opened local journal {opened}, the hosted file "
+                    f"says {local}"
+                )
+        except (OSError, StorageError) as exc:
+            log.error(
+                "journal partition %d placed on this broker is not hosted (a restart tries "
+                "again): %s",
+                journal,
+                exc,
+            )
+            return
+        routing.publish(journal, local)
+        registered = self.topics.register_journal(journal)
+        log.info(
+            "hosting journal partition %d (placed after the start) as local journal %d, "
+            "with %d topic partitions",
+            journal,
+            local,
+            registered,
+        )
+        self.replicas.reconcile()
+
     def _offsets_hw(self, partition: int) -> asyncio.Future[int]:
         """The HW wait of what was just appended to ``__consumer_offsets``-``partition``."""
         from stonemq.coordinator.group_log import OFFSETS_TOPIC
@@ -159,6 +195,14 @@ class Broker:
             self.topics.follow_store(asyncio.get_running_loop())
         if self.replicas is not None:
             self.replicas.start()
+            assert isinstance(self.routing, ClusterRouting)
+            loop = asyncio.get_running_loop()
+
+            def new_hosted(journal: int) -> None:
+                with contextlib.suppress(RuntimeError):  # the loop closed: stopping
+                    loop.call_soon_threadsafe(self._host_journal, journal)
+
+            self.routing.take_new_hosted(new_hosted)
         add_quota_listener = getattr(self.metadata, "add_quota_listener", None)
         if add_quota_listener is not None:  # client quotas changed through other brokers
             loop = asyncio.get_running_loop()
@@ -174,6 +218,8 @@ class Broker:
 
     async def close(self) -> None:
         self.fetch_waiters.wake_all()
+        if isinstance(self.routing, ClusterRouting):
+            self.routing.take_new_hosted(None)
         if self.replicas is not None:
             await self.replicas.close()
         self.groups.stop()

@@ -142,6 +142,10 @@ class ReplicaManager:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
 
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     def _spawn(self, coro: Any) -> None:
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)

@@ -497,6 +497,43 @@ class StorageEngine:
         self._fsyncs: set[asyncio.Future[bool]] = set()
         self._fsync_timers: dict[int, asyncio.TimerHandle] = {}
 
+    def add_journal_partition(self) -> int:
+        """Open one more journal partition, empty, under the next local index (a replicated
+        broker hosting a journal partition the controller placed after it started: a broker
+        that joined the cluster). Its journal, leader-epoch checkpoint, split position and
+        split limit start at 0 as at a first start; the checkpoint rounds include it from
+        here on. A directory already holding journal bytes under that index is refused
+        (StorageError): it would be taken for the new partition's history."""
+        assert self.replicated, "only a cluster broker's journal partitions change"
+        j = len(self._journals)
+        journal = JournalLog(
+            self._journal_partition_dir(j),
+            j,
+            segment_bytes=self._journals[0].segment_bytes,
+            flush_policy=self._flush_policy,
+            on_visible=functools.partial(self._on_replicated_visible, j),
+            on_failed=self._on_journal_failed,
+        )
+        journal.recover(None)
+        if journal.written_end > 0:
+            journal.close()
+            raise StorageError(
+                f"{journal.directory} already holds {journal.written_end} journal bytes; "
+                "a journal partition placed after the start must begin empty"
+            )
+        cache = LeaderEpochCache(journal.directory)
+        cache.truncate_from_end(0)
+        self._journals.append(journal)
+        self._epoch_caches.append(cache)
+        self._leader_epochs.append(0)
+        assert self._split_limits is not None
+        self._split_limits.append(0)
+        if self._splitter is not None:
+            self._splitter.add_journal(journal.directory, journal.health)
+        self._rewrite_checkpoints = True
+        log.info("journal partition %d (local index) opened at %s", j, journal.directory)
+        return j
+
     def _directory_thread(self) -> ThreadPoolExecutor:
         """The one thread that creates and deletes queue-log directories and files and writes
         producer snapshots, in the order they were asked for: a snapshot queued before its

@@ -8,12 +8,13 @@ from __future__ import annotations
 import asyncio
 import os
 import struct
+import uuid
 from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import add_topic, build_batch, new_engine
+from conftest import SMALL_LOG, add_topic, build_batch, new_engine
 
 from stonemq.storage.engine import StorageError
 from stonemq.storage.journal import CorruptEntryError, JournalReader
@@ -230,3 +231,62 @@ def test_journal_deletion_moves_the_epoch_history_start(tmp_path: Path) -> None:
             await engine.close()
 
     run(scenario())
+
+
+def test_a_journal_partition_added_while_serving_takes_appends_and_survives_a_restart(
+    tmp_path: Path,
+) -> None:
+    """``add_journal_partition`` (a cluster broker hosting a journal partition placed after
+    its start) opens an empty journal under the next local index that leads, splits below its
+    limit and checkpoints like the others; a restart with one more journal partition finds
+    its bytes, queue log and epochs. A directory already holding journal bytes is refused."""
+    other = uuid.UUID("6f1c2d3e-0000-4000-8000-000000000002")
+
+    async def serve() -> None:
+        engine = new_engine(tmp_path, replicated=True)
+        add_topic(engine, partitions=2)
+        engine.recover()
+        engine.start(lambda *a: None)
+        try:
+            assert engine.add_journal_partition() == 2
+            engine.add_partition(other, "n", 0, 2, SMALL_LOG)
+            await engine.become_leader(2, 4)
+            for i in range(5):
+                await engine.append("n", 0, build_batch([b"n%d" % i]), 1).written
+            assert engine.high_watermark("n", 0) == 0  # below the limit only
+            engine.set_split_limit(2, engine.journal_written_end(2))
+            await settle(engine)
+            assert engine.high_watermark("n", 0) == 5
+            assert batch_epochs(engine, "n", 0) == [(i, 4) for i in range(5)]
+            assert engine.split_positions()[2] == engine.journal_written_end(2)
+        finally:
+            await engine.close()
+
+    async def restart() -> None:
+        engine = new_engine(tmp_path, replicated=True, journal_partitions=3)
+        add_topic(engine, partitions=2)
+        engine.add_partition(other, "n", 0, 2, SMALL_LOG)
+        engine.recover()
+        engine.start(lambda *a: None)
+        try:
+            assert engine.epoch_entries(2) == [(4, 0)]
+            assert engine.high_watermark("n", 0) == 5
+            assert batch_epochs(engine, "n", 0) == [(i, 4) for i in range(5)]
+        finally:
+            await engine.close()
+
+    async def refused() -> None:
+        engine = new_engine(tmp_path, replicated=True)  # journal-2 holds bytes: not new
+        add_topic(engine, partitions=2)
+        engine.recover()
+        engine.start(lambda *a: None)
+        try:
+            with pytest.raises(StorageError, match="already holds"):
+                engine.add_journal_partition()
+            assert len(engine.split_positions()) == 2
+        finally:
+            await engine.close()
+
+    run(serve())
+    run(restart())
+    run(refused())
