@@ -104,6 +104,9 @@ class ReplicaManager:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: set[asyncio.Future[Any]] = set()
         self._closed = False
+        # followed journal partitions whose position is below their leader's journal start:
+        # (position, leader's start); not fetched (replication/fetcher.py)
+        self.behind_start: dict[int, tuple[int, int]] = {}
         # called with a journal partition once it is led here (group coordinators reload)
         self.on_leader: Callable[[int], None] | None = None
 
