@@ -89,6 +89,7 @@ class Broker:
         if self.replicas is not None:  # offset commits are answered once the ISR has them
             self.groups.log.wait_for_hw = self._offsets_hw
             self.replicas.on_leader = self._reload_groups
+            self.replicas.on_resign = self._unload_groups
         self._reloads: set[asyncio.Future[None]] = set()
         self.tier = _tier_service(settings, self.topics)
         if self.tier is not None:
@@ -102,6 +103,22 @@ class Broker:
                 settings.default_replication_factor,
                 self.topics.live_brokers(),
             )
+
+    def _offsets_partitions(self, journal: int) -> set[int]:
+        """The ``__consumer_offsets`` partitions that journal partition ``journal`` carries."""
+        from stonemq.coordinator.group_log import OFFSETS_TOPIC
+
+        record = self.topics.get(OFFSETS_TOPIC)
+        if record is None:
+            return set()
+        return {p for p, j in enumerate(record.journal_partitions) if j == journal}
+
+    def _unload_groups(self, journal: int) -> None:
+        """``journal`` is no longer led here: the group coordinator unloads the groups of the
+        ``__consumer_offsets`` partitions it carries."""
+        partitions = self._offsets_partitions(journal)
+        if partitions:
+            self.groups.unload(partitions)
 
     def _reload_groups(self, journal: int) -> None:
         """``journal`` is led here now: the group coordinator reloads the
@@ -187,6 +204,9 @@ class Broker:
             report.queue_bytes_truncated,
         )
         self.groups.load()  # committed offsets and groups, before the broker reports ready
+        if self.replicas is not None:  # only a journal partition's leader coordinates
+            for journal in self.routing.hosted():  # its groups (reloaded once it leads)
+                self._unload_groups(journal)
 
     def start(self) -> None:
         """Start background work on the running loop (journal flusher, splitter)."""

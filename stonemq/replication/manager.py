@@ -107,8 +107,10 @@ class ReplicaManager:
         # followed journal partitions whose position is below their leader's journal start:
         # (position, leader's start); not fetched (replication/fetcher.py)
         self.behind_start: dict[int, tuple[int, int]] = {}
-        # called with a journal partition once it is led here (group coordinators reload)
+        # called with a journal partition once it is led here (group coordinators reload),
+        # and once it is not any more (they unload)
         self.on_leader: Callable[[int], None] | None = None
+        self.on_resign: Callable[[int], None] | None = None
 
     # -- life -------------------------------------------------------------------------------
     def start(self) -> None:
@@ -244,6 +246,8 @@ class ReplicaManager:
             return
         log.info("journal partition %d: no longer leading epoch %d: %s", journal, state.epoch, why)
         self._fail_waiters(state)
+        if self.on_resign is not None:
+            self.on_resign(journal)
 
     def _fail_waiters(self, state: LeaderState) -> None:
         while state.waiters:
