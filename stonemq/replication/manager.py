@@ -180,6 +180,10 @@ class ReplicaManager:
                 continue
             if state is not None:
                 self._resign(journal, f"broker {lead.leader} leads it in epoch {lead.leader_epoch}")
+            if journal not in self._becoming:  # followed: replica appends are taken again
+                local = self.routing.local_index(journal)
+                if local is not None:
+                    self.storage.stop_leading(local)
             if lead.leader >= 0:
                 wanted[journal] = lead.leader
         self._following = wanted

@@ -458,6 +458,10 @@ class StorageEngine:
             else []
         )
         self._leader_epochs = [0] * journal_partitions
+        # journal partitions led (or becoming led) here: no replica append is taken for them;
+        # and each journal partition's replica appends in flight (become_leader waits them)
+        self._led_here: set[int] = set()
+        self._replica_appends: dict[int, set[asyncio.Future[None]]] = {}
         self._split_limits: list[int] | None = [0] * journal_partitions if replicated else None
         # replication's hooks: entries of a journal partition were written; how far back a
         # journal partition's segments must stay (what followers still fetch)
@@ -1786,6 +1790,13 @@ class StorageEngine:
         of the journal not split yet (appended as a follower, waiting for a HW) join their
         partitions' producer state as pending, so a producer's retry of one of them is
         answered as a duplicate, never appended twice."""
+        # no replica append from here on, and those in flight are written and their topic
+        # partitions' next offsets applied first: an entry still being written would be
+        # missed by the scan below and its offsets assigned again
+        self._led_here.add(j)
+        in_flight = list(self._replica_appends.get(j, ()))
+        if in_flight:
+            await asyncio.wait(in_flight)
         cache = self._epoch_caches[j]
         start = self.journal_end(j)
         assert self._splitter is not None
@@ -1821,6 +1832,10 @@ class StorageEngine:
                 header.max_timestamp,
             )
         self._leader_epochs[j] = epoch
+
+    def stop_leading(self, j: int) -> None:
+        """``j`` is followed again (or was never led here): replica appends are taken."""
+        self._led_here.discard(j)
 
     def set_split_limit(self, j: int, position: int) -> None:
         """The journal high watermark of ``j`` moved to ``position``: the splitter may split
@@ -1901,6 +1916,18 @@ class StorageEngine:
         the write fails (the next fetch starts again from the journal's end)."""
         if self._closed:
             raise StorageError("storage is closed")
+        if j in self._led_here:
+            raise StorageError(f"journal-{j} is led here: no replica append")
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        in_flight = self._replica_appends.setdefault(j, set())
+        in_flight.add(done)
+        try:
+            return await self._append_replica(j, position, data)
+        finally:
+            in_flight.discard(done)
+            done.set_result(None)
+
+    async def _append_replica(self, j: int, position: int, data: memoryview) -> int:
         journal = self._journals[j]
         journal.health.check_append()
         if position != self.journal_end(j):

@@ -290,3 +290,48 @@ def test_a_journal_partition_added_while_serving_takes_appends_and_survives_a_re
     run(serve())
     run(restart())
     run(refused())
+
+
+def test_becoming_leader_waits_for_a_replica_append_in_flight(tmp_path: Path) -> None:
+    """A follower becomes leader while the last fetched entries are still being written (a
+    leadership moved by the controller while the follower fetches): become_leader waits for
+    that write, so their offsets are not assigned again to the next produce, and refuses any
+    further replica append until the partition is followed again."""
+    leader_root, follower_root = tmp_path / "leader", tmp_path / "follower"
+
+    async def scenario() -> None:
+        leader = new_engine(leader_root, replicated=True)
+        follower = new_engine(follower_root, replicated=True)
+        for engine in (leader, follower):
+            add_topic(engine, partitions=2)
+            engine.recover()
+            engine.start(lambda *a: None)
+        try:
+            await leader.become_leader(0, 1)
+            for i in range(3):
+                await leader.append("t", 0, build_batch([b"a%d" % i, b"b%d" % i]), 2).written
+            end = leader.journal_written_end(0)
+            data = JournalReader(str(leader_root / "journal" / "journal-0")).read_raw(
+                0, end, 1 << 20
+            )
+            await follower.become_leader(0, 0)  # it led once; the journal was empty then
+            follower.stop_leading(0)
+            appending = asyncio.ensure_future(follower.append_replica(0, 0, memoryview(data)))
+            await asyncio.sleep(0)  # the write is queued, not done
+            await follower.become_leader(0, 2)
+            assert appending.done() and appending.result() == end
+            with pytest.raises(StorageError, match="led here"):
+                await follower.append_replica(0, end, memoryview(data))
+            assert follower.log_end_offset("t", 0) == 6
+            appended = follower.append("t", 0, build_batch([b"c"]), 1)
+            await appended.written
+            follower.set_split_limit(0, follower.journal_written_end(0))
+            await settle(follower)
+            assert [base for base, _ in batch_epochs(follower, "t", 0)] == [0, 2, 4, 6]
+            follower.stop_leading(0)  # followed again: replica appends are taken
+            assert await follower.append_replica(0, follower.journal_end(0), memoryview(b"")) >= 0
+        finally:
+            await leader.close()
+            await follower.close()
+
+    run(scenario())
