@@ -104,6 +104,63 @@ class Broker:
                 self.topics.live_brokers(),
             )
 
+    async def controlled_shutdown(self) -> None:
+        """Kafka's controlled shutdown (``controlled.shutdown.enable``): before it stops
+        serving, a broker that leads journal partitions with another ISR member registers
+        under ``/brokers/shutting_down``; the controller moves each such leadership to
+        another ISR member (a new leader epoch; this broker follows it from then on), so
+        producers move on without a leaderless gap. Waits until none is led here, at most
+        ``controlled.shutdown.max.retries`` times ``controlled.shutdown.retry.backoff.ms``; what
+        is still led here then moves once this broker's ZooKeeper session closes."""
+        from stonemq.cluster.membership import SHUTTING_DOWN_PATH
+
+        routing = self.routing
+        if not isinstance(routing, ClusterRouting) or not self.settings.controlled_shutdown_enable:
+            return
+        me = self.broker_id
+
+        def movable() -> list[int]:
+            return [
+                j
+                for j in routing.hosted()
+                if routing.leadership(j).leader == me
+                and any(b != me for b in routing.leadership(j).isr)
+            ]
+
+        if not movable():
+            return
+        settings = self.settings
+        wait_s = (
+            max(settings.controlled_shutdown_max_retries, 1)
+            * settings.controlled_shutdown_retry_backoff_ms
+            / 1000
+        )
+        loop = asyncio.get_running_loop()
+        started = time.monotonic()
+        log.info("controlled shutdown: moving the leadership of journal partitions %s", movable())
+        try:
+            await loop.run_in_executor(
+                None,
+                lambda: routing.client.create(
+                    f"{SHUTTING_DOWN_PATH}/{me}", b"", ephemeral=True, makepath=True
+                ),
+            )
+        except Exception as exc:  # ZooKeeper unreachable or the node left from before
+            log.warning("controlled shutdown: cannot register (%s); stopping anyway", exc)
+            return
+        while movable() and time.monotonic() - started < wait_s:
+            await asyncio.sleep(0.05)
+        left = movable()
+        if left:
+            log.warning(
+                "controlled shutdown: journal partitions %s still led here after %.1f s; "
+                "they move once this broker's session closes",
+                left,
+                time.monotonic() - started,
+            )
+        else:
+            log.info("controlled shutdown: leaderships moved in %.2f s", time.monotonic() - started)
+
     def _offsets_partitions(self, journal: int) -> set[int]:
         """The ``__consumer_offsets`` partitions that journal partition ``journal`` carries."""
         from stonemq.coordinator.group_log import OFFSETS_TOPIC

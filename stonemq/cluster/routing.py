@@ -32,7 +32,7 @@ from kazoo.exceptions import NoNodeError
 from stonemq.cluster import ClusterStartError
 from stonemq.cluster.controller import CONTROLLER_PATH, JOURNAL_PATH, read_journal_partitions
 from stonemq.cluster.journal_state import NO_LEADER, Assignment, PartitionState
-from stonemq.cluster.membership import BROKER_IDS_PATH, read_brokers
+from stonemq.cluster.membership import BROKER_IDS_PATH, SHUTTING_DOWN_PATH, read_brokers
 from stonemq.storage import fileio
 from stonemq.storage.checkpoint import CheckpointFile
 
@@ -119,6 +119,7 @@ class ClusterRouting(SingleNodeRouting):
         # does not host yet: placed after it started (see :meth:`take_new_hosted`)
         self._on_new_hosted: Callable[[int], None] | None = None
         self._unhosted: list[int] = []
+        self._shutting_down: frozenset[int] = frozenset()  # brokers in a controlled shutdown
         self._hook_lock = threading.Lock()
 
     @property
@@ -163,6 +164,8 @@ class ClusterRouting(SingleNodeRouting):
         self.client.ChildrenWatch(BROKER_IDS_PATH, self._on_brokers)
         self.client.DataWatch(CONTROLLER_PATH, self._on_controller)
         self.client.ChildrenWatch(JOURNAL_PATH, self._on_journal_partitions)
+        self.client.ensure_path(SHUTTING_DOWN_PATH)
+        self.client.ChildrenWatch(SHUTTING_DOWN_PATH, self._on_shutting_down)
         return list(self._order)
 
     def _fix_order(self, hosted: list[int]) -> list[int]:
@@ -220,6 +223,13 @@ class ClusterRouting(SingleNodeRouting):
             for b, node in read_brokers(self.client, children).items()
         }
         self._changed()
+
+    def _on_shutting_down(self, children: list[str]) -> None:
+        self._shutting_down = frozenset(int(c) for c in children if c.isdigit())
+
+    def shutting_down(self) -> frozenset[int]:
+        """Brokers in a controlled shutdown: a leader takes none of them back into an ISR."""
+        return self._shutting_down
 
     def _on_controller(self, data: bytes | None, _stat: object) -> None:
         self._controller = int(json.loads(data)["brokerid"]) if data else -1

@@ -170,7 +170,9 @@ class ReplicaManager:
             state = self._leading.get(journal)
             if lead.leader == self.broker_id:
                 if state is not None and state.epoch == lead.leader_epoch:
-                    state.isr = lead.isr if not state.isr_change_pending else state.isr
+                    if not state.isr_change_pending and state.isr != lead.isr:
+                        state.isr = lead.isr  # the controller took a stopping follower out
+                        self._update_hw(state)
                     continue
                 if state is not None:
                     self._resign(journal, "a newer epoch of its own leadership")
@@ -358,6 +360,7 @@ class ReplicaManager:
         if (
             broker not in state.isr
             and not state.isr_change_pending
+            and broker not in self.routing.shutting_down()  # controlled shutdown: it leaves
             and position >= state.hw
             and position >= state.epoch_start
         ):
