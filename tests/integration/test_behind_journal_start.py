@@ -17,7 +17,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from .test_replication import _isrs, _journal_bytes, _produce_all, _storage_check, _wait
 
-pytestmark = [pytest.mark.cluster, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(240)]
 
 
 def _journal_start(data_dir: Any, journal: int) -> int:

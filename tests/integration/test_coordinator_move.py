@@ -16,7 +16,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from .test_replication import _isrs, _produce_all, _start_cluster, _wait
 
-pytestmark = [pytest.mark.cluster, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(240)]
 
 
 def _coordinator(admin: AdminClient, group: str) -> int:
