@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from stonemq.cluster import ClusterStartError
 from stonemq.cluster.routing import ClusterRouting, Routing, SingleNodeRouting
@@ -15,8 +17,7 @@ from stonemq.config import Settings
 from stonemq.coordinator.group_store import GroupRuntime
 from stonemq.handlers.fetch_waiters import FetchWaiters
 from stonemq.metadata.sqlite import SqliteMetadataStore
-from stonemq.metadata.store import MetadataStore
-from stonemq.quotas.entity import Entity
+from stonemq.metadata.store import CLUSTER_DEFAULT, MetadataStore
 from stonemq.quotas.manager import QuotaManager
 from stonemq.storage.engine import StorageEngine, StorageError, UnknownPartitionError
 from stonemq.storage.open_files import fit_to_fd_limit
@@ -280,18 +281,33 @@ class Broker:
                     loop.call_soon_threadsafe(self._host_journal, journal)
 
             self.routing.take_new_hosted(new_hosted)
-        add_quota_listener = getattr(self.metadata, "add_quota_listener", None)
-        if add_quota_listener is not None:  # client quotas changed through other brokers
-            loop = asyncio.get_running_loop()
-
-            def quotas_changed(quotas: dict[Entity, dict[str, float]]) -> None:
-                with contextlib.suppress(RuntimeError):  # the loop closed: stopping
-                    loop.call_soon_threadsafe(self.quotas.update, quotas)
-
-            add_quota_listener(quotas_changed)
+        # client quotas and dynamic broker configs changed through other brokers
+        self._follow_metadata("add_quota_listener", self.quotas.update)
+        for scope in (CLUSTER_DEFAULT, str(self.settings.broker_id)):
+            self._follow_metadata(
+                "add_broker_config_listener",
+                functools.partial(self.topics.broker_configs_changed, scope),
+                scope,
+            )
         self.groups.start()
         if self.tier is not None:
             self.tier.start()
+
+    def _follow_metadata(
+        self, add_listener_name: str, apply: Callable[[Any], None], *args: Any
+    ) -> None:
+        """Apply on the running loop what the metadata store's listener reports (the ZooKeeper
+        store's watches call back in kazoo's thread; the SQLite store has no listeners)."""
+        add_listener = getattr(self.metadata, add_listener_name, None)
+        if add_listener is None:
+            return
+        loop = asyncio.get_running_loop()
+
+        def changed(value: Any) -> None:
+            with contextlib.suppress(RuntimeError):  # the loop closed: stopping
+                loop.call_soon_threadsafe(apply, value)
+
+        add_listener(*args, changed)
 
     async def close(self) -> None:
         self.fetch_waiters.wake_all()

@@ -2,8 +2,10 @@
 
 Names, types, defaults and validation follow Kafka. A topic config's value comes from, in order:
 the topic's own override (DYNAMIC_TOPIC_CONFIG), the dynamic broker config of its synonym set
-through AlterConfigs (DYNAMIC_BROKER_CONFIG), the broker setting given by flag, environment or
-file (STATIC_BROKER_CONFIG), and the built-in default (DEFAULT_CONFIG). :func:`resolve_topic`
+through AlterConfigs, this broker's own (resource ``<broker id>``, DYNAMIC_BROKER_CONFIG) over
+the cluster-wide default (resource ``""``, DYNAMIC_DEFAULT_BROKER_CONFIG), the broker setting
+given by flag, environment or file (STATIC_BROKER_CONFIG), and the built-in default
+(DEFAULT_CONFIG). :func:`resolve_topic`
 applies that order and gives both the DescribeConfigs view (value, source, synonyms) and the
 :class:`~stonemq.storage.engine.LogConfig` storage needs.
 
@@ -801,20 +803,38 @@ def _parse_quietly(key: TopicConfigKey | BrokerConfigKey, raw: str) -> tuple[boo
         return False, None
 
 
+@dataclass(frozen=True, slots=True)
+class DynamicBrokerConfigs:
+    """The dynamic broker configs a broker resolves with (Kafka's two levels): its own, set
+    through AlterConfigs on resource ``<broker id>``, over the cluster-wide default, set on
+    resource ``""`` and in force on every broker without its own value."""
+
+    own: Mapping[str, str] = field(default_factory=dict)
+    default: Mapping[str, str] = field(default_factory=dict)
+
+    def levels(self) -> tuple[tuple[ConfigSource, Mapping[str, str]], ...]:
+        return (
+            (ConfigSource.DYNAMIC_BROKER_CONFIG, self.own),
+            (ConfigSource.DYNAMIC_DEFAULT_BROKER_CONFIG, self.default),
+        )
+
+
+NO_DYNAMIC_BROKER_CONFIGS = DynamicBrokerConfigs()
+
+
 def _broker_levels(
-    settings: Settings, dynamic: Mapping[str, str], name: str
+    settings: Settings, dynamic: DynamicBrokerConfigs, name: str
 ) -> list[tuple[Synonym, Any]]:
     """The levels that give broker config ``name`` a value, highest precedence first."""
     key = BROKER_CONFIGS.get(name)
     if key is None:
         return []
     levels: list[tuple[Synonym, Any]] = []
-    if key.dynamic and name in dynamic:
-        ok, value = _parse_quietly(key, dynamic[name])
-        if ok:
-            levels.append(
-                (Synonym(name, format_value(value), ConfigSource.DYNAMIC_BROKER_CONFIG), value)
-            )
+    for source, configs in dynamic.levels() if key.dynamic else ():
+        if name in configs:
+            ok, value = _parse_quietly(key, configs[name])
+            if ok:
+                levels.append((Synonym(name, format_value(value), source), value))
     if key.attribute is not None and key.attribute in settings.model_fields_set:
         value = getattr(settings, key.attribute)
         levels.append(
@@ -826,33 +846,49 @@ def _broker_levels(
     return levels
 
 
-def broker_value(settings: Settings, dynamic: Mapping[str, str], name: str) -> Any:
-    """The effective value of broker config ``name`` (dynamic > static setting > default)."""
+def broker_value(settings: Settings, dynamic: DynamicBrokerConfigs, name: str) -> Any:
+    """The effective value of broker config ``name`` (this broker's dynamic value > the
+    cluster-wide dynamic default > static setting > default)."""
     levels = _broker_levels(settings, dynamic, name)
     if not levels:
         raise KeyError(name)
     return levels[0][1]
 
 
-def describe_broker(settings: Settings, dynamic: Mapping[str, str]) -> list[ConfigEntry]:
+def describe_broker(settings: Settings, dynamic: DynamicBrokerConfigs) -> list[ConfigEntry]:
     """Every broker config with its effective value, source and synonyms."""
     entries: list[ConfigEntry] = []
     for name, key in BROKER_CONFIGS.items():
         levels = _broker_levels(settings, dynamic, name)
-        top = levels[0][0]
-        entries.append(
-            ConfigEntry(
-                name=name,
-                value=None if key.sensitive else top.value,
-                source=top.source,
-                type=key.type,
-                read_only=not key.dynamic,
-                is_sensitive=key.sensitive,
-                documentation=key.doc,
-                synonyms=tuple(s for s, _ in levels),
-            )
-        )
+        entries.append(_broker_entry(key, levels))
     return entries
+
+
+def describe_broker_defaults(
+    settings: Settings, dynamic: DynamicBrokerConfigs
+) -> list[ConfigEntry]:
+    """The cluster-wide dynamic defaults only (DescribeConfigs of broker resource ``""``, as
+    Kafka answers it: the configs set at that level, each with its lower levels as synonyms)."""
+    defaults_only = DynamicBrokerConfigs(default=dynamic.default)
+    return [
+        _broker_entry(key, _broker_levels(settings, defaults_only, name))
+        for name, key in BROKER_CONFIGS.items()
+        if key.dynamic and name in dynamic.default
+    ]
+
+
+def _broker_entry(key: BrokerConfigKey, levels: list[tuple[Synonym, Any]]) -> ConfigEntry:
+    top = levels[0][0]
+    return ConfigEntry(
+        name=top.name,
+        value=None if key.sensitive else top.value,
+        source=top.source,
+        type=key.type,
+        read_only=not key.dynamic,
+        is_sensitive=key.sensitive,
+        documentation=key.doc,
+        synonyms=tuple(s for s, _ in levels),
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -876,7 +912,7 @@ class TopicConfig:
 
 
 def resolve_topic(
-    settings: Settings, dynamic: Mapping[str, str], overrides: Mapping[str, str]
+    settings: Settings, dynamic: DynamicBrokerConfigs, overrides: Mapping[str, str]
 ) -> TopicConfig:
     """Resolve every topic config: override > dynamic broker config > setting > default."""
     values: dict[str, Any] = {}

@@ -26,12 +26,19 @@ from kio.schema.errors import ErrorCode
 from stonemq.cluster.routing import Routing, SingleNodeRouting
 from stonemq.config import Settings
 from stonemq.coordinator.group_log import OFFSETS_TOPIC
-from stonemq.metadata.store import MetadataStore, TopicExistsError, TopicRecord, UnknownTopicError
+from stonemq.metadata.store import (
+    CLUSTER_DEFAULT,
+    MetadataStore,
+    TopicExistsError,
+    TopicRecord,
+    UnknownTopicError,
+)
 from stonemq.protocol.record_batch import RecordLimits
 from stonemq.storage.engine import LogConfig
 from stonemq.topic_configs import (
     AdminError,
     ConfigEntry,
+    DynamicBrokerConfigs,
     InvalidConfigError,
     InvalidRequestError,
     TopicConfig,
@@ -39,6 +46,7 @@ from stonemq.topic_configs import (
     broker_config_type,
     broker_value,
     describe_broker,
+    describe_broker_defaults,
     resolve_topic,
     topic_config_type,
     validate_broker_configs,
@@ -236,7 +244,10 @@ class TopicManager:
             routing = SingleNodeRouting(settings.broker_id, settings.journal_partitions, host, port)
         # which journal partitions exist and which are hosted here (stonemq/cluster/routing.py)
         self.routing = routing
-        self._broker_dynamic: dict[str, str] = store.broker_configs()
+        self._broker_dynamic = DynamicBrokerConfigs(
+            own=store.broker_configs(str(settings.broker_id)),
+            default=store.broker_configs(CLUSTER_DEFAULT),
+        )
         self._configs: dict[str, TopicConfig] = {}
         self._produce: dict[str, ProduceConfig] = {}
         self._collisions: dict[str, str] = {}
@@ -347,11 +358,20 @@ class TopicManager:
         """A broker config's effective value by Kafka name (dynamic > static > default)."""
         return broker_value(self.settings, self._broker_dynamic, name)
 
-    def describe_broker(self) -> list[ConfigEntry]:
+    def describe_broker(self, scope: str | None = None) -> list[ConfigEntry]:
+        """Every broker config in force here, or (scope ``""``) the cluster-wide defaults."""
+        if self._scope(scope) == CLUSTER_DEFAULT:
+            return describe_broker_defaults(self.settings, self._broker_dynamic)
         return describe_broker(self.settings, self._broker_dynamic)
 
-    def broker_dynamic_configs(self) -> dict[str, str]:
-        return dict(self._broker_dynamic)
+    def broker_dynamic_configs(self, scope: str | None = None) -> dict[str, str]:
+        """The dynamic broker configs of a scope (None: this broker's own)."""
+        if self._scope(scope) == CLUSTER_DEFAULT:
+            return dict(self._broker_dynamic.default)
+        return dict(self._broker_dynamic.own)
+
+    def _scope(self, scope: str | None) -> str:
+        return str(self.settings.broker_id) if scope is None else scope
 
     # -- create -------------------------------------------------------------------------------
     def default_partitions(self) -> int:
@@ -831,34 +851,74 @@ class TopicManager:
         return await self.alter_configs(name, updated, validate_only=validate_only)
 
     async def alter_broker_configs(
-        self, configs: Mapping[str, str | None], *, validate_only: bool = False
+        self,
+        configs: Mapping[str, str | None],
+        *,
+        scope: str | None = None,
+        validate_only: bool = False,
     ) -> dict[str, str]:
-        """Replace the whole set of dynamic broker configs; topics without an override of
-        the affected configs pick up the new values at once. The store write runs in the
-        store's thread."""
+        """Replace the whole set of dynamic broker configs of a scope (None: this broker's
+        own; ``""``: the cluster-wide default); topics without an override of the affected
+        configs pick up the new values at once. The store write runs in the store's thread."""
         dynamic = validate_broker_configs(configs)
         if validate_only:
             return dynamic
-        return await self._to_the_end(self._store_broker_configs(dynamic))
+        change = self._store_broker_configs(self._scope(scope), lambda _current: dynamic)
+        return await self._to_the_end(change)
 
-    async def _store_broker_configs(self, dynamic: dict[str, str]) -> dict[str, str]:
-        await self._in_store_thread(self.store.set_broker_configs, dynamic)
+    async def incremental_alter_broker_configs(
+        self,
+        ops: Sequence[tuple[str, int, str | None]],
+        *,
+        scope: str | None = None,
+        validate_only: bool = False,
+    ) -> dict[str, str]:
+        """Apply SET/DELETE/APPEND/SUBTRACT operations to a scope's dynamic broker configs as
+        the store holds them when it writes (not to this broker's copy, which may not have
+        seen another broker's change yet)."""
+        scope = self._scope(scope)
+
+        def change(current: dict[str, str]) -> dict[str, str]:
+            if scope == CLUSTER_DEFAULT:
+                levels = DynamicBrokerConfigs(default=current)
+            else:
+                levels = DynamicBrokerConfigs(own=current, default=self._broker_dynamic.default)
+            effective = {e.name: e.value for e in describe_broker(self.settings, levels)}
+            return validate_broker_configs(
+                apply_incremental(current, ops, broker_config_type, effective.get)
+            )
+
+        if validate_only:
+            return change(self.broker_dynamic_configs(scope))
+        return await self._to_the_end(self._store_broker_configs(scope, change))
+
+    async def _store_broker_configs(
+        self, scope: str, change: Callable[[dict[str, str]], dict[str, str]]
+    ) -> dict[str, str]:
+        dynamic = await self._in_store_thread(self.store.update_broker_configs, change, scope)
+        self.broker_configs_changed(scope, dynamic)
+        return dynamic
+
+    def broker_configs_changed(self, scope: str, dynamic: Mapping[str, str]) -> None:
+        """Apply a scope's new dynamic broker configs (written through this broker or, seen
+        through the store's watch, another one): topics without their own override of a
+        changed config take the new value at once."""
+        if scope == CLUSTER_DEFAULT:
+            new = DynamicBrokerConfigs(own=self._broker_dynamic.own, default=dict(dynamic))
+        elif scope == str(self.settings.broker_id):
+            new = DynamicBrokerConfigs(own=dict(dynamic), default=self._broker_dynamic.default)
+        else:
+            return  # another broker's own configs
+        if new == self._broker_dynamic:
+            return
         old = {name: self.effective_config(name) for name in self._topic_names()}
-        self._broker_dynamic = dict(dynamic)
+        self._broker_dynamic = new
         self._configs.clear()
         self._produce.clear()
         for name, before in old.items():
             after = self.effective_config(name)
             if after.log_config != before.log_config:
                 self.storage.update_config(name, after.log_config)
-        return dynamic
-
-    async def incremental_alter_broker_configs(
-        self, ops: Sequence[tuple[str, int, str | None]], *, validate_only: bool = False
-    ) -> dict[str, str]:
-        effective = {e.name: e.value for e in self.describe_broker()}
-        updated = apply_incremental(self._broker_dynamic, ops, broker_config_type, effective.get)
-        return await self.alter_broker_configs(updated, validate_only=validate_only)
 
     async def allocate_producer_id(self) -> int:
         """A fresh producer id from the store, in the store's thread (reserving a new block

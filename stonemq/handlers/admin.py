@@ -320,16 +320,18 @@ def _describe_resource(ctx: RequestContext, resource_type: int, name: str) -> li
         return list(topics.effective_config(name).entries)
     if resource_type == RESOURCE_BROKER:
         _check_broker_name(ctx, name)
-        return topics.describe_broker()
+        return topics.describe_broker(name)
     raise InvalidRequestError(f"Unsupported resource type {resource_type}")
 
 
 def _check_broker_name(ctx: RequestContext, name: str) -> None:
-    """A broker resource is this broker's id, or "" for the cluster-wide defaults (which on
-    one broker are the same thing)."""
+    """A broker resource is this broker's id (its own configs) or "" (the cluster-wide
+    defaults); Kafka's admin clients send a broker id's request to that broker."""
     broker_id = ctx.broker.settings.broker_id
     if name not in ("", str(broker_id)):
-        raise InvalidRequestError(f"Unexpected broker id, expected {broker_id} but received {name}")
+        raise InvalidRequestError(
+            f"Unexpected broker id, expected {broker_id} or empty string, but received {name}"
+        )
 
 
 def _config_result(
@@ -368,7 +370,9 @@ async def handle_alter_configs(ctx: RequestContext, request: Any) -> Any:
         if resource.resource_type == RESOURCE_TOPIC:
             await topics.alter_configs(resource.resource_name, configs, validate_only=validate_only)
         else:
-            await topics.alter_broker_configs(configs, validate_only=validate_only)
+            await topics.alter_broker_configs(
+                configs, scope=resource.resource_name, validate_only=validate_only
+            )
 
     return ctx.build(
         "AlterConfigsResponse", throttle_time=0, responses=await _alter_each(ctx, request, apply)
@@ -386,7 +390,9 @@ async def handle_incremental_alter_configs(ctx: RequestContext, request: Any) ->
                 resource.resource_name, ops, validate_only=validate_only
             )
         else:
-            await topics.incremental_alter_broker_configs(ops, validate_only=validate_only)
+            await topics.incremental_alter_broker_configs(
+                ops, scope=resource.resource_name, validate_only=validate_only
+            )
 
     return ctx.build(
         "IncrementalAlterConfigsResponse",

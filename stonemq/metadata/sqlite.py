@@ -17,11 +17,12 @@ import json
 import sqlite3
 import threading
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
 from stonemq.metadata.store import (
+    CLUSTER_DEFAULT,
     MetadataStore,
     TopicExistsError,
     TopicRecord,
@@ -30,7 +31,7 @@ from stonemq.metadata.store import (
 from stonemq.quotas.entity import Entity, apply_ops, entity_of
 
 METADATA_FILE = "metadata.db"
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 PRODUCER_ID_BLOCK = 1000
 
 _SCHEMA_V1 = """
@@ -67,6 +68,19 @@ CREATE TABLE client_quotas (
     entity TEXT PRIMARY KEY,
     quotas TEXT NOT NULL
 );
+""",
+    # dynamic broker configs get Kafka's two scopes: "" (cluster-wide default, where every
+    # config set before this version goes) and a broker's own (its id)
+    2: """
+CREATE TABLE broker_configs_scoped (
+    scope TEXT NOT NULL,
+    name  TEXT NOT NULL,
+    value TEXT NOT NULL,
+    PRIMARY KEY (scope, name)
+) WITHOUT ROWID;
+INSERT INTO broker_configs_scoped (scope, name, value) SELECT '', name, value FROM broker_configs;
+DROP TABLE broker_configs;
+ALTER TABLE broker_configs_scoped RENAME TO broker_configs;
 """,
 }
 
@@ -267,18 +281,27 @@ class SqliteMetadataStore(MetadataStore):
         return record
 
     # -- broker configs ---------------------------------------------------------------------------
-    def broker_configs(self) -> dict[str, str]:
+    def broker_configs(self, scope: str = CLUSTER_DEFAULT) -> dict[str, str]:
         with self._lock:
-            rows = self._conn.execute("SELECT name, value FROM broker_configs ORDER BY name")
+            rows = self._conn.execute(
+                "SELECT name, value FROM broker_configs WHERE scope = ? ORDER BY name", (scope,)
+            )
             return {name: value for name, value in rows}
 
-    def set_broker_configs(self, configs: Mapping[str, str]) -> None:
+    def update_broker_configs(
+        self,
+        change: Callable[[dict[str, str]], dict[str, str]],
+        scope: str = CLUSTER_DEFAULT,
+    ) -> dict[str, str]:
         with self._tx() as db:
-            db.execute("DELETE FROM broker_configs")
+            rows = db.execute("SELECT name, value FROM broker_configs WHERE scope = ?", (scope,))
+            configs = {str(k): str(v) for k, v in change(dict(rows.fetchall())).items()}
+            db.execute("DELETE FROM broker_configs WHERE scope = ?", (scope,))
             db.executemany(
-                "INSERT INTO broker_configs (name, value) VALUES (?, ?)",
-                [(str(k), str(v)) for k, v in configs.items()],
+                "INSERT INTO broker_configs (scope, name, value) VALUES (?, ?, ?)",
+                [(scope, name, value) for name, value in configs.items()],
             )
+        return configs
 
     # -- client quotas ----------------------------------------------------------------------------
     def client_quotas(self) -> dict[Entity, dict[str, float]]:

@@ -1,13 +1,17 @@
-"""The metadata store interface: what every backend (SQLite now, ZooKeeper later) must provide."""
+"""The metadata store interface: what every backend (SQLite, ZooKeeper) must provide."""
 
 from __future__ import annotations
 
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from stonemq.quotas.entity import Entity
+
+CLUSTER_DEFAULT = ""
+"""The scope of the cluster-wide dynamic broker configs (AlterConfigs on broker resource
+``""``); a broker's own scope is its id as a string."""
 
 
 class TopicExistsError(Exception):
@@ -75,12 +79,25 @@ class MetadataStore(ABC):
         """Replace the topic's whole set of overrides."""
 
     @abstractmethod
-    def broker_configs(self) -> dict[str, str]:
-        """Dynamic broker-level overrides (set through AlterConfigs)."""
+    def broker_configs(self, scope: str = CLUSTER_DEFAULT) -> dict[str, str]:
+        """Dynamic broker-level overrides (set through AlterConfigs) of one scope: the
+        cluster-wide default (``""``) or one broker's own (its id as a string)."""
 
     @abstractmethod
-    def set_broker_configs(self, configs: Mapping[str, str]) -> None:
-        """Replace the whole set of dynamic broker-level overrides."""
+    def update_broker_configs(
+        self,
+        change: Callable[[dict[str, str]], dict[str, str]],
+        scope: str = CLUSTER_DEFAULT,
+    ) -> dict[str, str]:
+        """Replace a scope's dynamic broker-level overrides by ``change(current)``, atomically
+        against other brokers' changes (``change`` may run more than once, on newer overrides
+        each time; whatever it raises is raised). Returns the overrides written."""
+
+    def set_broker_configs(
+        self, configs: Mapping[str, str], scope: str = CLUSTER_DEFAULT
+    ) -> dict[str, str]:
+        """Replace the whole set of a scope's dynamic broker-level overrides."""
+        return self.update_broker_configs(lambda _current: dict(configs), scope)
 
     @abstractmethod
     def client_quotas(self) -> dict[Entity, dict[str, float]]:

@@ -11,7 +11,8 @@ the same thing, and is per topic, never per topic partition:
   mapping, chosen once when a partition is created and never changed. Two bytes per
   partition keep a 100,000-partition topic at 267 KB, under ZooKeeper's 1 MB node limit.
 - ``/config/topics/<topic>``: ``{"version": 1, "config": {...}}`` (the topic's overrides)
-- ``/config/brokers/<default>``: ``{"version": 1, "config": {...}}`` (dynamic broker configs)
+- ``/config/brokers/<default>``: ``{"version": 1, "config": {...}}`` (the cluster-wide dynamic
+  broker configs), ``/config/brokers/<id>``: the same for one broker's own
 - ``/config/client-quotas``: ``{"version": 1, "quotas": [{"entity": [[type, name or null],
   ...], "config": {key: value}}, ...]}``: every client quota in one node (Kafka's ZooKeeper
   mode kept one node per entity plus change notifications; one node is enough for the
@@ -48,6 +49,7 @@ from kazoo.retry import KazooRetry
 
 from stonemq.metadata.sqlite import PRODUCER_ID_BLOCK, new_cluster_id
 from stonemq.metadata.store import (
+    CLUSTER_DEFAULT,
     ConcurrentChangeError,
     MetadataStore,
     TopicExistsError,
@@ -61,7 +63,8 @@ log = logging.getLogger(__name__)
 CLUSTER_ID_PATH = "/cluster/id"
 TOPICS_PATH = "/brokers/topics"
 TOPIC_CONFIGS_PATH = "/config/topics"
-BROKER_CONFIG_PATH = "/config/brokers/<default>"
+BROKER_CONFIGS_PATH = "/config/brokers"
+BROKER_CONFIG_PATH = f"{BROKER_CONFIGS_PATH}/<default>"
 PRODUCER_ID_BLOCK_PATH = "/latest_producer_id_block"
 CLIENT_QUOTAS_PATH = "/config/client-quotas"
 
@@ -141,7 +144,7 @@ class ZooKeeperMetadataStore(MetadataStore):
         self._pid_next = 0
         self._pid_end = 0  # ids in [_pid_next, _pid_end) are reserved and unused
         try:
-            for path in (TOPICS_PATH, TOPIC_CONFIGS_PATH, "/cluster", "/config/brokers"):
+            for path in (TOPICS_PATH, TOPIC_CONFIGS_PATH, "/cluster", BROKER_CONFIGS_PATH):
                 self._retry(self.client.ensure_path, path)
             self.client.ChildrenWatch(TOPICS_PATH, self._on_topic_names)
         except BaseException:
@@ -386,19 +389,63 @@ class ZooKeeperMetadataStore(MetadataStore):
         return record, versions
 
     # -- broker configs ---------------------------------------------------------------------------
-    def broker_configs(self) -> dict[str, str]:
-        try:
-            data, _ = self._retry(self.client.get, BROKER_CONFIG_PATH)
-        except NoNodeError:
-            return {}
-        return {str(k): str(v) for k, v in json.loads(data)["config"].items()}
+    def broker_configs(self, scope: str = CLUSTER_DEFAULT) -> dict[str, str]:
+        return self._read_broker_configs(scope)[0]
 
-    def set_broker_configs(self, configs: Mapping[str, str]) -> None:
-        data = _config_node({str(k): str(v) for k, v in configs.items()})
+    def _read_broker_configs(self, scope: str) -> tuple[dict[str, str], int]:
+        """A scope's dynamic broker configs and their node's version (-1: no node yet)."""
         try:
-            self._retry(self.client.create, BROKER_CONFIG_PATH, data)
-        except NodeExistsError:
-            self._retry(self.client.set, BROKER_CONFIG_PATH, data)
+            data, stat = self._retry(self.client.get, _broker_config_path(scope))
+        except NoNodeError:
+            return {}, -1
+        return _broker_configs_from_node(data), stat.version
+
+    def update_broker_configs(
+        self,
+        change: Callable[[dict[str, str]], dict[str, str]],
+        scope: str = CLUSTER_DEFAULT,
+    ) -> dict[str, str]:
+        """A conditional write on the version the change was computed from: when another
+        broker wrote meanwhile, the change is computed again on what it wrote (an
+        IncrementalAlterConfigs through two brokers at once keeps both changes)."""
+        path = _broker_config_path(scope)
+        while True:
+            current, version = self._read_broker_configs(scope)
+            configs = {str(k): str(v) for k, v in change(current).items()}
+            data = _config_node(configs)
+            try:
+                if version < 0:
+                    self._retry(self.client.create, path, data)
+                else:
+                    self._retry(self.client.set, path, data, version=version)
+            except (BadVersionError, NodeExistsError):
+                try:
+                    now, _ = self._retry(self.client.get, path)
+                except NoNodeError:
+                    continue
+                if now == data:  # our own write, retried after a lost connection
+                    return configs
+                continue
+            return configs
+
+    def add_broker_config_listener(
+        self, scope: str, listener: Callable[[dict[str, str]], None]
+    ) -> None:
+        """Be told of every change of a scope's dynamic broker configs, by any broker (a data
+        watch; Kafka's brokers follow ``/config/changes`` for the same)."""
+
+        def on_configs(data: bytes | None, stat: ZnodeStat | None) -> None:
+            try:
+                configs = _broker_configs_from_node(data) if data else {}
+            except (ValueError, KeyError, TypeError, AttributeError) as exc:
+                log.error("unreadable broker configs in ZooKeeper, ignored: %s", exc)
+                return
+            try:
+                listener(configs)
+            except Exception:
+                log.exception("broker config listener failed")
+
+        self.client.DataWatch(_broker_config_path(scope), on_configs)
 
     # -- client quotas ----------------------------------------------------------------------------
     def client_quotas(self) -> dict[Entity, dict[str, float]]:
@@ -514,6 +561,18 @@ def _topic_node(record: TopicRecord) -> bytes:
             "journal_partitions": encode_mapping(record.journal_partitions),
         }
     )
+
+
+def _broker_config_path(scope: str) -> str:
+    if scope == CLUSTER_DEFAULT:
+        return BROKER_CONFIG_PATH
+    if not scope.isdigit():
+        raise ValueError(f"not a broker config scope: {scope!r}")
+    return f"{BROKER_CONFIGS_PATH}/{int(scope)}"
+
+
+def _broker_configs_from_node(data: bytes) -> dict[str, str]:
+    return {str(k): str(v) for k, v in json.loads(data)["config"].items()}
 
 
 def _config_node(configs: Mapping[str, str]) -> bytes:

@@ -36,14 +36,16 @@ class TieredTopic:
 def tiered_topics(settings: Settings, names: list[str] | None = None) -> list[TieredTopic]:
     """Topics with ``remote.storage.enable=true`` (of ``names`` when given)."""
     from stonemq.metadata.sqlite import SqliteMetadataStore
-    from stonemq.topic_configs import resolve_topic
+    from stonemq.topic_configs import DynamicBrokerConfigs, resolve_topic
 
     db = Path(settings.data_dir) / "metadata.db"
     if not db.exists():
         return []
     store = SqliteMetadataStore(db)
     try:
-        dynamic = store.broker_configs()
+        dynamic = DynamicBrokerConfigs(
+            own=store.broker_configs(str(settings.broker_id)), default=store.broker_configs()
+        )
         out = []
         for record in store.list_topics():
             if names and record.name not in names:

@@ -15,6 +15,7 @@ from .helpers import create_topic, unique_topic, wait_high_watermark
 from .test_groups import Tracked, committed, group_id, poll_until
 
 pytestmark = [
+    pytest.mark.slow,
     pytest.mark.timeout(120),
     pytest.mark.broker_settings(
         group_initial_rebalance_delay_ms=0, group_min_session_timeout_ms=1000

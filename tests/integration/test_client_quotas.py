@@ -41,7 +41,7 @@ from .rawclient import (
 
 QUOTA = 1_000_000  # bytes per second
 WINDOW_NUM = 3
-pytestmark = pytest.mark.broker_settings(**{"quota.window.num": WINDOW_NUM})
+pytestmark = [pytest.mark.slow, pytest.mark.broker_settings(**{"quota.window.num": WINDOW_NUM})]
 
 _Entry = AlterClientQuotasRequest.EntryData
 _Component = DescribeClientQuotasRequest.ComponentData

@@ -6,17 +6,27 @@ replicas, DescribeLogDirs lists on each broker the partitions it holds."""
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 from typing import Any
 
 import pytest
 from confluent_kafka import Producer
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import (
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    ConfigSource,
+    NewTopic,
+    ResourceType,
+)
 from kafka import TopicPartition
 from kafka import errors as kerrors
 from kafka.admin import KafkaAdminClient
 from kio.schema.errors import ErrorCode
+from kio.static.primitive import i8
 
 from . import rawclient
 
@@ -139,3 +149,119 @@ def test_partition_admin_calls_follow_the_routing(cluster) -> None:
             assert producer_state.last_sequence == p
     finally:
         client.close()
+
+
+def _broker_config(admin: AdminClient, broker_id: int, name: str) -> tuple[str, int]:
+    resource = ConfigResource(ResourceType.BROKER, str(broker_id))
+    configs = admin.describe_configs([resource], request_timeout=15)[resource].result(timeout=20)
+    return configs[name].value, configs[name].source
+
+
+def _set(admin: AdminClient, broker_id: int, name: str, value: str) -> None:
+    resource = ConfigResource(
+        ResourceType.BROKER,
+        str(broker_id),
+        incremental_configs=[ConfigEntry(name, value, incremental_operation=AlterConfigOpType.SET)],
+    )
+    admin.incremental_alter_configs([resource])[resource].result(timeout=20)
+
+
+def _set_default(broker: Any, name: str, value: str) -> int:
+    """IncrementalAlterConfigs SET on broker resource "" (the cluster-wide default) through
+    ``broker`` (confluent-kafka's admin client refuses an empty resource name)."""
+    req = rawclient.schema("incremental_alter_configs", 0, "request")
+    resp = rawclient.schema("incremental_alter_configs", 0, "response")
+    with rawclient.RawConnection(broker.host, broker.port) as conn:
+        answer = conn.request(
+            req.IncrementalAlterConfigsRequest(
+                resources=(
+                    req.AlterConfigsResource(
+                        resource_type=i8(4),
+                        resource_name="",
+                        configs=(
+                            req.AlterableConfig(name=name, config_operation=i8(0), value=value),
+                        ),
+                    ),
+                ),
+                validate_only=False,
+            ),
+            resp.IncrementalAlterConfigsResponse,
+        )
+    return int(answer.responses[0].error_code)
+
+
+def _describe_error(broker: Any, resource_name: str) -> int:
+    req = rawclient.schema("describe_configs", 4, "request")
+    resp = rawclient.schema("describe_configs", 4, "response")
+    with rawclient.RawConnection(broker.host, broker.port) as conn:
+        answer = conn.request(
+            req.DescribeConfigsRequest(
+                resources=(
+                    req.DescribeConfigsResource(
+                        resource_type=i8(4), resource_name=resource_name, configuration_keys=None
+                    ),
+                ),
+                include_synonyms=False,
+                include_documentation=False,
+            ),
+            resp.DescribeConfigsResponse,
+        )
+    return int(answer.results[0].error_code)
+
+
+def test_dynamic_broker_configs_have_kafkas_two_levels_across_brokers(cluster) -> None:
+    """The cluster-wide default (resource "") set through one broker is in force on every
+    broker at once, under each broker's own value (resource "<id>"), which no other broker
+    takes; two brokers' concurrent changes of the default both stay (conditional writes on
+    what the store holds, not on each broker's copy)."""
+    admin = AdminClient({"bootstrap.servers": cluster[0].bootstrap})
+    assert _set_default(cluster[0], "log.retention.ms", "7200000") == ErrorCode.none
+    default = ("7200000", ConfigSource.DYNAMIC_DEFAULT_BROKER_CONFIG.value)
+    for b in (1, 2, 3):
+        _wait_for(lambda b=b: _broker_config(admin, b, "log.retention.ms") == default)
+
+    _set(admin, 2, "log.retention.ms", "3600000")
+    own = ("3600000", ConfigSource.DYNAMIC_BROKER_CONFIG.value)
+    assert _broker_config(admin, 2, "log.retention.ms") == own
+    time.sleep(1)  # broker 2's own value must not reach the others
+    assert _broker_config(admin, 1, "log.retention.ms") == default
+    assert _broker_config(admin, 3, "log.retention.ms") == default
+
+    errors: list[int] = []
+
+    def alter(broker: Any, name: str, values: list[str]) -> None:
+        errors.extend(_set_default(broker, name, v) for v in values)
+
+    threads = [
+        threading.Thread(
+            target=alter, args=(cluster[0], "num.partitions", [str(2 + i) for i in range(10)])
+        ),
+        threading.Thread(
+            target=alter,
+            args=(cluster[1], "log.segment.bytes", [str((1 + i) << 20) for i in range(10)]),
+        ),
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == [ErrorCode.none] * 20
+    for b in (1, 2, 3):
+        _wait_for(
+            lambda b=b: (
+                _broker_config(admin, b, "num.partitions")[0] == "11"
+                and _broker_config(admin, b, "log.segment.bytes")[0] == str(10 << 20)
+            )
+        )
+    assert _broker_config(admin, 2, "log.retention.ms") == own
+    assert _broker_config(admin, 3, "log.retention.ms") == default
+    # another broker's id is refused as Kafka refuses it; "" describes the defaults
+    assert _describe_error(cluster[0], "2") == ErrorCode.invalid_request
+    assert _describe_error(cluster[0], "") == ErrorCode.none
+
+
+def _wait_for(check: Any, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "not reached in time"
+        time.sleep(0.2)

@@ -34,7 +34,7 @@ from .rawclient import (
     schema,
 )
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
 
 def rss_mb(broker: Any) -> float:

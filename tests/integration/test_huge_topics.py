@@ -15,7 +15,7 @@ from kio.static.primitive import i16, i32
 from .helpers import admin, create_topic
 from .rawclient import RawConnection, build, ms, schema
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 POLICY_VIOLATION = 44
 

@@ -9,7 +9,7 @@ from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
 from .helpers import create_topic, unique_topic
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
 RELEASES = [(2, 8), (3, 0), (3, 7), (3, 9), (4, 0)]
 

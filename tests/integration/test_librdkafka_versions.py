@@ -13,7 +13,7 @@ from confluent_kafka import OFFSET_END, Consumer, Producer, TopicPartition
 
 from .helpers import create_topic, unique_topic
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
 BASE_MS = 1_700_000_000_000
 

@@ -73,6 +73,7 @@ def test_every_advertised_request_schema_compiles() -> None:
         assert callable(guard.compile_walker(load_request_schema(api_key, version)))
 
 
+@pytest.mark.slow  # a property run of several seconds: in the full suite, not the fast set
 @SETTINGS
 @given(valid_requests())
 def test_valid_requests_pass_and_decode_as_kio_decodes_them(case: tuple[int, int, Any]) -> None:
@@ -98,6 +99,7 @@ NON_NULLABLE_ARRAYS = [
 ]
 
 
+@pytest.mark.slow  # a property run of several seconds: in the full suite, not the fast set
 @SETTINGS
 @given(st.data())
 def test_null_for_a_non_nullable_array_is_a_decode_error(data: st.DataObject) -> None:
@@ -109,6 +111,7 @@ def test_null_for_a_non_nullable_array_is_a_decode_error(data: st.DataObject) ->
         decode(api_key, version, body)
 
 
+@pytest.mark.slow  # a property run of several seconds: in the full suite, not the fast set
 @SETTINGS
 @given(valid_requests(), st.data())
 def test_truncated_requests_decode_or_are_rejected(
@@ -134,6 +137,7 @@ def corrupted_requests(draw: st.DrawFn) -> tuple[int, int, bytes]:
     return api_key, version, body[: target.offset] + new + body[target.offset + target.width :]
 
 
+@pytest.mark.slow  # a property run of several seconds: in the full suite, not the fast set
 @SETTINGS
 @given(corrupted_requests())
 def test_corrupted_lengths_decode_or_are_rejected(case: tuple[int, int, bytes]) -> None:
@@ -142,6 +146,7 @@ def test_corrupted_lengths_decode_or_are_rejected(case: tuple[int, int, bytes]) 
         decode(api_key, version, body)
 
 
+@pytest.mark.slow  # a property run of several seconds: in the full suite, not the fast set
 def test_corrupted_lengths_never_make_kio_reserve_beyond_the_frame() -> None:
     """The corruption property again, in a child whose address space is capped at what it
     uses plus 256 MiB: a reservation sized by an untrusted count fails there, and kio aborts."""

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from stonemq.metadata.sqlite import (
+    _SCHEMA_V1,
     METADATA_FILE,
     PRODUCER_ID_BLOCK,
     SCHEMA_VERSION,
@@ -143,22 +144,41 @@ def test_producer_ids_never_repeat_across_reopen(path: Path) -> None:
     assert len(seen) == PRODUCER_ID_BLOCK + 5 + 9
 
 
-def test_a_version_1_file_gets_the_client_quotas_table(path: Path) -> None:
-    store = SqliteMetadataStore(path)
-    store.create_topic("kept", [0], {})
-    store.close()
+def test_a_version_1_file_is_upgraded_and_keeps_its_data(path: Path) -> None:
+    """A file written by the first schema (no client quotas, broker configs without scopes)
+    opens with every migration applied: its dynamic broker configs become the cluster-wide
+    default, the broker's own scope starts empty, client quotas work."""
+    path.parent.mkdir(parents=True, exist_ok=True)
     conn = sqlite3.connect(path)
-    conn.execute("DROP TABLE client_quotas")
-    conn.execute("UPDATE schema_version SET version = 1")
+    conn.executescript(_SCHEMA_V1)
+    conn.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
+    conn.execute("INSERT INTO schema_version (version) VALUES (1)")
+    conn.execute("INSERT INTO broker_configs (name, value) VALUES ('log.retention.ms', '5')")
     conn.commit()
     conn.close()
     store = SqliteMetadataStore(path)
-    assert store.schema_version() == SCHEMA_VERSION == 2
-    assert store.get_topic("kept") is not None
+    assert store.schema_version() == SCHEMA_VERSION == 3
+    assert store.broker_configs() == {"log.retention.ms": "5"}
+    assert store.broker_configs("1") == {}
     assert store.alter_client_quotas({(("client-id", "x"),): {"producer_byte_rate": 5.0}}) == {
         (("client-id", "x"),): {"producer_byte_rate": 5.0}
     }
     store.close()
+
+
+def test_broker_config_scopes_are_separate(path: Path) -> None:
+    store = SqliteMetadataStore(path)
+    store.set_broker_configs({"num.partitions": "3"})
+    store.set_broker_configs({"num.partitions": "5", "log.retention.ms": "7"}, "1")
+    store.update_broker_configs(lambda current: {**current, "log.retention.ms": "9"})
+    store.close()
+    store = SqliteMetadataStore(path)
+    try:
+        assert store.broker_configs() == {"num.partitions": "3", "log.retention.ms": "9"}
+        assert store.broker_configs("1") == {"num.partitions": "5", "log.retention.ms": "7"}
+        assert store.broker_configs("2") == {}
+    finally:
+        store.close()
 
 
 def test_newer_schema_is_refused(path: Path) -> None:

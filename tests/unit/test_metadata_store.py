@@ -258,6 +258,39 @@ def test_racing_client_quota_changes_are_all_kept(two_brokers: tuple[Any, Any]) 
 
 
 @pytest.mark.cluster
+def test_racing_broker_config_changes_are_all_kept_and_seen(
+    two_brokers: tuple[Any, Any],
+) -> None:
+    """Two brokers changing different dynamic broker configs at once (IncrementalAlterConfigs
+    through each): the loser of a conditional write computes its change again on the
+    winner's configs, so neither is lost, and each broker's watch reports the result."""
+    a, b = two_brokers
+    seen: list[dict[str, str]] = []
+    b.add_broker_config_listener("", seen.append)
+    eventually(lambda: seen == [{}])  # the watch reports the current state first
+
+    def alter(store: Any, name: str) -> None:
+        for i in range(20):
+            store.update_broker_configs(lambda current, i=i: {**current, f"{name}{i}": str(i)})
+
+    threads = [threading.Thread(target=alter, args=(s, n)) for s, n in ((a, "a"), (b, "b"))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    configs = a.broker_configs()
+    assert configs == {
+        **{f"a{i}": str(i) for i in range(20)},
+        **{f"b{i}": str(i) for i in range(20)},
+    }
+    assert b.broker_configs() == configs
+    eventually(lambda: seen[-1] == configs)
+    a.set_broker_configs({"num.partitions": "3"}, "2")  # broker 2's own: another node
+    assert b.broker_configs("2") == {"num.partitions": "3"}
+    assert b.broker_configs() == configs
+
+
+@pytest.mark.cluster
 def test_two_brokers_never_hand_out_the_same_producer_id(two_brokers: tuple[Any, Any]) -> None:
     got: dict[int, list[int]] = {1: [], 2: []}
 

@@ -64,6 +64,7 @@ _group_entry = st.tuples(
     entries=st.lists(st.one_of(_offset_entry, _group_entry), min_size=1, max_size=20),
     timestamp_ms=st.integers(0, 2**45),
 )
+@pytest.mark.slow  # a property run of several seconds: in the full suite, not the fast set
 def test_the_group_log_round_trips_through_the_one_codec(
     entries: list[tuple[glog.Key, glog.Value]], timestamp_ms: int
 ) -> None:
@@ -100,6 +101,7 @@ _record = st.tuples(
         max_size=6,
     )
 )
+@pytest.mark.slow  # a property run of several seconds: in the full suite, not the fast set
 def test_tiering_round_trips_through_the_one_codec(batches: list[Any]) -> None:
     """Batches built by the codec -> archive rows (decode_segment) -> batches for cold reads
     (encode_rows): the records read back by the codec's reader are the ones written."""
@@ -238,6 +240,7 @@ _client_records = st.lists(
     mutations=st.integers(1, 3),
     data=st.data(),
 )
+@pytest.mark.slow  # a property run of several seconds: in the full suite, not the fast set
 def test_a_broken_batch_is_refused_the_same_way_by_every_reader(
     kind: str, records: list[Any], mutations: int, data: st.DataObject
 ) -> None:

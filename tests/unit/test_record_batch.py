@@ -118,6 +118,7 @@ def body_of(batch: bytearray) -> bytes:
     return bytes(batch[rb.HEADER_SIZE :])
 
 
+@pytest.mark.slow  # a property run of several seconds: in the full suite, not the fast set
 @settings(max_examples=300, deadline=None)
 @given(records=records_st, data=st.data())
 def test_the_c_walk_and_its_python_twin_agree_on_any_bytes(records, data) -> None:
@@ -283,6 +284,7 @@ LEVELS = {0: [-1], 1: [-1, 1, 9], 2: [-1], 3: [-1, 1, 17], 4: [-1, -5, 1, 22]}
     target=st.sampled_from([0, 1, 2, 3, 4]),
     data=st.data(),
 )
+@pytest.mark.slow  # a property run of several seconds: in the full suite, not the fast set
 def test_recompress_keeps_every_record_and_header_field(records, source, target, data) -> None:
     batch = build(records, source, producer_id=7, base_sequence=3)
     rb.set_base_offset(batch, 0, 1000)

@@ -37,6 +37,7 @@ partition_data = st.builds(
 responses = st.builds(ReplicaFetchResponse, i16, st.lists(partition_data, max_size=8).map(tuple))
 
 
+@pytest.mark.slow  # a property run of several seconds: in the full suite, not the fast set
 @settings(max_examples=200, deadline=None)
 @given(requests, i32)
 def test_request_round_trip(request, correlation_id):
@@ -52,6 +53,7 @@ def test_request_round_trip(request, correlation_id):
     assert decode_request(frame[4:], pos) == request
 
 
+@pytest.mark.slow  # a property run of several seconds: in the full suite, not the fast set
 @settings(max_examples=200, deadline=None)
 @given(responses, i32)
 def test_response_round_trip(response, correlation_id):
@@ -77,6 +79,7 @@ def _fields(p: PartitionData) -> tuple[object, ...]:
     )
 
 
+@pytest.mark.slow  # a property run of several seconds: in the full suite, not the fast set
 @settings(max_examples=200, deadline=None)
 @given(requests.filter(lambda r: r.partitions), st.data())
 def test_truncated_request_is_refused(request, data):
@@ -87,6 +90,7 @@ def test_truncated_request_is_refused(request, data):
         decode_request(frame[:cut], pos)
 
 
+@pytest.mark.slow  # a property run of several seconds: in the full suite, not the fast set
 @settings(max_examples=200, deadline=None)
 @given(responses.filter(lambda r: r.partitions), st.data())
 def test_truncated_response_is_refused(response, data):

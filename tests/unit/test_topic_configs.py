@@ -15,16 +15,21 @@ from stonemq.topic_configs import (
     ConfigOp,
     ConfigSource,
     ConfigType,
+    DynamicBrokerConfigs,
     InvalidConfigError,
     InvalidRequestError,
     apply_incremental,
     broker_value,
     describe_broker,
+    describe_broker_defaults,
     format_value,
     resolve_topic,
     topic_config_type,
     validate_broker_configs,
     validate_topic_configs,
+)
+from stonemq.topic_configs import (
+    NO_DYNAMIC_BROKER_CONFIGS as NONE,
 )
 
 
@@ -86,7 +91,7 @@ def test_single_valued_kafka_configs_accept_only_what_stonemq_does() -> None:
 
 
 def test_defaults_come_from_settings_defaults() -> None:
-    config = resolve_topic(Settings(), {}, {})
+    config = resolve_topic(Settings(), NONE, {})
     assert config.log_config == LogConfig()
     assert config.max_message_bytes == 1_048_588
     assert config.timestamp_type == "CreateTime"
@@ -100,7 +105,7 @@ def test_defaults_come_from_settings_defaults() -> None:
 
 def test_precedence_override_dynamic_static_default() -> None:
     settings = Settings(log_retention_ms=3000)
-    dynamic = {"log.retention.ms": "2000"}
+    dynamic = DynamicBrokerConfigs(own={"log.retention.ms": "2000"})
     overrides = {"retention.ms": "1000"}
 
     config = resolve_topic(settings, dynamic, overrides)
@@ -118,7 +123,7 @@ def test_precedence_override_dynamic_static_default() -> None:
     assert entry(config, "retention.ms").source is ConfigSource.DYNAMIC_BROKER_CONFIG
     assert config.log_config.retention_ms == 2000
 
-    config = resolve_topic(settings, {}, {})
+    config = resolve_topic(settings, NONE, {})
     assert entry(config, "retention.ms").source is ConfigSource.STATIC_BROKER_CONFIG
     assert config.log_config.retention_ms == 3000
 
@@ -134,7 +139,7 @@ def test_every_log_config_field_is_fed() -> None:
         "max.message.bytes": "7000",
         "message.timestamp.type": "LogAppendTime",
     }
-    config = resolve_topic(Settings(), {}, validate_topic_configs(overrides))
+    config = resolve_topic(Settings(), NONE, validate_topic_configs(overrides))
     assert config.log_config == LogConfig(
         segment_bytes=1000,
         segment_ms=2000,
@@ -203,7 +208,7 @@ def test_broker_configs_listing() -> None:
     for name in DYNAMIC_BROKER_CONFIGS:
         assert BROKER_CONFIGS[name].dynamic
     assert not BROKER_CONFIGS["journal.partitions"].dynamic
-    entries = {e.name: e for e in describe_broker(Settings(num_partitions=2), {})}
+    entries = {e.name: e for e in describe_broker(Settings(num_partitions=2), NONE)}
     assert entries["num.partitions"].value == "2"
     assert entries["num.partitions"].source is ConfigSource.STATIC_BROKER_CONFIG
     assert entries["auto.create.topics.enable"].value == "true"
@@ -229,13 +234,43 @@ def test_broker_dynamic_validation() -> None:
 
 def test_broker_value_precedence() -> None:
     settings = Settings(num_partitions=2)
-    assert broker_value(settings, {}, "num.partitions") == 2
-    assert broker_value(settings, {"num.partitions": "5"}, "num.partitions") == 5
-    assert broker_value(Settings(), {}, "num.partitions") == 1
-    assert (
-        broker_value(settings, {"auto.create.topics.enable": "false"}, "auto.create.topics.enable")
-        is False
+    own = DynamicBrokerConfigs(own={"num.partitions": "5"})
+    default = DynamicBrokerConfigs(default={"num.partitions": "4"})
+    both = DynamicBrokerConfigs(own={"num.partitions": "5"}, default={"num.partitions": "4"})
+    assert broker_value(settings, NONE, "num.partitions") == 2
+    assert broker_value(settings, own, "num.partitions") == 5
+    assert broker_value(settings, default, "num.partitions") == 4
+    assert broker_value(settings, both, "num.partitions") == 5
+    assert broker_value(Settings(), NONE, "num.partitions") == 1
+    off = DynamicBrokerConfigs(default={"auto.create.topics.enable": "false"})
+    assert broker_value(settings, off, "auto.create.topics.enable") is False
+
+
+def test_the_two_dynamic_broker_levels_in_describe() -> None:
+    """This broker's own value over the cluster-wide default, each with its Kafka source;
+    resource "" lists only the configs set as cluster-wide defaults."""
+    settings = Settings(log_retention_ms=3000)
+    both = DynamicBrokerConfigs(
+        own={"log.retention.ms": "2000"},
+        default={"log.retention.ms": "2500", "num.partitions": "6"},
     )
+    entries = {e.name: e for e in describe_broker(settings, both)}
+    assert [(s.value, s.source) for s in entries["log.retention.ms"].synonyms] == [
+        ("2000", ConfigSource.DYNAMIC_BROKER_CONFIG),
+        ("2500", ConfigSource.DYNAMIC_DEFAULT_BROKER_CONFIG),
+        ("3000", ConfigSource.STATIC_BROKER_CONFIG),
+        ("604800000", ConfigSource.DEFAULT_CONFIG),
+    ]
+    assert entries["num.partitions"].source is ConfigSource.DYNAMIC_DEFAULT_BROKER_CONFIG
+    defaults = {e.name: e for e in describe_broker_defaults(settings, both)}
+    assert set(defaults) == {"log.retention.ms", "num.partitions"}
+    assert (defaults["log.retention.ms"].value, defaults["log.retention.ms"].source) == (
+        "2500",
+        ConfigSource.DYNAMIC_DEFAULT_BROKER_CONFIG,
+    )
+    topic = resolve_topic(settings, DynamicBrokerConfigs(default={"log.retention.ms": "2500"}), {})
+    assert entry(topic, "retention.ms").source is ConfigSource.DYNAMIC_DEFAULT_BROKER_CONFIG
+    assert topic.log_config.retention_ms == 2500
 
 
 def test_incremental_set_delete() -> None:
@@ -335,5 +370,5 @@ def test_compression_type_reaches_storage_with_its_level(codec_name, codec, leve
     overrides = {"compression.type": codec_name}
     if codec_name in ("gzip", "lz4", "zstd"):
         overrides[f"compression.{codec_name}.level"] = str(level)
-    log_config = resolve_topic(Settings(), {}, overrides).log_config
+    log_config = resolve_topic(Settings(), NONE, overrides).log_config
     assert (log_config.compression, log_config.compression_level) == (codec, level)

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import ctypes
 import ctypes.util
 import mmap
 import os
 import uuid
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -142,11 +145,27 @@ async def wait_split(engine: StorageEngine, timeout_s: float = 5.0) -> None:
 
 
 def abandon(engine: StorageEngine) -> None:
-    """Drop an engine as a crash would: no final split, flush or checkpoint."""
+    """Drop an engine as a crash would: no final split, flush or checkpoint.
+
+    A crash also ends the writes the engine runs in executor threads; cancelling its tasks
+    does not, so wait for them here: a checkpoint write of the abandoned engine still running
+    in the loop's default executor raced the next engine's recovery on the same ``.tmp`` file
+    (the rename of one found no file; seen once in the fast set under load)."""
     for task in engine._tasks:
         task.cancel()
     engine._tasks = []
     engine._closed = True
+    for pool in (engine._creator, engine._disk_readers):
+        if pool is not None:
+            pool.shutdown(wait=True)
+    with contextlib.suppress(RuntimeError):  # called outside a running loop: nothing runs
+        loop = asyncio.get_running_loop()
+        # asyncio has no public getter for the default executor: replace it, then wait for
+        # the old one's work to end
+        old = getattr(loop, "_default_executor", None)
+        loop.set_default_executor(ThreadPoolExecutor(thread_name_prefix="asyncio"))
+        if old is not None:
+            old.shutdown(wait=True)
     for journal in engine._journals:
         journal.close()
     if engine._splitter is not None:

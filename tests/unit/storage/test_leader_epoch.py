@@ -47,6 +47,7 @@ def _apply(cache: LeaderEpochCache, op: tuple[str, int, int]) -> None:
             assert cache.entries[0].start == a
 
 
+@pytest.mark.slow  # a property run of several seconds: in the full suite, not the fast set
 @settings(max_examples=150, deadline=None)
 @given(ops)
 def test_any_history_stays_rising_and_survives_a_reopen(tmp_path_factory, history) -> None:
@@ -65,6 +66,7 @@ def test_any_history_stays_rising_and_survives_a_reopen(tmp_path_factory, histor
     st.lists(st.tuples(st.integers(0, 30), st.integers(0, 500)), min_size=1, max_size=10),
     st.integers(-1, 35),
 )
+@pytest.mark.slow  # a property run of several seconds: in the full suite, not the fast set
 def test_end_offset_for_is_where_the_asked_epoch_ended(tmp_path_factory, assigns, asked) -> None:
     cache = LeaderEpochCache(str(tmp_path_factory.mktemp("epochs")))
     for epoch, start in assigns:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import struct
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tier_helpers import CODECS, client_batch, control_batch
@@ -128,6 +129,7 @@ def build(batches: list[Any]) -> tuple[bytes, list[Row]]:
     bounds=st.tuples(st.integers(0, 60), st.integers(0, 60)),
     torn=st.integers(0, 70),
 )
+@pytest.mark.slow  # a property run of several seconds: in the full suite, not the fast set
 def test_decoder_gives_what_producers_wrote_and_what_iter_records_gives(
     batches: list[Any], bounds: tuple[int, int], torn: int
 ) -> None:
@@ -218,6 +220,7 @@ _plain_batch = st.tuples(
     bounds=st.tuples(st.integers(0, 200), st.integers(0, 200)),
     torn=st.integers(0, 70),
 )
+@pytest.mark.slow  # a property run of several seconds: in the full suite, not the fast set
 def test_records_without_headers_decoded_at_once_match_record_by_record(
     batches: list[Any], bounds: tuple[int, int], torn: int
 ) -> None:
