@@ -1803,16 +1803,27 @@ class StorageEngine:
         split = self._splitter.positions[j]
         journal = self._journals[j]
 
+        ends: dict[tuple[bytes, int], int] = {}
+
         def prepare() -> list[tuple[bytes, int, BatchHeader]]:
             cache.assign(epoch, start)
             found: list[tuple[bytes, int, BatchHeader]] = []
             for e in _journal_entries(journal.directory, split, start):
+                ends[(e.topic_id, e.partition)] = e.base_offset + e.record_count
                 header = parse_header(e.batch, 0)
                 if header.producer_id >= 0 and header.base_sequence >= 0:
                     found.append((e.topic_id, e.partition, header))
             return found
 
+        # every entry below the epoch start is in the files before the scan reads them
+        deadline = time.monotonic() + 30
+        while journal.written_end < start and time.monotonic() < deadline:
+            await asyncio.sleep(0.005)
         found = await asyncio.get_running_loop().run_in_executor(None, prepare)
+        for key, end in ends.items():  # the next offsets follow every entry kept
+            entry_state = self._by_name.by_id(*key)
+            if entry_state is not None and end > entry_state.next_offset:
+                entry_state.next_offset = end
         for topic_id, partition, header in found:
             state = self._by_name.by_id(topic_id, partition)
             if state is None:
