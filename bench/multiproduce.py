@@ -16,6 +16,7 @@ import collections
 import os
 import socket
 import struct
+import threading
 import time
 import traceback
 from multiprocessing.queues import Queue
@@ -45,10 +46,10 @@ def _batch(size: int, records: int) -> bytes:
     return bytes(encode_batch(0, [(now, None, payload, ())] * records))
 
 
-def _request(correlation_id: int, topic: bytes, entries: list[bytes]) -> bytes:
+def _request(correlation_id: int, topic: bytes, entries: list[bytes], acks: int = ACKS) -> bytes:
     """Produce v7 of one topic; ``entries`` are its partitions' (index, records) encodings."""
     head = struct.pack(">hhih", PRODUCE, VERSION, correlation_id, 5) + b"bench"
-    head += struct.pack(">hhi", -1, ACKS, TIMEOUT_MS)  # transactional id null, acks, timeout
+    head += struct.pack(">hhi", -1, acks, TIMEOUT_MS)  # transactional id null, acks, timeout
     head += struct.pack(">ih", 1, len(topic)) + topic + struct.pack(">i", len(entries))
     body = b"".join(entries)
     return struct.pack(">i", len(head) + len(body)) + head + body
@@ -96,37 +97,129 @@ def multi_produce(
     size: int,
     duration: float,
     max_bytes: int,
+    acks: int = ACKS,
 ) -> dict[str, Any]:
     """Produce ``size``-byte records to every partition of ``topic`` for ``duration`` s or
     ``max_bytes`` of payload; the records, batches, requests and errors."""
-    per_request = max(1, min(partitions, REQUEST_BYTES // max(size, 1)))
-    records_per_batch = max(1, min(BATCH_BYTES, REQUEST_BYTES // per_request) // size)
-    batch = _batch(size, records_per_batch)
-    record = struct.pack(">i", len(batch)) + batch
+    plan = _Plan(partitions, size)
+    q.put(("start", os.getpid()))
+    started = time.monotonic()
+    out = _drive(port, topic, list(range(partitions)), plan, started, duration, max_bytes, acks)
+    out["seconds"] = time.monotonic() - started
+    return plan.result(out)
+
+
+def multi_produce_leaders(
+    q: Queue[Any],
+    bootstrap: str,
+    topic: str,
+    partitions: int,
+    size: int,
+    duration: float,
+    max_bytes: int,
+    acks: int = ACKS,
+) -> dict[str, Any]:
+    """:func:`multi_produce` against a cluster: each partition's batches go to its leader
+    (from Metadata, read once), one connection and one sending thread per leader broker, so
+    every request carries the ready partitions of one broker as Kafka's Java client does.
+    The batch size is the single-broker one (a request's partitions as if one broker led all),
+    so the load per batch is the same with one leader or three."""
+    from confluent_kafka.admin import AdminClient
+
+    meta = AdminClient({"bootstrap.servers": bootstrap}).list_topics(topic, timeout=30)
+    ports = {b.id: b.port for b in meta.brokers.values()}
+    by_leader: dict[int, list[int]] = collections.defaultdict(list)
+    for p, pm in sorted(meta.topics[topic].partitions.items()):
+        if pm.leader < 0:
+            raise RuntimeError(f"{topic}-{p} has no leader")
+        by_leader[pm.leader].append(p)
+    plan = _Plan(partitions, size)
+    share = max_bytes // len(by_leader)  # each leader's part of the byte cap
+    q.put(("start", os.getpid()))
+    started = time.monotonic()
+    outs: list[dict[str, int]] = []
+    errors: list[BaseException] = []
+
+    def run(leader: int, mine: list[int]) -> None:
+        try:
+            outs.append(_drive(ports[leader], topic, mine, plan, started, duration, share, acks))
+        except BaseException as exc:  # reported by the caller
+            errors.append(exc)
+
+    threads = [
+        threading.Thread(target=run, args=(leader, mine), daemon=True)
+        for leader, mine in sorted(by_leader.items())
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    total = {k: sum(o[k] for o in outs) for k in ("batches", "failed", "answered", "requests")}
+    total["seconds"] = time.monotonic() - started
+    result = plan.result(total)
+    result["leaders"] = len(by_leader)
+    return result
+
+
+class _Plan:
+    """Batch and request sizes for ``partitions`` partitions of ``size``-byte records."""
+
+    def __init__(self, partitions: int, size: int) -> None:
+        self.size = size
+        self.per_request = max(1, min(partitions, REQUEST_BYTES // max(size, 1)))
+        self.records_per_batch = max(1, min(BATCH_BYTES, REQUEST_BYTES // self.per_request) // size)
+        batch = _batch(size, self.records_per_batch)
+        self.record = struct.pack(">i", len(batch)) + batch
+
+    def result(self, total: dict[str, Any]) -> dict[str, Any]:
+        ok = total["batches"] - total["failed"]
+        return {
+            "msgs": ok * self.records_per_batch,
+            "bytes": ok * self.records_per_batch * self.size,
+            "batches": ok,
+            "requests": total["requests"],
+            "records_per_batch": self.records_per_batch,
+            "partitions_per_request": self.per_request,
+            "seconds": total["seconds"],
+            "errors": total["failed"] + (total["batches"] - total["answered"]),
+        }
+
+
+def _drive(
+    port: int,
+    topic: str,
+    mine: list[int],
+    plan: _Plan,
+    started: float,
+    duration: float,
+    max_bytes: int,
+    acks: int,
+) -> dict[str, int]:
+    """One connection producing to the partitions ``mine`` round-robin, up to ``IN_FLIGHT``
+    requests pipelined, until ``duration`` from ``started`` or ``max_bytes``."""
+    per_request = min(plan.per_request, len(mine))
     # each partition's entry encoded once: the generator's own cost per batch is a slice
-    entries = [struct.pack(">i", p) + record for p in range(partitions)]
+    entries = [struct.pack(">i", p) + plan.record for p in mine]
     name = topic.encode()
+    batch_bytes = plan.records_per_batch * plan.size
     sock = socket.create_connection(("127.0.0.1", port), timeout=120)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     pending: collections.deque[int] = collections.deque()
     next_partition = 0
     cid = 0
     batches = failed = answered = 0
-    q.put(("start", os.getpid()))
-    started = time.monotonic()
     try:
         while True:
-            done = (
-                time.monotonic() - started >= duration
-                or batches * records_per_batch * size >= max_bytes
-            )
+            done = time.monotonic() - started >= duration or batches * batch_bytes >= max_bytes
             if not done and len(pending) < IN_FLIGHT:
                 chosen = entries[next_partition : next_partition + per_request]
                 if len(chosen) < per_request:  # wrap around
                     chosen += entries[: per_request - len(chosen)]
-                next_partition = (next_partition + per_request) % partitions
+                next_partition = (next_partition + per_request) % len(entries)
                 cid += 1
-                sock.sendall(_request(cid, name, chosen))
+                sock.sendall(_request(cid, name, chosen, acks))
                 pending.append(len(chosen))
                 batches += len(chosen)
                 continue
@@ -138,15 +231,4 @@ def multi_produce(
             failed += bad
     finally:
         sock.close()
-    elapsed = time.monotonic() - started
-    ok = batches - failed
-    return {
-        "msgs": ok * records_per_batch,
-        "bytes": ok * records_per_batch * size,
-        "batches": ok,
-        "requests": cid,
-        "records_per_batch": records_per_batch,
-        "partitions_per_request": per_request,
-        "seconds": elapsed,
-        "errors": failed + (batches - answered),
-    }
+    return {"batches": batches, "failed": failed, "answered": answered, "requests": cid}

@@ -130,12 +130,23 @@ class Broker:
 
     def start(self, timeout: float = 120.0) -> float:
         """Start and wait for the ``ready`` line and an open port; returns seconds taken."""
+        started = self.spawn()
+        return self.wait_ready(started, timeout)
+
+    def spawn(self) -> float:
+        """Start the process without waiting (brokers of a cluster start together: placement
+        waits for all of them); returns the monotonic start time for :meth:`wait_ready`."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self._log_start = self.log_path.stat().st_size if self.log_path.exists() else 0
         cmd = [sys.executable, "-m", self.module, "serve", "--listen", self.bootstrap]
         cmd += ["--data-dir", str(self.data_dir)]
         started = time.monotonic()
         self.proc = spawn(cmd, self.log_path, self.environment())
+        return started
+
+    def wait_ready(self, started: float, timeout: float = 120.0) -> float:
+        """Wait for the ``ready`` line and an open port; returns seconds since ``started``."""
+        assert self.proc is not None
         deadline = started + timeout
         while time.monotonic() < deadline:
             if _READY.search(self.log()) and accepts_connections(self.port):

@@ -519,6 +519,9 @@ def tables(res: dict[str, Any]) -> str:
 
     lines += spark_source.table(res)
     lines += interference_table(res)
+    from bench import replication
+
+    lines += replication.table(res)
     return "\n".join(lines)
 
 
@@ -871,6 +874,24 @@ METHOD = """
   a batch for many partitions (up to 1 MiB of records per request, 16 KiB per batch, five
   requests in flight, partitions round-robin), for the step's time; broker CPU per batch is
   its CPU over the batches acknowledged.
+- **Replication** (bench/replication.py, issue 20; `python -m bench --only replication
+  --merge`, `--quick` for steps 1 and 100 and 2 kills): a standalone ZooKeeper (Debian's
+  package, tickTime 2000 ms) and, per step, a fresh cluster of three brokers in their own
+  chroot (`default.replication.factor=3`, `zookeeper.session.timeout.ms=6000`, otherwise
+  defaults: 4 journal partitions per broker, 12 in all); one topic of N partitions at
+  replication factor 3, every journal partition's ISR whole before the load; then the
+  librdkafka producer above with `acks=all` (keyed over max(4N, 1000) keys, 12 s and its
+  flush), and the multi-partition generator with `acks=-1`, one connection per leader broker
+  packing that broker's partitions. CPU is utime+stime of the three brokers over the
+  payload acknowledged; PSS is sampled per broker (peak of the largest); replica fetch
+  requests per second are the brokers' own counter (`stonemq_replica_fetch_requests_served_total`,
+  `metrics.listen`) over the load. The single node (no ZooKeeper) runs the same two loads
+  with acks=1 right after each step. Failover: a 1-partition topic, an acks=all librdkafka
+  producer sending a record every 2 ms to it; per round the broker leading it is SIGKILLed,
+  the bench polls ZooKeeper every 20 ms for the broker's registration going (session
+  expiry) and for no journal partition led by it (election), and takes the first
+  acknowledgement received after the expiry; then the broker is restarted and every ISR is
+  whole again before the next round.
 - **Baselines**: (a) `python -m bench.baselines ceiling-server`: uvloop, `BufferedProtocol`
   into a preallocated buffer, `os.write` of each length-prefixed 1 MiB frame to a file (no
   fsync), fed by one client process with blocking `sendall`; (a') the same server with

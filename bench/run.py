@@ -33,6 +33,7 @@ from bench import (
     interference,
     multiproduce,
     procs,
+    replication,
     report,
     spark_source,
 )
@@ -678,7 +679,7 @@ def main(argv: list[str] | None = None) -> int:
     run = Run(scale, args.out)
     started = time.time()
     machine = report.machine(run.tmp)
-    chosen = [w for w in args.only.split(",") if w] or list(WORKLOADS)
+    chosen = [w for w in args.only.split(",") if w] or [w for w in WORKLOADS if w not in ON_REQUEST]
     try:
         for name in chosen:
             try:
@@ -727,4 +728,8 @@ WORKLOADS: dict[str, Callable[[Run], None]] = {
     "archive": archive.run_archive,
     "interference": interference.run_interference,
     "spark-source": spark_source.run_spark_source,
+    "replication": replication.run_replication,
+    "replication-failover": replication.run_failover,
 }
+ON_REQUEST = frozenset({"replication-failover"})
+"""Workloads only ``--only`` runs (the replication workload includes the failover rounds)."""

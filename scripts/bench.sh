@@ -26,6 +26,8 @@ command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
 command -v perf >/dev/null 2>&1 || missing+=(linux-perf)
 # the archive workload's PySpark job needs a JVM
 command -v java >/dev/null 2>&1 || [ -n "${JAVA_HOME:-}" ] || missing+=(openjdk-17-jre-headless)
+# the replication workload runs a standalone ZooKeeper (Debian's package, on that JVM)
+[ -f /usr/share/java/zookeeper.jar ] || missing+=(zookeeper)
 command -v "$PYTHON" >/dev/null 2>&1 || missing+=(python3)
 if [ ! -x "$VENV/bin/python" ] && ! "$PYTHON" -c 'import ensurepip, venv' >/dev/null 2>&1; then
     missing+=(python3-venv)

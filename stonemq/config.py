@@ -248,8 +248,13 @@ class Settings(BaseSettings):
         30_000, gt=0, description="read-ahead data unused this long expires (window halves)"
     )
 
-    # -- logging ---------------------------------------------------------------------------------
+    # -- logging and metrics ---------------------------------------------------------------------
     log_level: str = "INFO"
+    metrics_listen: str | None = Field(
+        None,
+        description="HOST:PORT of a Prometheus text endpoint (/metrics) with the broker's "
+        "counters (stonemq/server/metrics.py); unset: none",
+    )
 
     @model_validator(mode="after")
     def _check_listeners(self) -> Settings:
@@ -257,6 +262,10 @@ class Settings(BaseSettings):
             raise ValueError("listen / advertise are aliases resolved before validation")
         self.listener_endpoints()
         self.advertised_endpoints()
+        if self.metrics_listen is not None:
+            from stonemq.server.metrics import parse_listen
+
+            parse_listen(self.metrics_listen)
         return self
 
     @classmethod

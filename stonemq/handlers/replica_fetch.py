@@ -34,6 +34,7 @@ from stonemq.protocol.replica_fetch import (
     decode_request,
     encode_response,
 )
+from stonemq.server.metrics import METRICS
 from stonemq.storage.journal import JournalReader
 
 INTERNAL: dict[int, tuple[int, int, Any, Any]] = {}
@@ -95,6 +96,8 @@ async def handle_replica_fetch(ctx: RequestContext, request: ReplicaFetchRequest
             or len(waiting) < len(request.partitions)
         ):
             break
+        if _written_since(manager, storage, slots, jobs):
+            continue  # written while the read thread read: a wake-up wait_written missed
         await manager.wait_written(waiting, remaining)
     for (at, p), data in zip(slots, datas, strict=True):
         state = manager.leader_state(p.journal_partition)
@@ -108,8 +111,22 @@ async def handle_replica_fetch(ctx: RequestContext, request: ReplicaFetchRequest
             -1,
             data,
         )
+    METRICS.replica_fetch_requests_served += 1
+    METRICS.replica_fetch_bytes_served += sum(len(d) for d in datas)
     response = ReplicaFetchResponse(0, tuple(p for p in parts if p is not None))
     return encode_response(response, ctx.correlation_id)
+
+
+def _written_since(
+    manager: Any, storage: Any, slots: list[tuple[int, Any]], jobs: list[tuple[str, int, int, int]]
+) -> bool:
+    """Whether a journal partition of this fetch was written past the end its read stopped
+    at: the write's wake-up came before :meth:`wait_written` was waiting for it."""
+    for (_, p), (_, _, end, _) in zip(slots, jobs, strict=True):
+        state = manager.leader_state(p.journal_partition)
+        if state is not None and storage.journal_written_end(state.local) > end:
+            return True
+    return False
 
 
 def _check(broker: Any, manager: Any, storage: Any, replica: int, p: Any) -> tuple[Any, Any]:

@@ -44,6 +44,7 @@ from stonemq.protocol.replica_fetch import (
     decode_response,
     encode_request,
 )
+from stonemq.server.metrics import METRICS
 from stonemq.storage.errors import StorageError
 from stonemq.storage.journal import CorruptEntryError
 
@@ -160,6 +161,7 @@ class LeaderFetcher:
             correlation = next(self._ids)
             writer.write(encode_request(request, correlation))
             self.requests += 1
+            METRICS.replica_fetch_requests_sent += 1
             (size,) = _LENGTH.unpack(await reader.readexactly(4))
             if not 0 < size <= _MAX_RESPONSE_BYTES:
                 raise MalformedReplicaFetch(f"response of {size} bytes")

@@ -19,7 +19,10 @@ configured, a request costs three attribute reads here.
 Back-pressure, so nothing buffers without bound: at most ``queued.max.requests`` requests
 decoded and unanswered per connection (frames past that wait in the receive buffer); bytes of
 requests in flight and of frames still arriving over all connections against
-``queued.max.request.bytes`` (:class:`~stonemq.server.budget.RequestBudget`); reading stops
+``queued.max.request.bytes`` (:class:`~stonemq.server.budget.RequestBudget`), except on a
+follower's replica fetch connection: acks=all produces waiting for the ISR hold that budget,
+and only the followers' fetches can release them (their requests are small, one per
+connection at a time); reading stops
 while the transport's write buffer is above its high-water mark, and while a produce is held
 for the splitter's lag.
 """
@@ -150,6 +153,10 @@ class Connection(asyncio.BufferedProtocol):
         self._quotas = broker.quotas
         self._user = ANONYMOUS_USER  # the principal, for quotas (no SASL: Kafka's anonymous)
         self._throttled = False  # muted for a quota (KIP-219)
+        # a follower's replica fetch connection (it sent a ReplicaFetch): read whatever the
+        # request budget says, since its fetches are what move the HW that acks=all produces
+        # holding the budget wait for
+        self._replica_link = False
         self._throttled_until = 0.0
         self._unmute: asyncio.TimerHandle | None = None
         self.last_active = self.receiving_since = time.monotonic()
@@ -271,6 +278,7 @@ class Connection(asyncio.BufferedProtocol):
         except ValueError as exc:
             self.abort(f"malformed internal api {header.api_key} body: {exc}")
             return
+        self._replica_link = True
         self._queue(header, len(frame), handler, request)
 
     def _queue(self, header: Any, size: int, handler: Any, request: Any) -> None:
@@ -455,7 +463,11 @@ class Connection(asyncio.BufferedProtocol):
             or self._throttled
             or len(self._pending) >= self._max_requests
         )
-        if not should_pause and not budget.may_read(self, self._decoder.needs_growth):
+        if (
+            not should_pause
+            and not self._replica_link
+            and not budget.may_read(self, self._decoder.needs_growth)
+        ):
             should_pause = True
             budget.waiting.add(self)
         if should_pause and not self._reading_paused:

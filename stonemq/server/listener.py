@@ -82,6 +82,11 @@ async def _serve_locked(settings: Settings, stop: asyncio.Event) -> None:
             server.close()
         await broker.close()  # recovery already ran: leave flushed checkpoints behind
         raise
+    exporter = None
+    if settings.metrics_listen is not None:
+        from stonemq.server.metrics import start_exporter
+
+        exporter = start_exporter(settings.metrics_listen)
     reaper = loop.create_task(_close_idle(connections, settings.connections_max_idle_ms))
     stalls = loop.create_task(_close_stalled_owner(budget))
     host, port = settings.listen_address
@@ -124,6 +129,8 @@ async def _serve_locked(settings: Settings, stop: asyncio.Event) -> None:
         conn.close()
     log.info("requests in flight answered in %.2f s", time.monotonic() - started)
     await broker.close()
+    if exporter is not None:
+        exporter[0].shutdown()
     log.info("stopped cleanly in %.2f s", time.monotonic() - started)
 
 

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import bisect
 import time
 import uuid
 from collections.abc import Iterator, Mapping
@@ -25,6 +26,7 @@ from stonemq.spark.options import (
     SourceOptions,
     TopicPartitionKey,
 )
+from stonemq.spark.pool import ClientPool, close_quietly, config_key
 
 BATCH_ROWS = 8192
 HEADER_TYPE = pa.struct([pa.field("key", pa.string()), pa.field("value", pa.binary())])
@@ -292,7 +294,9 @@ class ReadContext:
 
 def read_cold(opts: SourceOptions, r: OffsetRange) -> Iterator[pa.RecordBatch]:
     """Rows of ``[r.start, r.end)`` from the committed Parquet files the plan named, row
-    groups outside the range skipped by their statistics."""
+    groups outside the range skipped by their statistics and rows filtered only in the row
+    groups the range cuts. A local store's files are read by pyarrow's own file I/O (no
+    Python file object in between)."""
     store = _store(opts.store)
     schema = arrow_schema(opts.include_headers)
     columns = ["offset", "timestamp", "timestamp_type", "key", "value"]
@@ -302,7 +306,7 @@ def read_cold(opts: SourceOptions, r: OffsetRange) -> Iterator[pa.RecordBatch]:
         if key is None or last < r.start or first >= r.end:
             continue
         try:
-            fh = store.open_read(key)
+            fh = _open_parquet(store, key)
         except FileNotFoundError:
             yield from _lost(opts, r, f"archived file {key} was removed by cold retention")
             return
@@ -312,18 +316,24 @@ def read_cold(opts: SourceOptions, r: OffsetRange) -> Iterator[pa.RecordBatch]:
             col = meta.schema.names.index("offset")
             for rg in range(meta.num_row_groups):
                 stats = meta.row_group(rg).column(col).statistics
-                if (
-                    stats is not None
-                    and stats.has_min_max
-                    and (stats.max < r.start or stats.min >= r.end)
-                ):
+                known = stats is not None and stats.has_min_max
+                if known and (stats.max < r.start or stats.min >= r.end):
                     continue
                 table = pf.read_row_group(rg, columns=columns)
-                offsets = table.column("offset")
-                mask = pc.and_(pc.greater_equal(offsets, r.start), pc.less(offsets, r.end))
-                table = table.filter(mask)
+                if not (known and r.start <= stats.min and stats.max < r.end):
+                    offsets = table.column("offset")
+                    mask = pc.and_(pc.greater_equal(offsets, r.start), pc.less(offsets, r.end))
+                    table = table.filter(mask)
                 if table.num_rows:
                     yield from _cold_batches(table, r, schema, opts.include_headers)
+
+
+def _open_parquet(store: Any, key: str) -> Any:
+    """An archived file opened for pyarrow: natively on a local store, through fsspec on
+    the others. FileNotFoundError when it is gone."""
+    if store.local:
+        return pa.OSFile(store.path(key), "rb")  # raises FileNotFoundError
+    return store.open_read(key)
 
 
 def _cold_batches(
@@ -362,19 +372,30 @@ class _Rows:
         self.keys: list[bytes | None] = []
         self.values: list[bytes | None] = []
         self.offsets: list[int] = []
-        self.stamps: list[int] = []
+        self.stamps: list[int] = []  # milliseconds
         self.kinds: list[int] = []
         self.headers: list[list[dict[str, Any]]] = []
+
+    def add(self, msgs: list[Any], headers: bool) -> None:
+        """Append messages (all records, no events) column by column."""
+        self.keys += [m.key() for m in msgs]
+        self.values += [m.value() for m in msgs]
+        self.offsets += [m.offset() for m in msgs]
+        stamps = [m.timestamp() for m in msgs]
+        self.stamps += [t[1] for t in stamps]
+        self.kinds += [1 if t[0] == 2 else 0 for t in stamps]  # TIMESTAMP_LOG_APPEND_TIME
+        if headers:
+            self.headers += [[{"key": k, "value": v} for k, v in (m.headers() or ())] for m in msgs]
 
     def batch(self, r: OffsetRange, schema: pa.Schema, headers: bool) -> pa.RecordBatch:
         n = len(self.offsets)
         arrays = [
             pa.array(self.keys, pa.binary()),
             pa.array(self.values, pa.binary()),
-            pa.array([r.topic] * n, pa.string()),
-            pa.array([r.partition] * n, pa.int32()),
+            pa.repeat(pa.scalar(r.topic, pa.string()), n),
+            pa.repeat(pa.scalar(r.partition, pa.int32()), n),
             pa.array(self.offsets, pa.int64()),
-            pa.array(self.stamps, pa.int64()).cast(TS_TYPE),
+            pc.multiply(pa.array(self.stamps, pa.int64()), 1000).cast(TS_TYPE),
             pa.array(self.kinds, pa.int32()),
         ]
         if headers:
@@ -382,89 +403,132 @@ class _Rows:
         return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 
+CONSUMERS = ClientPool(close_quietly)  # see stonemq.spark.pool; keyed without group.id
+
+
+def _checkout_consumer(conf: dict[str, Any]) -> Any:
+    from confluent_kafka import Consumer
+
+    return CONSUMERS.take(config_key(conf, ("group.id",))) or Consumer(conf)
+
+
+def _return_consumer(conf: dict[str, Any], consumer: Any) -> None:
+    """Back to the pool unassigned (an idle consumer fetches nothing)."""
+    try:
+        consumer.unassign()
+    except Exception:
+        close_quietly(consumer)
+        return
+    CONSUMERS.give(config_key(conf, ("group.id",)), consumer)
+
+
 def read_kafka(opts: SourceOptions, r: OffsetRange) -> Iterator[pa.RecordBatch]:
     """Rows of ``[r.start, r.end)`` fetched with confluent-kafka by assignment. Offsets may
     be missing inside the range (control records, compaction); the range is done once the
     consumer's position reaches ``r.end``."""
-    from confluent_kafka import Consumer, KafkaError, TopicPartition
+    from confluent_kafka import TopicPartition
+
+    conf = _client_config(opts)
+    conf.setdefault("fetch.wait.max.ms", 100)
+    consumer = _checkout_consumer(conf)
+    tp = TopicPartition(r.topic, r.partition, r.start)
+    clean = False
+    try:
+        consumer.assign([tp])
+        yield from _fetch_range(opts, r, consumer, tp)
+        clean = True
+    finally:
+        if clean:
+            _return_consumer(conf, consumer)
+        else:
+            close_quietly(consumer)
+
+
+def _fetch_range(
+    opts: SourceOptions, r: OffsetRange, consumer: Any, tp: Any
+) -> Iterator[pa.RecordBatch]:
+    from confluent_kafka import KafkaError
 
     schema = arrow_schema(opts.include_headers)
     want_headers = opts.include_headers
-    conf = _client_config(opts)
-    conf.setdefault("fetch.wait.max.ms", 100)
-    consumer = Consumer(conf)
-    tp = TopicPartition(r.topic, r.partition, r.start)
-    try:
-        consumer.assign([tp])
-        rows = _Rows()
+    rows = _Rows()
+    deadline = time.monotonic() + opts.poll_timeout_ms / 1000
+    done = False
+    while not done:
+        msgs = consumer.consume(num_messages=BATCH_ROWS, timeout=0.5)
+        if not msgs:
+            if time.monotonic() > deadline:
+                raise SourceError(
+                    f"no records of {r.topic}-{r.partition} from offset "
+                    f"{_position(consumer, tp)} within {opts.poll_timeout_ms} ms "
+                    "(kafkaConsumer.pollTimeoutMs)"
+                )
+            continue
         deadline = time.monotonic() + opts.poll_timeout_ms / 1000
-        done = False
-        while not done:
-            msgs = consumer.consume(num_messages=BATCH_ROWS, timeout=0.5)
-            if not msgs:
-                if time.monotonic() > deadline:
-                    raise SourceError(
-                        f"no records of {r.topic}-{r.partition} from offset "
-                        f"{_position(consumer, tp)} within {opts.poll_timeout_ms} ms "
-                        "(kafkaConsumer.pollTimeoutMs)"
-                    )
-                continue
-            deadline = time.monotonic() + opts.poll_timeout_ms / 1000
+        records = [m for m in msgs if m.error() is None]
+        if len(records) == len(msgs) and _ours(records[0], r):
+            # the usual case: records only, of this partition, in offset order (a consumer
+            # from the pool drops what it fetched before by its assignment's version)
+            first = bisect.bisect_left(records, r.start, key=_offset)
+            last = bisect.bisect_left(records, r.end, key=_offset)
+            rows.add(records[first:last] if first or last < len(records) else records, want_headers)
+            done = last < len(records) or (last > 0 and records[last - 1].offset() == r.end - 1)
+        else:
             for msg in msgs:
                 err = msg.error()
-                if err is not None:
-                    if err.code() == KafkaError._PARTITION_EOF:
-                        if msg.offset() >= r.end:
-                            done = True
-                            break
-                        _, high = consumer.get_watermark_offsets(tp, timeout=10, cached=False)
-                        if high < r.end:  # the log ends before the planned range does
-                            yield from _lost(
-                                opts, r, f"the log now ends at {high}, before offset {r.end}"
-                            )
-                            done = True
-                            break
+                if err is None:
+                    if not _ours(msg, r):
                         continue
-                    if err.code() in (
-                        KafkaError._AUTO_OFFSET_RESET,
-                        KafkaError.OFFSET_OUT_OF_RANGE,
-                    ):
-                        yield from _lost(opts, r, f"offset out of range ({err.str()})")
-                        return
-                    if err.code() in (
-                        KafkaError.UNKNOWN_TOPIC_OR_PART,
-                        KafkaError._UNKNOWN_TOPIC,
-                        KafkaError._UNKNOWN_PARTITION,
-                    ):
-                        yield from _lost(opts, r, f"the topic partition is gone ({err.str()})")
-                        return
-                    if err.fatal() or not err.retriable():
-                        raise SourceError(f"reading {r.topic}-{r.partition}: {err.str()}")
+                    offset = msg.offset()
+                    if offset >= r.end:
+                        done = True
+                        break
+                    if offset >= r.start:
+                        rows.add([msg], want_headers)
+                    if offset == r.end - 1:
+                        done = True
+                        break
                     continue
-                offset = msg.offset()
-                if offset >= r.end:
-                    done = True
-                    break
-                if offset < r.start:
+                if err.code() == KafkaError._PARTITION_EOF:
+                    if msg.offset() >= r.end:
+                        done = True
+                        break
+                    _, high = consumer.get_watermark_offsets(tp, timeout=10, cached=False)
+                    if high < r.end:  # the log ends before the planned range does
+                        yield from _lost(
+                            opts, r, f"the log now ends at {high}, before offset {r.end}"
+                        )
+                        done = True
+                        break
                     continue
-                kind, stamp = msg.timestamp()
-                rows.keys.append(msg.key())
-                rows.values.append(msg.value())
-                rows.offsets.append(offset)
-                rows.stamps.append(stamp * 1000)
-                rows.kinds.append(1 if kind == 2 else 0)  # TIMESTAMP_LOG_APPEND_TIME
-                if want_headers:
-                    rows.headers.append([{"key": k, "value": v} for k, v in (msg.headers() or ())])
-                if offset == r.end - 1:
-                    done = True
-                    break
-            if len(rows.offsets) >= BATCH_ROWS or (done and rows.offsets):
-                yield rows.batch(r, schema, want_headers)
-                rows = _Rows()
-        if rows.offsets:
+                if err.code() in (
+                    KafkaError._AUTO_OFFSET_RESET,
+                    KafkaError.OFFSET_OUT_OF_RANGE,
+                ):
+                    yield from _lost(opts, r, f"offset out of range ({err.str()})")
+                    return
+                if err.code() in (
+                    KafkaError.UNKNOWN_TOPIC_OR_PART,
+                    KafkaError._UNKNOWN_TOPIC,
+                    KafkaError._UNKNOWN_PARTITION,
+                ):
+                    yield from _lost(opts, r, f"the topic partition is gone ({err.str()})")
+                    return
+                if err.fatal() or not err.retriable():
+                    raise SourceError(f"reading {r.topic}-{r.partition}: {err.str()}")
+        if len(rows.offsets) >= BATCH_ROWS or (done and rows.offsets):
             yield rows.batch(r, schema, want_headers)
-    finally:
-        consumer.close()
+            rows = _Rows()
+    if rows.offsets:
+        yield rows.batch(r, schema, want_headers)
+
+
+def _ours(msg: Any, r: OffsetRange) -> bool:
+    return bool(msg.partition() == r.partition and msg.topic() == r.topic)
+
+
+def _offset(msg: Any) -> int:
+    return int(msg.offset())
 
 
 def _position(consumer: Any, tp: Any) -> int:

@@ -362,18 +362,40 @@ def split_ranges(
     """Split ranges so there are at least ``min_partitions`` of them when there are that
     many offsets (each range into parts in proportion to its size, as Spark's
     KafkaOffsetRangeCalculator does) and none holds more than ``max_records`` offsets.
-    Parts cover their range exactly, in order."""
+    Parts cover their range exactly, in order.
+
+    The parts are shared out by largest remainder, so ranges of about equal size get equal
+    numbers of parts and the total is ``min_partitions`` exactly unless a range smaller
+    than its share needs a part of its own (rounding every share up gave two halves of a
+    read 3 + 2 tasks for minPartitions=4: a third wave of tasks on two cores)."""
     out = [r for r in ranges if r.size > 0]
     if max_records:
         out = [p for r in out for p in _split_even(r, -(-r.size // max_records))]
     total = sum(r.size for r in out)
     if min_partitions and total and len(out) < min_partitions:
-        big = []
-        for r in out:
-            parts = max(1, -(-r.size * min_partitions // total))  # ceil: sum >= min
-            big.extend(_split_even(r, min(parts, r.size)))
-        out = big
+        parts = _shares([r.size for r in out], min_partitions)
+        out = [p for r, n in zip(out, parts, strict=True) for p in _split_even(r, n)]
     return out
+
+
+def _shares(sizes: list[int], wanted: int) -> list[int]:
+    """Parts per range: at least one each, ``wanted`` in all shared in proportion to the
+    sizes by largest remainder, never more parts than a range has offsets."""
+    total = sum(sizes)
+    parts = [max(1, size * wanted // total) for size in sizes]
+    # the ranges with the largest remainders first (earlier ranges win ties)
+    order = sorted(range(len(sizes)), key=lambda i: (-(sizes[i] * wanted % total), i))
+    left = wanted - sum(parts)
+    while left > 0:
+        grew = False
+        for i in order:
+            if left and parts[i] < sizes[i]:
+                parts[i] += 1
+                left -= 1
+                grew = True
+        if not grew:
+            break
+    return parts
 
 
 def _split_even(r: OffsetRange, parts: int) -> list[OffsetRange]:

@@ -10,6 +10,7 @@ producer per task and fail the task on any undelivered record: at least once.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import sys
 from collections.abc import Iterable, Iterator, Sequence
@@ -49,6 +50,7 @@ from stonemq.spark.kafka_io import (
     SourceError,
 )
 from stonemq.spark.options import OffsetRange, SourceOptions, TopicPartitionKey
+from stonemq.spark.pool import ClientPool, config_key
 
 NAME = "stonemq"
 
@@ -192,13 +194,21 @@ class BatchReader(DataSourceReader):
             if self.pushed.partitions is not None:  # pruned after the options' checks
                 ends = {tp: o for tp, o in ends.items() if tp[1] in self.pushed.partitions}
             ranges = _plan(broker, opts, starts, ends, marks)
+            floor = self.pushed.timestamp_min_ms
+            # ListOffsets by time: every record before the offset it names is older than
+            # the floor (-1: every record is), so a Kafka range can start there
+            by_time = {}
+            if floor is not None:
+                by_time = broker.offsets_for_times({tp: floor for tp in ends})
         out = []
         for r in ranges:
             pruned = self.pushed.apply(r)
             if pruned is None:
                 continue
-            if pruned.cold and self.pushed.timestamp_min_ms is not None:
-                pruned = _prune_cold_by_time(pruned, self.pushed.timestamp_min_ms, broker)
+            if pruned.cold and floor is not None:
+                pruned = _prune_cold_by_time(pruned, floor, broker)
+            elif not pruned.cold and floor is not None:
+                pruned = _narrow_by_time(pruned, by_time.get((r.topic, r.partition)))
             if pruned is not None:
                 out.append(RangePartition(pruned))
         return out
@@ -259,6 +269,16 @@ def _prune_cold_by_time(r: OffsetRange, floor_ms: int, broker: Broker) -> Offset
     return replace(r, files=files)
 
 
+def _narrow_by_time(r: OffsetRange, first: int | None) -> OffsetRange | None:
+    """A Kafka range started at ``first``, the first offset whose timestamp is at or past
+    the pushed floor (-1: no such offset, nothing to read); ``None``: not asked."""
+    if first is None:
+        return r
+    if first < 0 or first >= r.end:
+        return None
+    return replace(r, start=max(r.start, first))
+
+
 def _min(a: int | None, b: int) -> int:
     return b if a is None else min(a, b)
 
@@ -271,9 +291,35 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, opts: SourceOptions) -> None:
         self.opts = opts
         self.target: dict[TopicPartitionKey, int] | None = None  # Trigger.AvailableNow
+        self._broker: Broker | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"opts": self.opts, "target": self.target}  # the client stays here
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.opts = state["opts"]
+        self.target = state["target"]
+        self._broker = None
+
+    @contextlib.contextmanager
+    def _client(self) -> Iterator[Broker]:
+        """The driver's client, kept open across micro-batches (Spark keeps this reader
+        in one process for the query's life); closed and made again after an error."""
+        if self._broker is None:
+            self._broker = Broker(self.opts)
+        try:
+            yield self._broker
+        except BaseException:
+            self._close_client()
+            raise
+
+    def _close_client(self) -> None:
+        if self._broker is not None:
+            broker, self._broker = self._broker, None
+            broker.close()
 
     def initialOffset(self) -> dict:
-        with Broker(self.opts) as broker:
+        with self._client() as broker:
             tps = broker.partitions()
             marks = broker.watermarks(tps)
             return so.offsets_json(broker.resolve(self.opts.starting, tps, marks, starting=True))
@@ -284,13 +330,13 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return ReadAllAvailable()
 
     def prepareForTriggerAvailableNow(self) -> None:
-        with Broker(self.opts) as broker:
+        with self._client() as broker:
             tps = broker.partitions()
             self.target = {tp: high for tp, (_, high) in broker.watermarks(tps).items()}
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         begin = so.from_offsets_json(start)
-        with Broker(self.opts) as broker:
+        with self._client() as broker:
             tps = broker.partitions()
             if self.target is not None:
                 tps = [tp for tp in tps if tp in self.target]
@@ -320,7 +366,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
         begin = so.from_offsets_json(start)
         finish = so.from_offsets_json(end)
-        with Broker(self.opts) as broker:
+        with self._client() as broker:
             tps = sorted(tp for tp in finish if finish[tp] != begin.get(tp))
             known = set(broker.partitions())
             lost = [tp for tp in tps if tp not in known]
@@ -344,7 +390,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """Nothing to do: the offsets live in Spark's checkpoint, not in a consumer group."""
 
     def stop(self) -> None:
-        """Nothing to release: every call opens and closes its own client."""
+        self._close_client()
 
 
 # -- writes ---------------------------------------------------------------------------------
@@ -379,17 +425,31 @@ class Delivered(WriterCommitMessage):
     records: int
 
 
-def _bytes(v: Any) -> bytes | None:
-    if v is None or isinstance(v, bytes):
-        return v
-    return str(v).encode() if not isinstance(v, bytearray | memoryview) else bytes(v)
+class _Producer:
+    """An idempotent acks=all producer and the delivery failures of the task using it:
+    delivery reports come back for failed records only (``delivery.report.only.error``),
+    so a delivered record costs no Python callback."""
+
+    def __init__(self, conf: dict[str, Any]) -> None:
+        from confluent_kafka import Producer
+
+        self.errors: list[str] = []
+        self.failed = 0
+        self.producer = Producer(
+            {**conf, "delivery.report.only.error": True, "on_delivery": self._report}
+        )
+
+    def _report(self, err: Any, msg: Any) -> None:
+        if err is not None:
+            self.failed += 1
+            if len(self.errors) < 5:
+                self.errors.append(f"{msg.topic()}-{msg.partition()}: {err.str()}")
 
 
-def produce_batches(sink: so.SinkOptions, batches: Iterator[pa.RecordBatch]) -> Delivered:
-    """Produce every row through one idempotent producer (acks=all), flush, and raise on
-    any record not delivered: the task fails and Spark retries it (at least once)."""
-    from confluent_kafka import KafkaException, Producer
+PRODUCERS = ClientPool(lambda p: p.producer.close())  # see stonemq.spark.pool
 
+
+def _producer_conf(sink: so.SinkOptions) -> dict[str, Any]:
     conf: dict[str, Any] = {
         "bootstrap.servers": sink.bootstrap,
         "enable.idempotence": True,
@@ -397,58 +457,85 @@ def produce_batches(sink: so.SinkOptions, batches: Iterator[pa.RecordBatch]) -> 
         "linger.ms": 5,
     }
     conf.update(sink.producer_config)
-    producer = Producer(conf)
-    errors: list[str] = []
+    return conf
 
-    def report(err: Any, msg: Any) -> None:
-        if err is not None and len(errors) < 5:
-            errors.append(f"{msg.topic()}-{msg.partition()}: {err.str()}")
 
+def _column(cols: dict[str, pa.Array], name: str, n: int) -> list[Any]:
+    return cols[name].to_pylist() if name in cols else [None] * n
+
+
+def produce_batches(sink: so.SinkOptions, batches: Iterator[pa.RecordBatch]) -> Delivered:
+    """Produce every row through one idempotent producer (acks=all), flush, and raise on
+    any record not delivered: the task fails and Spark retries it (at least once)."""
+    conf = _producer_conf(sink)
+    key = config_key(conf)
+    cached = PRODUCERS.take(key) or _Producer(conf)
+    ok = False
+    try:
+        sent = _produce_all(sink, cached, batches)
+        left = cached.producer.flush(120)
+        if cached.errors:
+            raise SourceError(f"records not delivered: {'; '.join(cached.errors)}")
+        if left:
+            raise SourceError(f"{left} records not delivered within 120 s")
+        ok = True
+        return Delivered(sent)
+    finally:
+        if ok:
+            PRODUCERS.give(key, cached)
+        else:  # what is still queued may or may not go out: the task is retried anyway
+            cached.producer.purge()
+            cached.producer.close()
+
+
+def _produce_all(sink: so.SinkOptions, cached: _Producer, batches: Iterator[pa.RecordBatch]) -> int:
+    from confluent_kafka import KafkaException
+
+    produce = cached.producer.produce
+    poll = cached.producer.poll
     sent = 0
     for batch in batches:
         cols = {name.lower(): batch.column(i) for i, name in enumerate(batch.schema.names)}
         n = batch.num_rows
         values = cols["value"].to_pylist()
-        keys = cols["key"].to_pylist() if "key" in cols else [None] * n
-        topics = (
-            [sink.topic] * n
-            if sink.topic
-            else (cols["topic"].to_pylist() if "topic" in cols else [None] * n)
-        )
-        parts = cols["partition"].to_pylist() if "partition" in cols else [None] * n
-        headers = cols["headers"].to_pylist() if "headers" in cols else [None] * n
-        for i in range(n):
-            topic = topics[i]
-            if not topic:
-                raise so.OptionError(
-                    "topic option required when no 'topic' attribute is present, and a "
-                    "row's topic must not be null"
-                )
-            kwargs: dict[str, Any] = {"key": _bytes(keys[i]), "on_delivery": report}
-            if parts[i] is not None:
-                kwargs["partition"] = parts[i]
-            if headers[i]:
-                kwargs["headers"] = [(h["key"], h["value"]) for h in headers[i]]
-            while True:
-                try:
-                    producer.produce(topic, _bytes(values[i]), **kwargs)
-                    break
-                except BufferError:
-                    producer.poll(0.05)
-                except KafkaException as exc:
-                    raise SourceError(f"producing to {topic}: {exc}") from None
-            sent += 1
-            if errors:
+        keys = _column(cols, "key", n)
+        topics = [sink.topic] * n if sink.topic else _column(cols, "topic", n)
+        if not all(topics):
+            raise so.OptionError(
+                "topic option required when no 'topic' attribute is present, and a "
+                "row's topic must not be null"
+            )
+        parts = _column(cols, "partition", n)
+        headers = _column(cols, "headers", n)
+        simple = "partition" not in cols and "headers" not in cols
+        i = 0
+        while i < n:
+            begin = i  # 0, or the row a full queue (BufferError) refused
+            try:
+                if simple:  # the usual case: one call with positional arguments a row
+                    for i in range(begin, n):
+                        produce(topics[i], values[i], keys[i])
+                    i = n
+                else:
+                    for i in range(begin, n):
+                        kwargs: dict[str, Any] = {}
+                        if parts[i] is not None:
+                            kwargs["partition"] = parts[i]
+                        if headers[i]:
+                            kwargs["headers"] = [(h["key"], h["value"]) for h in headers[i]]
+                        produce(topics[i], values[i], keys[i], **kwargs)
+                    i = n
+            except BufferError:  # the queue is full: let librdkafka send, go on at row i
+                poll(0.05)
+            except KafkaException as exc:
+                raise SourceError(f"producing to {topics[i]}: {exc}") from None
+            if cached.errors:
                 break
-        producer.poll(0)
-        if errors:
+        sent += n
+        poll(0)
+        if cached.errors:
             break
-    left = producer.flush(120)
-    if errors:
-        raise SourceError(f"records not delivered: {'; '.join(errors)}")
-    if left:
-        raise SourceError(f"{left} records not delivered within 120 s")
-    return Delivered(sent)
+    return sent
 
 
 class BatchWriter(DataSourceArrowWriter):

@@ -11,6 +11,7 @@ once; missing topic, unreachable broker and retention-lost offsets give clear er
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import shutil
@@ -240,6 +241,24 @@ def test_batch_read_archived_local_and_mixed_ranges(spark, tiered) -> None:  # t
     _assert_rows(_rows(sub), everything[lo:hi])
     assert df.where("partition = 1").count() == 0
     assert df.where(f"offset > {RECORDS - 4}").count() == 3
+
+    # a timestamp floor starts the Kafka range at ListOffsets by time (records before that
+    # offset are all older); Spark still applies the filter, the result stays exact
+    stamp = t.msgs[t.archived + 11].timestamp
+    assert stamp is not None
+    c = consumer(t.broker.bootstrap)
+    try:
+        want = c.offsets_for_times([TopicPartition(t.topic, 0, stamp)], timeout=10)[0].offset
+    finally:
+        c.close()
+    assert t.archived < want <= t.archived + 11
+    floor = dt.datetime.fromtimestamp(stamp / 1000, dt.UTC)
+    reader = FilteringBatchReader(parse({**t.options, "subscribe": t.topic}, streaming=False))
+    assert len(list(reader.pushFilters([GreaterThanOrEqual(("timestamp",), floor)]))) == 1
+    kafka = [(p.value.start, p.value.end) for p in reader.partitions() if not p.value.cold]
+    assert kafka == [(want, RECORDS)]
+    sub = df.where(f"timestamp >= timestamp_millis({stamp})")
+    _assert_rows(_rows(sub), [m for m in everything if (m.timestamp or 0) >= stamp])
 
 
 def test_starting_timestamp_matches_list_offsets_by_time(spark, tiered) -> None:  # type: ignore[no-untyped-def]

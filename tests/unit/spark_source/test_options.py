@@ -170,6 +170,30 @@ def test_planned_ranges_cover_every_offset_once(
         assert len(pieces) >= min_partitions
 
 
+@given(st.lists(st.integers(1, 10_000), min_size=1, max_size=6), st.integers(1, 64))
+def test_min_partitions_shares_are_exact_and_proportional(sizes: list[int], wanted: int) -> None:
+    """minPartitions parts in all when every range holds its share (no third wave of tasks
+    for two halves), each range's parts within one offset of each other."""
+    ranges, at = [], 0
+    for i, size in enumerate(sizes):
+        ranges.append(OffsetRange("t", i, at, at + size))
+        at += size
+    pieces = so.split_ranges(ranges, wanted)
+    total = sum(sizes)
+    if len(sizes) < wanted <= total and all(s * wanted >= total for s in sizes):
+        assert len(pieces) == wanted
+    for i in range(len(sizes)):
+        mine = [r.size for r in pieces if r.partition == i]
+        assert sum(mine) == sizes[i] and max(mine) - min(mine) <= 1
+
+
+def test_two_halves_of_a_read_get_equal_tasks() -> None:
+    """The bench's archived half: two partitions one offset apart, minPartitions=4."""
+    ranges = [OffsetRange("t", 0, 0, 258_395), OffsetRange("t", 1, 0, 258_394)]
+    pieces = so.split_ranges(ranges, 4)
+    assert [r.partition for r in pieces] == [0, 0, 1, 1]
+
+
 @given(
     st.dictionaries(
         st.tuples(st.sampled_from("ab"), st.integers(0, 5)),
