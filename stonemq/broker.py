@@ -19,7 +19,7 @@ from stonemq.handlers.fetch_waiters import FetchWaiters
 from stonemq.metadata.sqlite import SqliteMetadataStore
 from stonemq.metadata.store import CLUSTER_DEFAULT, MetadataStore
 from stonemq.quotas.manager import QuotaManager
-from stonemq.storage.engine import StorageEngine, UnknownPartitionError
+from stonemq.storage.engine import StorageEngine, StorageError, UnknownPartitionError
 from stonemq.storage.open_files import fit_to_fd_limit
 from stonemq.topics import TopicManager
 
@@ -90,6 +90,7 @@ class Broker:
         if self.replicas is not None:  # offset commits are answered once the ISR has them
             self.groups.log.wait_for_hw = self._offsets_hw
             self.replicas.on_leader = self._reload_groups
+            self.replicas.on_resign = self._unload_groups
         self._reloads: set[asyncio.Future[None]] = set()
         self.tier = _tier_service(settings, self.topics)
         if self.tier is not None:
@@ -103,6 +104,79 @@ class Broker:
                 settings.default_replication_factor,
                 self.topics.live_brokers(),
             )
+
+    async def controlled_shutdown(self) -> None:
+        """Kafka's controlled shutdown (``controlled.shutdown.enable``): before it stops
+        serving, a broker that leads journal partitions with another ISR member registers
+        under ``/brokers/shutting_down``; the controller moves each such leadership to
+        another ISR member (a new leader epoch; this broker follows it from then on), so
+        producers move on without a leaderless gap. Waits until none is led here, at most
+        ``controlled.shutdown.max.retries`` times ``controlled.shutdown.retry.backoff.ms``; what
+        is still led here then moves once this broker's ZooKeeper session closes."""
+        from stonemq.cluster.membership import SHUTTING_DOWN_PATH
+
+        routing = self.routing
+        if not isinstance(routing, ClusterRouting) or not self.settings.controlled_shutdown_enable:
+            return
+        me = self.broker_id
+
+        def movable() -> list[int]:
+            return [
+                j
+                for j in routing.hosted()
+                if routing.leadership(j).leader == me
+                and any(b != me for b in routing.leadership(j).isr)
+            ]
+
+        if not movable():
+            return
+        settings = self.settings
+        wait_s = (
+            max(settings.controlled_shutdown_max_retries, 1)
+            * settings.controlled_shutdown_retry_backoff_ms
+            / 1000
+        )
+        loop = asyncio.get_running_loop()
+        started = time.monotonic()
+        log.info("controlled shutdown: moving the leadership of journal partitions %s", movable())
+        try:
+            await loop.run_in_executor(
+                None,
+                lambda: routing.client.create(
+                    f"{SHUTTING_DOWN_PATH}/{me}", b"", ephemeral=True, makepath=True
+                ),
+            )
+        except Exception as exc:  # ZooKeeper unreachable or the node left from before
+            log.warning("controlled shutdown: cannot register (%s); stopping anyway", exc)
+            return
+        while movable() and time.monotonic() - started < wait_s:
+            await asyncio.sleep(0.05)
+        left = movable()
+        if left:
+            log.warning(
+                "controlled shutdown: journal partitions %s still led here after %.1f s; "
+                "they move once this broker's session closes",
+                left,
+                time.monotonic() - started,
+            )
+        else:
+            log.info("controlled shutdown: leaderships moved in %.2f s", time.monotonic() - started)
+
+    def _offsets_partitions(self, journal: int) -> set[int]:
+        """The ``__consumer_offsets`` partitions that journal partition ``journal`` carries."""
+        from stonemq.coordinator.group_log import OFFSETS_TOPIC
+
+        record = self.topics.get(OFFSETS_TOPIC)
+        if record is None:
+            return set()
+        return {p for p, j in enumerate(record.journal_partitions) if j == journal}
+
+    def _unload_groups(self, journal: int) -> None:
+        """``journal`` is no longer led here: the group coordinator unloads the groups of the
+        ``__consumer_offsets`` partitions it carries."""
+        partitions = self._offsets_partitions(journal)
+        if partitions:
+            self.groups.unload(partitions)
 
     def _reload_groups(self, journal: int) -> None:
         """``journal`` is led here now: the group coordinator reloads the
@@ -119,10 +193,47 @@ class Broker:
                     until[p] = self.storage.log_end_offset(OFFSETS_TOPIC, p)
                 except UnknownPartitionError:  # not registered here yet
                     continue
-        if until:
+        if until:  # loading from now, not from the task's first step
+            self.groups.loading |= set(until)
             task = asyncio.ensure_future(self.groups.reload(until))
             self._reloads.add(task)
             task.add_done_callback(self._reloads.discard)
+
+    def _host_journal(self, journal: int) -> None:
+        """On the loop: host journal partition ``journal``, placed on this broker after it
+        started (a broker that joined the cluster): the hosted file, the storage engine's new
+        journal, the topic partitions routed to it, then routing and replication take it
+        (it is followed, or led, like those found at the start)."""
+        routing = self.routing
+        assert isinstance(routing, ClusterRouting) and self.replicas is not None
+        if routing.local_index(journal) is not None or self.replicas.closed:
+            return
+        try:
+            local = routing.host(journal)
+            opened = self.storage.add_journal_partition()
+            if opened != local:
+                raise StorageError(
+                    f"the storage engine opened local journal {opened}, the hosted file "
+                    f"says {local}"
+                )
+        except (OSError, StorageError) as exc:
+            log.error(
+                "journal partition %d placed on this broker is not hosted (a restart tries "
+                "again): %s",
+                journal,
+                exc,
+            )
+            return
+        routing.publish(journal, local)
+        registered = self.topics.register_journal(journal)
+        log.info(
+            "hosting journal partition %d (placed after the start) as local journal %d, "
+            "with %d topic partitions",
+            journal,
+            local,
+            registered,
+        )
+        self.replicas.reconcile()
 
     def _offsets_hw(self, partition: int) -> asyncio.Future[int]:
         """The HW wait of what was just appended to ``__consumer_offsets``-``partition``."""
@@ -152,6 +263,9 @@ class Broker:
             report.queue_bytes_truncated,
         )
         self.groups.load()  # committed offsets and groups, before the broker reports ready
+        if self.replicas is not None:  # only a journal partition's leader coordinates
+            for journal in self.routing.hosted():  # its groups (reloaded once it leads)
+                self._unload_groups(journal)
 
     def start(self) -> None:
         """Start background work on the running loop (journal flusher, splitter)."""
@@ -160,6 +274,14 @@ class Broker:
             self.topics.follow_store(asyncio.get_running_loop())
         if self.replicas is not None:
             self.replicas.start()
+            assert isinstance(self.routing, ClusterRouting)
+            loop = asyncio.get_running_loop()
+
+            def new_hosted(journal: int) -> None:
+                with contextlib.suppress(RuntimeError):  # the loop closed: stopping
+                    loop.call_soon_threadsafe(self._host_journal, journal)
+
+            self.routing.take_new_hosted(new_hosted)
         # client quotas and dynamic broker configs changed through other brokers
         self._follow_metadata("add_quota_listener", self.quotas.update)
         for scope in (CLUSTER_DEFAULT, str(self.settings.broker_id)):
@@ -190,6 +312,8 @@ class Broker:
 
     async def close(self) -> None:
         self.fetch_waiters.wake_all()
+        if isinstance(self.routing, ClusterRouting):
+            self.routing.take_new_hosted(None)
         if self.replicas is not None:
             await self.replicas.close()
         self.groups.stop()

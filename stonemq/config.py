@@ -127,6 +127,11 @@ class Settings(BaseSettings):
     )
     replica_fetch_response_max_bytes: int = Field(10_485_760, gt=0)
     replica_fetch_backoff_ms: int = Field(1000, ge=0, description="after a failed replica fetch")
+    controlled_shutdown_enable: bool = Field(
+        True, description="a stopping leader has the controller move its leaderships first"
+    )
+    controlled_shutdown_max_retries: int = Field(3, ge=0)
+    controlled_shutdown_retry_backoff_ms: int = Field(5000, ge=0)
     message_max_bytes: int = Field(1_048_588, gt=0, description="default max.message.bytes")
     log_message_timestamp_type: TimestampType = "CreateTime"
     log_message_timestamp_before_max_ms: int = Field(2**63 - 1, ge=0)

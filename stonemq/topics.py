@@ -281,7 +281,20 @@ class TopicManager:
             count += self._add_hosted(record, range(record.partitions), log_config)
         return count
 
-    def _add_hosted(self, record: TopicRecord, partitions: range, log_config: LogConfig) -> int:
+    def register_journal(self, journal: int) -> int:
+        """Register with storage every partition routed to journal partition ``journal``,
+        which this broker hosts from now on (placed after it started). Returns the count."""
+        count = 0
+        for record in self.store.list_topics():
+            mine = [p for p, j in enumerate(record.journal_partitions) if j == journal]
+            if mine:
+                log_config = self.effective_config(record.name).log_config
+                count += self._add_hosted(record, mine, log_config)
+        return count
+
+    def _add_hosted(
+        self, record: TopicRecord, partitions: range | list[int], log_config: LogConfig
+    ) -> int:
         """Register with storage the ``partitions`` of ``record`` whose journal partition is
         hosted here (all of them on a single node), under its local journal index."""
         count = 0

@@ -28,20 +28,26 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError, RolledBackError
 from kazoo.protocol.states import KazooState
 
 from stonemq.cluster.journal_state import (
+    NO_LEADER,
     Assignment,
     PartitionState,
     elect,
     initial_state,
     place_replicas,
 )
-from stonemq.cluster.membership import BROKER_IDS_PATH, CLOSE_TIMEOUT_S, read_brokers
+from stonemq.cluster.membership import (
+    BROKER_IDS_PATH,
+    CLOSE_TIMEOUT_S,
+    SHUTTING_DOWN_PATH,
+    read_brokers,
+)
 
 log = logging.getLogger(__name__)
 
@@ -136,12 +142,14 @@ class Controller:
     def start(self) -> None:
         self.client.retry(self.client.ensure_path, JOURNAL_PATH)
         self.client.retry(self.client.ensure_path, BROKER_IDS_PATH)
+        self.client.retry(self.client.ensure_path, SHUTTING_DOWN_PATH)
         with contextlib.suppress(NodeExistsError):
             self.client.retry(self.client.create, CONTROLLER_EPOCH_PATH, b"0")
         self._thread.start()
         self.client.add_listener(self._on_session)
         self.client.DataWatch(CONTROLLER_PATH, self._on_controller_node)
         self.client.ChildrenWatch(BROKER_IDS_PATH, self._on_brokers)
+        self.client.ChildrenWatch(SHUTTING_DOWN_PATH, self._on_brokers)
 
     def _on_session(self, state: KazooState) -> None:
         if state == KazooState.LOST:
@@ -240,8 +248,21 @@ class Controller:
                     self.journal_partitions,
                     broker,
                 )
+        shutting = self._shutting_down() & set(live)
+        serving = {b: r for b, r in live.items() if b not in shutting}
         for p in partitions.values():
             new = elect(p.assignment, p.state, live, self.epoch, self.unclean)
+            if new is None and p.state.leader in shutting:  # a controlled shutdown: another
+                new = elect(p.assignment, p.state, serving, self.epoch)  # ISR member leads
+                if new is not None and new.leader == NO_LEADER:
+                    new = None  # none: it stays with the stopping broker until it is gone
+            leader = p.state.leader
+            if new is None and leader in serving and shutting & set(p.state.isr):
+                # a stopping follower leaves the ISR (Kafka's controlled shutdown), so
+                # acks=all does not wait replica.lag.time.max.ms for it once it is gone
+                isr = tuple(b for b in p.state.isr if b not in shutting)
+                if isr:
+                    new = replace(p.state, isr=isr, controller_epoch=self.epoch)
             if new is not None:
                 self._set_state(p.id, new, p.state_version)
                 log.info(
@@ -252,6 +273,14 @@ class Controller:
                     new.leader_epoch,
                     list(new.isr),
                 )
+
+    def _shutting_down(self) -> set[int]:
+        """Brokers in a controlled shutdown (their nodes under ``/brokers/shutting_down``)."""
+        try:
+            children = self.client.retry(self.client.get_children, SHUTTING_DOWN_PATH)
+        except NoNodeError:
+            return set()
+        return {int(c) for c in children if c.isdigit()}
 
     def _create(self, j: int, assignment: Assignment, state: PartitionState) -> None:
         tx = self._fenced()

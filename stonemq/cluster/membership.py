@@ -28,6 +28,9 @@ CLOSE_TIMEOUT_S = 2.0
 log = logging.getLogger(__name__)
 
 BROKER_IDS_PATH = "/brokers/ids"
+# brokers in a controlled shutdown (ephemeral nodes, one per broker id): the controller moves
+# their leaderships to other ISR members before they stop
+SHUTTING_DOWN_PATH = "/brokers/shutting_down"
 
 
 def read_brokers(client: KazooClient, ids: list[str] | None = None) -> dict[int, dict[str, Any]]:

@@ -21,10 +21,10 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
@@ -32,14 +32,13 @@ from kazoo.exceptions import NoNodeError
 from stonemq.cluster import ClusterStartError
 from stonemq.cluster.controller import CONTROLLER_PATH, JOURNAL_PATH, read_journal_partitions
 from stonemq.cluster.journal_state import NO_LEADER, Assignment, PartitionState
-from stonemq.cluster.membership import BROKER_IDS_PATH, read_brokers
+from stonemq.cluster.membership import BROKER_IDS_PATH, SHUTTING_DOWN_PATH, read_brokers
 from stonemq.storage import fileio
 from stonemq.storage.checkpoint import CheckpointFile
 
 log = logging.getLogger(__name__)
 
 HOSTED_FILE = "hosted-journal-partitions"
-_PLACEMENT_SETTLE_S = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,7 +115,12 @@ class ClusterRouting(SingleNodeRouting):
         self._order: list[int] = []
         self._watched: set[int] = set()
         self.on_change: Callable[[], None] | None = None
-        self._settle_deadline: float | None = None
+        # called (kazoo's thread) with a journal partition placed on this broker that it
+        # does not host yet: placed after it started (see :meth:`take_new_hosted`)
+        self._on_new_hosted: Callable[[int], None] | None = None
+        self._unhosted: list[int] = []
+        self._shutting_down: frozenset[int] = frozenset()  # brokers in a controlled shutdown
+        self._hook_lock = threading.Lock()
 
     @property
     def clustered(self) -> bool:
@@ -126,13 +130,15 @@ class ClusterRouting(SingleNodeRouting):
     def wait_for_placement(self, expected: int, timeout_s: float | None = None) -> list[int]:
         """Wait until the controller has placed ``expected`` journal partitions homed on this
         broker; then fix the local numbering (hosted file) and start watching. Returns the
-        hosted journal partitions in local order."""
+        hosted journal partitions in local order. Journal partitions placed on this broker
+        later (another broker's, as it joins) are reported to :meth:`take_new_hosted`'s
+        hook."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         last_log = 0.0
         while True:
             parts = read_journal_partitions(self.client)
             homed = [j for j, p in parts.items() if p.assignment.home == self.broker_id]
-            if len(homed) >= expected and self._others_placed(parts, expected):
+            if len(homed) >= expected:
                 break
             if deadline is not None and time.monotonic() > deadline:
                 raise ClusterStartError(
@@ -158,26 +164,9 @@ class ClusterRouting(SingleNodeRouting):
         self.client.ChildrenWatch(BROKER_IDS_PATH, self._on_brokers)
         self.client.DataWatch(CONTROLLER_PATH, self._on_controller)
         self.client.ChildrenWatch(JOURNAL_PATH, self._on_journal_partitions)
+        self.client.ensure_path(SHUTTING_DOWN_PATH)
+        self.client.ChildrenWatch(SHUTTING_DOWN_PATH, self._on_shutting_down)
         return list(self._order)
-
-    def _others_placed(self, parts: dict[int, Any], expected: int) -> bool:
-        """Whether the journal partitions homed on the other live brokers are placed too (the
-        controller places every live broker's in one round, one write each): those that
-        name this broker as a replica must be among the hosted ones fixed at start. Gives up
-        after ``_PLACEMENT_SETTLE_S`` (a broker with another journal.partitions setting).
-
-        A journal partition placed after this broker started (a broker that joins later)
-        is hosted here only after a restart: the storage engine's journal partitions are
-        fixed at start (docs/architecture.md, Replication, Status)."""
-        if self._settle_deadline is None:
-            self._settle_deadline = time.monotonic() + _PLACEMENT_SETTLE_S
-        if time.monotonic() > self._settle_deadline:
-            return True
-        homes: dict[int, int] = {}
-        for p in parts.values():
-            homes[p.assignment.home] = homes.get(p.assignment.home, 0) + 1
-        live = read_brokers(self.client)
-        return all(homes.get(b, 0) >= expected for b in live)
 
     def _fix_order(self, hosted: list[int]) -> list[int]:
         """The local numbering: what the hosted file lists, then any new journal partition
@@ -198,6 +187,35 @@ class ClusterRouting(SingleNodeRouting):
             checkpoint.write((j,) for j in order)
         return order
 
+    def take_new_hosted(self, hook: Callable[[int], None] | None) -> None:
+        """Report to ``hook`` (kazoo's thread, or this one) each journal partition placed on
+        this broker after its start, those already seen first; None stops reporting."""
+        with self._hook_lock:
+            self._on_new_hosted = hook
+            seen, self._unhosted = self._unhosted, []
+        if hook is not None:
+            for j in seen:
+                hook(j)
+
+    def host(self, j: int) -> int:
+        """Host journal partition ``j`` (placed here after the start) under the next local
+        index: appended durably to the hosted file first, so a restart opens the same
+        directory for it. The local index is published only by :meth:`publish` (once the
+        storage engine has opened it). Returns the new local index."""
+        if j in self._local:
+            return self._local[j]
+        order = [*self._order, j]
+        CheckpointFile(os.path.join(self._journal_dir, HOSTED_FILE), 1).write(
+            (each,) for each in order
+        )
+        return len(order) - 1
+
+    def publish(self, j: int, local: int) -> None:
+        """Journal partition ``j`` is open in storage under ``local``: route to it."""
+        assert local == len(self._order), (j, local, self._order)
+        self._order.append(j)
+        self._local[j] = local
+
     # -- watches (kazoo's thread) -----------------------------------------------------------
     def _on_brokers(self, children: list[str]) -> None:
         self._brokers = {
@@ -205,6 +223,13 @@ class ClusterRouting(SingleNodeRouting):
             for b, node in read_brokers(self.client, children).items()
         }
         self._changed()
+
+    def _on_shutting_down(self, children: list[str]) -> None:
+        self._shutting_down = frozenset(int(c) for c in children if c.isdigit())
+
+    def shutting_down(self) -> frozenset[int]:
+        """Brokers in a controlled shutdown: a leader takes none of them back into an ISR."""
+        return self._shutting_down
 
     def _on_controller(self, data: bytes | None, _stat: object) -> None:
         self._controller = int(json.loads(data)["brokerid"]) if data else -1
@@ -230,6 +255,13 @@ class ClusterRouting(SingleNodeRouting):
                 self._changed()
 
         self.client.DataWatch(f"{JOURNAL_PATH}/{j}/state", on_state)
+        if self.broker_id in assignment.replicas and j not in self._local:
+            with self._hook_lock:
+                hook = self._on_new_hosted
+                if hook is None:  # before the broker serves: reported once it does
+                    self._unhosted.append(j)
+            if hook is not None:
+                hook(j)
 
     def _changed(self) -> None:
         if self.on_change is not None:

@@ -1033,6 +1033,36 @@ class GroupCoordinator:
                 for member in group.members.values():
                     self._refresh_session(group, member)
 
+    def unload(self, group_ids: set[str]) -> int:
+        """This broker stopped coordinating these groups (their ``__consumer_offsets``
+        partition is led elsewhere now), as Kafka's ``GroupMetadataManager`` unloads them: every
+        timer stops (no session expires here, nothing is written for them), members waiting
+        in JoinGroup or SyncGroup are answered NOT_COORDINATOR (they find the new coordinator)
+        and the groups and their offsets leave memory; a later reload replays them from the
+        log. Returns how many groups were unloaded."""
+        unloaded = 0
+        for group_id in group_ids:
+            group = self.groups.pop(group_id, None)
+            if group is None:
+                continue
+            unloaded += 1
+            for timer in (group.join_timer, group.sync_timer, *group.pending_members.values()):
+                if timer is not None:
+                    timer.cancel()
+            group.join_timer = group.sync_timer = None
+            group.pending_members.clear()
+            for member in group.members.values():
+                if member.session_timer is not None:
+                    member.session_timer.cancel()
+                    member.session_timer = None
+                join, member.join_respond = member.join_respond, None
+                sync, member.sync_respond = member.sync_respond, None
+                if join is not None:
+                    join(JoinResult(ErrorCode.not_coordinator, member.member_id))
+                if sync is not None:
+                    sync(SyncResult(ErrorCode.not_coordinator))
+        return unloaded
+
     def finish_loading(self) -> None:
         """After replay: start the loaded members' session clocks, and the retention timer."""
         for group in self.groups.values():

@@ -402,6 +402,21 @@ class GroupRuntime:
         finally:
             self.loading -= partitions
 
+    def unload(self, partitions: set[int]) -> None:
+        """This broker no longer leads the journal partition carrying these
+        ``__consumer_offsets`` partitions: unload their groups (their members are told
+        NOT_COORDINATOR, their timers stop) until a later :meth:`reload`."""
+        log_ = self.log
+        mine = {g for g in self.coordinator.groups if log_.partition(g) in partitions}
+        count = self.coordinator.unload(mine)
+        if count:
+            log.info(
+                "unloaded %d groups of %s partitions %s: no longer their coordinator",
+                count,
+                OFFSETS_TOPIC,
+                sorted(partitions),
+            )
+
     def start(self) -> None:
         assert self.driver is not None
         self.driver.start()

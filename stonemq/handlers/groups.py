@@ -154,18 +154,32 @@ def coordinates(ctx: RequestContext, group_id: str) -> bool:
         return True
     if coordinator_id(ctx, group_id) != ctx.broker.broker_id:
         return False
+    return not _loading(ctx, group_id)
+
+
+def _loading(ctx: RequestContext, group_id: str) -> bool:
+    """Whether the group's offsets partition is not ready here although routing names this
+    broker its leader: the journal partition's leadership is still being taken (its epoch
+    checkpointed; the reload starts only then) or its groups are being reloaded."""
     groups = ctx.broker.groups
-    return not groups.loading or groups.log.partition(group_id) not in groups.loading
+    partition = groups.log.partition(group_id)
+    if groups.loading and partition in groups.loading:
+        return True
+    replicas = ctx.broker.replicas
+    offsets = ctx.broker.topics.get(OFFSETS_TOPIC)
+    return (
+        replicas is not None
+        and offsets is not None
+        and not replicas.leads(offsets.journal_partitions[partition])
+    )
 
 
 def refusal(ctx: RequestContext, group_id: str) -> ErrorCode:
     """The error for a group request this broker does not answer (``coordinates`` False)."""
-    groups = ctx.broker.groups
     if (
-        groups.loading
-        and group_id
-        and groups.log.partition(group_id) in groups.loading
+        group_id
         and coordinator_id(ctx, group_id) == ctx.broker.broker_id
+        and _loading(ctx, group_id)
     ):
         return ErrorCode.coordinator_load_in_progress
     return ErrorCode.not_coordinator

@@ -8,7 +8,8 @@ FENCED_LEADER_EPOCH, newer: UNKNOWN_LEADER_EPOCH); the follower one of its repli
 NOT_LEADER_OR_FOLLOWER); its last epoch's end here (the journal's leader-epoch checkpoint):
 when it ends before the follower's position, or the epoch is not in this history, the answer
 is that *diverging epoch* and its end, and no bytes (the follower truncates there); a position
-outside the journal gets OFFSET_OUT_OF_RANGE. Otherwise the follower's position is recorded
+outside the journal gets OFFSET_OUT_OF_RANGE with this journal's start (a follower below it
+cannot catch up: replication/fetcher.py). Otherwise the follower's position is recorded
 (its end, split progress, caught-up time, the HW, an ISR expansion) and whole journal entries
 from it are read in the replica-read thread. With less than ``min_bytes`` ready the request
 waits, up to ``max_wait_ms``, for a journal write. Not advertised in ApiVersions.
@@ -159,8 +160,11 @@ def _check(broker: Any, manager: Any, storage: Any, replica: int, p: Any) -> tup
                 b"",
             ), None
     leader_end = storage.journal_written_end(local)
-    if not storage.journal_start(local) <= p.fetch_position <= leader_end:
-        return error(ErrorCode.offset_out_of_range, state.epoch)
+    start = storage.journal_start(local)
+    if not start <= p.fetch_position <= leader_end:  # with the journal start, as Kafka's
+        return PartitionData(  # log start offset: the follower tells below from above
+            journal, ErrorCode.offset_out_of_range, state.epoch, state.hw, start, -1, -1, b""
+        ), None
     manager.follower_fetched(state, replica, p.fetch_position, p.split_position)
     directory = storage.journal_directory(local)
     return None, (directory, p.fetch_position, leader_end, max(p.max_bytes, 0))

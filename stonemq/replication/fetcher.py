@@ -11,6 +11,18 @@ the back-off. A diverging epoch (the follower's history differs from the leader'
 leader never had, written by an earlier leader) is answered by truncating to where the two
 agree (``StorageEngine.truncate_replica``); a truncation into split data (only an unclean
 election leads there) is refused, and the partition stops being fetched, logged.
+
+A follower whose position is below the leader's journal start (it was out of the ISR while
+the leader deleted the journal segments it needs: the leader keeps them only for its ISR)
+gets OFFSET_OUT_OF_RANGE with that start. Kafka's follower would truncate its whole log and
+fetch from the leader's log start; a StoneMQ follower must not: its queue logs would then
+lack every batch the leader split from the deleted journal bytes, and the journal entries
+after the start would land at queue-log offsets past a gap (a wrong log). Catching up needs
+a copy of the leader's queue logs up to that start, which is not built yet. So the follower
+keeps its journal and queue logs as they are, does not fetch the partition (it stays out of
+the ISR, so it is never elected while unclean.leader.election.enable is false), logs it as
+an error once, and asks again every ``_BEHIND_START_RETRY_S`` (a new leader may still hold
+those bytes; a leadership change re-plans the fetchers at once).
 """
 
 from __future__ import annotations
@@ -43,6 +55,7 @@ log = logging.getLogger("stonemq.replication")
 
 _LENGTH = struct.Struct(">i")
 _MAX_RESPONSE_BYTES = 1 << 30
+_BEHIND_START_RETRY_S = 30.0
 
 
 class LeaderFetcher:
@@ -171,6 +184,26 @@ class LeaderFetcher:
             return
         error = data.error_code  # type: ignore[attr-defined]
         backoff_s = manager.settings.replica_fetch_backoff_ms / 1000
+        start = data.log_start  # type: ignore[attr-defined]
+        if error == ErrorCode.offset_out_of_range and asked.fetch_position < start:
+            known = manager.behind_start.get(j)
+            if known is None or known[0] != asked.fetch_position:  # once per position
+                log.error(
+                    "journal partition %d: position %d is below leader %d's journal start %d "
+                    "(the journal bytes it needs were deleted while this replica was out of "
+                    "the ISR); not fetched, out of the ISR: catching up needs a copy of the "
+                    "leader's queue logs, which StoneMQ does not make yet (see "
+                    "docs/architecture.md, Replication)",
+                    j,
+                    asked.fetch_position,
+                    self.leader,
+                    start,
+                )
+                manager.behind_start[j] = (asked.fetch_position, start)
+            self._paused[j] = time.monotonic() + _BEHIND_START_RETRY_S
+            return
+        if error == ErrorCode.none and manager.behind_start.pop(j, None) is not None:
+            log.info("journal partition %d: fetching from leader %d again", j, self.leader)
         if error != ErrorCode.none:
             log.info(
                 "journal partition %d: leader %d answers %s; waiting for routing",

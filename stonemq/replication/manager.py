@@ -104,8 +104,13 @@ class ReplicaManager:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: set[asyncio.Future[Any]] = set()
         self._closed = False
-        # called with a journal partition once it is led here (group coordinators reload)
+        # followed journal partitions whose position is below their leader's journal start:
+        # (position, leader's start); not fetched (replication/fetcher.py)
+        self.behind_start: dict[int, tuple[int, int]] = {}
+        # called with a journal partition once it is led here (group coordinators reload),
+        # and once it is not any more (they unload)
         self.on_leader: Callable[[int], None] | None = None
+        self.on_resign: Callable[[int], None] | None = None
 
     # -- life -------------------------------------------------------------------------------
     def start(self) -> None:
@@ -142,6 +147,10 @@ class ReplicaManager:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
 
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     def _spawn(self, coro: Any) -> None:
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
@@ -161,7 +170,9 @@ class ReplicaManager:
             state = self._leading.get(journal)
             if lead.leader == self.broker_id:
                 if state is not None and state.epoch == lead.leader_epoch:
-                    state.isr = lead.isr if not state.isr_change_pending else state.isr
+                    if not state.isr_change_pending and state.isr != lead.isr:
+                        state.isr = lead.isr  # the controller took a stopping follower out
+                        self._update_hw(state)
                     continue
                 if state is not None:
                     self._resign(journal, "a newer epoch of its own leadership")
@@ -171,6 +182,10 @@ class ReplicaManager:
                 continue
             if state is not None:
                 self._resign(journal, f"broker {lead.leader} leads it in epoch {lead.leader_epoch}")
+            if journal not in self._becoming:  # followed: replica appends are taken again
+                local = self.routing.local_index(journal)
+                if local is not None:
+                    self.storage.stop_leading(local)
             if lead.leader >= 0:
                 wanted[journal] = lead.leader
         self._following = wanted
@@ -239,6 +254,8 @@ class ReplicaManager:
         self.storage.stop_leading(state.local)
         log.info("journal partition %d: no longer leading epoch %d: %s", journal, state.epoch, why)
         self._fail_waiters(state)
+        if self.on_resign is not None:
+            self.on_resign(journal)
 
     def _fail_waiters(self, state: LeaderState) -> None:
         while state.waiters:
@@ -345,6 +362,7 @@ class ReplicaManager:
         if (
             broker not in state.isr
             and not state.isr_change_pending
+            and broker not in self.routing.shutting_down()  # controlled shutdown: it leaves
             and position >= state.hw
             and position >= state.epoch_start
         ):

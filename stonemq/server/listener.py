@@ -111,6 +111,8 @@ async def _serve_locked(settings: Settings, stop: asyncio.Event) -> None:
     )
     await stop.wait()
     started = time.monotonic()
+    if broker.replicas is not None:  # leaderships move first, while it still serves
+        await broker.controlled_shutdown()
     log.info("shutting down: no new connections, answering requests in flight")
     for server in servers:
         server.close()

@@ -464,9 +464,13 @@ class StorageEngine:
         )
         self._leader_epochs = [0] * journal_partitions
         # which journal partitions take this broker's own appends: all on a single node; in
-        # a cluster only those it leads (become_leader .. stop_leading), so a follower's
-        # journal holds nothing but its leader's bytes (invariant 2)
+        # a cluster only those it leads (become_leader, once ready, .. stop_leading), so a
+        # follower's journal holds nothing but its leader's bytes (invariant 2)
         self._leading = [not replicated] * journal_partitions
+        # journal partitions led (or becoming led) here: no replica append is taken for them;
+        # and each journal partition's replica appends in flight (become_leader waits them)
+        self._led_here: set[int] = set()
+        self._replica_appends: dict[int, set[asyncio.Future[None]]] = {}
         self._split_limits: list[int] | None = [0] * journal_partitions if replicated else None
         # replication's hooks: entries of a journal partition were written; how far back a
         # journal partition's segments must stay (what followers still fetch)
@@ -505,6 +509,44 @@ class StorageEngine:
         # fsyncs due to topics' flush.messages / flush.ms, and flush.ms timers per journal
         self._fsyncs: set[asyncio.Future[bool]] = set()
         self._fsync_timers: dict[int, asyncio.TimerHandle] = {}
+
+    def add_journal_partition(self) -> int:
+        """Open one more journal partition, empty, under the next local index (a replicated
+        broker hosting a journal partition the controller placed after it started: a broker
+        that joined the cluster). Its journal, leader-epoch checkpoint, split position and
+        split limit start at 0 as at a first start; the checkpoint rounds include it from
+        here on. A directory already holding journal bytes under that index is refused
+        (StorageError): it would be taken for the new partition's history."""
+        assert self.replicated, "only a cluster broker's journal partitions change"
+        j = len(self._journals)
+        journal = JournalLog(
+            self._journal_partition_dir(j),
+            j,
+            segment_bytes=self._journals[0].segment_bytes,
+            flush_policy=self._flush_policy,
+            on_visible=functools.partial(self._on_replicated_visible, j),
+            on_failed=self._on_journal_failed,
+        )
+        journal.recover(None)
+        if journal.written_end > 0:
+            journal.close()
+            raise StorageError(
+                f"{journal.directory} already holds {journal.written_end} journal bytes; "
+                "a journal partition placed after the start must begin empty"
+            )
+        cache = LeaderEpochCache(journal.directory)
+        cache.truncate_from_end(0)
+        self._journals.append(journal)
+        self._epoch_caches.append(cache)
+        self._leader_epochs.append(0)
+        self._leading.append(False)  # a cluster broker: led only once become_leader says so
+        assert self._split_limits is not None
+        self._split_limits.append(0)
+        if self._splitter is not None:
+            self._splitter.add_journal(journal.directory, journal.health)
+        self._rewrite_checkpoints = True
+        log.info("journal partition %d (local index) opened at %s", j, journal.directory)
+        return j
 
     def _directory_thread(self) -> ThreadPoolExecutor:
         """The one thread that creates and deletes queue-log directories and files and writes
@@ -1761,22 +1803,40 @@ class StorageEngine:
         of the journal not split yet (appended as a follower, waiting for a HW) join their
         partitions' producer state as pending, so a producer's retry of one of them is
         answered as a duplicate, never appended twice."""
+        # no replica append from here on, and those in flight are written and their topic
+        # partitions' next offsets applied first: an entry still being written would be
+        # missed by the scan below and its offsets assigned again
+        self._led_here.add(j)
+        in_flight = list(self._replica_appends.get(j, ()))
+        if in_flight:
+            await asyncio.wait(in_flight)
         cache = self._epoch_caches[j]
         start = self.journal_end(j)
         assert self._splitter is not None
         split = self._splitter.positions[j]
         journal = self._journals[j]
 
+        ends: dict[tuple[bytes, int], int] = {}
+
         def prepare() -> list[tuple[bytes, int, BatchHeader]]:
             cache.assign(epoch, start)
             found: list[tuple[bytes, int, BatchHeader]] = []
             for e in _journal_entries(journal.directory, split, start):
+                ends[(e.topic_id, e.partition)] = e.base_offset + e.record_count
                 header = parse_header(e.batch, 0)
                 if header.producer_id >= 0 and header.base_sequence >= 0:
                     found.append((e.topic_id, e.partition, header))
             return found
 
+        # every entry below the epoch start is in the files before the scan reads them
+        deadline = time.monotonic() + 30
+        while journal.written_end < start and time.monotonic() < deadline:
+            await asyncio.sleep(0.005)
         found = await asyncio.get_running_loop().run_in_executor(None, prepare)
+        for key, end in ends.items():  # the next offsets follow every entry kept
+            entry_state = self._by_name.by_id(*key)
+            if entry_state is not None and end > entry_state.next_offset:
+                entry_state.next_offset = end
         for topic_id, partition, header in found:
             state = self._by_name.by_id(topic_id, partition)
             if state is None:
@@ -1799,10 +1859,11 @@ class StorageEngine:
         self._leading[j] = True
 
     def stop_leading(self, j: int) -> None:
-        """``j`` is no longer led here: this broker's own appends to it are refused
-        (NotLeaderError) until it leads again; its leader's bytes still come through
-        :meth:`append_replica`."""
+        """``j`` is no longer led here (followed again, or never led here): this broker's own
+        appends to it are refused (NotLeaderError) until it leads again, and its leader's
+        bytes are taken through :meth:`append_replica`."""
         self._leading[j] = False
+        self._led_here.discard(j)
 
     def set_split_limit(self, j: int, position: int) -> None:
         """The journal high watermark of ``j`` moved to ``position``: the splitter may split
@@ -1896,6 +1957,18 @@ class StorageEngine:
         the write fails (the next fetch starts again from the journal's end)."""
         if self._closed:
             raise StorageError("storage is closed")
+        if j in self._led_here:
+            raise StorageError(f"journal-{j} is led here: no replica append")
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        in_flight = self._replica_appends.setdefault(j, set())
+        in_flight.add(done)
+        try:
+            return await self._append_replica(j, position, data)
+        finally:
+            in_flight.discard(done)
+            done.set_result(None)
+
+    async def _append_replica(self, j: int, position: int, data: memoryview) -> int:
         journal = self._journals[j]
         journal.health.check_append()
         if position != self.journal_end(j):

@@ -82,6 +82,13 @@ class Splitter:
         self._thread: ThreadPoolExecutor | None = None  # reads and writes of ``run``
         self._in_flight: asyncio.Future[None] | None = None
 
+    def add_journal(self, directory: str, health: JournalHealth) -> None:
+        """Split one more (new, empty) journal partition from position 0; the next round of
+        :meth:`run` includes it."""
+        self.readers.append(JournalReader(directory))
+        self.positions.append(0)
+        self.healths.append(health)
+
     def step(
         self, j: int, limit: int, advanced: set[QueueLog], batch_bytes: int | None = None
     ) -> int:

@@ -218,6 +218,43 @@ def test_session_expiry_removes_silent_member_only() -> None:
     assert rejoin[0].generation == 2 and [m[0] for m in rejoin[0].members] == [a]
 
 
+def test_unload_answers_waiting_members_not_coordinator_and_stops_every_timer() -> None:
+    """A coordinator that stops leading the group's offsets partition unloads it (Kafka's
+    GroupMetadataManager): a parked JoinGroup and a parked SyncGroup are answered
+    NOT_COORDINATOR, no session expires and nothing is written afterwards, and the group is
+    gone until a replay of the log brings it back."""
+    h = Harness()
+    a, b = stable_group(h, 2)
+    written = list(h.sink.entries)
+    rejoin = h.join(member_id=a)  # a rebalance: a waits in JoinGroup for b
+    assert not rejoin
+    other = h.join_new(group="g2")  # parked in g2's initial delay
+    assert not other
+    assert h.coord.unload({"g", "g2", "absent"}) == 2
+    assert rejoin[0].error == ErrorCode.not_coordinator
+    assert other[0].error == ErrorCode.not_coordinator
+    assert "g" not in h.coord.groups and "g2" not in h.coord.groups
+    h.advance(REBALANCE_MS + SESSION_MS * 3)  # timers of the unloaded groups never fire
+    assert h.sink.entries == written
+    assert h.coord.heartbeat("g", 1, b, None) != ErrorCode.none
+    for key, value in written:  # the log brings the group back
+        h.coord.replay(key, value)
+    assert set(h.coord.groups["g"].members) == {a, b}
+
+
+def test_unload_of_a_group_waiting_in_sync_answers_not_coordinator() -> None:
+    h = Harness()
+    joins = [h.join_new() for _ in range(2)]
+    h.advance(DELAY_MS)
+    h.advance(DELAY_MS)
+    results = [j[0] for j in joins]
+    follower = next(r.member_id for r in results if r.member_id != r.leader)
+    parked = h.sync(follower, results[0].generation)
+    assert not parked
+    assert h.coord.unload({"g"}) == 1
+    assert parked[0].error == ErrorCode.not_coordinator
+
+
 def test_rebalance_timeout_drops_members_that_do_not_rejoin() -> None:
     h = Harness()
     a, b = stable_group(h, 2)

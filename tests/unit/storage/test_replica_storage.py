@@ -8,12 +8,13 @@ from __future__ import annotations
 import asyncio
 import os
 import struct
+import uuid
 from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import abandon, add_topic, build_batch, new_engine
+from conftest import SMALL_LOG, abandon, add_topic, build_batch, new_engine
 
 from stonemq.storage.engine import NotLeaderError, StorageError
 from stonemq.storage.journal import CorruptEntryError, JournalReader
@@ -327,5 +328,109 @@ def test_a_crash_after_a_truncation_recovers_the_leaders_entries_appended_since(
             again.start(lambda *a: None)
             await again.close()
         assert journal_bytes(follower_root, 0) == journal_bytes(leader_root, 0)
+
+    run(scenario())
+
+
+def test_a_journal_partition_added_while_serving_takes_appends_and_survives_a_restart(
+    tmp_path: Path,
+) -> None:
+    """``add_journal_partition`` (a cluster broker hosting a journal partition placed after
+    its start) opens an empty journal under the next local index that leads, splits below its
+    limit and checkpoints like the others; a restart with one more journal partition finds
+    its bytes, queue log and epochs. A directory already holding journal bytes is refused."""
+    other = uuid.UUID("6f1c2d3e-0000-4000-8000-000000000002")
+
+    async def serve() -> None:
+        engine = new_engine(tmp_path, replicated=True)
+        add_topic(engine, partitions=2)
+        engine.recover()
+        engine.start(lambda *a: None)
+        try:
+            assert engine.add_journal_partition() == 2
+            engine.add_partition(other, "n", 0, 2, SMALL_LOG)
+            await engine.become_leader(2, 4)
+            for i in range(5):
+                await engine.append("n", 0, build_batch([b"n%d" % i]), 1).written
+            assert engine.high_watermark("n", 0) == 0  # below the limit only
+            engine.set_split_limit(2, engine.journal_written_end(2))
+            await settle(engine)
+            assert engine.high_watermark("n", 0) == 5
+            assert batch_epochs(engine, "n", 0) == [(i, 4) for i in range(5)]
+            assert engine.split_positions()[2] == engine.journal_written_end(2)
+        finally:
+            await engine.close()
+
+    async def restart() -> None:
+        engine = new_engine(tmp_path, replicated=True, journal_partitions=3)
+        add_topic(engine, partitions=2)
+        engine.add_partition(other, "n", 0, 2, SMALL_LOG)
+        engine.recover()
+        engine.start(lambda *a: None)
+        try:
+            assert engine.epoch_entries(2) == [(4, 0)]
+            assert engine.high_watermark("n", 0) == 5
+            assert batch_epochs(engine, "n", 0) == [(i, 4) for i in range(5)]
+        finally:
+            await engine.close()
+
+    async def refused() -> None:
+        engine = new_engine(tmp_path, replicated=True)  # journal-2 holds bytes: not new
+        add_topic(engine, partitions=2)
+        engine.recover()
+        engine.start(lambda *a: None)
+        try:
+            with pytest.raises(StorageError, match="already holds"):
+                engine.add_journal_partition()
+            assert len(engine.split_positions()) == 2
+        finally:
+            await engine.close()
+
+    run(serve())
+    run(restart())
+    run(refused())
+
+
+def test_becoming_leader_waits_for_a_replica_append_in_flight(tmp_path: Path) -> None:
+    """A follower becomes leader while the last fetched entries are still being written (a
+    leadership moved by the controller while the follower fetches): become_leader waits for
+    that write, so their offsets are not assigned again to the next produce, and refuses any
+    further replica append until the partition is followed again."""
+    leader_root, follower_root = tmp_path / "leader", tmp_path / "follower"
+
+    async def scenario() -> None:
+        leader = new_engine(leader_root, replicated=True)
+        follower = new_engine(follower_root, replicated=True)
+        for engine in (leader, follower):
+            add_topic(engine, partitions=2)
+            engine.recover()
+            engine.start(lambda *a: None)
+        try:
+            await leader.become_leader(0, 1)
+            for i in range(3):
+                await leader.append("t", 0, build_batch([b"a%d" % i, b"b%d" % i]), 2).written
+            end = leader.journal_written_end(0)
+            data = JournalReader(str(leader_root / "journal" / "journal-0")).read_raw(
+                0, end, 1 << 20
+            )
+            await follower.become_leader(0, 0)  # it led once; the journal was empty then
+            follower.stop_leading(0)
+            appending = asyncio.ensure_future(follower.append_replica(0, 0, memoryview(data)))
+            await asyncio.sleep(0)  # the write is queued, not done
+            await follower.become_leader(0, 2)
+            assert appending.done() and appending.result() == end
+            with pytest.raises(StorageError, match="led here"):
+                await follower.append_replica(0, end, memoryview(data))
+            assert follower.log_end_offset("t", 0) == 6
+            appended = follower.append("t", 0, build_batch([b"c"]), 1)
+            await appended.written
+            follower.set_split_limit(0, follower.journal_written_end(0))
+            await settle(follower)
+            assert [base for base, _ in batch_epochs(follower, "t", 0)] == [0, 2, 4, 6]
+            follower.stop_leading(0)  # followed again: replica appends are taken
+            assert await follower.append_replica(0, follower.journal_end(0), memoryview(b"")) >= 0
+        finally:
+            await leader.close()
+            await follower.close()
 
     run(scenario())
