@@ -28,7 +28,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError, RolledBackError
@@ -38,6 +38,7 @@ from stonemq.cluster.journal_state import (
     NO_LEADER,
     Assignment,
     PartitionState,
+    drop_from_isr,
     elect,
     initial_state,
     place_replicas,
@@ -226,8 +227,9 @@ class Controller:
         return {b: node.get("rack") for b, node in read_brokers(self.client).items()}
 
     def _brokers_changed(self) -> None:
-        """Place the journal partitions of brokers that have none, then elect a leader for
-        every journal partition whose leader is not live."""
+        """Place the journal partitions of brokers that have none, elect a leader for every
+        journal partition whose leader is not live (or is stopping), and take brokers that are
+        gone or stopping out of the ISR of the partitions they follow."""
         live = self._live_brokers()
         partitions = read_journal_partitions(self.client)
         homed: dict[int, int] = {}
@@ -256,13 +258,10 @@ class Controller:
                 new = elect(p.assignment, p.state, serving, self.epoch)  # ISR member leads
                 if new is not None and new.leader == NO_LEADER:
                     new = None  # none: it stays with the stopping broker until it is gone
-            leader = p.state.leader
-            if new is None and leader in serving and shutting & set(p.state.isr):
-                # a stopping follower leaves the ISR (Kafka's controlled shutdown), so
-                # acks=all does not wait replica.lag.time.max.ms for it once it is gone
-                isr = tuple(b for b in p.state.isr if b not in shutting)
-                if isr:
-                    new = replace(p.state, isr=isr, controller_epoch=self.epoch)
+            if new is None:
+                # a follower gone from the cluster, or stopping (Kafka's controlled shutdown),
+                # leaves the ISR now: acks=all does not wait replica.lag.time.max.ms for it
+                new = drop_from_isr(p.state, serving, self.epoch)
             if new is not None:
                 self._set_state(p.id, new, p.state_version)
                 log.info(

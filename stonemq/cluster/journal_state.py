@@ -158,3 +158,21 @@ def elect(
         isr=isr,
         controller_epoch=controller_epoch,
     )
+
+
+def drop_from_isr(
+    state: PartitionState, serving: Iterable[int], controller_epoch: int
+) -> PartitionState | None:
+    """The state once the ISR members that are not ``serving`` (gone from the cluster, or in a
+    controlled shutdown) have left it, at the same leader epoch; None when the leader is not
+    serving (an election's business) or every ISR member serves. Kafka's controller takes a
+    dead broker out of the ISR of the partitions it follows as soon as it is gone, so acks=all
+    does not wait ``replica.lag.time.max.ms`` for it; it comes back through its leader once
+    it has caught up."""
+    keep = set(serving)
+    if state.leader not in keep:
+        return None
+    isr = tuple(b for b in state.isr if b in keep)
+    if isr == state.isr:
+        return None
+    return replace(state, isr=isr, controller_epoch=controller_epoch)

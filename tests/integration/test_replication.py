@@ -42,10 +42,8 @@ def _start_cluster(broker_factory: Any, zookeeper: Any, **extra: Any) -> tuple[l
             zookeeper_connect=chroot,
             broker_id=b,
             journal_partitions=1,
-            default_replication_factor=3,
-            replica_lag_time_max_ms=3000,
             start=False,
-            **extra,
+            **{"default_replication_factor": 3, "replica_lag_time_max_ms": 3000, **extra},
         )
         for b in (1, 2, 3)
     ]
@@ -454,6 +452,67 @@ def test_a_paused_follower_leaves_the_isr_and_rejoins_once_caught_up(replicated)
     assert _watermarks(b1.bootstrap, "lag") == [
         (0, 11) if led[p] != 3 else (0, 10) for p in range(6)
     ]
+
+
+def test_a_dead_follower_leaves_the_isr_as_soon_as_its_session_ends(
+    broker_factory, zookeeper
+) -> None:
+    """A follower SIGKILLed leaves the ISR of the journal partitions it follows when its
+    ZooKeeper session ends (the controller's conditional write, the leader epoch kept, as
+    Kafka's controller does for a dead broker), not replica.lag.time.max.ms later (60 s
+    here): acks=all is answered within seconds; restarted, it catches up and is taken back."""
+    brokers, chroot = _start_cluster(
+        broker_factory,
+        zookeeper,
+        replica_lag_time_max_ms=60_000,
+        zookeeper_session_timeout_ms=6000,
+    )
+    b1, _b2, b3 = brokers
+    admin = AdminClient({"bootstrap.servers": b1.bootstrap})
+    admin.create_topics([NewTopic("dead", 6, 3)])["dead"].result(30)
+    assert len(_produce_all(b1.bootstrap, "dead", 60, b"x")) == 60
+    _wait(lambda: all(set(isr) == {1, 2, 3} for isr in _isrs(chroot).values()), 30, "ISR")
+    zk = KazooClient(chroot)
+    zk.start(10)
+    try:
+        before = read_journal_partitions(zk)
+        not_led_by_3 = [j for j, p in before.items() if p.state.leader != 3]
+        led = _leaders(b1.bootstrap, "dead")
+        producer = Producer(
+            {"bootstrap.servers": b1.bootstrap, "acks": "all", "message.timeout.ms": 50_000}
+        )
+        b3.kill()
+        started = time.monotonic()
+        acked: list[float] = []
+        for p, leader in led.items():
+            if leader != 3:
+                producer.produce(
+                    "dead",
+                    value=b"after",
+                    partition=p,
+                    on_delivery=lambda err, msg: (
+                        acked.append(time.monotonic() - started) if err is None else None
+                    ),
+                )
+        assert producer.flush(55) == 0
+        assert len(acked) == sum(1 for leader in led.values() if leader != 3)
+        # the session (6 s) and the controller, not the 60 s lag time
+        assert max(acked) < 25, acked
+        after = read_journal_partitions(zk)
+        for j in not_led_by_3:
+            assert set(after[j].state.isr) == {1, 2}, after[j].state
+            assert after[j].state.leader_epoch == before[j].state.leader_epoch
+        b3.start()
+        _wait(
+            lambda: all(
+                set(p.state.isr) == {1, 2, 3} for p in read_journal_partitions(zk).values()
+            ),
+            60,
+            "broker 3 back in every ISR",
+        )
+    finally:
+        zk.stop()
+        zk.close()
 
 
 def test_a_returning_leader_truncates_the_tail_it_alone_had(broker_factory, zookeeper) -> None:

@@ -12,6 +12,7 @@ from stonemq.cluster.journal_state import (
     NO_LEADER,
     Assignment,
     PartitionState,
+    drop_from_isr,
     elect,
     initial_state,
     place_replicas,
@@ -102,3 +103,20 @@ def test_states_round_trip_as_kafkas_json() -> None:
     state = PartitionState(leader=2, leader_epoch=7, isr=(2, 3), controller_epoch=5)
     assert PartitionState.from_json(state.to_json()) == state
     assert Assignment.from_json(Assignment((3, 1)).to_json()) == Assignment((3, 1))
+
+
+@given(
+    st.lists(st.integers(0, 6), min_size=1, max_size=4, unique=True),
+    st.sets(st.integers(0, 6)),
+    st.integers(0, 5),
+)
+def test_brokers_gone_or_stopping_leave_the_isr_of_a_serving_leader(isr, serving, epoch) -> None:
+    state = PartitionState(leader=isr[0], leader_epoch=epoch, isr=tuple(isr), controller_epoch=1)
+    new = drop_from_isr(state, serving, 2)
+    if state.leader not in serving or set(isr) <= serving:
+        assert new is None  # a leader gone is the election's business; else nothing to drop
+        return
+    assert new is not None
+    assert new.isr == tuple(b for b in isr if b in serving)  # order kept, leader first
+    assert new.leader == state.leader and new.leader_epoch == epoch  # no election
+    assert new.controller_epoch == 2
