@@ -261,7 +261,7 @@ class ReplicaManager:
         while state.waiters:
             _, future = state.waiters.popleft()
             if not future.done():
-                future.set_exception(NotLeaderError(f"journal partition {state.journal}"))
+                _lost(future, state.journal)
 
     def leads(self, journal: int) -> bool:
         """Led here and ready for appends (its epoch checkpointed)."""
@@ -325,7 +325,7 @@ class ReplicaManager:
         future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         state = self._leading.get(journal)
         if state is None:
-            future.set_exception(NotLeaderError(f"journal partition {journal}"))
+            _lost(future, journal)
         elif state.hw >= position:
             future.set_result(len(state.isr))
         else:
@@ -474,3 +474,11 @@ def write_isr(client: Any, journal: int, broker_id: int, epoch: int, isr: tuple[
         except BadVersionError:
             continue  # changed since the read: look again
     raise RuntimeError("state node kept changing")
+
+
+def _lost(future: asyncio.Future[int], journal: int) -> None:
+    """Fail an HW waiter: leadership of ``journal`` was lost. A waiter that gave up first (its
+    request timed out, its connection closed, or a gather took another exception) never reads
+    this expected outcome: marked as read, so asyncio does not log it as an error."""
+    future.set_exception(NotLeaderError(f"journal partition {journal}"))
+    future.exception()
