@@ -390,6 +390,30 @@ def _epoch_file(data_dir: Path, journal: int) -> list[tuple[int, int]]:
     return [(int(e), int(s)) for e, s in CheckpointFile(str(path), 2).read() or []]
 
 
+def _ack_delays(bootstrap: str, topic: str, partitions: list[int], timeout_s: float) -> list[float]:
+    """One acks=all record to each partition: the seconds until each was acknowledged."""
+    producer = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "acks": "all",
+            "message.timeout.ms": int(timeout_s * 1000) - 5000,
+        }
+    )
+    started = time.monotonic()
+    acked: list[float] = []
+    for p in partitions:
+        producer.produce(
+            topic,
+            value=b"acks-all",
+            partition=p,
+            on_delivery=lambda err, msg: (
+                acked.append(time.monotonic() - started) if err is None else None
+            ),
+        )
+    assert producer.flush(timeout_s) == 0
+    return acked
+
+
 def test_a_paused_follower_leaves_the_isr_and_rejoins_once_caught_up(replicated) -> None:
     """replica.lag.time.max.ms (3 s here): a follower that stops fetching (SIGSTOP, shorter
     than its ZooKeeper session) is dropped from the ISR of the journal partitions it follows,
@@ -410,23 +434,10 @@ def test_a_paused_follower_leaves_the_isr_and_rejoins_once_caught_up(replicated)
         assert all(set(p.state.isr) == {1, 2, 3} for p in before.values())
         not_led_by_3 = [j for j, p in before.items() if p.state.leader != 3]
         led = _leaders(b1.bootstrap, "lag")
-        producer = Producer({"bootstrap.servers": b1.bootstrap, "acks": "all"})
         assert b3.proc is not None
         b3.proc.send_signal(signal.SIGSTOP)
         try:
-            started = time.monotonic()
-            acked: list[float] = []
-            for p, leader in led.items():
-                if leader != 3:
-                    producer.produce(
-                        "lag",
-                        value=b"during",
-                        partition=p,
-                        on_delivery=lambda err, msg: (
-                            acked.append(time.monotonic() - started) if err is None else None
-                        ),
-                    )
-            assert producer.flush(30) == 0
+            acked = _ack_delays(b1.bootstrap, "lag", [p for p, b in led.items() if b != 3], 30)
             # not acknowledged before broker 3 left the ISR: at least the lag time
             assert acked and min(acked) >= 2.5, acked
             after = read_journal_partitions(zk)
@@ -478,24 +489,10 @@ def test_a_dead_follower_leaves_the_isr_as_soon_as_its_session_ends(
         before = read_journal_partitions(zk)
         not_led_by_3 = [j for j, p in before.items() if p.state.leader != 3]
         led = _leaders(b1.bootstrap, "dead")
-        producer = Producer(
-            {"bootstrap.servers": b1.bootstrap, "acks": "all", "message.timeout.ms": 50_000}
-        )
         b3.kill()
-        started = time.monotonic()
-        acked: list[float] = []
-        for p, leader in led.items():
-            if leader != 3:
-                producer.produce(
-                    "dead",
-                    value=b"after",
-                    partition=p,
-                    on_delivery=lambda err, msg: (
-                        acked.append(time.monotonic() - started) if err is None else None
-                    ),
-                )
-        assert producer.flush(55) == 0
-        assert len(acked) == sum(1 for leader in led.values() if leader != 3)
+        partitions = [p for p, b in led.items() if b != 3]
+        acked = _ack_delays(b1.bootstrap, "dead", partitions, 55)
+        assert len(acked) == len(partitions)
         # the session (6 s) and the controller, not the 60 s lag time
         assert max(acked) < 25, acked
         after = read_journal_partitions(zk)
