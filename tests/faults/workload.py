@@ -20,7 +20,9 @@ class ProducerLoad:
         self.topic = topic
         self.partitions = partitions
         self.rate = rate
-        self.acked: list[tuple[int, int, bytes]] = []
+        # offset None: acknowledged without one (librdkafka's implicit ack of a batch whose
+        # answer was lost, once a later batch succeeded)
+        self.acked: list[tuple[int, int | None, bytes]] = []
         self.errors: list[str] = []
         self.sent = 0
         self.producer = Producer(
