@@ -16,6 +16,7 @@ from __future__ import annotations
 import bisect
 import contextlib
 import os
+import re
 import shutil
 import socket
 import statistics
@@ -479,21 +480,35 @@ def _leader(bootstrap: str, topic: str) -> int:
 
 
 def _kill_round(cluster: Cluster) -> dict[str, Any]:
-    """SIGKILL the leader of ``failover``-0, watch ZooKeeper until a new leader is elected,
-    restart the killed broker."""
+    """SIGKILL the leader of ``failover``-0, watch ZooKeeper until a new leader is elected
+    and the killed broker's session expired, read the surviving brokers' logs for when each
+    step happened, and restart the killed broker (a broker id still registered by a live
+    session is refused, as by Kafka: the restart waits for the expiry)."""
     time.sleep(1.0)  # acknowledgements flowing before the kill
     leader = _leader(cluster.bootstrap, "failover")
     controller = _controller(cluster)
     broker = cluster.brokers[leader]
+    marks = {
+        b: other.log_path.stat().st_size
+        for b, other in cluster.brokers.items()
+        if b != leader and other.log_path.exists()
+    }
     watcher = _Watcher(cluster.chroot, leader)
     watcher.start()
     killed_at = time.monotonic()
+    killed_wall = time.time()
     broker.kill()  # SIGKILL
     deadline = time.monotonic() + 60
-    while watcher.elected is None and time.monotonic() < deadline:
+    while (watcher.elected is None or watcher.expired is None) and time.monotonic() < deadline:
         time.sleep(0.05)
     time.sleep(1.0)  # the producer's first acks on the new leader
     watcher.close()
+    texts = []
+    for b, mark in marks.items():
+        with open(cluster.brokers[b].log_path, "rb") as fh:
+            fh.seek(mark)
+            texts.append(fh.read().decode(errors="replace"))
+    steps = log_steps(texts, leader, killed_wall)
     broker.start(timeout=180)
     return {
         "killed": leader,
@@ -501,7 +516,38 @@ def _kill_round(cluster: Cluster) -> dict[str, Any]:
         "killed_at": killed_at,
         "expired_s": _since(watcher.expired, killed_at),
         "elected_s": _since(watcher.elected, killed_at),
+        **steps,
     }
+
+
+_LOG_TIME = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) ", re.M)
+
+
+def log_steps(texts: list[str], killed: int, killed_wall: float) -> dict[str, float | None]:
+    """Seconds from the kill (``killed_wall``, the epoch) to each step of a failover as the
+    surviving brokers logged it (their lines start with the local time to the millisecond):
+    ``judged_dead_s``, a broker judged ``killed`` dead (its connection closed and its listener
+    refused); ``log_elected_s``, the controller wrote a new leader for a journal partition
+    ``killed`` led; ``leading_s``, a new leader took its first append (its epoch checkpointed).
+    The earliest of each over ``texts``; None when no line says it."""
+    patterns = {
+        "judged_dead_s": re.compile(rf"broker {killed} judged dead"),
+        "log_elected_s": re.compile(rf"journal partition \d+: leader {killed} -> \d+"),
+        "leading_s": re.compile(r"journal partition \d+: leading in epoch"),
+    }
+    out: dict[str, float | None] = dict.fromkeys(patterns)
+    for text in texts:
+        for line in text.splitlines():
+            m = _LOG_TIME.match(line)
+            if m is None:
+                continue
+            for key, pattern in patterns.items():
+                if pattern.search(line):
+                    at = time.mktime(time.strptime(m.group(1), "%Y-%m-%d %H:%M:%S"))
+                    since = round(at + int(m.group(2)) / 1000 - killed_wall, 3)
+                    if since >= -0.5 and (out[key] is None or since < out[key]):
+                        out[key] = since
+    return out
 
 
 def failover(run: Run, zk: ZooKeeper, kills: int) -> dict[str, Any]:
@@ -550,17 +596,25 @@ def failover(run: Run, zk: ZooKeeper, kills: int) -> dict[str, Any]:
     done = {"acked": acked, "errors": errors}
     acked = done["acked"]
     for r in rounds:
-        r["first_ack_s"] = first_ack_after(acked, r["killed_at"], r["expired_s"])
+        elected = [t for t in (r["elected_s"], r.get("log_elected_s")) if t is not None]
+        r["first_ack_s"] = first_ack_after(acked, r["killed_at"], min(elected, default=None))
         del r["killed_at"]
     firsts = [r["first_ack_s"] for r in rounds if r["first_ack_s"] is not None]
+
+    def dist(key: str) -> dict[str, float] | None:
+        return percentiles([r[key] for r in rounds if r.get(key) is not None])
+
     return {
         "kills": len(rounds),
         "session_timeout_ms": SESSION_TIMEOUT_MS,
         "zookeeper_tick_ms": ZOOKEEPER_TICK_MS,
         "rounds": rounds,
         "to_first_ack_s": percentiles(firsts),
-        "to_session_expiry_s": percentiles([r["expired_s"] for r in rounds if r["expired_s"]]),
-        "to_election_s": percentiles([r["elected_s"] for r in rounds if r["elected_s"]]),
+        "to_session_expiry_s": dist("expired_s"),
+        "to_election_s": dist("elected_s"),
+        "to_judged_dead_s": dist("judged_dead_s"),
+        "to_log_elected_s": dist("log_elected_s"),
+        "to_leading_s": dist("leading_s"),
         "producer_errors": done["errors"],
         "acked": len(acked),
         "rejoin_failures": rejoin_failures,
@@ -576,12 +630,12 @@ def _keep_logs(cluster: Cluster) -> Path:
     return keep
 
 
-def first_ack_after(acked: list[float], killed_at: float, expired_s: float | None) -> float | None:
+def first_ack_after(acked: list[float], killed_at: float, elected_s: float | None) -> float | None:
     """Seconds from the kill to the first acknowledgement the new leader sent: the first one
-    received after the killed broker's session expired (no new leader exists before that; an
-    answer the old leader sent just before the kill can arrive just after it). ``acked`` is
-    sorted; without an expiry time, the first after the kill."""
-    since = killed_at + (expired_s or 0.0)
+    received after the new leader was elected (none exists before that; an answer the old
+    leader sent just before the kill can arrive just after it). ``acked`` is sorted; without
+    an election time, the first after the kill."""
+    since = killed_at + (elected_s or 0.0)
     at = bisect.bisect_right(acked, since)
     return round(acked[at] - killed_at, 3) if at < len(acked) else None
 
@@ -740,9 +794,12 @@ def table(res: dict[str, Any]) -> list[str]:
             "|---|---:|---:|---:|---:|",
         ]
         for key, text in (
-            ("to_session_expiry_s", "the killed broker's registration gone (session expired)"),
-            ("to_election_s", "no journal partition led by it (controller elected)"),
+            ("to_judged_dead_s", "judged dead (connection closed, listener refused; log)"),
+            ("to_log_elected_s", "new leader written by the controller (log)"),
+            ("to_election_s", "no journal partition led by it in ZooKeeper (20 ms polls)"),
+            ("to_leading_s", "the new leader takes appends (its log)"),
             ("to_first_ack_s", "first acknowledged produce (acks=all) on the new leader"),
+            ("to_session_expiry_s", "the killed broker's registration gone (session expired)"),
         ):
             p = fo.get(key)
             if p:

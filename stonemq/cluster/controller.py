@@ -17,6 +17,27 @@ State, per journal partition only (never per topic partition):
 
 The controller acts in one thread, on events (became controller, brokers changed), so its
 decisions never interleave. Placement and election rules are :mod:`stonemq.cluster.journal_state`.
+
+**Deaths before the session ends.** Every broker watches the listeners of the others
+(:mod:`stonemq.cluster.liveness`): a broker whose connection closed and whose listener then
+refuses connections (a killed process: its kernel closed its sockets) is judged dead without
+waiting ``zookeeper.session.timeout.ms`` for its registration to go. To the controller a
+broker judged dead is not live: the journal partitions it led get new leaders from their ISR
+(the leader epoch bumped) and it leaves every ISR, through the same conditional writes as on
+its session's expiry. A wrong judgement (a live broker whose listener could not be reached)
+is safe for the same reasons a paused leader's deposition is: its ISR changes are conditional
+writes naming its old epoch, which fail; its followers fetch from the new leader once they
+see the new state, so its high watermark cannot pass what the new leader holds; and once its
+listener accepts again it is live, follows, truncates to the new leader's epoch boundary and
+rejoins the ISR by catching up.
+
+A dead controller holds ``/controller`` until its session ends. A broker that judges the
+controller dead takes over in one transaction: it checks that ``/controller_epoch`` is still
+at the version written by that controller's election (the zxid that created ``/controller``
+is the one that last wrote ``/controller_epoch``), deletes ``/controller``, creates its own
+and bumps the epoch. If the judgement was wrong, the old controller's next write fails its
+epoch check and it resigns (it also resigns as soon as it sees ``/controller`` name another
+broker), exactly as a controller whose session expired.
 """
 
 from __future__ import annotations
@@ -43,6 +64,7 @@ from stonemq.cluster.journal_state import (
     initial_state,
     place_replicas,
 )
+from stonemq.cluster.liveness import Reachability, Registration
 from stonemq.cluster.membership import (
     BROKER_IDS_PATH,
     CLOSE_TIMEOUT_S,
@@ -78,12 +100,28 @@ def read_journal_partitions(client: KazooClient) -> dict[int, JournalPartition]:
         children = client.retry(client.get_children, JOURNAL_PATH)
     except NoNodeError:
         return out
-    for child in children:
-        if not child.isdigit():
-            continue
+    ids = [c for c in children if c.isdigit()]
+    # every read sent at once (one round trip, not two per journal partition: the
+    # controller's elections wait for this); a failure other than a missing node is read again
+    # one by one, with kazoo's retry
+    pending = [
+        (
+            c,
+            client.get_async(f"{JOURNAL_PATH}/{c}"),
+            client.get_async(f"{JOURNAL_PATH}/{c}/state"),
+        )
+        for c in ids
+    ]
+    for child, assignment_read, state_read in pending:
         try:
-            data, _ = client.retry(client.get, f"{JOURNAL_PATH}/{child}")
-            state, stat = client.retry(client.get, f"{JOURNAL_PATH}/{child}/state")
+            try:
+                data, _ = assignment_read.get()
+                state, stat = state_read.get()
+            except NoNodeError:
+                raise
+            except Exception:
+                data, _ = client.retry(client.get, f"{JOURNAL_PATH}/{child}")
+                state, stat = client.retry(client.get, f"{JOURNAL_PATH}/{child}/state")
         except NoNodeError:
             continue  # being created: its transaction writes both nodes at once
         j = int(child)
@@ -138,6 +176,8 @@ class Controller:
         self._thread = threading.Thread(
             target=self._run, name=f"stonemq-controller-{broker_id}", daemon=True
         )
+        # the other brokers' listeners, watched for deaths before their sessions end
+        self.reach = Reachability(broker_id, self._on_reach)
 
     # -- election -------------------------------------------------------------------------
     def start(self) -> None:
@@ -147,6 +187,7 @@ class Controller:
         with contextlib.suppress(NodeExistsError):
             self.client.retry(self.client.create, CONTROLLER_EPOCH_PATH, b"0")
         self._thread.start()
+        self.reach.start()
         self.client.add_listener(self._on_session)
         self.client.DataWatch(CONTROLLER_PATH, self._on_controller_node)
         self.client.ChildrenWatch(BROKER_IDS_PATH, self._on_brokers)
@@ -166,7 +207,22 @@ class Controller:
             return False
         if data is None:
             self._events.put(("elect", None))
+            return None
+        holder = int(json.loads(data)["brokerid"])
+        if holder != self.broker_id and self.active:
+            # another broker took over (it judged this one dead): stop acting at once; any
+            # write already under way fails its controller-epoch check anyway
+            log.warning(
+                "controller %d: broker %d is the controller now, resigning", self.broker_id, holder
+            )
+            self.active = False
+        if holder in self.reach.dead():  # judged dead before this controller was seen
+            self._events.put(("reach", holder))
         return None
+
+    def _on_reach(self, broker: int, dead: bool) -> None:
+        """The reachability watch judged ``broker`` dead (or live again)."""
+        self._events.put(("reach", broker))
 
     def _on_brokers(self, children: list[str]) -> bool | None:
         if self._closed:
@@ -195,10 +251,47 @@ class Controller:
             return
         if any(isinstance(r, Exception) for r in results):
             return  # another broker is the controller
-        self.epoch = int(data) + 1
-        self._epoch_version = stat.version + 1
+        self._became_controller(int(data) + 1, stat.version + 1, "")
+
+    def _take_over(self) -> None:
+        """Take the controller's role from a controller judged dead (its ``/controller``
+        node lives until its session ends): one transaction that holds only while
+        ``/controller_epoch`` is still at the version that controller's election wrote."""
+        if self.active:
+            return
+        try:
+            node, node_stat = self.client.retry(self.client.get, CONTROLLER_PATH)
+            holder = int(json.loads(node)["brokerid"])
+            if holder == self.broker_id or holder not in self.reach.dead():
+                return
+            data, stat = self.client.retry(self.client.get, CONTROLLER_EPOCH_PATH)
+            if stat.mzxid != node_stat.czxid:
+                return  # not the epoch that controller's election wrote: let it be
+            me = json.dumps(
+                {
+                    "version": 1,
+                    "brokerid": self.broker_id,
+                    "timestamp": str(int(time.time() * 1000)),
+                }
+            ).encode()
+            tx = self.client.transaction()
+            tx.delete(CONTROLLER_PATH)
+            tx.create(CONTROLLER_PATH, me, ephemeral=True)
+            tx.set_data(CONTROLLER_EPOCH_PATH, str(int(data) + 1).encode(), version=stat.version)
+            results = tx.commit()
+        except NoNodeError:  # its session ended meanwhile: the ordinary election follows
+            return
+        if any(isinstance(r, Exception) for r in results):
+            return  # another broker took over first
+        self._became_controller(
+            int(data) + 1, stat.version + 1, f", taken over from broker {holder}, judged dead"
+        )
+
+    def _became_controller(self, epoch: int, epoch_version: int, how: str) -> None:
+        self.epoch = epoch
+        self._epoch_version = epoch_version
         self.active = True
-        log.info("broker %d is the controller (controller epoch %d)", self.broker_id, self.epoch)
+        log.info("broker %d is the controller (controller epoch %d%s)", self.broker_id, epoch, how)
         if self._on_elected is not None:
             self._on_elected(self.epoch)
         self._events.put(("brokers", None))
@@ -212,8 +305,15 @@ class Controller:
             try:
                 if kind == "elect":
                     self._try_elect()
-                elif kind == "brokers" and self.active:
-                    self._brokers_changed()
+                elif kind == "brokers":
+                    self._watch_registrations()
+                    if self.active:
+                        self._brokers_changed()
+                elif kind == "reach":
+                    if self.active:
+                        self._brokers_changed()
+                    else:
+                        self._take_over()
             except NotControllerError as exc:
                 log.warning("controller %d resigns: %s", self.broker_id, exc)
                 self.active = False
@@ -223,8 +323,30 @@ class Controller:
                 self._events.put((kind, None))
 
     def _live_brokers(self) -> dict[int, str | None]:
-        """The live brokers and their racks."""
-        return {b: node.get("rack") for b, node in read_brokers(self.client).items()}
+        """The live brokers and their racks: registered and not judged dead."""
+        dead = self.reach.dead()
+        return {
+            b: node.get("rack") for b, node in read_brokers(self.client).items() if b not in dead
+        }
+
+    def _watch_registrations(self) -> None:
+        """Give the reachability watch the registered brokers' listeners (with the zxid that
+        created each registration: a broker registered anew is judged afresh)."""
+        try:
+            ids = self.client.retry(self.client.get_children, BROKER_IDS_PATH)
+        except NoNodeError:
+            ids = []
+        found: dict[int, Registration] = {}
+        for child in ids:
+            if not child.isdigit():
+                continue
+            try:
+                data, stat = self.client.retry(self.client.get, f"{BROKER_IDS_PATH}/{child}")
+            except NoNodeError:
+                continue
+            node = json.loads(data)
+            found[int(child)] = Registration(str(node["host"]), int(node["port"]), stat.czxid)
+        self.reach.set_brokers(found)
 
     def _brokers_changed(self) -> None:
         """Place the journal partitions of brokers that have none, elect a leader for every
@@ -252,6 +374,7 @@ class Controller:
                 )
         shutting = self._shutting_down() & set(live)
         serving = {b: r for b, r in live.items() if b not in shutting}
+        changes: list[tuple[JournalPartition, PartitionState]] = []
         for p in partitions.values():
             new = elect(p.assignment, p.state, live, self.epoch, self.unclean)
             if new is None and p.state.leader in shutting:  # a controlled shutdown: another
@@ -263,15 +386,37 @@ class Controller:
                 # leaves the ISR now: acks=all does not wait replica.lag.time.max.ms for it
                 new = drop_from_isr(p.state, serving, self.epoch)
             if new is not None:
-                self._set_state(p.id, new, p.state_version)
-                log.info(
-                    "journal partition %d: leader %d -> %d, leader epoch %d, isr %s",
-                    p.id,
-                    p.state.leader,
-                    new.leader,
-                    new.leader_epoch,
-                    list(new.isr),
-                )
+                changes.append((p, new))
+        # leaderless partitions first: each write waits for ZooKeeper's disk, and producers
+        # wait for the elections, not for the ISR changes
+        changes.sort(key=lambda c: c[1].leader == c[0].state.leader)
+        self._set_states(changes)
+
+    def _set_states(self, changes: list[tuple[JournalPartition, PartitionState]]) -> None:
+        """Write each new state at the version its election read (:meth:`_set_state`), all
+        sent at once (one session keeps their order; ZooKeeper commits them in one go)."""
+        sent = []
+        for p, new in changes:
+            tx = self._fenced()
+            tx.set_data(f"{JOURNAL_PATH}/{p.id}/state", new.to_json(), version=p.state_version)
+            sent.append((p, new, tx.commit_async()))
+        failure: Exception | None = None
+        for p, new, pending in sent:
+            try:
+                self._check(pending.get(), f"set journal partition {p.id}'s state")
+            except Exception as exc:
+                failure = failure if isinstance(failure, NotControllerError) else exc
+                continue
+            log.info(
+                "journal partition %d: leader %d -> %d, leader epoch %d, isr %s",
+                p.id,
+                p.state.leader,
+                new.leader,
+                new.leader_epoch,
+                list(new.isr),
+            )
+        if failure is not None:
+            raise failure
 
     def _shutting_down(self) -> set[int]:
         """Brokers in a controlled shutdown (their nodes under ``/brokers/shutting_down``)."""
@@ -306,7 +451,11 @@ class Controller:
     def _commit(self, tx, what: str) -> None:  # type: ignore[no-untyped-def]
         """Commit (no retry: a transaction retried after a lost connection could apply
         twice; the event is taken again from a fresh read instead)."""
-        results = tx.commit()
+        self._check(tx.commit(), what)
+
+    def _check(self, results: list[object], what: str) -> None:
+        """Raise for a failed transaction's ``results``: NotControllerError when its
+        controller-epoch check failed, RuntimeError for another failure."""
         failed = [r for r in results if isinstance(r, Exception)]
         if not failed:
             return
@@ -322,6 +471,7 @@ class Controller:
         self._events.put(("stop", None))
         if self._thread.is_alive():
             self._thread.join(10)
+        self.reach.close()
         if was_active and self.client.connected:
             try:
                 data, _ = self.client.get_async(CONTROLLER_PATH).get(timeout=CLOSE_TIMEOUT_S)

@@ -121,6 +121,9 @@ class ClusterRouting(SingleNodeRouting):
         self._unhosted: list[int] = []
         self._shutting_down: frozenset[int] = frozenset()  # brokers in a controlled shutdown
         self._hook_lock = threading.Lock()
+        # registered brokers judged dead before their sessions end (stonemq/cluster/liveness.py,
+        # the controller's watch): not live to clients, as Kafka's metadata lists alive brokers
+        self.dead: Callable[[], frozenset[int]] = frozenset
 
     @property
     def clustered(self) -> bool:
@@ -294,10 +297,13 @@ class ClusterRouting(SingleNodeRouting):
         )
 
     def brokers(self) -> list[BrokerEndpoint]:
-        return [self._brokers[b] for b in sorted(self._brokers)]
+        """The live brokers: registered and not judged dead."""
+        dead = self.dead()
+        return [self._brokers[b] for b in sorted(self._brokers) if b not in dead]
 
     def broker(self, broker_id: int) -> BrokerEndpoint | None:
-        return self._brokers.get(broker_id)
+        """A live broker's endpoint; None when it is not registered or judged dead."""
+        return None if broker_id in self.dead() else self._brokers.get(broker_id)
 
     def controller_id(self) -> int:
         return self._controller

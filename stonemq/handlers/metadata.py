@@ -181,12 +181,15 @@ def _topic(
 
 def _partition(ctx: RequestContext, index: int, lead: Leadership) -> Any:
     """A partition entry: its journal partition's leader, epoch, replicas and ISR (a partition
-    whose journal partition has no live leader answers LEADER_NOT_AVAILABLE, as Kafka)."""
+    whose journal partition has no live leader answers LEADER_NOT_AVAILABLE with leader -1, as
+    Kafka: also while its leader is registered but judged dead, before the controller elects
+    another, so clients keep asking instead of waiting on the dead one)."""
+    live = lead.leader >= 0 and ctx.broker.routing.broker(lead.leader) is not None
     return ctx.build(
         "MetadataResponsePartition",
-        error_code=ErrorCode.none if lead.leader >= 0 else ErrorCode.leader_not_available,
+        error_code=ErrorCode.none if live else ErrorCode.leader_not_available,
         partition_index=index,
-        leader_id=lead.leader,
+        leader_id=lead.leader if live else -1,
         leader_epoch=lead.leader_epoch,
         replica_nodes=lead.replicas,
         isr_nodes=lead.isr,
