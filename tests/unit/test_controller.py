@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 from kazoo.client import KazooClient
 from polling import wait_for
+from tcplistener import Listener
 
 from stonemq.cluster.controller import (
     Controller,
@@ -31,12 +33,18 @@ _chroots = itertools.count()
 class Node:
     """One broker's ZooKeeper session, registration and controller candidate."""
 
-    def __init__(self, connect: str, broker_id: int, rack: str | None, rf: int) -> None:
+    def __init__(
+        self, connect: str, broker_id: int, rack: str | None, rf: int, listen: bool = False
+    ) -> None:
         self.connect = connect
         self.broker_id = broker_id
         self.client = KazooClient(connect, timeout=4.0)
         self.client.start(10)
-        self.membership = Membership(self.client, broker_id, "127.0.0.1", 9000 + broker_id, rack)
+        # a real listener when asked (the others watch it: stonemq/cluster/liveness.py);
+        # otherwise a port nothing listens on, as a broker still recovering
+        self.listener = Listener() if listen else None
+        port = self.listener.port if self.listener is not None else 9000 + broker_id
+        self.membership = Membership(self.client, broker_id, "127.0.0.1", port, rack)
         self.membership.register()
         self.controller = Controller(self.client, broker_id, 4, rf)
         self.controller.start()
@@ -46,6 +54,8 @@ class Node:
         self.membership.close()
         self.client.stop()
         self.client.close()
+        if self.listener is not None and self.listener.listening:
+            self.listener.kill()
 
     def expire_session(self) -> None:
         """Expire this node's session from the server's side (another connection with the
@@ -68,8 +78,8 @@ def cluster(zookeeper: Any) -> Iterator[Callable[..., Node]]:
     root = zookeeper.connect + chroot
     nodes: list[Node] = []
 
-    def start(broker_id: int, rack: str | None = None, rf: int = 1) -> Node:
-        nodes.append(Node(root, broker_id, rack, rf))
+    def start(broker_id: int, rack: str | None = None, rf: int = 1, listen: bool = False) -> Node:
+        nodes.append(Node(root, broker_id, rack, rf, listen))
         return nodes[-1]
 
     yield start
@@ -231,3 +241,85 @@ def test_a_deposed_leaders_isr_change_fails(cluster) -> None:
     assert not write_isr(a.client, 0, 1, 5, (1,))
     assert not write_isr(a.client, 0, 1, 6, (1,))  # not the leader, whatever the epoch
     assert read_journal_partitions(a.client)[0].state == PartitionState(2, 6, (2, 3), 1)
+
+
+def _registered(node: Node) -> list[int]:
+    return sorted(int(c) for c in node.client.get_children("/brokers/ids"))
+
+
+def test_a_broker_judged_dead_loses_leaderships_and_isrs_before_its_session_ends(
+    cluster,
+) -> None:
+    """A broker whose listener dies (its connections closed, connects refused) while its
+    ZooKeeper session lives on: the controller elects new leaders for what it led (leader
+    epoch + 1) and takes it out of every ISR within a second, its registration still there.
+    Its listener back, it is live again: no election puts it back, the leaders' ISR
+    expansion does (not here: no replication in this test)."""
+    nodes = {i: cluster(i, rf=3, listen=True) for i in (1, 2, 3)}
+    parts = wait_for(
+        "12 journal partitions",
+        lambda: (p := read_journal_partitions(nodes[1].client)) and len(p) == 12 and p,
+    )
+    controller = actives(list(nodes.values()))[0]
+    victim = next(b for b in nodes if b != controller)
+    time.sleep(0.5)  # every watch connected
+    nodes[victim].listener.kill()
+    started = time.monotonic()
+    moved = wait_for(
+        "leaders moved off the dead broker and out of every ISR",
+        lambda: (
+            (p := read_journal_partitions(nodes[controller].client))
+            and all(victim not in s.state.isr and s.state.leader != victim for s in p.values())
+            and p
+        ),
+        timeout=10,
+    )
+    assert time.monotonic() - started < 2.0
+    assert victim in _registered(nodes[controller])  # its session has not ended
+    for j, p in moved.items():
+        before = parts[j].state
+        if before.leader == victim:
+            assert p.state.leader == p.assignment.replicas[1]
+            assert p.state.leader_epoch == before.leader_epoch + 1
+        else:
+            assert (p.state.leader, p.state.leader_epoch) == (before.leader, before.leader_epoch)
+    assert nodes[controller].controller.reach.dead() == {victim}
+    nodes[victim].listener.revive()
+    wait_for("live again", lambda: not nodes[controller].controller.reach.dead())
+    assert actives(list(nodes.values())) == [controller]
+
+
+def test_a_controller_judged_dead_is_taken_over_and_fenced(cluster) -> None:
+    """The controller's listener dies while its session lives on (its ``/controller`` node
+    with it): another broker takes over at once with the next controller epoch, the old
+    controller resigns on seeing the node name another, and a write it makes with its old
+    epoch is refused."""
+    nodes = {i: cluster(i, rf=3, listen=True) for i in (1, 2, 3)}
+    wait_for(
+        "12 journal partitions",
+        lambda: len(read_journal_partitions(nodes[1].client)) == 12,
+    )
+    old = actives(list(nodes.values()))[0]
+    _, epoch = read_controller(nodes[old].client)
+    time.sleep(0.5)  # every watch connected
+    nodes[old].listener.kill()
+    started = time.monotonic()
+    rest = [n for b, n in nodes.items() if b != old]
+    new = wait_for("a new controller", lambda: actives(rest))
+    assert time.monotonic() - started < 2.0
+    assert len(new) == 1 and read_controller(nodes[old].client) == (new[0], epoch + 1)
+    wait_for("the old controller resigned", lambda: not nodes[old].controller.active)
+    assert old in _registered(nodes[new[0]])  # its session has not ended
+    wait_for(
+        "its leaderships moved",
+        lambda: all(
+            p.state.leader != old for p in read_journal_partitions(nodes[new[0]].client).values()
+        ),
+    )
+    # a controller that has not noticed yet writes with its old epoch: refused
+    nodes[old].controller.active = True
+    state = read_journal_partitions(nodes[old].client)[0]
+    stale = PartitionState(old, 99, (old,), epoch)
+    with pytest.raises(NotControllerError):
+        nodes[old].controller._set_state(0, stale, state.state_version)
+    assert read_journal_partitions(nodes[old].client)[0].state == state.state
