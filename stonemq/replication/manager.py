@@ -363,6 +363,10 @@ class ReplicaManager:
             broker not in state.isr
             and not state.isr_change_pending
             and broker not in self.routing.shutting_down()  # controlled shutdown: it leaves
+            # judged dead (its listener unreachable) while it still fetches: the controller
+            # keeps it out of every ISR, so it stays out until reachable (KIP-841: no fenced
+            # broker in an ISR), else the ISR would flap between the two
+            and broker not in self.routing.dead()
             and position >= state.hw
             and position >= state.epoch_start
         ):

@@ -23,10 +23,14 @@ from kazoo.client import KazooClient
 
 from stonemq.cluster.controller import read_controller
 
+from .rawclient import RawConnection, build_batch, produce_raw
 from .test_replication import (
     _isrs,
     _leaders,
+    _queue_bytes,
+    _records,
     _start_cluster,
+    _storage_check,
     _wait,
 )
 
@@ -213,10 +217,15 @@ class Proxy:
                 return
             try:
                 upstream = socket.create_connection(self.target, timeout=5)
+                upstream.settimeout(None)
             except OSError:
                 client.close()
                 continue
             with self._lock:
+                if self._server is not server:  # cut meanwhile
+                    client.close()
+                    upstream.close()
+                    return
                 self._pipes += [client, upstream]
             for a, b in ((client, upstream), (upstream, client)):
                 threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
@@ -233,13 +242,161 @@ class Proxy:
                 s.shutdown(socket.SHUT_RDWR)
 
     def cut(self) -> None:
-        assert self._server is not None
-        self._server.shutdown(socket.SHUT_RDWR)
-        self._server.close()
-        self._server = None
         with self._lock:
+            server, self._server = self._server, None
             pipes, self._pipes = self._pipes, []
+        assert server is not None
+        server.shutdown(socket.SHUT_RDWR)  # a close alone leaves a blocked accept listening
+        server.close()
         for s in pipes:
             with contextlib.suppress(OSError):
                 s.shutdown(socket.SHUT_RDWR)
             s.close()
+
+
+def _state(chroot: str) -> dict[int, Any]:
+    from stonemq.cluster.controller import read_journal_partitions
+
+    zk = KazooClient(chroot)
+    zk.start(10)
+    try:
+        return {j: p.state for j, p in read_journal_partitions(zk).items()}
+    finally:
+        zk.stop()
+        zk.close()
+
+
+def _registered(chroot: str) -> list[int]:
+    zk = KazooClient(chroot)
+    zk.start(10)
+    try:
+        return sorted(int(c) for c in zk.get_children("/brokers/ids"))
+    finally:
+        zk.stop()
+        zk.close()
+
+
+def _produce_acked(bootstrap: str, topic: str, partitions: list[int], tag: bytes) -> list[Any]:
+    """50 acks=all records to ``partitions`` (idempotent); (partition, offset, value) each."""
+    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": True})
+    acked: list[tuple[int, int, bytes]] = []
+
+    def on_delivery(err: Any, msg: Any) -> None:
+        assert err is None, err
+        acked.append((msg.partition(), msg.offset(), msg.value()))
+
+    for i in range(50):
+        p = partitions[i % len(partitions)]
+        producer.produce(topic, tag + b"%04d" % i, partition=p, on_delivery=on_delivery)
+    assert producer.flush(60) == 0
+    return acked
+
+
+def test_a_leader_judged_dead_while_alive_is_deposed_safely_and_rejoins(
+    broker_factory, zookeeper
+) -> None:
+    """Broker 1 advertises a proxy in front of its listener; the proxy is cut, so the other
+    brokers judge broker 1 dead although its process and its ZooKeeper session live on (a
+    misjudgement). Its leaderships move, in a new leader epoch, within seconds. Meanwhile a
+    client that still reaches broker 1 directly keeps sending it acks=all and acks=1 produces,
+    and a producer writes to the new leaders. Every acks=all write broker 1 acknowledged is
+    at its offset on every replica in the end (acks=1 writes it took after its deposition
+    may be cut, as in Kafka). With the proxy back, broker 1 is live again and rejoins every
+    ISR; all three brokers hold the same queue logs, each `stonemq storage check` clean."""
+    import uuid
+
+    chroot = f"{zookeeper.connect}/stonemq-misjudged-{uuid.uuid4().hex[:8]}"
+    brokers = [
+        broker_factory(
+            zookeeper_connect=chroot,
+            broker_id=b,
+            journal_partitions=1,
+            default_replication_factor=3,
+            replica_lag_time_max_ms=3000,
+            replica_fetch_wait_max_ms=100,
+            zookeeper_session_timeout_ms=SESSION_MS,
+            start=False,
+        )
+        for b in (1, 2, 3)
+    ]
+    proxy = Proxy(brokers[0].port)
+    brokers[0].settings["advertised_listeners"] = f"PLAINTEXT://127.0.0.1:{proxy.port}"
+    for b in brokers:  # placement waits for three live brokers: start them together
+        b.spawn()
+    deadline = time.monotonic() + 60
+    for b in brokers:
+        while "ready" not in b.log(since_start=True):
+            assert b.proc.poll() is None, b.log_tail()
+            assert time.monotonic() < deadline, b.log_tail()
+            time.sleep(0.05)
+    assert f"advertised 127.0.0.1:{proxy.port}" in brokers[0].log(since_start=True)
+    topic = "misjudged"
+    all_bootstrap = ",".join(b.bootstrap for b in brokers)
+    others = ",".join(b.bootstrap for b in brokers[1:])
+    admin = AdminClient({"bootstrap.servers": others})
+    admin.create_topics([NewTopic(topic, 6, 3)])[topic].result(30)
+    _wait(lambda: all(set(isr) == {1, 2, 3} for isr in _isrs(chroot).values()), 30, "ISR")
+    mine = sorted(p for p, leader in _leaders(others, topic).items() if leader == 1)
+    assert mine
+    acked = _produce_acked(all_bootstrap, topic, mine, b"before")
+
+    direct: list[tuple[int, int, bytes]] = []  # acks=all answered by broker 1 itself
+    direct_acks1: list[tuple[int, int, bytes]] = []
+    answers: list[int] = []
+    stop = threading.Event()
+
+    def hammer() -> None:
+        with RawConnection(brokers[0].host, brokers[0].port, timeout=30) as conn:
+            i = 0
+            while not stop.is_set():
+                acks = -1 if i % 2 == 0 else 1
+                value = b"direct%05d" % i
+                p = mine[i % len(mine)]
+                part = produce_raw(conn, topic, p, bytes(build_batch([(None, value)])), acks=acks)
+                answers.append(part.error_code)
+                if part.error_code == 0:
+                    (direct if acks == -1 else direct_acks1).append((p, part.base_offset, value))
+                else:
+                    time.sleep(0.01)
+                i += 1
+
+    thread = threading.Thread(target=hammer, daemon=True)
+    thread.start()
+    try:
+        _wait(lambda: len(direct) >= 20, 30, "broker 1 acknowledging directly")
+        cut_at = time.monotonic()
+        proxy.cut()
+        _wait(
+            lambda: all(s.leader != 1 and 1 not in s.isr for s in _state(chroot).values()),
+            30,
+            "broker 1 deposed and out of every ISR",
+        )
+        deposed_s = time.monotonic() - cut_at
+        assert deposed_s < FIRST_ACK_BOUND_S, deposed_s
+        assert 1 in _registered(chroot)  # alive, its session intact: a misjudgement
+        assert brokers[0].proc.poll() is None
+        acked += _produce_acked(others, topic, mine, b"during")
+        time.sleep(1.0)  # broker 1 goes on answering its direct client meanwhile
+    finally:
+        stop.set()
+        thread.join(60)
+    assert not thread.is_alive()
+    assert any(code != 0 for code in answers), "broker 1 never noticed its deposition"
+    proxy.restore()
+    _wait(lambda: all(set(isr) == {1, 2, 3} for isr in _isrs(chroot).values()), 60, "rejoined")
+    logs = brokers[1].log(since_start=True) + brokers[2].log(since_start=True)
+    assert "broker 1 judged dead" in logs and "accepts connections again: live" in logs
+    acked += _produce_acked(all_bootstrap, topic, mine, b"after")
+    time.sleep(2)  # followers learn the last HW in their next fetch
+    for b in brokers:
+        b.stop()
+        _storage_check(b.data_dir)
+    queues = [_queue_bytes(b.data_dir, topic, 6) for b in brokers]
+    stored: dict[tuple[int, int], bytes] = {}
+    for p in range(6):
+        assert queues[0][p] == queues[1][p] == queues[2][p], f"{topic}-{p}"
+        stored.update(((p, off), v) for off, v in _records(queues[0][p]))
+    for p, offset, value in acked + direct:
+        assert stored.get((p, offset)) == value, (p, offset, value, stored.get((p, offset)))
+    values = list(stored.values())
+    assert len(values) == len(set(values)), "a record stored twice"
