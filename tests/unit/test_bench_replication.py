@@ -128,3 +128,36 @@ def test_first_ack_after_skips_answers_the_old_leader_sent_before_dying() -> Non
     assert first_ack_after(acked, 10.0, 6.0) == 6.5
     assert first_ack_after(acked, 10.0, None) == 0.001
     assert first_ack_after(acked, 10.0, 7.0) is None
+
+
+def test_log_steps_takes_the_earliest_line_of_each_step_after_the_kill() -> None:
+    import time
+
+    from bench.replication import log_steps
+
+    killed = time.mktime(time.strptime("2026-11-26 06:00:24", "%Y-%m-%d %H:%M:%S")) + 0.005
+    broker2 = (
+        "2026-11-26 06:00:20,000 INFO stonemq.cluster.controller: journal partition 8: "
+        "leader 3 -> 1, leader epoch 1, isr [1, 2]\n"  # an earlier failover: ignored
+        "2026-11-26 06:00:24,013 WARNING stonemq.cluster.liveness: broker 3 judged dead: "
+        "its connection closed\n"
+        "2026-11-26 06:00:24,309 INFO stonemq.cluster.controller: journal partition 8: "
+        "leader 3 -> 1, leader epoch 1, isr [1, 2]\n"
+        "a line without a time: broker 3 judged dead\n"
+    )
+    broker1 = (
+        "2026-11-26 06:00:24,019 WARNING stonemq.cluster.liveness: broker 3 judged dead: x\n"
+        "2026-11-26 06:00:24,298 INFO stonemq.cluster.controller: journal partition 9: "
+        "leader 3 -> 2, leader epoch 1, isr [2, 1]\n"
+        "2026-11-26 06:00:24,350 INFO stonemq.replication: journal partition 9: leading in "
+        "epoch 1 from journal position 0 (isr [2, 1])\n"
+        "2026-11-26 06:00:24,360 WARNING stonemq.cluster.liveness: broker 2 judged dead: x\n"
+    )
+    assert log_steps([broker2, broker1], 3, killed) == {
+        "judged_dead_s": 0.008,
+        "log_elected_s": 0.293,
+        "leading_s": 0.345,
+    }
+    assert log_steps(["nothing\n"], 3, killed) == dict.fromkeys(
+        ("judged_dead_s", "log_elected_s", "leading_s")
+    )
