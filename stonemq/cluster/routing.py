@@ -96,6 +96,10 @@ class SingleNodeRouting:
     def controller_id(self) -> int:
         return self.broker_id
 
+    def dead(self) -> frozenset[int]:
+        """Registered brokers judged dead (none on a single node)."""
+        return frozenset()
+
 
 Routing = SingleNodeRouting  # the interface; ClusterRouting has the same methods
 
@@ -121,9 +125,8 @@ class ClusterRouting(SingleNodeRouting):
         self._unhosted: list[int] = []
         self._shutting_down: frozenset[int] = frozenset()  # brokers in a controlled shutdown
         self._hook_lock = threading.Lock()
-        # registered brokers judged dead before their sessions end (stonemq/cluster/liveness.py,
-        # the controller's watch): not live to clients, as Kafka's metadata lists alive brokers
-        self.dead: Callable[[], frozenset[int]] = frozenset
+        # registered brokers judged dead before their sessions end: :meth:`dead`
+        self._dead: Callable[[], frozenset[int]] = frozenset
 
     @property
     def clustered(self) -> bool:
@@ -266,6 +269,10 @@ class ClusterRouting(SingleNodeRouting):
             if hook is not None:
                 hook(j)
 
+    def judge_with(self, dead: Callable[[], frozenset[int]]) -> None:
+        """Where :meth:`dead` comes from (the controller's reachability watch)."""
+        self._dead = dead
+
     def _changed(self) -> None:
         if self.on_change is not None:
             self.on_change()
@@ -297,13 +304,21 @@ class ClusterRouting(SingleNodeRouting):
         )
 
     def brokers(self) -> list[BrokerEndpoint]:
-        """The live brokers: registered and not judged dead."""
-        dead = self.dead()
-        return [self._brokers[b] for b in sorted(self._brokers) if b not in dead]
+        """The registered brokers (those judged dead too, until their sessions end: see
+        :meth:`dead`)."""
+        return [self._brokers[b] for b in sorted(self._brokers)]
 
     def broker(self, broker_id: int) -> BrokerEndpoint | None:
-        """A live broker's endpoint; None when it is not registered or judged dead."""
-        return None if broker_id in self.dead() else self._brokers.get(broker_id)
+        return self._brokers.get(broker_id)
+
+    def dead(self) -> frozenset[int]:
+        """Registered brokers judged dead before their sessions end (the controller's
+        reachability watch, stonemq/cluster/liveness.py). They stay in :meth:`brokers` until
+        their sessions end: librdkafka decommissions a broker that leaves the Metadata
+        response's broker list and forgets the leader of every partition still moving off
+        it, which costs its 1 s metadata scan right when it is finding the new leader. A
+        partition led by one is answered LEADER_NOT_AVAILABLE (handlers/metadata.py)."""
+        return self._dead()
 
     def controller_id(self) -> int:
         return self._controller

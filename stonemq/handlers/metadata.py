@@ -184,7 +184,9 @@ def _partition(ctx: RequestContext, index: int, lead: Leadership) -> Any:
     whose journal partition has no live leader answers LEADER_NOT_AVAILABLE with leader -1, as
     Kafka: also while its leader is registered but judged dead, before the controller elects
     another, so clients keep asking instead of waiting on the dead one)."""
-    live = lead.leader >= 0 and ctx.broker.routing.broker(lead.leader) is not None
+    routing = ctx.broker.routing
+    dead = routing.dead()
+    live = lead.leader >= 0 and lead.leader not in dead and routing.broker(lead.leader) is not None
     return ctx.build(
         "MetadataResponsePartition",
         error_code=ErrorCode.none if live else ErrorCode.leader_not_available,
@@ -193,7 +195,7 @@ def _partition(ctx: RequestContext, index: int, lead: Leadership) -> Any:
         leader_epoch=lead.leader_epoch,
         replica_nodes=lead.replicas,
         isr_nodes=lead.isr,
-        offline_replicas=tuple(r for r in lead.replicas if ctx.broker.routing.broker(r) is None),
+        offline_replicas=tuple(r for r in lead.replicas if r in dead or routing.broker(r) is None),
     )
 
 
@@ -311,6 +313,7 @@ def _fingerprint(ctx: RequestContext, key: tuple[Any, ...]) -> tuple[Any, ...] |
         records,
         leads,
         tuple(routing.brokers()),
+        routing.dead(),
         routing.controller_id(),
         broker.metadata.cluster_id(),
     )
