@@ -889,9 +889,13 @@ METHOD = """
   with acks=1 right after each step. Failover: a 1-partition topic, an acks=all librdkafka
   producer sending a record every 2 ms to it; per round the broker leading it is SIGKILLed,
   the bench polls ZooKeeper every 20 ms for the broker's registration going (session
-  expiry) and for no journal partition led by it (election), and takes the first
-  acknowledgement received after the expiry; then the broker is restarted and every ISR is
-  whole again before the next round.
+  expiry) and for no journal partition led by it (election), reads from the surviving
+  brokers' logs (millisecond timestamps) when a broker judged it dead, when the controller
+  wrote a new leader for a journal partition it led and when a new leader took its first
+  append, and takes the first acknowledgement received after the election (the earlier of
+  the log line and the poll); then, once its session has expired (a broker id still
+  registered is refused, as by Kafka), the broker is restarted and every ISR is whole again
+  before the next round.
 - **Baselines**: (a) `python -m bench.baselines ceiling-server`: uvloop, `BufferedProtocol`
   into a preallocated buffer, `os.write` of each length-prefixed 1 MiB frame to a file (no
   fsync), fed by one client process with blocking `sendall`; (a') the same server with
