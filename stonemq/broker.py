@@ -362,7 +362,7 @@ def _join_cluster(
         settings.default_replication_factor,
         settings.unclean_leader_election_enable,
     )
-    routing.judge_with(controller.reach.dead)  # brokers judged dead before their sessions end
+    routing.judge_with(controller.reach.unreachable)  # brokers dead before their sessions end
     try:
         membership.register()
         controller.start()

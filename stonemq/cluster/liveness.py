@@ -42,6 +42,8 @@ RETRY_S = 0.25
 """How often a dead (or unreachable) broker's listener is connected to again."""
 CONNECT_TIMEOUT_S = 5.0
 """A connect still pending after this long is abandoned (and proves nothing)."""
+_PEEK_S = 0.005
+"""How long :meth:`Reachability.unreachable`'s answer is reused (one request's many calls)."""
 _FLAP_S = 0.05
 """The pause before reconnecting after a connection that closed right after it opened (a
 listener going away while the process exits), so a flapping peer is not a busy loop."""
@@ -95,6 +97,7 @@ class Reachability:
         self._sel.register(self._wake_r, selectors.EVENT_READ, None)
         self._closed = False
         self._dead: frozenset[int] = frozenset()
+        self._unreachable: tuple[float, frozenset[int]] | None = None
         self._thread = threading.Thread(
             target=self._run, name=f"stonemq-reachability-{own_id}", daemon=True
         )
@@ -111,6 +114,40 @@ class Reachability:
     def dead(self) -> frozenset[int]:
         """The registered brokers judged dead now."""
         return self._dead
+
+    def unreachable(self) -> frozenset[int]:
+        """The brokers judged dead, and those whose connection has just closed and whose
+        listener has not been tried again yet: what clients are told has no live leader
+        (LEADER_NOT_AVAILABLE), never what an election decides on. A client sees a killed
+        leader's connection reset at the moment this broker's connection to it is closed,
+        and its metadata request can reach this broker before the watch has tried the
+        listener again; the closed connection is already in this kernel then, so it is
+        looked at here (a non-consuming peek, at most once per ``_PEEK_S``)."""
+        now = time.monotonic()
+        cached = self._unreachable
+        if cached is not None and now - cached[0] < _PEEK_S:
+            return cached[1]
+        out = set(self._dead)
+        with self._lock:
+            for b, peer in list(self._peers.items()):
+                if b in out:
+                    continue
+                if peer.closed:  # closed since it last accepted; tried again right now
+                    out.add(b)
+                    continue
+                sock = peer.sock
+                if sock is None or peer.connecting_since or not peer.connected_at:
+                    continue
+                try:
+                    if sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b"":
+                        out.add(b)
+                except BlockingIOError:
+                    pass
+                except OSError:
+                    out.add(b)
+        result = frozenset(out)
+        self._unreachable = (now, result)
+        return result
 
     def close(self) -> None:
         self._closed = True
@@ -255,8 +292,9 @@ class Reachability:
         if peer.sock is not None:
             with contextlib.suppress(KeyError, ValueError, OSError):
                 self._sel.unregister(peer.sock)
-            peer.sock.close()
-            peer.sock = None
+            with self._lock:  # :meth:`unreachable` peeks at it from another thread
+                peer.sock.close()
+                peer.sock = None
         peer.connecting_since = 0.0
         peer.connected_at = 0.0
 

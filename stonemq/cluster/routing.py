@@ -312,8 +312,10 @@ class ClusterRouting(SingleNodeRouting):
         return self._brokers.get(broker_id)
 
     def dead(self) -> frozenset[int]:
-        """Registered brokers judged dead before their sessions end (the controller's
-        reachability watch, stonemq/cluster/liveness.py). They stay in :meth:`brokers` until
+        """Registered brokers judged dead before their sessions end, and those whose
+        connection has just closed and are being tried again (the controller's reachability
+        watch, ``Reachability.unreachable``: stonemq/cluster/liveness.py). Elections never
+        use this, only client answers and ISR expansion. They stay in :meth:`brokers` until
         their sessions end: librdkafka decommissions a broker that leaves the Metadata
         response's broker list and forgets the leader of every partition still moving off
         it, which costs its 1 s metadata scan right when it is finding the new leader. A

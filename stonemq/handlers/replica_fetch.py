@@ -70,6 +70,7 @@ async def handle_replica_fetch(ctx: RequestContext, request: ReplicaFetchRequest
     manager = broker.replicas
     storage = broker.storage
     deadline = time.monotonic() + max(0, request.max_wait_ms) / 1000
+    taken = manager.leaderships_taken  # a leadership taken here meanwhile ends the long poll
     while True:
         parts: list[PartitionData | None] = []
         jobs: list[tuple[str, int, int, int]] = []
@@ -94,6 +95,7 @@ async def handle_replica_fetch(ctx: RequestContext, request: ReplicaFetchRequest
             or remaining <= 0
             or not waiting
             or len(waiting) < len(request.partitions)
+            or manager.leaderships_taken != taken
         ):
             break
         if _written_since(manager, storage, slots, jobs):

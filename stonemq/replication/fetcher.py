@@ -56,6 +56,9 @@ log = logging.getLogger("stonemq.replication")
 _LENGTH = struct.Struct(">i")
 _MAX_RESPONSE_BYTES = 1 << 30
 _BEHIND_START_RETRY_S = 30.0
+_BECOMING_RETRY_S = 0.05
+"""How soon a partition is asked again from a broker that routing names its leader but that
+answered NOT_LEADER_OR_FOLLOWER (it is becoming leader)."""
 
 
 class LeaderFetcher:
@@ -211,7 +214,14 @@ class LeaderFetcher:
                 self.leader,
                 ErrorCode(error).name,
             )
-            self._paused[j] = time.monotonic() + backoff_s
+            lead = manager.routing.leadership(j)
+            if lead.leader == self.leader and lead.leader_epoch >= asked.leader_epoch:
+                # routing already names it leader: it is still checkpointing its epoch (a
+                # failover under way), ready within milliseconds; a whole back-off here
+                # held the new leader's HW, and every acks=all produce, for a second
+                self._paused[j] = time.monotonic() + min(backoff_s, _BECOMING_RETRY_S)
+            else:
+                self._paused[j] = time.monotonic() + backoff_s
             return
         if data.diverging_epoch >= 0 or data.diverging_end >= 0:  # type: ignore[attr-defined]
             await self._truncate(asked, data)

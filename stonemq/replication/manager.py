@@ -101,6 +101,9 @@ class ReplicaManager:
         self._fetchers: dict[int, LeaderFetcher] = {}
         self._following: dict[int, int] = {}  # journal id -> leader broker fetched from
         self._written: dict[int, asyncio.Future[None]] = {}  # long polls of replica fetches
+        # counts the leaderships taken here: a replica fetch's long poll ends when it moves
+        # (handlers/replica_fetch.py)
+        self.leaderships_taken = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: set[asyncio.Future[Any]] = set()
         self._closed = False
@@ -236,6 +239,13 @@ class ReplicaManager:
                 list(state.isr),
             )
             self._update_hw(state)
+            # followers' long polls in flight name the journal partitions they followed
+            # before this election: answered now, their next fetch names this one too (else
+            # its HW, and every acks=all produce, waited up to replica.fetch.wait.max.ms)
+            self.leaderships_taken += 1
+            for waiter in self._written.values():
+                if not waiter.done():
+                    waiter.set_result(None)
             if self.on_leader is not None:
                 self.on_leader(journal)
         except Exception:

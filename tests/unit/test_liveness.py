@@ -128,3 +128,26 @@ def test_a_new_registration_is_judged_afresh(watch) -> None:
     time.sleep(0.1)
     assert reach.dead() == frozenset()
     assert events == [(2, True)]  # only judgements are reported, not forgetting
+
+
+def test_unreachable_includes_a_closed_connection_before_any_judgement(watch) -> None:
+    """What clients are told (LEADER_NOT_AVAILABLE) may run ahead of the judgement: a broker
+    whose connection is closed counts as unreachable at once, a judged one too, and neither
+    once its listener accepts again; an idle close of a listening broker is put right by the
+    immediate reconnect."""
+    listener = Listener()
+    reach, events = watch()
+    reach.set_brokers({2: Registration("127.0.0.1", listener.port, 7)})
+    _wait("connected", lambda: len(listener.accepted) == 1)
+    time.sleep(0.01)
+    assert reach.unreachable() == frozenset()
+    listener.kill()
+    _wait("unreachable", lambda: reach.unreachable() == {2})
+    _wait("judged dead", lambda: reach.dead() == {2})
+    assert reach.unreachable() == {2}
+    listener.revive()
+    _wait("reachable again", lambda: reach.unreachable() == frozenset(), timeout=5)
+    listener.drop_connections()
+    _wait("connected again", lambda: len(listener.accepted) >= 3)
+    _wait("reachable after the idle close", lambda: reach.unreachable() == frozenset())
+    assert events == [(2, True), (2, False)]  # the idle close was never judged
