@@ -560,6 +560,7 @@ def failover(run: Run, zk: ZooKeeper, kills: int) -> dict[str, Any]:
 
     rounds: list[dict[str, Any]] = []
     rejoin_failures: list[dict[str, Any]] = []
+    kept_logs: list[str] = []
     acked: list[float] = []
     errors = 0
     generation = 0
@@ -591,6 +592,7 @@ def failover(run: Run, zk: ZooKeeper, kills: int) -> dict[str, Any]:
             acked.extend(done["acked"])
             errors += done["errors"]
         finally:
+            kept_logs.append(str(_keep_logs(cluster)))  # each round's steps can be read again
             cluster.stop()
     acked.sort()
     done = {"acked": acked, "errors": errors}
@@ -618,6 +620,7 @@ def failover(run: Run, zk: ZooKeeper, kills: int) -> dict[str, Any]:
         "producer_errors": done["errors"],
         "acked": len(acked),
         "rejoin_failures": rejoin_failures,
+        "logs": kept_logs,
     }
 
 
