@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
-import struct
 import threading
 import time
 import uuid
@@ -26,15 +24,10 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
-from kazoo.client import KazooClient
 
-from stonemq.cluster.controller import read_journal_partitions
-from stonemq.protocol.replica_fetch import (
-    FetchPartition,
-    ReplicaFetchRequest,
-    decode_response,
-    encode_request,
-)
+from stonemq.protocol.replica_fetch import FetchPartition
+
+from .replica_peer import ReplicaPeer, journal_states
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(240)]
 
@@ -51,34 +44,25 @@ def _wait(predicate: Any, timeout: float, what: str) -> None:
 
 
 class StandIn:
-    """Fetches the journal partitions ``leader`` (broker ``leader_id``) leads as replica
-    ``broker_id`` (one request at a time on one connection), reporting ``split`` as its split
-    position: ``None`` for "split as far as fetched"."""
+    """Fetches the journal partitions broker ``leader_id`` leads as replica ``broker_id``,
+    reporting ``split`` as its split position: ``None`` for "split as far as fetched"."""
 
     def __init__(self, leader: Any, leader_id: int, broker_id: int, chroot: str) -> None:
-        zk = KazooClient(chroot)
-        zk.start(10)
-        try:
-            states = {j: p.state for j, p in read_journal_partitions(zk).items()}
-        finally:
-            zk.stop()
-            zk.close()
+        states = journal_states(chroot)
         self.epochs = {j: st.leader_epoch for j, st in states.items() if st.leader == leader_id}
         assert self.epochs and all(broker_id in states[j].isr for j in self.epochs), states
         self.positions = dict.fromkeys(self.epochs, 0)
-        self.broker_id = broker_id
         self.split: int | None = 0
         self.stop = threading.Event()
         self.errors: list[BaseException] = []
-        self.sock = socket.create_connection((leader.host, leader.port), timeout=10)
+        self.peer = ReplicaPeer(leader.host, leader.port, broker_id)
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
 
     def _run(self) -> None:
-        ids = iter(range(1, 1 << 30))
         try:
             while not self.stop.is_set():
-                parts = tuple(
+                parts = [
                     FetchPartition(
                         j,
                         epoch,
@@ -88,17 +72,8 @@ class StandIn:
                         1 << 20,
                     )
                     for j, epoch in self.epochs.items()
-                )
-                correlation = next(ids)
-                self.sock.sendall(
-                    encode_request(
-                        ReplicaFetchRequest(self.broker_id, 200, 1, 4 << 20, parts), correlation
-                    )
-                )
-                (size,) = struct.unpack(">i", self._read(4))
-                got, response = decode_response(self._read(size))
-                assert got == correlation
-                for data in response.partitions:
+                ]
+                for data in self.peer.fetch(parts).partitions:
                     assert data.error_code == 0, data
                     assert data.diverging_epoch < 0 and data.diverging_end < 0, data
                     self.positions[data.journal_partition] += len(data.records)
@@ -106,19 +81,10 @@ class StandIn:
             if not self.stop.is_set():
                 self.errors.append(exc)
 
-    def _read(self, n: int) -> bytes:
-        buf = b""
-        while len(buf) < n:
-            chunk = self.sock.recv(n - len(buf))
-            if not chunk:
-                raise EOFError("the leader closed the connection")
-            buf += chunk
-        return buf
-
     def close(self) -> None:
         self.stop.set()
         self.thread.join(10)
-        self.sock.close()
+        self.peer.close()
 
 
 def test_a_follower_that_lags_in_splitting_holds_the_leaders_produces(
