@@ -133,6 +133,28 @@ def _isrs(chroot: str) -> dict[int, tuple[int, ...]]:
         zk.close()
 
 
+def _restart(broker: Any, chroot: str) -> None:
+    """Start a killed broker again once its old ZooKeeper session has expired: as Kafka's, a
+    broker refuses to start while its broker.id is registered by a live session, and the
+    cluster moves on from a killed broker before its session ends (it is judged dead at once:
+    stonemq/cluster/liveness.py), so a test restarting it at once would race the expiry."""
+    from stonemq.cluster.membership import BROKER_IDS_PATH
+
+    broker_id = str(broker.settings["broker_id"])
+
+    def unregistered() -> bool:
+        zk = KazooClient(chroot)
+        zk.start(10)
+        try:
+            return broker_id not in zk.get_children(BROKER_IDS_PATH)
+        finally:
+            zk.stop()
+            zk.close()
+
+    _wait(unregistered, 60, f"broker {broker_id}'s old session to expire")
+    broker.start()
+
+
 def _wait(predicate: Any, timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
@@ -468,10 +490,11 @@ def test_a_paused_follower_leaves_the_isr_and_rejoins_once_caught_up(replicated)
 def test_a_dead_follower_leaves_the_isr_as_soon_as_its_session_ends(
     broker_factory, zookeeper
 ) -> None:
-    """A follower SIGKILLed leaves the ISR of the journal partitions it follows when its
-    ZooKeeper session ends (the controller's conditional write, the leader epoch kept, as
-    Kafka's controller does for a dead broker), not replica.lag.time.max.ms later (60 s
-    here): acks=all is answered within seconds; restarted, it catches up and is taken back."""
+    """A follower SIGKILLed leaves the ISR of the journal partitions it follows as soon as it
+    is judged dead (its listener refuses connects), or at the latest when its ZooKeeper
+    session ends (the controller's conditional write, the leader epoch kept, as Kafka's
+    controller does for a dead broker), not replica.lag.time.max.ms later (60 s here):
+    acks=all is answered within seconds; restarted, it catches up and is taken back."""
     brokers, chroot = _start_cluster(
         broker_factory,
         zookeeper,
@@ -499,7 +522,7 @@ def test_a_dead_follower_leaves_the_isr_as_soon_as_its_session_ends(
         for j in not_led_by_3:
             assert set(after[j].state.isr) == {1, 2}, after[j].state
             assert after[j].state.leader_epoch == before[j].state.leader_epoch
-        b3.start()
+        _restart(b3, chroot)
         _wait(
             lambda: all(
                 set(p.state.isr) == {1, 2, 3} for p in read_journal_partitions(zk).values()
@@ -555,7 +578,7 @@ def test_a_returning_leader_truncates_the_tail_it_alone_had(broker_factory, zook
     _wait(lambda: _leaders(b2.bootstrap, "trunc")[mine[0]] in (2, 3), 60, "failover")
     new_leader = brokers[_leaders(b2.bootstrap, "trunc")[mine[0]] - 1]
     assert len(_produce_all(new_leader.bootstrap, "trunc", 60, b"b")) == 60
-    old.start()
+    _restart(old, chroot)
     _wait(lambda: all(set(isr) == {1, 2, 3} for isr in _isrs(chroot).values()), 60, "ISR grows")
     assert "diverged from leader" in old.log(since_start=True)
     assert len(_produce_all(new_leader.bootstrap, "trunc", 60, b"c")) == 60
@@ -644,7 +667,7 @@ def test_leader_sigkill_under_an_idempotent_producer_loses_and_doubles_nothing(
         )
         before = len(acked)
         _wait(lambda: len(acked) > before + 300, 60, "producing on the new leader")
-        brokers[0].start()
+        _restart(brokers[0], chroot)
         _wait(lambda: all(set(isr) == {1, 2, 3} for isr in _isrs(chroot).values()), 60, "ISR")
         before = len(acked)
         _wait(lambda: len(acked) > before + 100, 60, "producing with all back")
