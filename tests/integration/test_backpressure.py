@@ -6,13 +6,10 @@ from __future__ import annotations
 
 import socket
 import threading
-import urllib.request
 
 import pytest
 
-from bench.replication import parse_metrics
-
-from .helpers import Msg, consume, create_topic, produce
+from .helpers import Msg, broker_counters, consume, create_topic, produce
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -89,14 +86,6 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _counters(port: int) -> dict[str, float]:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
-        got = parse_metrics(resp.read().decode())
-    return {
-        k[len("stonemq_") : -len("_total")]: v for k, v in got.items() if k.startswith("stonemq_")
-    }
-
-
 @pytest.mark.parametrize("max_lag", [0, 64 << 20])
 def test_the_broker_accounts_where_produce_time_goes(broker_factory, max_lag: int) -> None:
     """The Prometheus counters of produce time (queued, handled), split-lag holds and the
@@ -113,10 +102,10 @@ def test_the_broker_accounts_where_produce_time_goes(broker_factory, max_lag: in
         }
     )
     topic = create_topic(broker.bootstrap, partitions=1)
-    before = _counters(port)
+    before = broker_counters(port)
     sent = [Msg(None, b"%d-" % i + b"z" * 1000) for i in range(8000)]
     produce(broker.bootstrap, topic, sent, **{"linger.ms": 1})
-    moved = {k: v - before.get(k, 0.0) for k, v in _counters(port).items()}
+    moved = {k: v - before.get(k, 0.0) for k, v in broker_counters(port).items()}
     assert moved["produce_requests_started"] >= 1
     assert moved["produce_handled_seconds"] > 0
     assert moved["splitter_steps"] >= 1
