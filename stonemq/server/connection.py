@@ -30,9 +30,10 @@ Large responses off the loop: a response of at least ``OFF_LOOP_WRITE_BYTES`` (a
 fetch of several MiB) is written by a sender thread straight to the socket (``os.writev`` on a
 duplicate of its descriptor, which stays valid whatever the transport does meanwhile) when
 the transport has nothing queued, so the copy of the records into the kernel runs beside the
-event loop instead of on it. The thread writes what the socket takes without waiting;
-whatever it does not take goes back to the transport on the loop, which writes it as any
-other. Responses after it wait meanwhile, so they are still sent in request order.
+event loop instead of on it. The thread waits for the socket to take more for at most
+``SEND_WAIT_S`` (a client reading at memory speed gets the whole response from it); whatever
+a slow client has not taken by then goes back to the transport on the loop, which writes it
+as any other. Responses after it wait meanwhile, so they are still sent in request order.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ import dataclasses
 import datetime
 import logging
 import os
+import select
 import time
 from collections.abc import Awaitable, Generator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -103,7 +105,10 @@ class _Ready:
 # a response at least this large is written by a sender thread when the transport has
 # nothing queued (a fetch's records: the copy into the kernel leaves the event loop)
 OFF_LOOP_WRITE_BYTES = 256 * 1024
-SENDER_THREADS = 2
+SENDER_THREADS = 4
+# how long a sender thread waits for a full socket to take more before it hands the rest of
+# the response back to the transport (a client reading slowly holds a thread no longer)
+SEND_WAIT_S = 0.1
 _IOV_MAX = 1024  # Linux's UIO_MAXIOV: buffers one writev takes
 _sender: ThreadPoolExecutor | None = None
 
@@ -117,11 +122,12 @@ def sender() -> ThreadPoolExecutor:
 
 
 def send_some(
-    fd: int, chunks: Sequence[bytes | bytearray | memoryview]
+    fd: int, chunks: Sequence[bytes | bytearray | memoryview], wait_s: float = SEND_WAIT_S
 ) -> tuple[list[memoryview], OSError | None, int]:
-    """Write ``chunks`` to the non-blocking socket ``fd`` (a duplicate, closed here) until it
-    takes no more, never waiting for it: (what is left, the error that stopped it if any,
-    bytes written). For a sender thread; the GIL is released while the kernel copies."""
+    """Write ``chunks`` to the non-blocking socket ``fd`` (a duplicate, closed here), waiting
+    for it to take more for at most ``wait_s`` in all: (what is left, the error that stopped
+    it if any, bytes written). For a sender thread; the GIL is released while the kernel
+    copies and while it waits."""
     views = []
     for chunk in chunks:
         view = memoryview(chunk)
@@ -131,12 +137,18 @@ def send_some(
             views.append(view)
     written = 0
     first = 0
+    deadline = time.monotonic() + wait_s
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT)
     try:
         while first < len(views):
             try:
                 n = os.writev(fd, views[first : first + _IOV_MAX])
             except BlockingIOError:
-                break  # the socket buffer is full: the transport takes the rest
+                left_s = deadline - time.monotonic()
+                if left_s <= 0 or not poller.poll(left_s * 1000):
+                    break  # the client reads slowly: the transport takes the rest
+                continue
             except InterruptedError:
                 continue
             written += n
