@@ -25,15 +25,6 @@ and only the followers' fetches can release them (their requests are small, one 
 connection at a time); reading stops
 while the transport's write buffer is above its high-water mark, and while a produce is held
 for the splitter's lag.
-
-Large responses off the loop: a response of at least ``OFF_LOOP_WRITE_BYTES`` (a consumer's
-fetch of several MiB) is written by a sender thread straight to the socket (``os.writev`` on a
-duplicate of its descriptor, which stays valid whatever the transport does meanwhile) when
-the transport has nothing queued, so the copy of the records into the kernel runs beside the
-event loop instead of on it. The thread waits for the socket to take more for at most
-``SEND_WAIT_S`` (a client reading at memory speed gets the whole response from it); whatever
-a slow client has not taken by then goes back to the transport on the loop, which writes it
-as any other. Responses after it wait meanwhile, so they are still sent in request order.
 """
 
 from __future__ import annotations
@@ -43,11 +34,8 @@ import collections
 import dataclasses
 import datetime
 import logging
-import os
-import select
 import time
-from collections.abc import Awaitable, Generator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Awaitable, Generator
 from typing import TYPE_CHECKING, Any
 
 from stonemq.handlers import REGISTRY
@@ -100,71 +88,6 @@ class _Ready:
         self.request = request
         self.pending = pending
         self.queued_ns = time.monotonic_ns()
-
-
-# a response at least this large is written by a sender thread when the transport has
-# nothing queued (a fetch's records: the copy into the kernel leaves the event loop)
-OFF_LOOP_WRITE_BYTES = 256 * 1024
-SENDER_THREADS = 4
-# how long a sender thread waits for a full socket to take more before it hands the rest of
-# the response back to the transport (a client reading slowly holds a thread no longer)
-SEND_WAIT_S = 0.1
-_IOV_MAX = 1024  # Linux's UIO_MAXIOV: buffers one writev takes
-_sender: ThreadPoolExecutor | None = None
-
-
-def sender() -> ThreadPoolExecutor:
-    """The threads that write large responses to sockets (created on first use)."""
-    global _sender
-    if _sender is None:
-        _sender = ThreadPoolExecutor(SENDER_THREADS, thread_name_prefix="stonemq-send")
-    return _sender
-
-
-def send_some(
-    fd: int, chunks: Sequence[bytes | bytearray | memoryview], wait_s: float = SEND_WAIT_S
-) -> tuple[list[memoryview], OSError | None, int]:
-    """Write ``chunks`` to the non-blocking socket ``fd`` (a duplicate, closed here), waiting
-    for it to take more for at most ``wait_s`` in all: (what is left, the error that stopped
-    it if any, bytes written). For a sender thread; the GIL is released while the kernel
-    copies and while it waits."""
-    views = []
-    for chunk in chunks:
-        view = memoryview(chunk)
-        if view.format != "B" or view.ndim != 1:
-            view = view.cast("B")
-        if len(view):
-            views.append(view)
-    written = 0
-    first = 0
-    deadline = time.monotonic() + wait_s
-    poller = select.poll()
-    poller.register(fd, select.POLLOUT)
-    try:
-        while first < len(views):
-            try:
-                n = os.writev(fd, views[first : first + _IOV_MAX])
-            except BlockingIOError:
-                left_s = deadline - time.monotonic()
-                if left_s <= 0 or not poller.poll(left_s * 1000):
-                    break  # the client reads slowly: the transport takes the rest
-                continue
-            except InterruptedError:
-                continue
-            written += n
-            while n:
-                head = views[first]
-                if n >= len(head):
-                    n -= len(head)
-                    first += 1
-                else:
-                    views[first] = head[n:]
-                    n = 0
-        return views[first:], None, written
-    except OSError as exc:
-        return [], exc, written
-    finally:
-        os.close(fd)
 
 
 # request handling time in ns, as a percentage of one thread for one second (Kafka's
@@ -245,10 +168,6 @@ class Connection(asyncio.BufferedProtocol):
         # in its turn (negative: its debt), and its handler steps waiting for a turn
         self.allowance = 0
         self._turn_waiters: list[asyncio.Future[None]] = []
-        # the socket's descriptor for sender threads (-1: none, every response through the
-        # transport), and whether one is writing a response now (later ones wait)
-        self._socket_fd = -1
-        self._sending = False
 
     # -- asyncio callbacks ------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -256,12 +175,6 @@ class Connection(asyncio.BufferedProtocol):
         peer = transport.get_extra_info("peername")
         self._peer = f"{peer[0]}:{peer[1]}" if peer else "?"
         self._registry.add(self)
-        sock = transport.get_extra_info("socket")
-        if sock is not None and transport.get_extra_info("sslcontext") is None:
-            try:
-                self._socket_fd = sock.fileno()
-            except (AttributeError, OSError):
-                self._socket_fd = -1
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._closing = True
@@ -571,22 +484,17 @@ class Connection(asyncio.BufferedProtocol):
 
     # -- responses and back-pressure ------------------------------------------------------------
     def _flush(self) -> None:
-        """Send every finished response at the head of the queue, in arrival order (none
-        while a sender thread writes one: :meth:`_sent` goes on)."""
+        """Send every finished response at the head of the queue, in arrival order."""
         transport = self._transport
         answered = 0
-        while self._pending and self._pending[0].done and not self._sending:
+        while self._pending and self._pending[0].done:
             pending = self._pending.popleft()
             answered += pending.size
-            response = pending.response
-            if response is not None and transport is not None and not self._closing:
-                size = sum(map(len, response))
-                if size < OFF_LOOP_WRITE_BYTES or not self._send_off_loop(response):
-                    transport.writelines(response)
-                    METRICS.response_bytes_sent_on_loop += size
+            if pending.response is not None and transport is not None and not self._closing:
+                transport.writelines(pending.response)
                 if not self._replica_link:  # a follower's fetch never waits out a debt:
                     # it moves the HW acks=all produces wait for (one request at a time)
-                    uncharged = size - pending.charged
+                    uncharged = sum(map(len, pending.response)) - pending.charged
                     if uncharged > 0:
                         self.charge(uncharged, pending.header.api_key)
         self.last_active = time.monotonic()
@@ -595,41 +503,6 @@ class Connection(asyncio.BufferedProtocol):
         if self._decoder.buffered_bytes and not self._closing:
             self._take_frames()  # frames held back by queued.max.requests
         self.update_reading()
-
-    def _send_off_loop(self, response: list[bytes | bytearray | memoryview]) -> bool:
-        """Hand ``response`` to a sender thread if the transport has nothing queued (else the
-        bytes would pass what is queued); False when it must go through the transport."""
-        transport = self._transport
-        if self._socket_fd < 0 or transport is None or transport.get_write_buffer_size():
-            return False
-        try:
-            fd = os.dup(self._socket_fd)  # valid even if the transport closes its own
-        except OSError:
-            return False
-        self._sending = True
-        future = asyncio.get_running_loop().run_in_executor(sender(), send_some, fd, response)
-        future.add_done_callback(self._sent)
-        return True
-
-    def _sent(self, future: asyncio.Future[tuple[list[memoryview], OSError | None, int]]) -> None:
-        """A sender thread is done with a response: what the socket did not take goes to the
-        transport, an error closes the connection; then the responses that waited."""
-        self._sending = False
-        try:
-            left, error, written = future.result()
-        except Exception as exc:  # a bug in the sender: what reached the socket is unknown
-            log.exception("sender thread failed")
-            left, error, written = [], OSError(str(exc)), 0
-        METRICS.response_bytes_sent_off_loop += written
-        if self._closing or self._transport is None:
-            return
-        if error is not None:
-            self.abort(f"response write failed: {error}")
-            return
-        if left:
-            self._transport.writelines(left)
-            METRICS.response_bytes_sent_on_loop += sum(map(len, left))
-        self._flush()
 
     def update_reading(self) -> None:
         """Pause or resume reading from the socket as the back-pressure limits say."""

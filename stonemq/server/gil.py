@@ -2,14 +2,14 @@
 thread that waits for it.
 
 The broker's threads (the splitter's reads and writes, the journal writers, the disk reads of
-fetches, the sender threads of large responses) spend their time in system calls that
-release the GIL, and need it back after each one. While the event loop runs Python, a thread
-that wants it back waits until the loop is asked to drop it, at CPython's switch interval (5
-ms by default): a 1 MiB ``pwrite`` of about 0.1 ms took 5.4 ms (median) beside a thread
-running Python, 1.2 ms with an interval of 1 ms (a paired measurement on this machine). Under a
-catch-up and pipelined requests the loop is always running, so every step of the splitter (a
-journal read and a write per queue log) paid that many times over, the splitter fell behind
-and producers were held for split lag (issue 17's interference benchmark).
+fetches) spend their time in system calls that release the GIL, and need it back after each
+one. While the event loop runs Python, a thread that wants it back waits until the loop is
+asked to drop it, at CPython's switch interval (5 ms by default): a 1 MiB ``pwrite`` of about
+0.1 ms took 5.4 ms (median) beside a thread running Python, 1.2 ms with an interval of 1 ms
+(a paired measurement on this machine). Under a catch-up and pipelined requests the loop is
+always running, so every step of the splitter (a journal read and a write per queue log)
+paid that many times over, the splitter fell behind and producers were held for split lag
+(issue 17's interference benchmark).
 
 A shorter interval costs the loop a GIL hand-over more often, only while a thread waits for
 it; the threads give it back at their next system call.

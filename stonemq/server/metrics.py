@@ -51,10 +51,6 @@ class BrokerMetrics:
     to the loop running what comes next."""
     splitter_idle_ns: int = 0
     """Time the splitter had nothing to split (every journal partition split to its end)."""
-    response_bytes_sent_on_loop: int = 0
-    """Response bytes handed to the transports on the event loop."""
-    response_bytes_sent_off_loop: int = 0
-    """Response bytes sender threads wrote to sockets (large responses, off the loop)."""
 
 
 METRICS = BrokerMetrics()
@@ -74,8 +70,6 @@ _HELP = {
     "splitter_loop_ns": "time the splitter staged and published on the event loop",
     "splitter_loop_wait_ns": "time the splitter's steps waited for the event loop",
     "splitter_idle_ns": "time the splitter had nothing to split",
-    "response_bytes_sent_on_loop": "response bytes handed to transports on the event loop",
-    "response_bytes_sent_off_loop": "response bytes sender threads wrote to sockets",
 }
 
 
