@@ -72,6 +72,9 @@ NEVER_IMPORTED = (
     "click",
     "rich",
     "prometheus_client",  # only with metrics.listen
+    "cramjam",  # compression codecs: only for a compressed batch
+    "lz4",
+    "zstandard",
     "pyarrow",  # tiering's archive and cold reads
     "fsspec",
     "numpy",
