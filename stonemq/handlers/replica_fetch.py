@@ -12,12 +12,16 @@ outside the journal gets OFFSET_OUT_OF_RANGE with this journal's start (a follow
 cannot catch up: replication/fetcher.py). Otherwise the follower's position is recorded
 (its end, split progress, caught-up time, the HW, an ISR expansion) and whole journal entries
 from it are read in the replica-read thread. With less than ``min_bytes`` ready the request
-waits, up to ``max_wait_ms``, for a journal write. Not advertised in ApiVersions.
+waits, up to ``max_wait_ms``, for a journal write. A journal partition whose read fails (a
+damaged entry's length or version, an I/O error) is answered KAFKA_STORAGE_ERROR, logged once
+per position, while the request's other journal partitions are served as usual (the follower
+backs off and asks again). Not advertised in ApiVersions.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -35,13 +39,17 @@ from stonemq.protocol.replica_fetch import (
     encode_response,
 )
 from stonemq.server.metrics import METRICS
-from stonemq.storage.journal import JournalReader
+from stonemq.storage.errors import StorageError
+from stonemq.storage.journal import CorruptEntryError, JournalReader
+
+log = logging.getLogger("stonemq.replication")
 
 INTERNAL: dict[int, tuple[int, int, Any, Any]] = {}
 """Internal API key -> (min version, max version, decode(frame, pos), handler)."""
 
 _reads: ThreadPoolExecutor | None = None
 _readers: dict[str, JournalReader] = {}
+_failed_reads: dict[str, int] = {}  # journal directory -> position whose failed read was logged
 
 
 def _read_thread() -> ThreadPoolExecutor:
@@ -53,15 +61,19 @@ def _read_thread() -> ThreadPoolExecutor:
     return _reads
 
 
-def _read_entries(jobs: list[tuple[str, int, int, int]]) -> list[bytes]:
+def _read_entries(jobs: list[tuple[str, int, int, int]]) -> list[bytes | Exception]:
     """In the replica-read thread: for each (directory, position, limit, max bytes), the
-    bytes of the whole entries from ``position`` (``JournalReader.read_raw``)."""
-    out = []
+    bytes of the whole entries from ``position`` (``JournalReader.read_raw``), or the error
+    that read raised (one damaged journal partition fails only its own answer)."""
+    out: list[bytes | Exception] = []
     for directory, pos, limit, max_bytes in jobs:
-        reader = _readers.get(directory)
-        if reader is None:
-            reader = _readers[directory] = JournalReader(directory)
-        out.append(reader.read_raw(pos, limit, max_bytes))
+        try:
+            reader = _readers.get(directory)
+            if reader is None:
+                reader = _readers[directory] = JournalReader(directory)
+            out.append(reader.read_raw(pos, limit, max_bytes))
+        except (CorruptEntryError, StorageError, OSError) as exc:
+            out.append(exc)
     return out
 
 
@@ -82,29 +94,48 @@ async def handle_replica_fetch(ctx: RequestContext, request: ReplicaFetchRequest
                 slots.append((len(parts) - 1, p))
                 jobs.append(job)
                 waiting.append(p.journal_partition)
-        datas: list[bytes] = []
+        datas: list[bytes | Exception] = []
         if jobs:
             datas = await asyncio.get_running_loop().run_in_executor(
                 _read_thread(), _read_entries, jobs
             )
-        total = sum(len(d) for d in datas)
+        total = sum(len(d) for d in datas if not isinstance(d, Exception))
         remaining = deadline - time.monotonic()
         if (
             total >= request.min_bytes
             or remaining <= 0
             or not waiting
             or len(waiting) < len(request.partitions)
+            or any(isinstance(d, Exception) for d in datas)
         ):
             break
         if _written_since(manager, storage, slots, jobs):
             continue  # written while the read thread read: a wake-up wait_written missed
         await manager.wait_written(waiting, remaining)
-    for (at, p), data in zip(slots, datas, strict=True):
+    served = 0
+    for (at, p), (directory, pos, _, _), data in zip(slots, jobs, datas, strict=True):
         state = manager.leader_state(p.journal_partition)
+        epoch = state.epoch if state is not None else -1
+        if isinstance(data, Exception):
+            if _failed_reads.get(directory) != pos:
+                _failed_reads[directory] = pos
+                log.error(
+                    "journal partition %d: reading position %d for replica %d failed (%s); "
+                    "answered KAFKA_STORAGE_ERROR until it can be read",
+                    p.journal_partition,
+                    pos,
+                    request.replica_id,
+                    data,
+                )
+            parts[at] = PartitionData(
+                p.journal_partition, ErrorCode.kafka_storage_error, epoch, -1, -1, -1, -1, b""
+            )
+            continue
+        served += len(data)
         parts[at] = PartitionData(
             p.journal_partition,
             ErrorCode.none,
-            state.epoch if state is not None else -1,
+            epoch,
             state.hw if state is not None else -1,
             storage.journal_start(state.local) if state is not None else -1,
             -1,
@@ -112,7 +143,7 @@ async def handle_replica_fetch(ctx: RequestContext, request: ReplicaFetchRequest
             data,
         )
     METRICS.replica_fetch_requests_served += 1
-    METRICS.replica_fetch_bytes_served += sum(len(d) for d in datas)
+    METRICS.replica_fetch_bytes_served += served
     response = ReplicaFetchResponse(0, tuple(p for p in parts if p is not None))
     return encode_response(response, ctx.correlation_id)
 

@@ -67,6 +67,7 @@ from stonemq.storage.journal import (
     JournalReader,
     decode_entries,
     encode_entry_prefix,
+    unlink_segments,
 )
 from stonemq.storage.leader_epoch import LeaderEpochCache
 from stonemq.storage.open_files import CachedReads, DiskReads, NotCachedError, OpenFiles, Reads
@@ -1464,7 +1465,13 @@ class StorageEngine:
                 upto = min(replay[journal.index], journal.durable_end)
                 if retain is not None:  # a follower still to fetch them
                     upto = min(upto, retain(journal.index))
-                if journal.delete_segments_before(upto) and self._epoch_caches:
+                deleted = 0
+                taken = journal.take_segments_before(upto)
+                if taken:
+                    kept = await loop.run_in_executor(None, unlink_segments, taken, journal.index)
+                    journal.give_back_segments(kept)
+                    deleted = len(taken) - len(kept)
+                if deleted and self._epoch_caches:
                     # the epoch history starts where the journal now starts (Kafka's
                     # truncateFromStart); a failed write leaves the longer history, still true
                     try:

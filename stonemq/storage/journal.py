@@ -676,25 +676,22 @@ class JournalLog:
         fsync_paths(self.sync_paths(self.written_end))
         self.mark_durable(self.written_end)
 
-    def delete_segments_before(self, position: int) -> int:
-        """Delete whole non-active segments that end at or before ``position`` (never while
-        the partition is offline: the next start replays from them). A segment that cannot
-        be unlinked stays listed and is tried again next time."""
+    def take_segments_before(self, position: int) -> list[str]:
+        """Unlist whole non-active segments that end at or before ``position`` (never while
+        the partition is offline: the next start replays from them) and return their paths,
+        for :func:`unlink_segments` off the event loop: the journal start moves at once, so
+        no reader is sent to a file being deleted."""
         if self.health.offline:
-            return 0
-        deleted = 0
+            return []
+        taken = []
         while len(self.segments) > 1 and self.segments[1] <= position:
-            base = self.segments[0]
-            try:
-                fileio.unlink(self.path(base))
-            except FileNotFoundError:
-                pass
-            except OSError as exc:
-                log.warning("journal-%d: cannot delete segment %d: %s", self.index, base, exc)
-                break
-            self.segments.pop(0)
-            deleted += 1
-        return deleted
+            taken.append(self.path(self.segments.pop(0)))
+        return taken
+
+    def give_back_segments(self, paths: list[str]) -> None:
+        """Segments :func:`unlink_segments` could not delete are listed again (still the
+        oldest: only this path takes segments from the front) and tried again next time."""
+        self.segments[:0] = sorted(int(os.path.basename(p).split(".")[0]) for p in paths)
 
     def close(self) -> None:
         if self._writer is not None:
@@ -703,6 +700,21 @@ class JournalLog:
         if self._fd >= 0:
             fileio.close(self._fd)
             self._fd = -1
+
+
+def unlink_segments(paths: list[str], index: int) -> list[str]:
+    """Delete journal segment files, oldest first (off the event loop: unlinking a large
+    file frees its extents); stops at the first that cannot be deleted (logged) and returns
+    it and those after it, so the journal's segments stay contiguous."""
+    for i, path in enumerate(paths):
+        try:
+            fileio.unlink(path)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            log.warning("journal-%d: cannot delete segment %s: %s", index, path, exc)
+            return paths[i:]
+    return []
 
 
 class _Written(NamedTuple):

@@ -331,9 +331,14 @@ def test_the_store_goes_on_across_a_zookeeper_restart(
     eventually(lambda: b.get_topic("before") is not None)
     zookeeper.restart()
     a.create_topic("after", [1], {})  # retried until the server is back
-    eventually(lambda: b.get_topic("after") is not None)
+    # b reconnects on its own schedule: kazoo waits up to the negotiated session timeout (18 s,
+    # one host) for a connect answer and 2/3 of it for any other answer before it drops a
+    # connection that a restarting server accepted but does not serve, then backs off up to
+    # 2 s. A 10 s wait failed in CI (the teardown logged kazoo's "socket time-out during read").
+    reconnect_s = 18 + 12 + 2 + 5
+    eventually(lambda: b.get_topic("after") is not None, timeout=reconnect_s)
     b.delete_topic("before")
-    eventually(lambda: a.get_topic("before") is None)
+    eventually(lambda: a.get_topic("before") is None, timeout=reconnect_s)
 
 
 # -- the stored mapping ---------------------------------------------------------------------------
