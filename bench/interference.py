@@ -15,6 +15,11 @@ Steps, on one broker:
    (``PIPELINE_DEPTH`` at a time, none read until all are sent). The phase ends when the
    consumer has read everything.
 
+Each phase also takes the broker's own accounting of where produce time went (its Prometheus
+counters on ``metrics.listen``, read at the phase's start and end: time produces waited in
+their connection's queue and were held for split lag, time to handle them, the splitter's
+time in its thread, on the loop, waiting for the loop and idle).
+
 Targets: producer p99 together ≤ twice alone; ApiVersions p99 together ≤ 50 ms. Owns only this
 workload; :mod:`bench.run` registers it and :mod:`bench.report` prints its table.
 """
@@ -54,6 +59,19 @@ CATCH_UP_TIMEOUT_S = 1800.0
 _TS = struct.Struct(">q")
 _API_VERSIONS = 18
 _METADATA = 3
+# the broker's counters read per phase (stonemq/server/metrics.py), by Prometheus name
+ACCOUNTING = (
+    "produce_requests_started",
+    "produce_queued_seconds",
+    "produce_handled_seconds",
+    "split_lag_holds",
+    "split_lag_held_seconds",
+    "splitter_steps",
+    "splitter_thread_seconds",
+    "splitter_loop_seconds",
+    "splitter_loop_wait_seconds",
+    "splitter_idle_seconds",
+)
 
 
 def entry(q: Queue[Any], name: str, *args: Any) -> None:
@@ -184,16 +202,28 @@ def pipeliner(q: Queue[Any], port: int, stop: Event, cap_s: float) -> Any:
     return {"requests": answered, "req_s": round(answered / max(elapsed, 1e-9), 1)}
 
 
+def accounting(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """What each of :data:`ACCOUNTING`'s counters moved between two scrapes."""
+    return {
+        name: round(
+            after.get(f"stonemq_{name}_total", 0.0) - before.get(f"stonemq_{name}_total", 0.0), 3
+        )
+        for name in ACCOUNTING
+    }
+
+
 # -- the workload ---------------------------------------------------------------------------
 
 
 def run_interference(run: Run) -> None:
+    from bench.replication import scrape
     from bench.run import _CTX, create_topics, drop_caches, expect, log, produce, row, worker
 
     quick = run.scale.name == "quick"
     fill = QUICK_FILL if quick else FULL_FILL
     alone_s = QUICK_ALONE_S if quick else FULL_ALONE_S
-    broker = run.broker()
+    metrics_port = procs.free_port()
+    broker = run.broker(**{"metrics.listen": f"127.0.0.1:{metrics_port}"})
     try:
         create_topics(broker.bootstrap, {"bulk": PARTITIONS, "paced": PARTITIONS})
         log(f"interference: fill {fill >> 20} MiB of 1 KiB records at full speed")
@@ -215,6 +245,7 @@ def run_interference(run: Run) -> None:
                 qa = stack.enter_context(worker(entry, "prober", broker.port, stop, cap))
                 expect(qp, "start", 120)
                 expect(qa, "start", 120)
+                counted = scrape(metrics_port)
                 out: dict[str, Any] = {}
                 if together:
                     qm = stack.enter_context(worker(entry, "pipeliner", broker.port, stop, cap))
@@ -239,6 +270,7 @@ def run_interference(run: Run) -> None:
                 else:
                     time.sleep(alone_s)
                     stop.set()
+                out["broker"] = accounting(counted, scrape(metrics_port))
                 out["producer"] = expect(qp, "done", 300)
                 out["api_versions"] = expect(qa, "done", 300)
             return out
@@ -247,7 +279,7 @@ def run_interference(run: Run) -> None:
         alone = phase(together=False)
         log(
             f"  alone: producer p99 {alone['producer']['p99_ms']} ms, "
-            f"ApiVersions p99 {alone['api_versions']['p99_ms']} ms"
+            f"ApiVersions p99 {alone['api_versions']['p99_ms']} ms; broker {alone['broker']}"
         )
         dropped = drop_caches()
         log(f"  together (page cache {'dropped' if dropped else 'NOT dropped: not root'})")
@@ -255,7 +287,8 @@ def run_interference(run: Run) -> None:
         log(
             f"  together: producer p99 {together['producer']['p99_ms']} ms, "
             f"ApiVersions p99 {together['api_versions']['p99_ms']} ms, catch-up "
-            f"{together['catch_up']['mb_s']} MB/s, {together['metadata']['req_s']} Metadata/s"
+            f"{together['catch_up']['mb_s']} MB/s, {together['metadata']['req_s']} Metadata/s; "
+            f"broker {together['broker']}"
         )
         run.results["interference"] = {
             "fill": fill_row,

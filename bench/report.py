@@ -563,7 +563,31 @@ def interference_table(res: dict[str, Any]) -> list[str]:
         f"{'dropped' if it['cache_dropped'] else 'NOT dropped (not root)'} before the "
         "catch-up; the Metadata client sends 200 requests for every topic before reading any.",
         "",
+        *_interference_accounting(a, t),
     ]
+
+
+def _interference_accounting(alone: dict[str, Any], together: dict[str, Any]) -> list[str]:
+    """The broker's own accounting of each phase (its counters; absent from older results):
+    produce time per request queued and handled, time held for split lag, and the splitter's
+    time per step in its thread and waiting for the event loop."""
+    if "broker" not in alone or "broker" not in together:
+        return []
+    parts = []
+    for name, phase in (("alone", alone), ("together", together)):
+        b = phase["broker"]
+        requests = max(b["produce_requests_started"], 1)
+        steps = max(b["splitter_steps"], 1)
+        parts.append(
+            f"{name}: produces held for split lag {b['split_lag_held_seconds']:.2f} s "
+            f"({b['split_lag_holds']:.0f} holds), a produce "
+            f"{b['produce_queued_seconds'] / requests * 1000:.1f} ms queued and "
+            f"{b['produce_handled_seconds'] / requests * 1000:.1f} ms handled on average, the "
+            f"splitter {b['splitter_thread_seconds'] / steps * 1000:.1f} ms per step in its "
+            f"thread and {b['splitter_loop_wait_seconds'] / steps * 1000:.1f} ms waiting for "
+            "the event loop"
+        )
+    return ["Broker accounting (its counters per phase): " + "; ".join(parts) + ".", ""]
 
 
 def archive_table(res: dict[str, Any]) -> list[str]:
@@ -867,8 +891,11 @@ METHOD = """
   ApiVersions prober (every 10 ms,
   own connection) run alone, and again after the page cache is dropped while a consumer
   catches the 8 GiB up from offset 0 and a client pipelines Metadata requests for every topic
-  (200 sent before any is read, over and over) until the catch-up ends. Add it to an existing
-  report with `python -m bench --only interference --merge`.
+  (200 sent before any is read, over and over) until the catch-up ends. Each phase also
+  reads the broker's counters (`metrics.listen`) at its start and end: time produces waited
+  queued, were held for split lag and were handled, and the splitter's time in its thread,
+  on the loop, waiting for the loop and idle. Add it to an existing report with
+  `python -m bench --only interference --merge`.
 - **Multi-partition generator** (bench/multiproduce.py): after each partition-scaling
   step's librdkafka run, the same broker and topic take a load whose every Produce v7 carries
   a batch for many partitions (up to 1 MiB of records per request, 16 KiB per batch, five

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import typer
 
-from stonemq.cli.serve import serve
+from stonemq.cli.flags import HELP, SERVE_HELP
+from stonemq.cli.options import ConfigOpt, DataDirOpt, JournalDirOpt, QueueDirOpt
 
 app = typer.Typer(
     name="stonemq",
@@ -19,6 +22,37 @@ def _root() -> None:
     """StoneMQ: a Kafka-compatible broker on journal -> queue-log storage."""
 
 
+def serve(
+    listeners: Annotated[str | None, typer.Option(help=HELP["listeners"])] = None,
+    advertised_listeners: Annotated[
+        str | None, typer.Option(help=HELP["advertised_listeners"])
+    ] = None,
+    listen: Annotated[str | None, typer.Option(help=HELP["listen"])] = None,
+    advertise: Annotated[str | None, typer.Option(help=HELP["advertise"])] = None,
+    data_dir: DataDirOpt = None,
+    journal_dir: JournalDirOpt = None,
+    queue_dir: QueueDirOpt = None,
+    config: ConfigOpt = None,
+) -> None:
+    # ``stonemq serve`` itself runs stonemq.cli.serve.main (argparse, no Typer); this is the
+    # same command as the Typer app lists and runs it
+    from stonemq.cli.serve import run_serve
+
+    status = run_serve(
+        config,
+        listeners=listeners,
+        advertised_listeners=advertised_listeners,
+        listen=listen,
+        advertise=advertise,
+        data_dir=data_dir,
+        journal_dir=journal_dir,
+        queue_dir=queue_dir,
+    )
+    if status:
+        raise typer.Exit(status)
+
+
+serve.__doc__ = SERVE_HELP
 app.command()(serve)
 
 from stonemq.cli.storage import storage_app  # noqa: E402

@@ -7,12 +7,9 @@ from typing import Annotated
 
 import typer
 
-DataDirOpt = Annotated[Path | None, typer.Option(help="root of all broker state (default: ./data)")]
-JournalDirOpt = Annotated[
-    Path | None, typer.Option(help="write directory (default: DATA_DIR/journal)")
-]
-QueueDirOpt = Annotated[Path | None, typer.Option(help="read directory (default: DATA_DIR/queues)")]
-ConfigOpt = Annotated[
-    Path | None,
-    typer.Option(help="TOML settings file (Kafka names, e.g. num.partitions = 3)"),
-]
+from stonemq.cli.flags import HELP
+
+DataDirOpt = Annotated[Path | None, typer.Option(help=HELP["data_dir"])]
+JournalDirOpt = Annotated[Path | None, typer.Option(help=HELP["journal_dir"])]
+QueueDirOpt = Annotated[Path | None, typer.Option(help=HELP["queue_dir"])]
+ConfigOpt = Annotated[Path | None, typer.Option(help=HELP["config"])]

@@ -1,15 +1,21 @@
-"""``stonemq serve``: run the broker, in a process that loads only what serving needs."""
+"""``stonemq serve``: run the broker, in a process that loads only what serving needs.
+
+Its flags are parsed with argparse, not Typer: Typer and Click are about 1.4 MB of a broker
+that serves with nothing else of the command line (the process size is a benchmark figure,
+tests/integration/test_process_size.py). ``stonemq --help`` lists the same command through the
+Typer app (``stonemq.cli.commands``), with the same flags and help (``stonemq.cli.flags``)."""
 
 from __future__ import annotations
 
+import argparse
 import logging
 import sys
-from typing import Annotated
+from pathlib import Path
+from typing import Any
 
-import typer
 from pydantic import ValidationError
 
-from stonemq.cli.options import ConfigOpt, DataDirOpt, JournalDirOpt, QueueDirOpt
+from stonemq.cli.flags import HELP, SERVE_HELP, SERVE_PATH_FLAGS
 from stonemq.config import load_settings
 
 
@@ -21,47 +27,15 @@ def _setup_logging(level: str) -> None:
     )
 
 
-def serve(
-    listeners: Annotated[
-        str | None,
-        typer.Option(
-            help="Kafka's listeners, NAME://HOST:PORT[,...] (default: PLAINTEXT://127.0.0.1:9092)"
-        ),
-    ] = None,
-    advertised_listeners: Annotated[
-        str | None,
-        typer.Option(
-            help="Kafka's advertised.listeners, NAME://HOST:PORT[,...] (default: listeners)"
-        ),
-    ] = None,
-    listen: Annotated[
-        str | None, typer.Option(help="HOST:PORT: alias of --listeners PLAINTEXT://HOST:PORT")
-    ] = None,
-    advertise: Annotated[
-        str | None,
-        typer.Option(help="HOST:PORT: alias of --advertised-listeners PLAINTEXT://HOST:PORT"),
-    ] = None,
-    data_dir: DataDirOpt = None,
-    journal_dir: JournalDirOpt = None,
-    queue_dir: QueueDirOpt = None,
-    config: ConfigOpt = None,
-) -> None:
-    """Run the broker. Every setting also comes from env STONEMQ_<NAME> or the TOML file;
-    a flag beats env, env beats the file, the file beats the default."""
+def run_serve(config: Path | None = None, **flags: Any) -> int:
+    """Run the broker with ``flags`` (the given flags; None for one not given) until it is
+    stopped. Returns the exit status: 0 stopped, 1 refused to start or stopped on an I/O
+    error, 2 invalid settings."""
     try:
-        settings = load_settings(
-            config,
-            listeners=listeners,
-            advertised_listeners=advertised_listeners,
-            listen=listen,
-            advertise=advertise,
-            data_dir=data_dir,
-            journal_dir=journal_dir,
-            queue_dir=queue_dir,
-        )
+        settings = load_settings(config, **flags)
     except (ValidationError, ValueError, OSError) as exc:
-        typer.echo(f"stonemq: invalid settings: {exc}", err=True)
-        raise typer.Exit(2) from None
+        print(f"stonemq: invalid settings: {exc}", file=sys.stderr)
+        return 2
     _setup_logging(settings.log_level)
 
     from stonemq.server.listener import serve as run_server
@@ -78,21 +52,26 @@ def serve(
         uvloop.run(run_server(settings))
     except (DirectoryInUseError, ClusterStartError) as exc:
         logging.getLogger("stonemq").error("refusing to start: %s", exc)
-        raise typer.Exit(1) from None
+        return 1
     except OSError as exc:
         # Binding the port, opening the data dir, or an I/O error that ended the broker.
         logging.getLogger("stonemq").error("broker stopped on an I/O error: %s", exc)
-        raise typer.Exit(1) from None
+        return 1
     except KeyboardInterrupt:
         pass
+    return 0
 
 
-serve_app = typer.Typer(name="stonemq", add_completion=False, no_args_is_help=True)
+def parser() -> argparse.ArgumentParser:
+    """``stonemq serve``'s flags: ``--data-dir`` for ``data_dir``, and so on."""
+    out = argparse.ArgumentParser(prog="stonemq serve", description=SERVE_HELP)
+    for name, text in HELP.items():
+        kind = Path if name in SERVE_PATH_FLAGS else str
+        out.add_argument("--" + name.replace("_", "-"), dest=name, type=kind, help=text)
+    return out
 
 
-@serve_app.callback()
-def _root() -> None:
-    """StoneMQ: a Kafka-compatible broker on journal -> queue-log storage."""
-
-
-serve_app.command()(serve)
+def main(argv: list[str]) -> int:
+    """``stonemq serve ARGV``: parse, run, return the exit status."""
+    args = vars(parser().parse_args(argv))
+    return run_serve(**args)

@@ -25,16 +25,19 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-
-from kazoo.client import KazooClient
-from kazoo.exceptions import NoNodeError
+from typing import TYPE_CHECKING
 
 from stonemq.cluster import ClusterStartError
-from stonemq.cluster.controller import CONTROLLER_PATH, JOURNAL_PATH, read_journal_partitions
 from stonemq.cluster.journal_state import NO_LEADER, Assignment, PartitionState
-from stonemq.cluster.membership import BROKER_IDS_PATH, SHUTTING_DOWN_PATH, read_brokers
 from stonemq.storage import fileio
 from stonemq.storage.checkpoint import CheckpointFile
+
+if TYPE_CHECKING:
+    from kazoo.client import KazooClient
+
+# kazoo, and the controller and membership modules that import it, are imported where
+# ClusterRouting uses them: a single node (SingleNodeRouting) never loads them, a process size
+# bounded by tests/integration/test_process_size.py
 
 log = logging.getLogger(__name__)
 
@@ -139,6 +142,13 @@ class ClusterRouting(SingleNodeRouting):
         hosted journal partitions in local order. Journal partitions placed on this broker
         later (another broker's, as it joins) are reported to :meth:`take_new_hosted`'s
         hook."""
+        from stonemq.cluster.controller import (
+            CONTROLLER_PATH,
+            JOURNAL_PATH,
+            read_journal_partitions,
+        )
+        from stonemq.cluster.membership import BROKER_IDS_PATH, SHUTTING_DOWN_PATH
+
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         last_log = 0.0
         while True:
@@ -224,6 +234,8 @@ class ClusterRouting(SingleNodeRouting):
 
     # -- watches (kazoo's thread) -----------------------------------------------------------
     def _on_brokers(self, children: list[str]) -> None:
+        from stonemq.cluster.membership import read_brokers
+
         self._brokers = {
             b: BrokerEndpoint(b, node["host"], int(node["port"]), node.get("rack"))
             for b, node in read_brokers(self.client, children).items()
@@ -248,6 +260,10 @@ class ClusterRouting(SingleNodeRouting):
                 self._watch_state(j)
 
     def _watch_state(self, j: int) -> None:
+        from kazoo.exceptions import NoNodeError
+
+        from stonemq.cluster.controller import JOURNAL_PATH
+
         try:
             data, _ = self.client.get(f"{JOURNAL_PATH}/{j}")
         except NoNodeError:

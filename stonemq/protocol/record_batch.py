@@ -41,10 +41,11 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
-import cramjam
-import lz4.frame
-import zstandard
 from crc32c import crc32c
+
+# The codecs' libraries (cramjam, lz4, zstandard: about 2 MB of a broker's PSS, their shared
+# objects mapped by it alone) are imported by the first batch that needs one: a broker whose
+# producers do not compress never loads them (tests/integration/test_process_size.py).
 
 HEADER_SIZE = 61
 LOG_OVERHEAD = 12  # base_offset + batch_length: the bytes not counted by batch_length
@@ -279,6 +280,8 @@ def _snappy_decompress(data: bytes | memoryview, max_bytes: int) -> bytes:
     """Kafka's snappy is the xerial framing (Java clients, librdkafka) or, rarely, raw; each
     raw block states its length up front, checked before it is decompressed."""
 
+    import cramjam
+
     def block(raw: bytes | memoryview, budget: int) -> bytes:
         if cramjam.snappy.decompress_raw_len(raw) > budget:
             raise _too_large(max_bytes)
@@ -316,13 +319,17 @@ def decompress(
         elif codec == COMPRESSION_SNAPPY:
             out = _snappy_decompress(data, max_bytes)
         elif codec == COMPRESSION_LZ4:
+            import lz4.frame
+
             out = lz4.frame.LZ4FrameDecompressor().decompress(bytes(data), max_length=max_bytes + 1)
         elif codec == COMPRESSION_ZSTD:
+            import zstandard
+
             with zstandard.ZstdDecompressor().stream_reader(bytes(data)) as reader:
                 out = reader.read(max_bytes + 1)
         else:
             raise InvalidRecordError(f"unknown compression codec {codec}")
-    except RecordBatchError:
+    except (RecordBatchError, ImportError):  # a codec not installed is not a corrupt batch
         raise
     except Exception as exc:  # each codec raises its own types for garbage
         raise CorruptRecordError(f"{COMPRESSION_NAMES.get(codec, codec)}: {exc}") from None
@@ -349,6 +356,8 @@ def compress(codec: int, data: bytes | memoryview, level: int = DEFAULT_LEVEL) -
         deflater = zlib.compressobj(level, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
         return deflater.compress(data) + deflater.flush()
     if codec == COMPRESSION_SNAPPY:
+        import cramjam
+
         out = bytearray(_XERIAL_MAGIC + struct.pack(">ii", 1, 1))
         view = memoryview(data)
         for start in range(0, len(view), _SNAPPY_BLOCK_BYTES):
@@ -356,6 +365,8 @@ def compress(codec: int, data: bytes | memoryview, level: int = DEFAULT_LEVEL) -
             out += struct.pack(">i", len(block)) + block
         return bytes(out)
     if codec == COMPRESSION_LZ4:
+        import lz4.frame
+
         return lz4.frame.compress(
             bytes(data),
             compression_level=_LZ4_DEFAULT_LEVEL if level == DEFAULT_LEVEL else level,
@@ -363,6 +374,8 @@ def compress(codec: int, data: bytes | memoryview, level: int = DEFAULT_LEVEL) -
             store_size=False,
         )
     if codec == COMPRESSION_ZSTD:
+        import zstandard
+
         return zstandard.ZstdCompressor(
             level=_ZSTD_DEFAULT_LEVEL if level == DEFAULT_LEVEL else level
         ).compress(bytes(data))

@@ -54,6 +54,7 @@ from stonemq.protocol.framing import FrameDecoder, FrameError
 from stonemq.quotas.entity import ANONYMOUS_USER, PRODUCER_BYTE_RATE, REQUEST_PERCENTAGE
 from stonemq.server.budget import RequestBudget
 from stonemq.server.dispatcher import PRODUCE_KEY, Dispatcher
+from stonemq.server.metrics import METRICS
 
 if TYPE_CHECKING:
     from stonemq.broker import Broker
@@ -77,15 +78,16 @@ class _Pending:
 
 
 class _Ready:
-    """A decoded request waiting for the dispatcher to start it."""
+    """A decoded request waiting for the dispatcher to start it (since ``queued_ns``)."""
 
-    __slots__ = ("ctx", "handler", "pending", "request")
+    __slots__ = ("ctx", "handler", "pending", "queued_ns", "request")
 
     def __init__(self, handler: Handler, ctx: RequestContext, request: Any, pending: _Pending):
         self.handler = handler
         self.ctx = ctx
         self.request = request
         self.pending = pending
+        self.queued_ns = time.monotonic_ns()
 
 
 # request handling time in ns, as a percentage of one thread for one second (Kafka's
@@ -326,10 +328,15 @@ class Connection(asyncio.BufferedProtocol):
             self.update_reading()
             return None
         self._ready.popleft()
-        if api_key == PRODUCE_KEY and self._quotas.produce_active:
-            self._record_produce(item.ctx, item.pending.size)
+        started_ns = 0
+        if api_key == PRODUCE_KEY:
+            started_ns = time.monotonic_ns()
+            METRICS.produce_requests_started += 1
+            METRICS.produce_queued_ns += started_ns - item.queued_ns
+            if self._quotas.produce_active:
+                self._record_produce(item.ctx, item.pending.size)
         task = asyncio.get_running_loop().create_task(
-            self._run(item.handler, item.ctx, item.request, item.pending)
+            self._run(item.handler, item.ctx, item.request, item.pending, started_ns)
         )
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -366,8 +373,15 @@ class Connection(asyncio.BufferedProtocol):
             self._dispatcher.ready(self)
 
     async def _run(
-        self, handler: Handler, ctx: RequestContext, request: Any, pending: _Pending
+        self,
+        handler: Handler,
+        ctx: RequestContext,
+        request: Any,
+        pending: _Pending,
+        started_ns: int = 0,
     ) -> None:
+        """Handle one request and queue its encoded response; ``started_ns``: when a Produce
+        started (its handling time is counted in the metrics), else 0."""
         quotas = self._quotas
         timed = (
             _Timed(handler(ctx, request))
@@ -404,6 +418,8 @@ class Connection(asyncio.BufferedProtocol):
             return
         pending.charged = ctx.charged
         pending.done = True
+        if started_ns:
+            METRICS.produce_handled_ns += time.monotonic_ns() - started_ns
         self._flush()
 
     # -- quotas -------------------------------------------------------------------------------

@@ -41,8 +41,11 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import time
 from collections.abc import Callable
 from typing import Protocol
+
+from stonemq.server.metrics import METRICS
 
 PRODUCE_KEY = 0
 # bytes one turn gives a connection: a run of pipelined produces up to this many shares a
@@ -98,7 +101,8 @@ class Dispatcher:
         self._queued: set[Served] = set()
         self._scheduled = False
         self._loop: asyncio.AbstractEventLoop | None = None
-        self.held: set[Served] = set()
+        # the connections held for split lag, with the monotonic ns each was held at
+        self.held: dict[Served, int] = {}
         self.rounds = 0
         self._in_round: dict[Served, int] = {}  # bytes each connection moved this round
         self.most_in_a_round = 0  # the most bytes one connection moved within one round
@@ -124,10 +128,14 @@ class Dispatcher:
 
     def hold(self, conn: Served) -> None:
         """``conn``'s next request is a Produce and the splitter lags: wait for recheck()."""
-        self.held.add(conn)
+        if conn not in self.held:
+            self.held[conn] = time.monotonic_ns()
+            METRICS.split_lag_holds += 1
 
     def forget(self, conn: Served) -> None:
-        self.held.discard(conn)
+        since = self.held.pop(conn, None)
+        if since is not None:
+            METRICS.split_lag_held_ns += time.monotonic_ns() - since
         self._in_round.pop(conn, None)
         if conn in self._queued:
             self._queued.discard(conn)
@@ -136,8 +144,10 @@ class Dispatcher:
     def recheck(self) -> None:
         """Release the held connections if the split lag is back under its bound."""
         if self.held and not self.produce_held:
-            held, self.held = self.held, set()
-            for conn in held:
+            held, self.held = self.held, {}
+            now = time.monotonic_ns()
+            for conn, since in held.items():
+                METRICS.split_lag_held_ns += now - since
                 conn.release()
 
     def charge(self, conn: Served, nbytes: int, api_key: int) -> None:

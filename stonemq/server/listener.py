@@ -14,6 +14,7 @@ from stonemq.server.budget import PARTIAL_STALL_S, RequestBudget
 from stonemq.server.collector import tune_collector
 from stonemq.server.connection import Connection
 from stonemq.server.dispatcher import TURN_BYTES, Dispatcher
+from stonemq.server.gil import tune_switch_interval
 from stonemq.server.lock import DirectoryLock
 
 log = logging.getLogger("stonemq.server")
@@ -48,6 +49,7 @@ async def serve(settings: Settings) -> None:
 
 async def _serve_locked(settings: Settings, stop: asyncio.Event) -> None:
     loop = asyncio.get_running_loop()
+    tune_switch_interval()  # before the broker's threads (splitter, journal writers) run
     broker = Broker(settings)
     broker.recover()
     broker.start()

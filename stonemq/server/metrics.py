@@ -27,6 +27,30 @@ class BrokerMetrics:
     """Journal bytes sent to followers in those answers."""
     replica_fetch_requests_sent: int = 0
     """ReplicaFetch requests this broker sent as a follower (all its leader fetchers)."""
+    produce_requests_started: int = 0
+    """Produce requests the dispatcher started."""
+    produce_queued_ns: int = 0
+    """Time those requests waited in their connection's ready queue, decoded but not started
+    (a connection's earlier requests, the dispatcher's rounds, split-lag holds)."""
+    produce_handled_ns: int = 0
+    """Time from their start to their response being ready (validation, the journal
+    append and write, fsync under its policy)."""
+    split_lag_holds: int = 0
+    """Times a connection was held because its next request was a Produce while more than
+    ``splitter.max.lag.bytes`` waited to be split."""
+    split_lag_held_ns: int = 0
+    """Time connections spent held so, summed over connections."""
+    splitter_steps: int = 0
+    """Splitter steps that split journal bytes."""
+    splitter_thread_ns: int = 0
+    """Time the splitter's thread spent reading the journal and writing queue logs."""
+    splitter_loop_ns: int = 0
+    """Time the splitter spent on the event loop (staging and publishing its steps)."""
+    splitter_loop_wait_ns: int = 0
+    """Time the splitter's steps waited for the event loop: from its thread's work being done
+    to the loop running what comes next."""
+    splitter_idle_ns: int = 0
+    """Time the splitter had nothing to split (every journal partition split to its end)."""
 
 
 METRICS = BrokerMetrics()
@@ -36,12 +60,27 @@ _HELP = {
     "replica_fetch_requests_served": "ReplicaFetch requests answered as a journal leader",
     "replica_fetch_bytes_served": "journal bytes sent to followers in ReplicaFetch answers",
     "replica_fetch_requests_sent": "ReplicaFetch requests sent to leaders as a follower",
+    "produce_requests_started": "Produce requests started by the dispatcher",
+    "produce_queued_ns": "time Produce requests waited decoded in their connection's queue",
+    "produce_handled_ns": "time from a Produce's start to its response being ready",
+    "split_lag_holds": "connections held for split lag (their next request a Produce)",
+    "split_lag_held_ns": "time connections were held for split lag, summed",
+    "splitter_steps": "splitter steps that split journal bytes",
+    "splitter_thread_ns": "time the splitter's thread read the journal and wrote queue logs",
+    "splitter_loop_ns": "time the splitter staged and published on the event loop",
+    "splitter_loop_wait_ns": "time the splitter's steps waited for the event loop",
+    "splitter_idle_ns": "time the splitter had nothing to split",
 }
 
 
 def metric_name(field: str) -> str:
-    """The Prometheus name of a counter field (``stonemq_<field>_total``)."""
-    return f"stonemq_{field}_total"
+    """The Prometheus name of a counter field: ``stonemq_<field>_total``, and a time kept in
+    nanoseconds (``<name>_ns``) as ``stonemq_<name>_seconds_total``."""
+    return f"stonemq_{_family(field)}_total"
+
+
+def _family(field: str) -> str:
+    return field[:-3] + "_seconds" if field.endswith("_ns") else field
 
 
 class _Collector:
@@ -55,8 +94,9 @@ class _Collector:
 
         for f in fields(self.metrics):
             # prometheus_client adds the _total suffix to a counter family's samples
-            family = CounterMetricFamily(f"stonemq_{f.name}", _HELP[f.name])
-            family.add_metric([], getattr(self.metrics, f.name))
+            family = CounterMetricFamily(f"stonemq_{_family(f.name)}", _HELP[f.name])
+            value = getattr(self.metrics, f.name)
+            family.add_metric([], value / 1e9 if f.name.endswith("_ns") else value)
             yield family
 
 

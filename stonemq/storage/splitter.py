@@ -21,10 +21,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
 
 from stonemq.protocol.record_batch import RecordBatchError
+from stonemq.server.metrics import METRICS
 from stonemq.storage.errors import CutBackError, StorageError
 from stonemq.storage.health import FATAL, Event, Health, JournalHealth, is_space_error
 from stonemq.storage.journal import JournalEntry, JournalReader
@@ -36,6 +39,8 @@ log = logging.getLogger(__name__)
 Resolver = Callable[[bytes, int], "QueueLog | None"]
 
 _RETRY_AFTER_ERROR_S = 1.0
+# a step of ``run`` behind by more than ``batch_bytes`` reads up to this many times it
+CATCH_UP_STEPS = 8
 
 
 class SplitError(StorageError):
@@ -106,9 +111,19 @@ class Splitter:
         self._publish(j, writes, pos, end, advanced)
         return end - pos
 
+    def step_bytes(self, unsplit: int) -> int:
+        """Journal bytes one step of :meth:`run` reads with ``unsplit`` bytes waiting: the
+        splitter's ``batch_bytes``, or, behind by more, all of them up to
+        ``CATCH_UP_STEPS`` times that. A step costs the same event-loop hops whatever its
+        size (each waits for the loop's current iteration, milliseconds while the loop
+        serves a catch-up and pipelined requests), so a splitter that fell behind catches up
+        in fewer of them instead of holding producers at one ``batch_bytes`` per hops' wait."""
+        return max(self.batch_bytes, min(unsplit, self.batch_bytes * CATCH_UP_STEPS))
+
     async def step_async(self, j: int, limit: int, advanced: set[QueueLog]) -> int:
-        """:meth:`step` with the journal read and the writes in the splitter's thread. A
-        cancel while the writes run waits for them and publishes what they wrote."""
+        """:meth:`step` with the journal read and the writes in the splitter's thread, as
+        many bytes as :meth:`step_bytes` says. A cancel while the writes run waits for them
+        and publishes what they wrote."""
         pos = self.positions[j]
         if pos >= limit:
             return 0
@@ -116,22 +131,31 @@ class Splitter:
         thread = self._thread
         if thread is None:
             thread = self._thread = ThreadPoolExecutor(1, thread_name_prefix="stonemq-split")
-        entries, end = await loop.run_in_executor(
-            thread, self._read, j, pos, limit, self.batch_bytes
+        clock = time.monotonic_ns
+        (entries, end), done_ns = await loop.run_in_executor(
+            thread, _timed, self._read, j, pos, limit, self.step_bytes(limit - pos)
         )
+        on_loop = clock()
+        METRICS.splitter_loop_wait_ns += on_loop - done_ns
         writes = self._stage(j, entries)
         if writes:
-            written = loop.run_in_executor(thread, _write_all, writes)
+            METRICS.splitter_loop_ns += clock() - on_loop
+            written = loop.run_in_executor(thread, _timed, _write_all, writes)
             self._in_flight = written
             try:
-                await asyncio.shield(written)
+                done_ns = (await asyncio.shield(written))[1]
             except asyncio.CancelledError:
                 await asyncio.wait([written])  # the files are being written: finish, publish
                 self._publish(j, writes, pos, end, advanced)
                 raise
             finally:
                 self._in_flight = None
+            on_loop = clock()
+            METRICS.splitter_loop_wait_ns += on_loop - done_ns
         self._publish(j, writes, pos, end, advanced)
+        METRICS.splitter_loop_ns += clock() - on_loop
+        if end > pos:
+            METRICS.splitter_steps += 1
         return end - pos
 
     def _read(self, j: int, pos: int, limit: int, want: int) -> tuple[list[JournalEntry], int]:
@@ -251,9 +275,14 @@ class Splitter:
                     health.on(Event.JOURNAL_READ_ERROR, exc)
                 if advanced or consumed:
                     on_step(advanced)
-                await asyncio.sleep(0)
+                # a step that split something already waited for the loop twice (its read
+                # and its writes); only a journal with nothing to split yields here
+                if not consumed:
+                    await asyncio.sleep(0)
             if not progressed:
+                idle = time.monotonic_ns()
                 await wake.wait()
+                METRICS.splitter_idle_ns += time.monotonic_ns() - idle
 
     def failed(self, exc: SplitError) -> None:
         """Apply the failure rules to a failed split step: for lack of space the step is
@@ -274,6 +303,19 @@ class Splitter:
             self._thread = None
         for reader in self.readers:
             reader.close()
+
+
+_T = TypeVar("_T")
+
+
+def _timed(fn: Callable[..., _T], *args: Any) -> tuple[_T, int]:
+    """``fn(*args)`` in the splitter's thread, its time counted; with the monotonic ns it
+    finished at (the loop counts from there how long the step waited for it)."""
+    started = time.monotonic_ns()
+    out = fn(*args)
+    done = time.monotonic_ns()
+    METRICS.splitter_thread_ns += done - started
+    return out, done
 
 
 def _write_all(writes: list[SplitWrite]) -> None:

@@ -278,3 +278,18 @@ def local_log_start(data_dir: str | os.PathLike[str], topic: str, partition: int
     """The base offset of the oldest queue-log segment left on the broker's disk."""
     queue_dir = os.path.join(data_dir, "queues", f"{topic}-{partition}")
     return min(int(name[:-4]) for name in os.listdir(queue_dir) if name.endswith(".log"))
+
+
+def broker_counters(port: int) -> dict[str, float]:
+    """The broker's counters on its ``metrics.listen`` endpoint (Prometheus text), by field
+    name: ``stonemq_<name>_total`` read as ``<name>``."""
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        if name.startswith("stonemq_") and name.endswith("_total"):
+            out[name[len("stonemq_") : -len("_total")]] = float(value)
+    return out

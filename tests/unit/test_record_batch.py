@@ -3,7 +3,10 @@
 import random
 import struct
 
+import cramjam
+import lz4.frame
 import pytest
+import zstandard
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from kafka.record.default_records import DefaultRecordBatchBuilder
@@ -185,9 +188,9 @@ def garbage_batch(codec: int, records: bytes, count: int) -> bytearray:
     if codec:
         payload = {
             1: lambda d: __import__("gzip").compress(d),
-            2: lambda d: bytes(rb.cramjam.snappy.compress_raw(d)),
-            3: lambda d: rb.lz4.frame.compress(d),
-            4: lambda d: rb.zstandard.ZstdCompressor().compress(d),
+            2: lambda d: bytes(cramjam.snappy.compress_raw(d)),
+            3: lambda d: lz4.frame.compress(d),
+            4: lambda d: zstandard.ZstdCompressor().compress(d),
         }[codec](records)
     batch = head + payload
     struct.pack_into(">i", batch, 8, len(batch) - rb.LOG_OVERHEAD)

@@ -1,0 +1,74 @@
+"""A splitter that fell behind catches up in fewer, larger steps. Each step of the running
+splitter costs the same event-loop hops whatever its size (its journal read and its writes run
+in the splitter's thread, and the loop stages and publishes in between); while the loop serves
+a catch-up and pipelined requests every hop waits for the loop's current iteration, so a
+splitter stepping one ``splitter.batch.bytes`` at a time fell behind a producer and held it
+for split lag (issue 17's interference benchmark). Counted by the broker's own accounting
+(``splitter_steps``), not by wall time."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from pathlib import Path
+
+from conftest import add_topic, build_batch, fd_path, new_engine, produce, read_all, wait_split
+
+from stonemq.server.metrics import METRICS
+from stonemq.storage import fileio
+from stonemq.storage.fileio import FileOps
+from stonemq.storage.splitter import CATCH_UP_STEPS
+
+BATCH_BYTES = 64 * 1024
+RECORD = 60 * 1024  # one record per batch: about one splitter.batch.bytes each
+BATCHES = 64  # 4 MiB of journal
+
+
+class HeldJournalRead(FileOps):
+    """Real operations, but the first journal read waits until ``go`` is set (in the
+    splitter's thread), so the journal fills up behind a splitter that is reading."""
+
+    def __init__(self) -> None:
+        self.go = threading.Event()
+        self.held = threading.Event()
+
+    def pread(self, fd: int, n: int, pos: int) -> bytes:
+        if not self.go.is_set() and "/journal/" in fd_path(fd):
+            self.held.set()
+            assert self.go.wait(30)
+        return super().pread(fd, n, pos)
+
+
+def test_a_splitter_behind_catches_up_in_steps_of_several_batches(tmp_path: Path) -> None:
+    disk = HeldJournalRead()
+
+    async def main() -> tuple[int, list[bytes]]:
+        engine = new_engine(
+            tmp_path, splitter_batch_bytes=BATCH_BYTES, journal_segment_bytes=64 << 20
+        )
+        add_topic(engine)
+        engine.start(lambda *a: None)
+        previous = fileio.install(disk)
+        try:
+            records = [b"%06d" % i + bytes([65 + i % 26]) * RECORD for i in range(BATCHES)]
+            await produce(engine, "t", 0, [build_batch([records[0]])])
+            while not disk.held.is_set():  # the splitter reads the first batch: held there
+                await asyncio.sleep(0.001)
+            steps = METRICS.splitter_steps
+            await produce(engine, "t", 0, [build_batch([r]) for r in records[1:]])
+            disk.go.set()
+            await wait_split(engine, timeout_s=30)
+            steps = METRICS.splitter_steps - steps
+        finally:
+            disk.go.set()
+            fileio.install(previous)
+        data = read_all(engine, "t", 0)
+        await engine.close()
+        return steps, [r for r in records if data.count(r) != 1]
+
+    steps, missing = asyncio.run(main())
+    assert not missing  # every batch split once
+    # the first step read one batch; the 63 behind it came in steps of CATCH_UP_STEPS
+    # batches (8): 1 + 8 steps, and a couple more where a step's end fell short of a batch.
+    # One batch per step took 64.
+    assert steps <= 1 + BATCHES // CATCH_UP_STEPS + 3, steps
