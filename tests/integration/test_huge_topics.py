@@ -208,7 +208,10 @@ def test_a_stop_during_a_huge_deletion_does_not_wait_for_it(broker) -> None:
     waited for every directory (the deletion held the checkpoint lock the stop takes), 7 s and
     more, past the stop timeout. The stop now waits for one chunk of directories; the next
     start sets the rest aside, and the name is free."""
-    create_topic(broker.bootstrap, "doomed", partitions=100_000)
+    # created, then waited for by its directories: a Metadata answer listing 100,000
+    # partitions took more than the helper's 10 s per call on a machine at load 9 (CI)
+    client = admin(broker.bootstrap)
+    client.create_topics([NewTopic("doomed", num_partitions=100_000)])["doomed"].result(60)
     queues = broker.data_dir / "queues"
     deadline = time.monotonic() + 120
     while sum(1 for _ in queues.iterdir()) < 100_000:  # every directory made ahead
