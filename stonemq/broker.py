@@ -353,7 +353,17 @@ def _join_cluster(
     except KazooTimeoutError as exc:
         raise ClusterStartError(f"cannot reach ZooKeeper at {connect}: {exc}") from None
     host, port = settings.advertised_address
-    membership = Membership(store.client, settings.broker_id, host, port, settings.broker_rack)
+    session_s = settings.zookeeper_session_timeout_ms / 1000
+    membership = Membership(
+        store.client,
+        settings.broker_id,
+        host,
+        port,
+        settings.broker_rack,
+        # a previous run's registration lives until its session expires: ZooKeeper expires
+        # sessions on its tick, so up to a tick (2 s in its sample configuration) later
+        wait_registered_s=session_s + max(5.0, session_s / 2),
+    )
     routing = ClusterRouting(store.client, settings.broker_id, str(settings.journal_path))
     controller = Controller(
         store.client,

@@ -2,7 +2,10 @@
 
 Each broker holds an ephemeral node ``/brokers/ids/<broker.id>`` (Kafka's layout: host, port,
 endpoints, rack, registration time) for as long as its ZooKeeper session lives. A broker id
-already registered by another live session is refused at start, as Kafka refuses it. When
+already registered by another session is refused at start, as Kafka refuses it, once that
+registration has outlived a session timeout: a broker restarted right after a crash finds its
+previous run's node, which lives until that session expires (the cluster has moved on by then:
+stonemq/cluster/liveness.py), so it waits for the expiry instead of failing. When
 the session expires (a long pause, a partition from ZooKeeper), the node is gone; once a new
 session is up the broker registers again, as Kafka's brokers do.
 """
@@ -69,8 +72,11 @@ class Membership:
         port: int,
         rack: str | None = None,
         on_change: Callable[[list[int]], None] | None = None,
+        wait_registered_s: float = 0.0,
     ) -> None:
         self.client = client
+        # how long a start waits for a registration left by another session to go
+        self.wait_registered_s = wait_registered_s
         self.broker_id = broker_id
         self.path = f"{BROKER_IDS_PATH}/{broker_id}"
         self._node = json.dumps(
@@ -92,10 +98,31 @@ class Membership:
         self.live: list[int] = []
 
     def register(self) -> None:
-        """Create this broker's node (BrokerIdInUseError if another session holds it) and
-        start following the live brokers."""
+        """Create this broker's node and start following the live brokers. A node held by
+        another session is waited for up to ``wait_registered_s`` (BrokerIdInUseError if it
+        is still there then)."""
         self.client.retry(self.client.ensure_path, BROKER_IDS_PATH)
-        self._create()
+        deadline = time.monotonic() + self.wait_registered_s
+        while True:
+            try:
+                self._create()
+                break
+            except BrokerIdInUseError:
+                if time.monotonic() >= deadline:
+                    raise
+                log.warning(
+                    "broker.id %d is registered by another ZooKeeper session (this broker's "
+                    "previous run, if it stopped less than a session timeout ago): waiting up "
+                    "to %.0f s for that session to expire",
+                    self.broker_id,
+                    deadline - time.monotonic(),
+                )
+                gone = threading.Event()
+                stat = self.client.retry(
+                    self.client.exists, self.path, watch=lambda _event, gone=gone: gone.set()
+                )
+                if stat is not None:
+                    gone.wait(max(0.0, deadline - time.monotonic()))
         self._registered = True
         self.client.add_listener(self._on_state)
         self.client.ChildrenWatch(BROKER_IDS_PATH, self._on_ids)
@@ -108,7 +135,8 @@ class Membership:
             if stat.ephemeralOwner != self.client.client_id[0]:
                 raise BrokerIdInUseError(
                     f"broker.id {self.broker_id} is registered in ZooKeeper by another live "
-                    f"broker ({self.path}); give each broker its own broker.id"
+                    f"broker ({self.path}, for longer than {self.wait_registered_s:.0f} s); "
+                    "give each broker its own broker.id"
                 ) from None
 
     def _on_state(self, state: KazooState) -> None:
