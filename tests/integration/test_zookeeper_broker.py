@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import uuid
 from typing import Any
 
@@ -103,9 +104,15 @@ def test_topics_live_in_zookeeper_and_survive_a_restart(broker_factory, chroot, 
 
 
 def test_a_broker_id_in_use_is_refused(broker_factory, chroot) -> None:
+    """A second broker under a live broker's id waits for that registration to go (a restart
+    right after a crash finds its previous run's node until the session expires:
+    tests/unit/test_membership.py), then is refused: after the session timeout (2 s here)
+    and a 5 s margin."""
     broker_factory(zookeeper_connect=chroot, broker_id=1)
+    started = time.monotonic()
     with pytest.raises(BrokerStartError, match=r"broker\.id 1 is registered in ZooKeeper"):
-        broker_factory(zookeeper_connect=chroot, broker_id=1)
+        broker_factory(zookeeper_connect=chroot, broker_id=1, zookeeper_session_timeout_ms=2000)
+    assert time.monotonic() - started >= 7.0
 
 
 def test_an_unreachable_zookeeper_is_refused_clearly(broker_factory) -> None:
