@@ -24,6 +24,7 @@ from kazoo.client import KazooClient
 from stonemq.cluster.controller import read_controller
 
 from .rawclient import RawConnection, build_batch, produce_raw
+from .replica_peer import journal_states
 from .test_replication import (
     _isrs,
     _leaders,
@@ -254,18 +255,6 @@ class Proxy:
             s.close()
 
 
-def _state(chroot: str) -> dict[int, Any]:
-    from stonemq.cluster.controller import read_journal_partitions
-
-    zk = KazooClient(chroot)
-    zk.start(10)
-    try:
-        return {j: p.state for j, p in read_journal_partitions(zk).items()}
-    finally:
-        zk.stop()
-        zk.close()
-
-
 def _registered(chroot: str) -> list[int]:
     zk = KazooClient(chroot)
     zk.start(10)
@@ -367,7 +356,7 @@ def test_a_leader_judged_dead_while_alive_is_deposed_safely_and_rejoins(
         cut_at = time.monotonic()
         proxy.cut()
         _wait(
-            lambda: all(s.leader != 1 and 1 not in s.isr for s in _state(chroot).values()),
+            lambda: all(s.leader != 1 and 1 not in s.isr for s in journal_states(chroot).values()),
             30,
             "broker 1 deposed and out of every ISR",
         )
