@@ -83,6 +83,11 @@ class NotControllerError(Exception):
     """This broker is no longer the controller (another was elected, or its session is gone)."""
 
 
+class StateChangedError(RuntimeError):
+    """A conditional write found a node changed since it was read (a leader's ISR change in
+    between): expected, the event is decided again from a fresh read."""
+
+
 @dataclass(frozen=True)
 class JournalPartition:
     """A journal partition as the cluster knows it."""
@@ -317,6 +322,10 @@ class Controller:
             except NotControllerError as exc:
                 log.warning("controller %d resigns: %s", self.broker_id, exc)
                 self.active = False
+            except StateChangedError as exc:
+                log.info("controller %d: %s; deciding again", self.broker_id, exc)
+                time.sleep(0.05)
+                self._events.put((kind, None))
             except Exception:
                 log.exception("controller %d: %s event failed; retrying", self.broker_id, kind)
                 time.sleep(0.5)
@@ -462,6 +471,8 @@ class Controller:
         if isinstance(results[0], (BadVersionError, NoNodeError)):
             raise NotControllerError(f"controller epoch {self.epoch} is no longer current")
         cause = next((r for r in failed if not isinstance(r, RolledBackError)), failed[0])
+        if isinstance(cause, BadVersionError):
+            raise StateChangedError(f"{what}: a node changed since it was read")
         raise RuntimeError(f"{what}: {cause!r}")
 
     def close(self) -> None:

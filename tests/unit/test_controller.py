@@ -19,6 +19,7 @@ from tcplistener import Listener
 from stonemq.cluster.controller import (
     Controller,
     NotControllerError,
+    StateChangedError,
     read_controller,
     read_journal_partitions,
 )
@@ -186,7 +187,7 @@ def test_an_election_never_overwrites_an_isr_change_it_did_not_read(cluster) -> 
     )
     a.client.set("/journal_partitions/0/state", shrunk.to_json(), version=before.state_version)
     elected = before.state.__class__(1, before.state.leader_epoch + 1, (1,), a.controller.epoch)
-    with pytest.raises(RuntimeError, match="BadVersion"):
+    with pytest.raises(StateChangedError, match="changed since it was read"):
         a.controller._set_state(0, elected, before.state_version)
     assert read_journal_partitions(a.client)[0].state == shrunk
 
