@@ -220,6 +220,7 @@ def test_describe_cluster_authorized_operations_confluent(module_broker):
     assert result.result(timeout=20).authorized_operations is None
 
 
+@pytest.mark.slow  # several seconds: the whole suite runs it, the fast set not
 def test_describe_groups_authorized_operations_confluent(module_broker):
     topic = create_topic(module_broker.bootstrap)
     group = f"g-{topic}"

@@ -86,6 +86,7 @@ def test_delete_topics_on_the_internal_topic_is_refused_and_commits_go_on(module
     assert committed(b, "edges-delete", topic) == 2
 
 
+@pytest.mark.slow  # several seconds: the whole suite runs it, the fast set not
 @pytest.mark.broker_settings(
     **{
         "log.retention.bytes": 1,

@@ -172,6 +172,7 @@ class _Sent(logging.Handler):
             self.versions.setdefault(api, set()).add(int(version))
 
 
+@pytest.mark.slow  # several seconds: the whole suite runs it, the fast set not
 def test_librdkafka_produces_and_fetches_at_its_newest_versions(module_broker):
     """librdkafka asks for the newest versions both sides know: Fetch v16 (topics by id) and
     Produce v10 (KIP-951 hints) for the librdkafka installed; the records round-trip."""

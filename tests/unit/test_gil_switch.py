@@ -14,6 +14,8 @@ import sys
 import threading
 import time
 
+import pytest
+
 from stonemq.server.gil import SWITCH_INTERVAL_S, tune_switch_interval
 
 CALLS = 120  # of each interval
@@ -55,6 +57,7 @@ def _waits() -> tuple[list[float], list[float]]:
     return waits
 
 
+@pytest.mark.slow  # several seconds: the whole suite runs it, the fast set not
 def test_the_broker_interval_gives_an_io_thread_the_gil_back_sooner() -> None:
     before = sys.getswitchinterval()
     try:

@@ -273,6 +273,7 @@ def test_a_writer_bug_fails_the_group_instead_of_hanging_it(
     run(main())
 
 
+@pytest.mark.slow  # several seconds: the whole suite runs it, the fast set not
 @pytest.mark.skipif(not hasattr(os, "posix_fadvise"), reason="needs posix_fadvise")
 def test_journal_pages_are_released_once_split_and_durable(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch

@@ -52,6 +52,7 @@ async def _loop_lag(stop: asyncio.Event) -> float:
     return worst
 
 
+@pytest.mark.slow  # several seconds: the whole suite runs it, the fast set not
 @pytest.mark.parametrize(("op", "match"), [("pwritev", "/queues/"), ("pread", "/journal/")])
 def test_a_stalled_split_never_stalls_the_event_loop(tmp_path: Path, op: str, match: str) -> None:
     """Before, the splitter wrote queue logs and read the journal on the event loop: every
