@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import signal
 import time
-import uuid
 from typing import Any
 
 import pytest
@@ -19,6 +18,7 @@ from stonemq.protocol.replica_fetch import FetchPartition
 from stonemq.storage.checkpoint import CheckpointFile
 
 from .replica_peer import ReplicaPeer, journal_states
+from .test_replication import _start_cluster
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(180)]
 
@@ -40,21 +40,7 @@ def _journal_dirs(data_dir: Any) -> dict[int, Any]:
 
 
 def test_a_damaged_journal_entry_fails_only_its_partition(broker_factory: Any, zookeeper: Any):
-    chroot = f"{zookeeper.connect}/stonemq-rfe-{uuid.uuid4().hex[:8]}"
-    brokers = [
-        broker_factory(
-            zookeeper_connect=chroot,
-            broker_id=b,
-            journal_partitions=2,
-            start=False,
-            **{"default_replication_factor": 2},
-        )
-        for b in (1, 2)
-    ]
-    for b in brokers:
-        b.spawn()
-    for b in brokers:
-        _wait(lambda b=b: "ready" in b.log(since_start=True), 60, b.log_tail())
+    brokers, chroot = _start_cluster(broker_factory, zookeeper, ids=(1, 2), journal_partitions=2)
     bootstrap = ",".join(b.bootstrap for b in brokers)
     admin = AdminClient({"bootstrap.servers": bootstrap})
     admin.create_topics([NewTopic("t", 8, 2)])["t"].result(30)

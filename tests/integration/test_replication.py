@@ -35,19 +35,31 @@ def replicated(broker_factory, zookeeper) -> tuple[list[Any], str]:
     return _start_cluster(broker_factory, zookeeper)
 
 
-def _start_cluster(broker_factory: Any, zookeeper: Any, **extra: Any) -> tuple[list[Any], str]:
+def _start_cluster(
+    broker_factory: Any,
+    zookeeper: Any,
+    ids: tuple[int, ...] = (1, 2, 3),
+    journal_partitions: int = 1,
+    **extra: Any,
+) -> tuple[list[Any], str]:
+    """Brokers ``ids`` in a fresh chroot, replication factor ``len(ids)``, started together
+    and ready; ``extra``: more settings."""
     chroot = f"{zookeeper.connect}/stonemq-repl-{uuid.uuid4().hex[:8]}"
     brokers = [
         broker_factory(
             zookeeper_connect=chroot,
             broker_id=b,
-            journal_partitions=1,
+            journal_partitions=journal_partitions,
             start=False,
-            **{"default_replication_factor": 3, "replica_lag_time_max_ms": 3000, **extra},
+            **{
+                "default_replication_factor": len(ids),
+                "replica_lag_time_max_ms": 3000,
+                **extra,
+            },
         )
-        for b in (1, 2, 3)
+        for b in ids
     ]
-    for b in brokers:  # placement waits for three live brokers: start them together
+    for b in brokers:  # placement waits for every live broker: start them together
         b.spawn()
     deadline = time.monotonic() + 60
     for b in brokers:

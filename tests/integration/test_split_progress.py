@@ -18,7 +18,6 @@ import os
 import signal
 import threading
 import time
-import uuid
 from typing import Any
 
 import pytest
@@ -28,6 +27,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from stonemq.protocol.replica_fetch import FetchPartition
 
 from .replica_peer import ReplicaPeer, journal_states
+from .test_replication import _start_cluster
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(240)]
 
@@ -90,25 +90,15 @@ class StandIn:
 def test_a_follower_that_lags_in_splitting_holds_the_leaders_produces(
     broker_factory: Any, zookeeper: Any
 ) -> None:
-    chroot = f"{zookeeper.connect}/stonemq-split-{uuid.uuid4().hex[:8]}"
-    brokers = [
-        broker_factory(
-            zookeeper_connect=chroot,
-            broker_id=b,
-            journal_partitions=1,
-            start=False,
-            **{
-                "default_replication_factor": 2,
-                "splitter_max_lag_bytes": LAG_LIMIT,
-                "replica_lag_time_max_ms": 120_000,  # the paused follower stays in the ISR
-            },
-        )
-        for b in (1, 2)
-    ]
-    for b in brokers:  # placement waits for both: start them together
-        b.spawn()
-    for b in brokers:
-        _wait(lambda b=b: "ready" in b.log(since_start=True), 60, b.log_tail())
+    brokers, chroot = _start_cluster(
+        broker_factory,
+        zookeeper,
+        ids=(1, 2),
+        **{
+            "splitter_max_lag_bytes": LAG_LIMIT,
+            "replica_lag_time_max_ms": 120_000,  # the paused follower stays in the ISR
+        },
+    )
     bootstrap = ",".join(b.bootstrap for b in brokers)
     topic = "held"
     admin = AdminClient({"bootstrap.servers": bootstrap})
