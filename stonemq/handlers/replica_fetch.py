@@ -209,3 +209,23 @@ INTERNAL[REPLICA_FETCH_KEY] = (
     decode_request,
     handle_replica_fetch,
 )
+
+
+def _register_catch_up() -> None:
+    """CatchUpPoint (handlers/catchup.py) beside ReplicaFetch in the internal APIs."""
+    from stonemq.handlers.catchup import REGISTRATION
+
+    key, entry = REGISTRATION
+    INTERNAL[key] = entry
+
+
+_register_catch_up()
+
+
+def forget_reader(directory: str) -> None:
+    """A journal partition's files were replaced (a follower's catch-up reset its journal):
+    the replica-read thread's reader of them opens the new ones on its next read."""
+    reader = _readers.pop(directory, None)
+    if reader is not None and _reads is not None:
+        _reads.submit(reader.close)
+    _failed_reads.pop(directory, None)

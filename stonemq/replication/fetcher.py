@@ -13,16 +13,16 @@ agree (``StorageEngine.truncate_replica``); a truncation into split data (only a
 election leads there) is refused, and the partition stops being fetched, logged.
 
 A follower whose position is below the leader's journal start (it was out of the ISR while
-the leader deleted the journal segments it needs: the leader keeps them only for its ISR)
+the leader deleted the journal segments it needs: the leader keeps them for its ISR only)
 gets OFFSET_OUT_OF_RANGE with that start. Kafka's follower would truncate its whole log and
 fetch from the leader's log start; a StoneMQ follower must not: its queue logs would then
-lack every batch the leader split from the deleted journal bytes, and the journal entries
-after the start would land at queue-log offsets past a gap (a wrong log). Catching up needs
-a copy of the leader's queue logs up to that start, which is not built yet. So the follower
-keeps its journal and queue logs as they are, does not fetch the partition (it stays out of
-the ISR, so it is never elected while unclean.leader.election.enable is false), logs it as
-an error once, and asks again every ``_BEHIND_START_RETRY_S`` (a new leader may still hold
-those bytes; a leadership change re-plans the fetchers at once).
+lack every batch the leader split from the deleted journal bytes. It stops fetching that
+journal partition and catches up from the leader's state at one point instead
+(replication/catchup.py: a copy of the leader's queue logs up to that point, then its journal
+restarts there), in a task of its own while the other journal partitions are fetched; once
+installed, the partition is fetched again from the point (and the leader takes this broker
+back into the ISR by the normal rule). An attempt that fails is logged and tried again after
+``_CATCH_UP_RETRY_S``; a leadership change re-plans the fetchers at once.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ log = logging.getLogger("stonemq.replication")
 
 _LENGTH = struct.Struct(">i")
 _MAX_RESPONSE_BYTES = 1 << 30
-_BEHIND_START_RETRY_S = 30.0
+_CATCH_UP_RETRY_S = 5.0
 _BECOMING_RETRY_S = 0.05
 """How soon a partition is asked again from a broker that routing names its leader but that
 answered NOT_LEADER_OR_FOLLOWER (it is becoming leader)."""
@@ -73,6 +73,7 @@ class LeaderFetcher:
         self._task: asyncio.Task[None] | None = None
         self._writer: asyncio.StreamWriter | None = None
         self._ids = itertools.count(1)
+        self._catch_ups: dict[int, asyncio.Task[None]] = {}  # journal id -> its attempt
         self.requests = 0  # replica fetch requests sent (tests, benchmarks)
 
     def start(self) -> None:
@@ -87,6 +88,12 @@ class LeaderFetcher:
             self._changed.set()
 
     async def close(self) -> None:
+        for task in self._catch_ups.values():
+            task.cancel()  # an install under way finishes (shielded); the copy stops
+        for task in list(self._catch_ups.values()):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._catch_ups.clear()
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -191,19 +198,17 @@ class LeaderFetcher:
         if error == ErrorCode.offset_out_of_range and asked.fetch_position < start:
             known = manager.behind_start.get(j)
             if known is None or known[0] != asked.fetch_position:  # once per position
-                log.error(
+                log.warning(
                     "journal partition %d: position %d is below leader %d's journal start %d "
                     "(the journal bytes it needs were deleted while this replica was out of "
-                    "the ISR); not fetched, out of the ISR: catching up needs a copy of the "
-                    "leader's queue logs, which StoneMQ does not make yet (see "
-                    "docs/architecture.md, Replication)",
+                    "the ISR); catching up from the leader's state",
                     j,
                     asked.fetch_position,
                     self.leader,
                     start,
                 )
                 manager.behind_start[j] = (asked.fetch_position, start)
-            self._paused[j] = time.monotonic() + _BEHIND_START_RETRY_S
+            self._start_catch_up(j)
             return
         if error == ErrorCode.none and manager.behind_start.pop(j, None) is not None:
             log.info("journal partition %d: fetching from leader %d again", j, self.leader)
@@ -236,6 +241,48 @@ class LeaderFetcher:
                 self._paused[j] = time.monotonic() + backoff_s
                 return
         storage.set_split_limit(local, min(data.high_watermark, end))  # type: ignore[attr-defined]
+
+    def _start_catch_up(self, j: int) -> None:
+        """Stop fetching ``j`` and catch it up from the leader's state in a task of its own
+        (replication/catchup.py); fetched again once that is done, or after
+        ``_CATCH_UP_RETRY_S`` when it failed."""
+        self._paused[j] = float("inf")
+        if j in self._catch_ups:
+            return
+        task = asyncio.get_running_loop().create_task(
+            self._catch_up(j), name=f"stonemq-catch-up-{j}"
+        )
+        self._catch_ups[j] = task
+
+    async def _catch_up(self, j: int) -> None:
+        from stonemq.replication.catchup import CatchUpError, catch_up
+
+        retry = 0.0
+        try:
+            await catch_up(self.manager, self.leader, j)
+        except asyncio.CancelledError:
+            raise
+        except (
+            CatchUpError,
+            StorageError,
+            OSError,
+            EOFError,
+            asyncio.IncompleteReadError,
+            ValueError,
+        ) as exc:
+            log.error(
+                "journal partition %d: catch-up from leader %d failed: %s", j, self.leader, exc
+            )
+            retry = _CATCH_UP_RETRY_S
+        except Exception:
+            log.exception("journal partition %d: catch-up from leader %d failed", j, self.leader)
+            retry = _CATCH_UP_RETRY_S
+        finally:
+            self._catch_ups.pop(j, None)
+        self.manager.behind_start.pop(j, None)
+        if j in self._paused:
+            self._paused[j] = time.monotonic() + retry
+        self._changed.set()
 
     async def _truncate(self, asked: FetchPartition, data: object) -> None:
         """The leader says this replica's last epoch ends earlier there (or is not in its

@@ -48,6 +48,12 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("stonemq.replication")
 
+CATCH_UP_RETAIN_S = 300.0
+"""How long a leader keeps its journal from the point it gave a follower behind its journal
+start (handlers/catchup.py) while that follower copies, then from each of its fetch positions
+until it is back in the ISR (renewed by each CatchUpPoint and fetch). Past it, retention goes
+on as before and a slow follower asks for a new point (its copy resumes from what it holds)."""
+
 
 class NotLeaderError(Exception):
     """This broker does not (or no longer) lead the journal partition."""
@@ -80,6 +86,9 @@ class LeaderState:
         default_factory=collections.deque
     )
     isr_change_pending: bool = False
+    # followers catching up from a point (replication/catchup.py): broker -> (journal
+    # position its copy continues from, monotonic time the pin lapses)
+    catch_up_pins: dict[int, tuple[int, float]] = field(default_factory=dict)
 
 
 class ReplicaManager:
@@ -362,6 +371,11 @@ class ReplicaManager:
         follower.last_fetch_leader_end = leader_end
         follower.last_fetch_s = now
         follower.end = position
+        if broker in state.catch_up_pins:  # a follower back from a catch-up
+            if broker in state.isr:  # the ISR's floor keeps what it needs from here
+                del state.catch_up_pins[broker]
+            else:  # its journal kept from where it fetches until it rejoins the ISR
+                state.catch_up_pins[broker] = (position, now + CATCH_UP_RETAIN_S)
         if split < follower.split:  # never seen go back, except by a restart
             follower.split = split
         elif split > follower.split:
@@ -411,7 +425,19 @@ class ReplicaManager:
             if broker != self.broker_id:
                 follower = state.followers.get(broker)
                 floor = min(floor, follower.end if follower is not None else 0)
+        if state.catch_up_pins:
+            now = time.monotonic()
+            for broker, (point, until) in list(state.catch_up_pins.items()):
+                if until < now:
+                    del state.catch_up_pins[broker]
+                else:
+                    floor = min(floor, point)
         return max(floor, 0)
+
+    def retain_for_catch_up(self, state: LeaderState, broker: int, point: int) -> None:
+        """Follower ``broker`` copies this journal partition's state at ``point``: its
+        journal segments from there stay for ``CATCH_UP_RETAIN_S`` (or until it fetches)."""
+        state.catch_up_pins[broker] = (point, time.monotonic() + CATCH_UP_RETAIN_S)
 
     # -- ISR changes ------------------------------------------------------------------------
     async def _isr_loop(self) -> None:

@@ -29,6 +29,8 @@ from typing import Any, NamedTuple, TypeVar
 from stonemq.protocol.record_batch import (
     BatchHeader,
     RecordBatchError,
+    crc_ok,
+    iter_batches,
     parse_header,
     recompress,
     set_base_offset,
@@ -39,6 +41,7 @@ from stonemq.storage.checkpoint import (
     LOG_START_OFFSET_FILE,
     QUEUE_RECOVERY_POINT_FILE,
     SPLIT_POSITION_FILE,
+    CheckpointFile,
     CheckpointNotDurableError,
     QueueRecoveryPoint,
     read_offsets,
@@ -67,9 +70,11 @@ from stonemq.storage.journal import (
     JournalReader,
     decode_entries,
     encode_entry_prefix,
+    list_segments,
+    segment_name,
     unlink_segments,
 )
-from stonemq.storage.leader_epoch import LeaderEpochCache
+from stonemq.storage.leader_epoch import LEADER_EPOCH_FILE, LeaderEpochCache
 from stonemq.storage.open_files import CachedReads, DiskReads, NotCachedError, OpenFiles, Reads
 from stonemq.storage.page_cache import (
     RECOVERY_READ_BYTES,
@@ -431,6 +436,7 @@ class StorageEngine:
         self._queue_dir = str(queue_dir)
         fileio.makedirs_durable(self._journal_dir)
         fileio.makedirs_durable(self._queue_dir)
+        finish_catch_ups(self._journal_dir)  # an install a crash cut short
         self._flush_policy = flush_policy
         self._flush_interval_ms = flush_interval_ms
         self._checkpoint_interval_ms = queue_checkpoint_interval_ms
@@ -2027,6 +2033,207 @@ class StorageEngine:
                 state.next_offset = end
         return position + used
 
+    # -- catching up from a leader's state (replication/catchup.py drives these) -----------
+    def catch_up_point(
+        self, j: int
+    ) -> tuple[int, list[tuple[int, int]], list[tuple[str, int, int, int]]]:
+        """The leader's side of a catch-up (handlers/catchup.py), taken in one event-loop
+        step so it is one consistent point: (P = the split position of local journal
+        partition ``j``, its leader-epoch entries starting at or below P, and per topic
+        partition routed to ``j`` (topic, partition, log start offset, end offset at P)).
+        Every entry below P is split (the splitter publishes a step's queue-log ends and
+        its new position together), so each queue log's end is its end at P."""
+        assert self._splitter is not None
+        point = self._splitter.positions[j]
+        cache = self._epoch_caches[j] if self._epoch_caches else None
+        epochs = [(e.epoch, e.start) for e in cache.entries if e.start <= point] if cache else []
+        partitions = []
+        for state in self._by_name.values():
+            if state.journal != j:
+                continue
+            queue = state.queue
+            if queue is None:
+                partitions.append((state.topic, state.partition, 0, 0))
+            else:
+                partitions.append(
+                    (state.topic, state.partition, queue.log_start_offset, queue.next_offset)
+                )
+        return point, epochs, partitions
+
+    async def catch_up_prepare(self, j: int, timeout_s: float = 30.0) -> None:
+        """A follower about to copy its leader's queue logs for local journal partition
+        ``j`` (not fetched meanwhile, so its split limit stays): wait until its splitter
+        has split everything up to that limit and has no write in flight, so the copy and
+        the splitter never write the same queue log. StorageError when it does not get
+        there (an offline journal partition)."""
+        if j in self._led_here:
+            raise StorageError(f"journal-{j} is led here: nothing to catch up")
+        splitter = self._splitter
+        assert splitter is not None
+        deadline = time.monotonic() + timeout_s
+        while True:
+            journal = self._journals[j]
+            if journal.health.offline:
+                raise StorageError(f"journal-{j} is offline")
+            limit = min(journal.visible_end, self.split_limit(j))
+            if splitter.positions[j] >= limit and splitter._in_flight is None:
+                return
+            if time.monotonic() > deadline:
+                raise StorageError(f"journal-{j}: the splitter did not reach {limit}")
+            await asyncio.sleep(0.01)
+
+    def catch_up_queue(self, j: int, topic: str, partition: int) -> tuple[int, int] | None:
+        """(log end offset, log start offset) of a topic partition's queue log routed to
+        local journal partition ``j``; None when it is not registered here (or routed
+        elsewhere: the copy cannot go on)."""
+        state = self._by_name.get((topic, partition))
+        if state is None or state.journal != j:
+            return None
+        queue = self._open_queue(state)
+        return queue.next_offset, queue.log_start_offset
+
+    def catch_up_restart_queue(self, topic: str, partition: int, offset: int) -> None:
+        """The leader's log start is past this queue log's end: empty it and start it at
+        ``offset`` (Kafka's follower ``truncateFullyAndStartAt``), its producer state and
+        snapshots gone with its batches. The log start is checkpointed by the install's
+        flush; a crash before it leaves an older log end, which the next copy resets again."""
+        state = self._state(topic, partition)
+        queue = self._open_queue(state)
+        if queue.writing:
+            raise StorageError(f"{topic}-{partition}: a write is in flight")
+        queue._drop_from(0, f"catching up: the leader's log starts at {offset}")
+        queue.unflushed = ()
+        queue.first_unflushed_journal_position = None
+        queue.next_offset = queue.log_start = offset
+        queue.producers = None
+        queue.snapshot_due = None
+        for name in os.listdir(queue.directory) if os.path.isdir(queue.directory) else ():
+            if name.endswith(".snapshot"):
+                with contextlib.suppress(FileNotFoundError):
+                    fileio.unlink(os.path.join(queue.directory, name))
+        state.next_offset = offset
+        self._log_starts[(topic, partition)] = offset
+        self._log_starts_changed = True
+        log.warning(
+            "%s-%d: emptied to start at offset %d (the leader's log start is past its end)",
+            topic,
+            partition,
+            offset,
+        )
+
+    async def catch_up_append(
+        self, topic: str, partition: int, data: bytes | memoryview, end_offset: int, point: int
+    ) -> int:
+        """Append a leader's queue-log batches (a Fetch answer's records) to this follower's
+        queue log verbatim, same offsets and leader epochs, up to ``end_offset`` (the
+        leader's end at journal position ``point``): each batch's CRC is checked, batches
+        the log holds already are skipped (as a re-split skips them), a gap or a batch
+        across ``end_offset`` is refused (StorageError) and nothing after it is taken. The
+        producer state follows the batches as the splitter's appends do. Returns the new
+        log end offset."""
+        state = self._state(topic, partition)
+        queue = self._open_queue(state)
+        if queue.writing:
+            raise StorageError(f"{topic}-{partition}: a write is in flight")
+        view = memoryview(data)
+        write = queue.new_write()
+        problem = None
+        try:
+            for at, header in iter_batches(view):
+                if header.base_offset >= end_offset:
+                    break
+                if header.next_offset > end_offset:
+                    problem = f"batch {header.base_offset}..{header.last_offset} past {end_offset}"
+                    break
+                if header.base_offset > write.next_offset and write.active is not None:
+                    problem = f"offsets {write.next_offset}..{header.base_offset - 1} missing"
+                    break
+                if not crc_ok(view, at, header):
+                    problem = f"batch at offset {header.base_offset} fails its CRC"
+                    break
+                queue.stage(write, view[at : at + header.size], max(point - 1, 0))
+        except RecordBatchError as exc:
+            problem = str(exc)
+        if write.runs:
+            write.take_index_writes()
+            queue.writing = True
+            try:
+                await asyncio.get_running_loop().run_in_executor(None, write.write)
+            finally:
+                queue.publish(write)
+            self._on_split({queue})
+            state.next_offset = max(state.next_offset, queue.next_offset)
+            if write.error is not None:
+                self._fail_queue(queue, Event.QUEUE_WRITE_ERROR, write.error)
+                raise StorageError(f"{topic}-{partition}: copy failed: {write.error}")
+        if problem is not None:
+            raise StorageError(f"{topic}-{partition}: copy refused: {problem}")
+        return queue.next_offset
+
+    async def catch_up_install(
+        self, j: int, point: int, epochs: list[tuple[int, int]], keys: list[tuple[str, int]]
+    ) -> None:
+        """Make local journal partition ``j`` continue from ``point`` after its queue logs
+        (``keys``) were copied up to the leader's ends there: the queue logs are flushed and
+        checkpointed first; then a marker file ``catch-up-point`` (P and the leader's epochs)
+        is written atomically in the journal partition's directory, and
+        :func:`finish_catch_up` empties the journal to one empty segment at P, writes the
+        epoch history at P and P as its split position and recovery point, and removes the
+        marker. A crash before the marker leaves the old state (the copy resumes from the
+        queue logs' ends); after it, the next start finishes the install
+        (:meth:`__init__`). A failure after the marker takes the journal partition offline
+        until a restart finishes it."""
+        if j in self._led_here:
+            raise StorageError(f"journal-{j} is led here: no catch-up")
+        journal = self._journals[j]
+        await journal.drain()
+        queues = []
+        for key in keys:
+            state = self._by_name.get(key)
+            if state is not None and state.journal == j:
+                queues.append(self._open_queue(state))
+        await self._flush_queues(queues)
+        if journal.health.offline or any(q.failed is not None for q in queues):
+            raise StorageError(f"journal-{j}: queue logs not durable; not installed")
+        assert self._checkpoint_lock is not None and self._splitter is not None
+        loop = asyncio.get_running_loop()
+        async with self._checkpoint_lock:
+            await loop.run_in_executor(
+                None, write_catch_up_marker, journal.directory, point, epochs
+            )
+            try:
+                await loop.run_in_executor(
+                    None, finish_catch_up, self._journal_dir, journal.directory, j
+                )
+                journal.close()
+                journal.recover(None)
+                journal.fsync_now()
+                journal.released_end = point
+                cache = LeaderEpochCache(journal.directory)
+            except OSError as exc:
+                journal.health.on(Event.CHECKPOINT_FAILED, exc)
+                raise StorageError(f"journal-{j}: catch-up install failed: {exc}") from exc
+            if self._epoch_caches:
+                self._epoch_caches[j] = cache
+            splitter = self._splitter
+            splitter.readers[j].close()
+            splitter.readers[j] = JournalReader(journal.directory)
+            splitter.positions[j] = point
+            if self._split_limits is not None:
+                self._split_limits[j] = point
+            if self._last_checkpoint is not None:
+                self._last_checkpoint[0][j] = point
+                self._last_checkpoint[1][j] = point
+        for state in self._by_name.values():
+            if state.journal == j:
+                state.next_offset = state.queue.next_offset if state.queue is not None else 0
+        log.warning(
+            "journal-%d: caught up: journal now starts at %d (%d queue logs copied)",
+            j,
+            point,
+            len(queues),
+        )
+
     # -- introspection (admin APIs, tests, metrics) ---------------------------------------
     @property
     def journal_dir(self) -> str:
@@ -2083,6 +2290,78 @@ class StorageEngine:
     def journal_health(self) -> list[str]:
         """Each journal partition's state (``health.py``), for logs, metrics and tests."""
         return [journal.health.state.value for journal in self._journals]
+
+
+CATCH_UP_FILE = "catch-up-point"
+"""A follower's install of a leader's point in progress (``catch_up_install``): the journal
+partition's directory holds it from the moment its queue logs are durable until its journal,
+epochs and checkpoints say P."""
+
+
+def catch_up_epochs(epochs: list[tuple[int, int]], point: int) -> list[tuple[int, int]]:
+    """The epoch history of a journal that starts (empty) at ``point``, from the leader's
+    entries: the last entry at or below ``point`` moved to it (Kafka's
+    ``truncateFromStart``); empty when none is."""
+    below = [(epoch, start) for epoch, start in epochs if start <= point]
+    return [(below[-1][0], point)] if below else []
+
+
+def write_catch_up_marker(directory: str, point: int, epochs: list[tuple[int, int]]) -> None:
+    """The install's commit point (blocking): ``point`` and the epoch history at it."""
+    rows = [("point", point), *((str(e), s) for e, s in catch_up_epochs(epochs, point))]
+    CheckpointFile(os.path.join(directory, CATCH_UP_FILE), 2).write(rows)
+
+
+def finish_catch_up(journal_dir: str, directory: str, j: int) -> bool:
+    """Finish an install whose marker is in ``directory`` (local journal partition ``j``),
+    idempotently (blocking; at an install and at a start): one empty segment at P and no
+    other, the epoch history at P, P as the split position and journal recovery point, then
+    the marker goes. False when there is no marker; an unreadable one raises StorageError."""
+    path = os.path.join(directory, CATCH_UP_FILE)
+    if not os.path.exists(path):
+        return False
+    rows = CheckpointFile(path, 2).read()
+    if not rows or rows[0][0] != "point":
+        raise StorageError(f"{path} cannot be read; the catch-up it records cannot finish")
+    point = int(rows[0][1])
+    epochs = [(int(e), int(s)) for e, s in rows[1:]]
+    keep = os.path.join(directory, segment_name(point))
+    fd = fileio.open(keep, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fileio.ftruncate(fd, 0)
+        fileio.fsync(fd)
+    finally:
+        fileio.close(fd)
+    for base in list_segments(directory):
+        if base != point:
+            fileio.unlink(os.path.join(directory, segment_name(base)))
+    fileio.fsync_dir(directory)
+    CheckpointFile(os.path.join(directory, LEADER_EPOCH_FILE), 2).write(epochs)
+    for name in (SPLIT_POSITION_FILE, JOURNAL_RECOVERY_POINT_FILE):
+        positions = read_positions(os.path.join(journal_dir, name))
+        positions[j] = point
+        write_positions(os.path.join(journal_dir, name), positions)
+    fileio.unlink(path)
+    fileio.fsync_dir(directory)
+    log.warning("journal-%d: catch-up to position %d finished", j, point)
+    return True
+
+
+def finish_catch_ups(journal_dir: str) -> None:
+    """At a start, before any journal partition is opened: finish the installs a crash cut
+    short (``journal-<j>`` directories holding a catch-up marker)."""
+    try:
+        names = os.listdir(journal_dir)
+    except FileNotFoundError:
+        return
+    for name in names:
+        prefix, _, index = name.partition("-")
+        if prefix == "journal" and index.isdigit():
+            directory = os.path.join(journal_dir, name)
+            try:
+                finish_catch_up(journal_dir, directory, int(index))
+            except OSError as exc:
+                raise StorageError(f"{directory}: catch-up cannot finish: {exc}") from exc
 
 
 def _journal_entries(directory: str, start: int, stop: int) -> Iterator[JournalEntry]:

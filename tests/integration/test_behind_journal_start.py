@@ -2,8 +2,10 @@
 and deleted the journal segments it still needed (the leader keeps them for its ISR only).
 Kafka's follower would truncate everything and start at the leader's log start; a StoneMQ
 follower must not (its queue logs would lack what the leader split from the deleted bytes).
-It keeps its logs as they were, stays out of the ISR and says why; the rest of the cluster
-goes on. Real ZooKeeper, two brokers, default.replication.factor=2."""
+It catches up from the leader's state at one point (replication/catchup.py): a copy of the
+leader's queue logs up to there, then its journal restarts at that point; it comes back into
+the ISR, holds byte-identical queue logs, and can lead. Real ZooKeeper, two brokers,
+default.replication.factor=2."""
 
 from __future__ import annotations
 
@@ -13,11 +15,14 @@ import uuid
 from typing import Any
 
 import pytest
+from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from .test_replication import _isrs, _journal_bytes, _produce_all, _storage_check, _wait
 
-pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(300)]
+
+PARTITIONS = 6
 
 
 def _journal_start(data_dir: Any, journal: int) -> int:
@@ -39,9 +44,34 @@ def _queue_log(data_dir: Any, topic: str, partition: int) -> bytes:
     return b"".join((d / n).read_bytes() for n in sorted(os.listdir(d)) if n.endswith(".log"))
 
 
-def test_a_follower_behind_the_leaders_journal_start_stays_out_and_keeps_a_right_log(
-    broker_factory, zookeeper
-) -> None:
+def _consume_all(bootstrap: str, topic: str) -> dict[tuple[int, int], bytes]:
+    """Every record of ``topic`` from offset 0 to the high watermark, by (partition, offset)."""
+    consumer = Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": f"check-{uuid.uuid4().hex[:6]}"}
+    )
+    try:
+        ends = {
+            p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
+            for p in range(PARTITIONS)
+        }
+        consumer.assign([TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
+        got: dict[tuple[int, int], bytes] = {}
+        deadline = time.monotonic() + 60
+        while any(sum(1 for k in got if k[0] == p) < ends[p] for p in range(PARTITIONS)):
+            assert time.monotonic() < deadline, (ends, len(got))
+            msg = consumer.poll(0.5)
+            if msg is None or msg.error():
+                continue
+            got[(msg.partition(), msg.offset())] = msg.value()
+        return got
+    finally:
+        consumer.close()
+
+
+def _behind(broker_factory: Any, zookeeper: Any, **extra: Any) -> tuple[Any, Any, str, list]:
+    """Two brokers; broker 2 killed, broker 1 goes on alone until it deleted the journal
+    segments broker 2 needs; broker 2 not started again. Returns (leader, follower, chroot,
+    the acknowledged (partition, offset, value))."""
     chroot = f"{zookeeper.connect}/stonemq-behind-{uuid.uuid4().hex[:8]}"
     settings = {
         "zookeeper_connect": chroot,
@@ -51,6 +81,7 @@ def test_a_follower_behind_the_leaders_journal_start_stays_out_and_keeps_a_right
         "zookeeper_session_timeout_ms": 6000,
         "journal_segment_bytes": 16 * 1024,
         "queue_checkpoint_interval_ms": 200,
+        **extra,
     }
     brokers = [broker_factory(broker_id=b, start=False, **settings) for b in (1, 2)]
     for b in brokers:
@@ -59,16 +90,17 @@ def test_a_follower_behind_the_leaders_journal_start_stays_out_and_keeps_a_right
         _wait(lambda b=b: "ready" in b.log(since_start=True), 60, "brokers ready")
     leader, follower = brokers
     admin = AdminClient({"bootstrap.servers": leader.bootstrap})
-    admin.create_topics([NewTopic("behind", 6, 2)])["behind"].result(30)
+    admin.create_topics([NewTopic("behind", PARTITIONS, 2)])["behind"].result(30)
     _wait(lambda: all(set(i) == {1, 2} for i in _isrs(chroot).values()), 30, "full ISR")
-    assert len(_produce_all(leader.bootstrap, "behind", 60, b"a")) == 60
+    acked = _tagged(_produce_all(leader.bootstrap, "behind", 60, b"a"), b"a")
     time.sleep(1)  # the follower has it all
     follower.kill()
     # broker 1 leads both journal partitions alone once broker 2's session expired
     _wait(lambda: all(i == (1,) for i in _isrs(chroot).values()), 30, "broker 2 leaves the ISR")
     # far more than a segment, split and checkpointed: the leader deletes old segments
-    for _ in range(6):
-        _produce_all(leader.bootstrap, "behind", 200, b"x" * 200)
+    for round_ in range(6):
+        tag = b"x%d-" % round_ + b"x" * 200
+        acked += _tagged(_produce_all(leader.bootstrap, "behind", 200, tag), tag)
     journals = sorted(_isrs(chroot))
     _wait(
         lambda: all(_journal_start(leader.data_dir, j) > 0 for j in journals),
@@ -77,27 +109,64 @@ def test_a_follower_behind_the_leaders_journal_start_stays_out_and_keeps_a_right
     )
     ends = _journal_bytes(follower.data_dir)
     assert all(_journal_start(leader.data_dir, j) > len(ends[j]) for j in journals)
-    before = {p: _queue_log(follower.data_dir, "behind", p) for p in range(6)}
+    return leader, follower, chroot, acked
 
+
+def _tagged(acked: list[tuple[int, int]], tag: bytes) -> list[tuple[int, int, bytes]]:
+    """(partition, offset, value) of what ``_produce_all`` acknowledged (its i-th message,
+    in partition i % 6, is ``tag`` + i: the k-th acknowledgement of a partition is its k-th
+    message, librdkafka keeping a partition's order)."""
+    out = []
+    seen: dict[int, int] = {}
+    for p, off in sorted(acked, key=lambda a: (a[0], a[1])):
+        k = seen.get(p, 0)
+        seen[p] = k + 1
+        out.append((p, off, tag + b"%04d" % (p + PARTITIONS * k)))
+    return out
+
+
+def _identical(leader: Any, follower: Any) -> bool:
+    return all(
+        _queue_log(follower.data_dir, "behind", p) == _queue_log(leader.data_dir, "behind", p)
+        for p in range(PARTITIONS)
+    )
+
+
+def test_a_follower_behind_the_leaders_journal_start_catches_up_and_can_lead(
+    broker_factory, zookeeper
+) -> None:
+    leader, follower, chroot, acked = _behind(broker_factory, zookeeper)
+    journals = sorted(_isrs(chroot))
     follower.start()
-    refusals = [
-        f"journal partition {j}: position {len(ends[j])} is below leader 1's" for j in journals
+    caught = [
+        f"journal partition {j}: caught up from leader 1 at journal position" for j in journals
     ]
     _wait(
-        lambda: all(r in follower.log(since_start=True) for r in refusals),
-        30,
-        "the follower's refusals",
+        lambda: all(c in follower.log(since_start=True) for c in caught),
+        60,
+        "the follower's catch-ups",
     )
-    assert len(_produce_all(leader.bootstrap, "behind", 60, b"b")) == 60  # the leader goes on
-    time.sleep(3)  # more than replica.lag.time.max.ms: it is never taken back into the ISR
-    assert all(i == (1,) for i in _isrs(chroot).values()), _isrs(chroot)
-    assert all(follower.log(since_start=True).count(r) == 1 for r in refusals)  # said once
-    for b in brokers:
-        b.stop()
-        _storage_check(b.data_dir)
-    # the follower's copy of the topic data is what it was: a prefix of the leader's, nothing
-    # cut, nothing appended past a gap
-    for p in range(6):
-        kept = _queue_log(follower.data_dir, "behind", p)
-        assert kept == before[p] and kept, f"behind-{p}"
-        assert _queue_log(leader.data_dir, "behind", p).startswith(kept), f"behind-{p}"
+    _wait(lambda: all(set(i) == {1, 2} for i in _isrs(chroot).values()), 30, "back in the ISR")
+    more = _tagged(_produce_all(leader.bootstrap, "behind", 60, b"b"), b"b")
+    acked += more  # acks=all: on both brokers
+    # byte-identical queue logs (the follower splits below the HW its next fetch learns)
+    _wait(lambda: _identical(leader, follower), 30, "the follower's queue logs = the leader's")
+    log = follower.log(since_start=True)
+    for j, line in zip(journals, caught, strict=True):  # its journal restarted at the point
+        point = int(log.split(line, 1)[1].split()[0])
+        assert point > 0 and _journal_start(follower.data_dir, j) >= point, (j, point)
+    follower.stop()
+    _storage_check(follower.data_dir)
+    follower.start()  # a restart after the catch-up: fetching from where it was
+    _wait(lambda: all(set(i) == {1, 2} for i in _isrs(chroot).values()), 30, "ISR after restart")
+    log = follower.log(since_start=True)
+    assert "catching up" not in log, log[-3000:]
+    # the old leader dies: the caught-up follower leads and serves every acknowledged record
+    leader.kill()
+    _wait(lambda: all(i == (2,) for i in _isrs(chroot).values()), 30, "broker 2 leads")
+    got = _consume_all(follower.bootstrap, "behind")
+    for p, off, value in acked:
+        assert got.get((p, off)) == value, (p, off, value, got.get((p, off)))
+    assert len(_produce_all(follower.bootstrap, "behind", 60, b"c")) == 60  # it takes produces
+    follower.stop()
+    _storage_check(follower.data_dir)

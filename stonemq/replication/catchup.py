@@ -1,0 +1,249 @@
+"""A follower behind its leader's journal start catches up from the leader's state at one
+point (docs/architecture.md, "Behind the leader's journal start").
+
+The leader deleted journal segments this follower still needs (it was out of the ISR), so
+its journal cannot continue where it stopped: its queue logs would lack every batch the
+leader split from the deleted bytes. One attempt (:func:`catch_up`), over one connection to
+the leader, for one journal partition:
+
+1. **The point.** CatchUpPoint (internal key 1001, handlers/catchup.py) with this broker's
+   leader epoch: the leader answers P (its split position: at or above its journal start),
+   its epoch history up to P, and each topic partition routed to the journal partition with
+   its log start offset and its end offset at P.
+2. **Ready.** This broker's splitter finishes splitting what it may (below the HW it last
+   learned); the journal partition is not fetched meanwhile, so nothing else writes those
+   queue logs (``StorageEngine.catch_up_prepare``).
+3. **Plan.** Per topic partition: this replica's queue-log end must not pass the leader's
+   end at P (it would hold entries the leader does not have, which only an unclean election
+   leaves: refused, as the normal truncation refuses a cut into split data); when the
+   leader's log start is past it, the queue log is emptied to start there (Kafka's
+   ``truncateFullyAndStartAt``).
+4. **Copy.** Kafka's Fetch (v11, this broker's id as the replica id, the journal
+   partition's leader epoch as each partition's current leader epoch) from each queue log's
+   end to the leader's end at P, at most ``_PARTITIONS_PER_FETCH`` topic partitions and
+   ``replica.fetch.response.max.bytes`` per request, ``replica.fetch.max.bytes`` per topic
+   partition: memory stays bounded whatever the number of partitions. The batches are
+   appended verbatim (same offsets, same leader epochs, CRC checked;
+   ``StorageEngine.catch_up_append``); the producer state follows them.
+5. **Install** (``StorageEngine.catch_up_install``), once routing still names the same
+   leader in the same epoch: the queue logs durable and checkpointed, then atomically (a
+   marker file, finished by the next start after a crash) an empty journal at P, the epoch
+   history at P, P as split position and recovery point. The fetcher then fetches the
+   journal from P, and the leader takes this broker back into the ISR by the normal rule.
+
+A crash during the copy leaves the queue logs holding a prefix of the leader's (each batch
+whole: a torn tail is cut by recovery) and the old journal: the next attempt resumes from the
+queue logs' ends. A leader change restarts the attempt from the new leader (what was copied
+stays: it was below the old leader's HW, which a clean election keeps).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import struct
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from kio.schema.errors import ErrorCode
+
+from stonemq.protocol.catchup import (
+    CatchUpRequest,
+    CopyFetch,
+    decode_fetch,
+    decode_response,
+    encode_fetch,
+    encode_request,
+)
+
+if TYPE_CHECKING:
+    from stonemq.replication.manager import ReplicaManager
+
+log = logging.getLogger("stonemq.replication")
+
+_LENGTH = struct.Struct(">i")
+_MAX_RESPONSE_BYTES = 1 << 30
+_PARTITIONS_PER_FETCH = 1000
+_PROGRESS_EVERY_S = 5.0
+
+
+class CatchUpError(Exception):
+    """This attempt cannot go on (logged; the fetcher tries again later)."""
+
+
+@dataclass(slots=True)
+class _Copy:
+    topic: str
+    partition: int
+    offset: int  # this replica's queue-log end
+    end: int  # the leader's end at P
+
+
+async def _read_frame(reader: asyncio.StreamReader) -> bytes:
+    (size,) = _LENGTH.unpack(await reader.readexactly(4))
+    if not 0 < size <= _MAX_RESPONSE_BYTES:
+        raise CatchUpError(f"response of {size} bytes")
+    return await reader.readexactly(size)
+
+
+async def catch_up(manager: ReplicaManager, leader: int, journal: int) -> None:
+    """One attempt to catch journal partition ``journal`` up from ``leader``'s state (see
+    the module docstring). Returns once installed; CatchUpError (or an I/O error) when it
+    could not be."""
+    routing = manager.routing
+    storage = manager.storage
+    local = routing.local_index(journal)
+    lead = routing.leadership(journal)
+    if local is None or lead.leader != leader:
+        raise CatchUpError(f"broker {leader} does not lead it any more")
+    epoch = lead.leader_epoch
+    endpoint = routing.broker(leader)
+    if endpoint is None:
+        raise CatchUpError(f"broker {leader} is not live")
+    reader, writer = await asyncio.open_connection(endpoint.host, endpoint.port)
+    ids = itertools.count(1)
+    try:
+        cid = next(ids)
+        writer.write(encode_request(CatchUpRequest(manager.broker_id, journal, epoch), cid))
+        got, point = decode_response(await _read_frame(reader))
+        if got != cid:
+            raise CatchUpError(f"correlation id {got}, expected {cid}")
+        if point.error_code != ErrorCode.none:
+            raise CatchUpError(f"the leader answers {ErrorCode(point.error_code).name}")
+        await storage.catch_up_prepare(local)
+        todo: list[_Copy] = []
+        for p in point.partitions:
+            have = storage.catch_up_queue(local, p.topic, p.partition)
+            if have is None:
+                raise CatchUpError(f"{p.topic}-{p.partition} is not known here yet")
+            end_here = have[0]
+            if end_here > p.end_offset:
+                raise CatchUpError(
+                    f"{p.topic}-{p.partition} ends at {end_here} here, past the leader's "
+                    f"{p.end_offset} at position {point.point}: it holds entries the leader "
+                    "does not have (an unclean election); not truncated"
+                )
+            if p.log_start_offset > end_here:
+                storage.catch_up_restart_queue(p.topic, p.partition, p.log_start_offset)
+                end_here = p.log_start_offset
+            if end_here < p.end_offset:
+                todo.append(_Copy(p.topic, p.partition, end_here, p.end_offset))
+        log.warning(
+            "journal partition %d: catching up from leader %d's state at journal position %d: "
+            "%d of %d topic partitions to copy",
+            journal,
+            leader,
+            point.point,
+            len(todo),
+            len(point.partitions),
+        )
+        await _copy(manager, reader, writer, ids, journal, leader, epoch, point.point, todo)
+        lead = routing.leadership(journal)
+        if lead.leader != leader or lead.leader_epoch != epoch:
+            raise CatchUpError(f"the leadership moved during the copy (epoch {epoch})")
+        keys = [(p.topic, p.partition) for p in point.partitions]
+        # shielded: an install cut in the middle by a cancel would leave memory and disk apart
+        install = asyncio.ensure_future(
+            storage.catch_up_install(local, point.point, list(point.epochs), keys)
+        )
+        await asyncio.shield(install)
+        _forget_reader(storage.journal_directory(local))
+        log.warning(
+            "journal partition %d: caught up from leader %d at journal position %d "
+            "(epoch %d); fetching its journal from there",
+            journal,
+            leader,
+            point.point,
+            epoch,
+        )
+    finally:
+        writer.close()
+
+
+async def _copy(
+    manager: ReplicaManager,
+    reader: asyncio.StreamReader,
+    writer: asyncio.StreamWriter,
+    ids: itertools.count[int],
+    journal: int,
+    leader: int,
+    epoch: int,
+    point: int,
+    todo: list[_Copy],
+) -> None:
+    storage = manager.storage
+    settings = manager.settings
+    total = len(todo)
+    copied = 0
+    said = time.monotonic()
+    while todo:
+        lead = manager.routing.leadership(journal)
+        if lead.leader != leader or lead.leader_epoch != epoch:
+            raise CatchUpError(f"the leadership moved during the copy (epoch {epoch})")
+        chunk = todo[:_PARTITIONS_PER_FETCH]
+        cid = next(ids)
+        writer.write(
+            encode_fetch(
+                manager.broker_id,
+                epoch,
+                [
+                    CopyFetch(c.topic, c.partition, c.offset, settings.replica_fetch_max_bytes)
+                    for c in chunk
+                ],
+                settings.replica_fetch_response_max_bytes,
+                cid,
+            )
+        )
+        got, error, parts = decode_fetch(await _read_frame(reader))
+        if got != cid:
+            raise CatchUpError(f"correlation id {got}, expected {cid}")
+        if error != ErrorCode.none:
+            raise CatchUpError(f"the leader's Fetch answers {ErrorCode(error).name}")
+        by_key = {(c.topic, c.partition): c for c in chunk}
+        before = [c.offset for c in chunk]
+        for part in parts:
+            c = by_key.get((part.topic, part.partition))
+            if c is None:
+                continue
+            if (
+                part.error_code == ErrorCode.offset_out_of_range
+                and part.log_start_offset > c.offset
+            ):  # the leader's retention moved past this replica's end meanwhile
+                storage.catch_up_restart_queue(c.topic, c.partition, part.log_start_offset)
+                c.offset = part.log_start_offset
+                continue
+            if part.error_code != ErrorCode.none:
+                raise CatchUpError(
+                    f"{c.topic}-{c.partition}: the leader's Fetch answers "
+                    f"{ErrorCode(part.error_code).name}"
+                )
+            if not part.records:
+                if part.high_watermark < c.end:
+                    raise CatchUpError(
+                        f"{c.topic}-{c.partition}: the leader's end {part.high_watermark} is "
+                        f"below its end {c.end} at the point"
+                    )
+                continue  # nothing whole this time: another partition's turn
+            end = await storage.catch_up_append(c.topic, c.partition, part.records, c.end, point)
+            copied += end - c.offset
+            c.offset = end
+        if before == [c.offset for c in chunk]:
+            raise CatchUpError("a Fetch round copied nothing")
+        todo = [c for c in todo if c.offset < c.end]
+        if time.monotonic() - said >= _PROGRESS_EVERY_S:
+            said = time.monotonic()
+            log.info(
+                "journal partition %d: catch-up copied %d records; %d of %d topic partitions left",
+                journal,
+                copied,
+                len(todo),
+                total,
+            )
+
+
+def _forget_reader(directory: str) -> None:
+    from stonemq.handlers.replica_fetch import forget_reader
+
+    forget_reader(directory)
