@@ -2192,15 +2192,21 @@ class StorageEngine:
             state = self._by_name.get(key)
             if state is not None and state.journal == j:
                 queues.append(self._open_queue(state))
-        await self._flush_queues(queues)
+        try:
+            await self._flush_queues(queues)
+        except OSError as exc:  # a checkpoint not written: the old state stands
+            raise StorageError(f"journal-{j}: queue logs not checkpointed: {exc}") from exc
         if journal.health.offline or any(q.failed is not None for q in queues):
             raise StorageError(f"journal-{j}: queue logs not durable; not installed")
         assert self._checkpoint_lock is not None and self._splitter is not None
         loop = asyncio.get_running_loop()
         async with self._checkpoint_lock:
-            await loop.run_in_executor(
-                None, write_catch_up_marker, journal.directory, point, epochs
-            )
+            try:  # before its rename: the old state stands
+                await loop.run_in_executor(
+                    None, write_catch_up_marker, journal.directory, point, epochs
+                )
+            except OSError as exc:
+                raise StorageError(f"journal-{j}: catch-up marker not written: {exc}") from exc
             try:
                 await loop.run_in_executor(
                     None, finish_catch_up, self._journal_dir, journal.directory, j

@@ -1,0 +1,289 @@
+"""A follower's catch-up from its leader's state at one point (StorageEngine.catch_up_*,
+driven by stonemq/replication/catchup.py): the leader's answer for the point, the verbatim
+copy of its queue-log batches, the install (queue logs durable, then a marker, an empty
+journal at the point, the epoch history and checkpoints at it), and crashes and I/O failures
+on either side of the marker: the old state, or a state the next start finishes."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Coroutine
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import abandon, add_topic, build_batch, new_engine, read_all
+from hypothesis import given
+from hypothesis import strategies as st
+
+from stonemq.protocol.record_batch import parse_header
+from stonemq.storage import fileio
+from stonemq.storage.engine import CATCH_UP_FILE, StorageError, catch_up_epochs
+from stonemq.storage.faults import FaultPlan, FaultyFileOps
+from stonemq.storage.journal import JournalReader
+from stonemq.storage.leader_epoch import LeaderEpochCache
+
+
+def run(coro: Coroutine[Any, Any, Any]) -> Any:
+    return asyncio.run(asyncio.wait_for(coro, 20))
+
+
+async def settle(engine: Any, j: int = 0) -> None:
+    for _ in range(200):
+        limit = min(engine.journal_written_end(j), engine.split_limit(j))
+        if engine.split_positions()[j] >= limit:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("the splitter did not settle")
+
+
+def journal_files(root: Path, j: int = 0) -> list[str]:
+    return sorted(
+        n for n in os.listdir(root / "journal" / f"journal-{j}") if n.endswith(".journal")
+    )
+
+
+def start(root: Path) -> Any:
+    engine = new_engine(root, replicated=True, journal_segment_bytes=4096)
+    add_topic(engine, partitions=2)  # t-0 on journal partition 0, t-1 on 1
+    engine.recover()
+    engine.start(lambda *a: None)
+    return engine
+
+
+async def behind(tmp_path: Path) -> tuple[Any, Any, int]:
+    """A leader of journal partition 0 (epochs 1 then 2) that deleted journal segments, and
+    a follower holding the first 5 of its entries, split. Returns (leader, follower, the
+    leader's journal end when the follower stopped)."""
+    leader, follower = start(tmp_path / "leader"), start(tmp_path / "follower")
+    await leader.become_leader(0, 1)
+    for i in range(5):
+        await leader.append("t", 0, build_batch([b"a%03d" % i * 40]), 1).written
+    early = leader.journal_written_end(0)
+    reader = JournalReader(str(tmp_path / "leader" / "journal" / "journal-0"))
+    try:
+        data = reader.read_raw(0, early, 1 << 20)
+    finally:
+        reader.close()
+    assert await follower.append_replica(0, 0, memoryview(data)) == early
+    follower.set_split_limit(0, early)
+    await settle(follower)
+    assert follower.high_watermark("t", 0) == 5
+    await leader.become_leader(0, 2)
+    for i in range(60):
+        await leader.append("t", 0, build_batch([b"b%03d" % i * 40, b"c"]), 2).written
+    leader.set_split_limit(0, leader.journal_written_end(0))
+    await settle(leader)
+    await leader.flush()
+    assert leader.journal_start(0) > early  # the follower cannot fetch from its end
+    return leader, follower, early
+
+
+async def copy(leader: Any, follower: Any, point: int, parts: list[Any]) -> None:
+    await follower.catch_up_prepare(0)
+    for topic, partition, log_start, end in parts:
+        have = follower.catch_up_queue(0, topic, partition)
+        assert have is not None
+        offset = have[0]
+        if log_start > offset:
+            follower.catch_up_restart_queue(topic, partition, log_start)
+            offset = log_start
+        while offset < end:
+            data = leader.read(topic, partition, offset, 700).data
+            offset = await follower.catch_up_append(topic, partition, data, end, point)
+
+
+def test_the_leaders_point_the_copy_and_the_install(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        leader, follower, _ = await behind(tmp_path)
+        try:
+            point, epochs, parts = leader.catch_up_point(0)
+            assert point == leader.split_positions()[0] >= leader.journal_start(0)
+            assert parts == [("t", 0, 0, 125)]  # only what journal partition 0 routes
+            assert epochs == [(e, s) for e, s in leader.epoch_entries(0) if s <= point]
+            await copy(leader, follower, point, parts)
+            assert read_all(follower, "t", 0) == read_all(leader, "t", 0)
+            await follower.catch_up_install(0, point, epochs, [("t", 0)])
+            assert follower.journal_start(0) == follower.journal_end(0) == point
+            assert follower.split_positions()[0] == point == follower.split_limit(0)
+            assert follower.epoch_entries(0) == [(2, point)]
+            assert follower.last_epoch(0) == 2
+            assert follower.log_end_offset("t", 0) == 125
+            assert journal_files(tmp_path / "follower") == [f"{point:020d}.journal"]
+            # the journal goes on from the point with the leader's bytes
+            for i in range(5):
+                await leader.append("t", 0, build_batch([b"d%d" % i]), 1).written
+            end = leader.journal_written_end(0)
+            reader = JournalReader(str(tmp_path / "leader" / "journal" / "journal-0"))
+            try:
+                data = reader.read_raw(point, end, 1 << 20)
+            finally:
+                reader.close()
+            assert await follower.append_replica(0, point, memoryview(data)) == end
+            leader.set_split_limit(0, end)
+            follower.set_split_limit(0, end)
+            await settle(leader)
+            await settle(follower)
+            assert read_all(follower, "t", 0) == read_all(leader, "t", 0)
+            assert follower.high_watermark("t", 0) == 130
+            # producer state came with the batches as with split ones (none idempotent here)
+            assert follower.active_producers("t", 0) == leader.active_producers("t", 0)
+        finally:
+            await leader.close()
+            await follower.close()
+        again = start(tmp_path / "follower")  # a clean restart keeps all of it
+        try:
+            assert again.journal_start(0) == point and again.journal_written_end(0) == end
+            assert again.high_watermark("t", 0) == 130
+            assert again.epoch_entries(0) == [(2, point)]
+        finally:
+            await again.close()
+
+    run(scenario())
+
+
+def test_a_copy_refuses_gaps_corrupt_batches_and_batches_past_the_point(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        leader, follower, _ = await behind(tmp_path)
+        try:
+            point, _, parts = leader.catch_up_point(0)
+            (_, _, _, end) = parts[0]
+            await follower.catch_up_prepare(0)
+            later = leader.read("t", 0, 7, 700).data  # starts past the follower's end, 5
+            with pytest.raises(StorageError, match="missing"):
+                await follower.catch_up_append("t", 0, later, end, point)
+            bad = bytearray(leader.read("t", 0, 5, 700).data)
+            bad[70] ^= 0xFF  # inside the first batch's records
+            with pytest.raises(StorageError, match="CRC"):
+                await follower.catch_up_append("t", 0, bytes(bad), end, point)
+            with pytest.raises(StorageError, match="past"):  # a batch across the end given
+                await follower.catch_up_append("t", 0, leader.read("t", 0, 5, 700).data, 6, point)
+            assert follower.high_watermark("t", 0) == 5  # nothing taken
+            # what the log holds is skipped, as a re-split skips it
+            first = leader.read("t", 0, 0, 1 << 20).data
+            assert await follower.catch_up_append("t", 0, first, end, point) == end
+            assert read_all(follower, "t", 0) == read_all(leader, "t", 0)
+        finally:
+            await leader.close()
+            await follower.close()
+
+    run(scenario())
+
+
+def test_a_queue_log_whose_end_the_leaders_log_start_passed_starts_again_there(
+    tmp_path: Path,
+) -> None:
+    async def scenario() -> None:
+        leader, follower, _ = await behind(tmp_path)
+        try:
+            assert leader.delete_records("t", 0, 40) == 40
+            point, epochs, parts = leader.catch_up_point(0)
+            assert parts == [("t", 0, 40, 125)]
+            await copy(leader, follower, point, parts)
+            assert follower.log_start_offset("t", 0) == 40
+            assert follower.high_watermark("t", 0) == 125
+            await follower.catch_up_install(0, point, epochs, [("t", 0)])
+            expected = read_all(leader, "t", 0, 40)
+        finally:
+            await leader.close()
+            await follower.close()
+        again = start(tmp_path / "follower")
+        try:
+            assert again.log_start_offset("t", 0) == 40
+            assert again.high_watermark("t", 0) == 125
+            header = parse_header(again.read("t", 0, 40, 1 << 20).data)
+            assert header.base_offset <= 40 < header.next_offset
+            assert read_all(again, "t", 0, 40) == expected
+        finally:
+            await again.close()
+
+    run(scenario())
+
+
+@pytest.mark.parametrize(
+    "where", ["queue checkpoint", "marker", "journal unlink", "split checkpoint"]
+)
+def test_a_crash_or_failure_on_either_side_of_the_marker(tmp_path: Path, where: str) -> None:
+    """The install fails at one I/O call (the queue logs' checkpoint or the marker's rename:
+    before the commit point; a journal segment's unlink or the split checkpoint's rename:
+    after it) and the broker
+    crashes: the next start holds the old journal (the copy resumes from the queue logs,
+    which hold a prefix of the leader's, nothing twice) or finishes the install."""
+
+    async def install() -> tuple[int, int, bytes]:
+        leader, follower, early = await behind(tmp_path)
+        point, epochs, parts = leader.catch_up_point(0)
+        await copy(leader, follower, point, parts)
+        expected = read_all(leader, "t", 0)
+        await leader.close()
+        plan = FaultPlan()
+        if where == "queue checkpoint":
+            plan.fail("replace", match="recovery-point-offset-checkpoint")
+        elif where == "marker":
+            plan.fail("replace", match=CATCH_UP_FILE)
+        elif where == "journal unlink":
+            plan.fail("unlink", match=f"{0:020d}.journal")
+        else:
+            # the install's queue flush writes it first: its second write is the finish's
+            plan.fail("replace", match="split-position-checkpoint", after=1)
+        previous = fileio.install(FaultyFileOps(plan))
+        try:
+            with pytest.raises(StorageError):
+                await follower.catch_up_install(0, point, epochs, [("t", 0)])
+        finally:
+            fileio.install(previous)
+        before = where in ("queue checkpoint", "marker")
+        marker = tmp_path / "follower" / "journal" / "journal-0" / CATCH_UP_FILE
+        assert marker.exists() == (not before)  # the commit point
+        if not before:
+            assert follower.journal_health()[0] == "offline"
+        abandon(follower)  # and the broker crashes
+        return early, point, expected
+
+    early, point, expected = run(install())
+
+    async def restart() -> None:
+        again = start(tmp_path / "follower")
+        try:
+            root = tmp_path / "follower" / "journal" / "journal-0"
+            assert not (root / CATCH_UP_FILE).exists()
+            assert read_all(again, "t", 0) == expected  # every batch once, the leader's
+            assert again.log_end_offset("t", 0) == 125
+            if where in (
+                "queue checkpoint",
+                "marker",
+            ):  # the old state: the copy starts again from the logs' ends
+                assert again.journal_start(0) == 0 and again.journal_written_end(0) == early
+                assert again.catch_up_queue(0, "t", 0) == (125, 0)
+            else:  # finished by the start
+                assert again.journal_start(0) == again.journal_written_end(0) == point
+                assert again.split_positions()[0] == point
+                # written at (2, point), then dropped by recovery's truncation from the end
+                # of an empty journal, as Kafka's truncateFromEnd(log end) drops it: the
+                # first fetched batch brings its epoch back
+                assert (root / "leader-epoch-checkpoint").exists()
+                assert again.epoch_entries(0) == [] and again.last_epoch(0) == -1
+        finally:
+            await again.close()
+
+    run(restart())
+
+
+@given(
+    st.lists(st.tuples(st.integers(0, 50), st.integers(0, 5000)), max_size=8),
+    st.integers(0, 6000),
+)
+def test_the_epoch_history_at_the_point_is_kafkas_truncation_from_the_start(
+    tmp_path_factory: Any, entries: list[tuple[int, int]], point: int
+) -> None:
+    """``catch_up_epochs`` = the leader's history cut at the point (entries after it go)
+    then truncated from the start at it, as LeaderEpochCache does."""
+    directory = tmp_path_factory.mktemp("epochs")
+    cache = LeaderEpochCache(str(directory))
+    for epoch, start_ in entries:
+        cache.assign(epoch, start_)
+    history = [(e.epoch, e.start) for e in cache.entries]
+    cache.truncate_from_end(point + 1)
+    cache.truncate_from_start(point)
+    assert catch_up_epochs(history, point) == [(e.epoch, e.start) for e in cache.entries]
