@@ -15,8 +15,10 @@ import uuid
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
+
+from tests.faults.logs import records
 
 from .test_replication import _isrs, _journal_bytes, _produce_all, _storage_check, _wait
 
@@ -68,7 +70,28 @@ def _consume_all(bootstrap: str, topic: str) -> dict[tuple[int, int], bytes]:
         consumer.close()
 
 
-def _behind(broker_factory: Any, zookeeper: Any, **extra: Any) -> tuple[Any, Any, str, list]:
+def _produce_single(bootstrap: str, topic: str, count: int, tag: bytes) -> list[tuple[int, int]]:
+    """As ``_produce_all``, one record per batch (a queue log of many batches)."""
+    producer = Producer(
+        {"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 0, "batch.num.messages": 1}
+    )
+    acked: list[tuple[int, int]] = []
+
+    def on_delivery(err: Any, msg: Any) -> None:
+        assert err is None, err
+        acked.append((msg.partition(), msg.offset()))
+
+    for i in range(count):
+        producer.produce(topic, value=tag + b"%04d" % i, partition=i % 6, on_delivery=on_delivery)
+        producer.poll(0)
+    assert producer.flush(60) == 0
+    assert len(acked) == count
+    return acked
+
+
+def _behind(
+    broker_factory: Any, zookeeper: Any, produce: Any = _produce_all, **extra: Any
+) -> tuple[Any, Any, str, list]:
     """Two brokers; broker 2 killed, broker 1 goes on alone until it deleted the journal
     segments broker 2 needs; broker 2 not started again. Returns (leader, follower, chroot,
     the acknowledged (partition, offset, value))."""
@@ -100,7 +123,7 @@ def _behind(broker_factory: Any, zookeeper: Any, **extra: Any) -> tuple[Any, Any
     # far more than a segment, split and checkpointed: the leader deletes old segments
     for round_ in range(6):
         tag = b"x%d-" % round_ + b"x" * 200
-        acked += _tagged(_produce_all(leader.bootstrap, "behind", 200, tag), tag)
+        acked += _tagged(produce(leader.bootstrap, "behind", 200, tag), tag)
     journals = sorted(_isrs(chroot))
     _wait(
         lambda: all(_journal_start(leader.data_dir, j) > 0 for j in journals),
@@ -123,6 +146,12 @@ def _tagged(acked: list[tuple[int, int]], tag: bytes) -> list[tuple[int, int, by
         seen[p] = k + 1
         out.append((p, off, tag + b"%04d" % (p + PARTITIONS * k)))
     return out
+
+
+def _holds(broker: Any, acked: list[tuple[int, int, bytes]]) -> bool:
+    """Whether ``broker``'s queue logs hold every acknowledged record at its offset."""
+    held = {p: dict(records(_queue_log(broker.data_dir, "behind", p))) for p in range(PARTITIONS)}
+    return all(held[p].get(off) == value for p, off, value in acked)
 
 
 def _identical(leader: Any, follower: Any) -> bool:
@@ -150,6 +179,7 @@ def test_a_follower_behind_the_leaders_journal_start_catches_up_and_can_lead(
     more = _tagged(_produce_all(leader.bootstrap, "behind", 60, b"b"), b"b")
     acked += more  # acks=all: on both brokers
     # byte-identical queue logs (the follower splits below the HW its next fetch learns)
+    _wait(lambda: _holds(follower, acked), 30, "the follower splits every acknowledged record")
     _wait(lambda: _identical(leader, follower), 30, "the follower's queue logs = the leader's")
     log = follower.log(since_start=True)
     for j, line in zip(journals, caught, strict=True):  # its journal restarted at the point
@@ -170,3 +200,50 @@ def test_a_follower_behind_the_leaders_journal_start_catches_up_and_can_lead(
     assert len(_produce_all(follower.bootstrap, "behind", 60, b"c")) == 60  # it takes produces
     follower.stop()
     _storage_check(follower.data_dir)
+
+
+def test_a_follower_killed_during_its_catch_up_finishes_it_after_a_restart(
+    broker_factory, zookeeper
+) -> None:
+    """SIGKILL of the follower while it copies the leader's queue logs (one batch per Fetch:
+    replica.fetch.max.bytes and replica.fetch.response.max.bytes of 1 byte, as Kafka's
+    fetches still return a first whole batch), then a restart: the copy goes on from what
+    its queue logs kept (a torn tail cut by recovery) and the follower catches up."""
+    leader, follower, chroot, acked = _behind(broker_factory, zookeeper, _produce_single)
+    journals = sorted(_isrs(chroot))
+    normal = dict(follower.settings)
+    follower.settings.update(replica_fetch_max_bytes=1, replica_fetch_response_max_bytes=1)
+    before = {p: _queue_log(follower.data_dir, "behind", p) for p in range(PARTITIONS)}
+    follower.spawn()
+    started = "catching up from leader 1's state at journal position"
+    deadline = time.monotonic() + 60
+    while started not in follower.log(since_start=True):
+        assert time.monotonic() < deadline, follower.log_tail()
+        time.sleep(0.005)
+    time.sleep(0.05)  # copying: some batches in, most not
+    follower.kill()
+    log = follower.log(since_start=True)
+    assert "caught up from leader 1" not in log, "the copy ended before the kill"
+    copied = {p: _queue_log(follower.data_dir, "behind", p) for p in range(PARTITIONS)}
+    full = {p: _queue_log(leader.data_dir, "behind", p) for p in range(PARTITIONS)}
+    assert any(len(copied[p]) < len(full[p]) for p in range(PARTITIONS))  # not done
+    assert any(len(copied[p]) > len(before[p]) for p in range(PARTITIONS))  # begun
+    follower.settings = normal
+    follower.start()
+    caught = [
+        f"journal partition {j}: caught up from leader 1 at journal position" for j in journals
+    ]
+    _wait(
+        lambda: all(c in follower.log(since_start=True) for c in caught),
+        120,
+        "the follower's catch-ups after the restart",
+    )
+    _wait(lambda: all(set(i) == {1, 2} for i in _isrs(chroot).values()), 30, "back in the ISR")
+    acked += _tagged(_produce_all(leader.bootstrap, "behind", 60, b"b"), b"b")
+    _wait(lambda: _holds(follower, acked), 30, "the follower splits every acknowledged record")
+    _wait(lambda: _identical(leader, follower), 30, "the follower's queue logs = the leader's")
+    follower.stop()
+    _storage_check(follower.data_dir)
+    leader.stop()
+    _storage_check(leader.data_dir)
+    assert _holds(follower, acked)
