@@ -194,6 +194,9 @@ class LeaderFetcher:
             return
         error = data.error_code  # type: ignore[attr-defined]
         backoff_s = manager.settings.replica_fetch_backoff_ms / 1000
+        if storage.catch_up_installing(local):  # an attempt of an earlier fetcher finishing
+            self._paused[j] = time.monotonic() + backoff_s
+            return
         start = data.log_start  # type: ignore[attr-defined]
         if error == ErrorCode.offset_out_of_range and asked.fetch_position < start:
             known = manager.behind_start.get(j)

@@ -477,6 +477,9 @@ class StorageEngine:
         # journal partitions led (or becoming led) here: no replica append is taken for them;
         # and each journal partition's replica appends in flight (become_leader waits them)
         self._led_here: set[int] = set()
+        # journal partitions whose catch-up install is under way (catch_up_install): no
+        # replica append, truncation or other catch-up meanwhile
+        self._installing: set[int] = set()
         self._replica_appends: dict[int, set[asyncio.Future[None]]] = {}
         self._split_limits: list[int] | None = [0] * journal_partitions if replicated else None
         # replication's hooks: entries of a journal partition were written; how far back a
@@ -1899,6 +1902,8 @@ class StorageEngine:
         journal bytes the splitter has not split can go (a follower splits below the HW,
         which a clean election never takes back): a cut below the split position raises
         StorageError and changes nothing. Returns the bytes cut."""
+        if j in self._installing:
+            raise StorageError(f"journal-{j}: a catch-up is being installed")
         journal = self._journals[j]
         await journal.drain()
         splitter = self._splitter
@@ -1972,6 +1977,8 @@ class StorageEngine:
             raise StorageError("storage is closed")
         if j in self._led_here:
             raise StorageError(f"journal-{j} is led here: no replica append")
+        if j in self._installing:
+            raise StorageError(f"journal-{j}: a catch-up is being installed")
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         in_flight = self._replica_appends.setdefault(j, set())
         in_flight.add(done)
@@ -2068,6 +2075,8 @@ class StorageEngine:
         there (an offline journal partition)."""
         if j in self._led_here:
             raise StorageError(f"journal-{j} is led here: nothing to catch up")
+        if j in self._installing:
+            raise StorageError(f"journal-{j}: a catch-up is being installed")
         splitter = self._splitter
         assert splitter is not None
         deadline = time.monotonic() + timeout_s
@@ -2132,6 +2141,8 @@ class StorageEngine:
         producer state follows the batches as the splitter's appends do. Returns the new
         log end offset."""
         state = self._state(topic, partition)
+        if state.journal in self._led_here:  # elected meanwhile (an unclean election)
+            raise StorageError(f"{topic}-{partition}: its journal partition is led here")
         queue = self._open_queue(state)
         if queue.writing:
             raise StorageError(f"{topic}-{partition}: a write is in flight")
@@ -2185,6 +2196,21 @@ class StorageEngine:
         until a restart finishes it."""
         if j in self._led_here:
             raise StorageError(f"journal-{j} is led here: no catch-up")
+        if j in self._installing:
+            raise StorageError(f"journal-{j}: a catch-up is being installed")
+        self._installing.add(j)
+        try:
+            await self._catch_up_install(j, point, epochs, keys)
+        finally:
+            self._installing.discard(j)
+
+    def catch_up_installing(self, j: int) -> bool:
+        """Whether a catch-up install of local journal partition ``j`` is under way."""
+        return j in self._installing
+
+    async def _catch_up_install(
+        self, j: int, point: int, epochs: list[tuple[int, int]], keys: list[tuple[str, int]]
+    ) -> None:
         journal = self._journals[j]
         await journal.drain()
         queues = []
