@@ -2,20 +2,21 @@
 leads (codec: stonemq/protocol/replica_fetch.py; the leader's side of replication:
 stonemq/replication/manager.py).
 
-Per journal partition, in Kafka's order (``Partition.fetchRecords``): led here and ready
-(else NOT_LEADER_OR_FOLLOWER); the follower's leader epoch against this one (older:
+Per journal partition, in Kafka's order (``Partition.fetchRecords``): led here and ready (else
+NOT_LEADER_OR_FOLLOWER); the follower's leader epoch against this one (older:
 FENCED_LEADER_EPOCH, newer: UNKNOWN_LEADER_EPOCH); the follower one of its replicas (else
 NOT_LEADER_OR_FOLLOWER); its last epoch's end here (the journal's leader-epoch checkpoint):
-when it ends before the follower's position, or the epoch is not in this history, the answer
-is that *diverging epoch* and its end, and no bytes (the follower truncates there); a position
+when it ends before the follower's position, or the epoch is not in this history, the answer is
+that *diverging epoch* and its end, and no bytes (the follower truncates there); a position
 outside the journal gets OFFSET_OUT_OF_RANGE with this journal's start (a follower below it
 catches up from this leader's state: handlers/catchup.py, replication/catchup.py). Otherwise
 the follower's position is recorded (its end, split progress, caught-up time, the HW, an ISR
 expansion) and whole journal entries from it are read in the replica-read thread. With less
-than ``min_bytes`` ready the request waits, up to ``max_wait_ms``, for a journal write. A journal partition whose read fails (a
-damaged entry's length or version, an I/O error) is answered KAFKA_STORAGE_ERROR, logged once
-per position, while the request's other journal partitions are served as usual (the follower
-backs off and asks again). Not advertised in ApiVersions.
+than ``min_bytes`` ready the request waits, up to ``max_wait_ms``, for a journal write. A
+journal partition whose read fails (a damaged entry's length or version, an I/O error) is
+answered KAFKA_STORAGE_ERROR, logged once per position, while the request's other journal
+partitions are served as usual (the follower backs off and asks again). Not advertised in
+ApiVersions.
 """
 
 from __future__ import annotations
