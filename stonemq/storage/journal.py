@@ -273,9 +273,10 @@ class JournalReader:
 
     def read_raw(self, pos: int, limit: int, max_bytes: int) -> bytes:
         """The bytes of the whole entries from ``pos`` up to ``limit`` (roughly ``max_bytes``
-        of them, at least one entry when one is there), as stored: what a follower fetches.
-        Lengths are checked, CRCs are not (the follower checks them)."""
-        want = min(max_bytes, limit - pos)
+        of them, at least one entry when one is there, also under a ``max_bytes`` smaller
+        than an entry's length field), as stored: what a follower fetches. Lengths are
+        checked, CRCs are not (the follower checks them)."""
+        want = min(max(max_bytes, 4), limit - pos)
         if want <= 0:
             return b""
         data = self._pread(pos, want)
