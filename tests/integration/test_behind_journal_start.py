@@ -10,6 +10,7 @@ default.replication.factor=2."""
 from __future__ import annotations
 
 import os
+import re
 import time
 import uuid
 from typing import Any
@@ -247,3 +248,82 @@ def test_a_follower_killed_during_its_catch_up_finishes_it_after_a_restart(
     leader.stop()
     _storage_check(leader.data_dir)
     assert _holds(follower, acked)
+
+
+def test_a_leader_change_during_the_copy_restarts_it_from_the_new_leader(
+    broker_factory, zookeeper
+) -> None:
+    """Three brokers at replication factor 3: broker 3 is behind every leader's journal start;
+    while it copies a journal partition's queue logs from its leader (one batch per Fetch),
+    that leader is SIGKILLed. The copy stops (the leadership moved, or the connection went)
+    and starts again from the new leader, elected from the ISR in a new epoch; broker 3 ends
+    in every ISR with queue logs byte-identical to the new leader's."""
+    chroot = f"{zookeeper.connect}/stonemq-behind-{uuid.uuid4().hex[:8]}"
+    settings = {
+        "zookeeper_connect": chroot,
+        "journal_partitions": 1,
+        "default_replication_factor": 3,
+        "replica_lag_time_max_ms": 2000,
+        "zookeeper_session_timeout_ms": 6000,
+        "journal_segment_bytes": 16 * 1024,
+        "queue_checkpoint_interval_ms": 200,
+    }
+    brokers = {b: broker_factory(broker_id=b, start=False, **settings) for b in (1, 2, 3)}
+    for b in brokers.values():
+        b.spawn()
+    for b in brokers.values():
+        _wait(lambda b=b: "ready" in b.log(since_start=True), 60, "brokers ready")
+    bootstrap = f"{brokers[1].bootstrap},{brokers[2].bootstrap}"
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([NewTopic("behind", PARTITIONS, 3)])["behind"].result(30)
+    _wait(lambda: all(len(i) == 3 for i in _isrs(chroot).values()), 30, "full ISR")
+    acked = _tagged(_produce_all(bootstrap, "behind", 60, b"a"), b"a")
+    time.sleep(1)
+    behind = brokers[3]
+    behind.kill()
+    _wait(lambda: all(set(i) == {1, 2} for i in _isrs(chroot).values()), 30, "3 leaves")
+    for round_ in range(6):
+        tag = b"x%d-" % round_ + b"x" * 200
+        acked += _tagged(_produce_single(bootstrap, "behind", 200, tag), tag)
+    journals = sorted(_isrs(chroot))
+    _wait(
+        lambda: all(_journal_start(brokers[b].data_dir, j) > 0 for j in journals for b in (1, 2)),
+        30,
+        "journal segments deleted on brokers 1 and 2",
+    )
+    normal = dict(behind.settings)
+    behind.settings.update(replica_fetch_max_bytes=1, replica_fetch_response_max_bytes=1)
+    behind.spawn()
+    started = re.compile(r"journal partition (\d+): catching up from leader ([12])'s state")
+    deadline = time.monotonic() + 60
+    while (found := started.search(behind.log(since_start=True))) is None:
+        assert time.monotonic() < deadline, behind.log_tail()
+        time.sleep(0.005)
+    journal, old = int(found[1]), int(found[2])
+    time.sleep(0.05)  # copying
+    brokers[old].kill()
+    assert f"journal partition {journal}: caught up" not in behind.log(since_start=True)
+    new = 3 - old
+    _wait(
+        lambda: all(i == (new,) or set(i) == {new, 3} for i in _isrs(chroot).values()),
+        30,
+        f"broker {new} leads every journal partition",
+    )
+    _wait(
+        lambda: (
+            f"journal partition {journal}: caught up from leader {new}"
+            in behind.log(since_start=True)
+        ),
+        120,
+        f"the copy restarted from broker {new}",
+    )
+    _wait(lambda: all(set(i) == {new, 3} for i in _isrs(chroot).values()), 60, "3 rejoins")
+    survivor = brokers[new]
+    acked += _tagged(_produce_all(survivor.bootstrap, "behind", 60, b"b"), b"b")
+    _wait(lambda: _holds(behind, acked), 30, "broker 3 splits every acknowledged record")
+    _wait(lambda: _identical(survivor, behind), 30, "broker 3's queue logs = the leader's")
+    behind.settings = normal
+    behind.stop()
+    survivor.stop()
+    _storage_check(behind.data_dir)
+    _storage_check(survivor.data_dir)
