@@ -221,7 +221,11 @@ def test_a_follower_killed_during_its_catch_up_finishes_it_after_a_restart(
     while started not in follower.log(since_start=True):
         assert time.monotonic() < deadline, follower.log_tail()
         time.sleep(0.005)
-    time.sleep(0.05)  # copying: some batches in, most not
+    while not any(  # copying: some batches in
+        len(_queue_log(follower.data_dir, "behind", p)) > len(before[p]) for p in range(PARTITIONS)
+    ):
+        assert time.monotonic() < deadline, follower.log_tail()
+        time.sleep(0.005)
     follower.kill()
     log = follower.log(since_start=True)
     assert "caught up from leader 1" not in log, "the copy ended before the kill"
