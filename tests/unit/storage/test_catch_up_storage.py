@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from stonemq.protocol.record_batch import parse_header
 from stonemq.storage import fileio
 from stonemq.storage.engine import CATCH_UP_FILE, StorageError, catch_up_epochs
-from stonemq.storage.faults import FaultPlan, FaultyFileOps
+from stonemq.storage.faults import Durability, FaultPlan, FaultyFileOps
 from stonemq.storage.journal import JournalReader
 from stonemq.storage.leader_epoch import LeaderEpochCache
 
@@ -287,3 +287,59 @@ def test_the_epoch_history_at_the_point_is_kafkas_truncation_from_the_start(
     cache.truncate_from_end(point + 1)
     cache.truncate_from_start(point)
     assert catch_up_epochs(history, point) == [(e.epoch, e.start) for e in cache.entries]
+
+
+@pytest.mark.parametrize("where", [None, "queue checkpoint", "marker", "journal unlink"])
+def test_a_power_loss_after_the_install_or_its_failure(tmp_path: Path, where: str | None) -> None:
+    """The follower's files go through the power-loss model (only what fsyncs made durable
+    survives) from before the copy: after an install that returned, the next start holds the
+    whole copy and the journal at the point (the queue logs were durable before the marker,
+    the marker before the journal was emptied); after an install that failed at one call, it
+    holds the old journal and a prefix of the leader's queue log, or the finished install."""
+    follower_root = tmp_path / "follower"
+
+    async def install() -> tuple[int, int, bytes]:
+        leader, follower, early = await behind(tmp_path)
+        point, epochs, parts = leader.catch_up_point(0)
+        expected = read_all(leader, "t", 0)
+        await follower.flush()  # the model starts from what the follower made durable
+        model = Durability([str(follower_root)])
+        plan = FaultPlan()
+        if where == "queue checkpoint":
+            plan.fail("replace", match="recovery-point-offset-checkpoint")
+        elif where == "marker":
+            plan.fail("replace", match=CATCH_UP_FILE)
+        elif where == "journal unlink":
+            plan.fail("unlink", match=f"{0:020d}.journal")
+        previous = fileio.install(FaultyFileOps(plan, model))
+        try:
+            await copy(leader, follower, point, parts)
+            await leader.close()
+            if where is None:
+                await follower.catch_up_install(0, point, epochs, [("t", 0)])
+            else:
+                with pytest.raises(StorageError):
+                    await follower.catch_up_install(0, point, epochs, [("t", 0)])
+            abandon(follower)
+        finally:
+            fileio.install(previous)
+        model.power_loss()
+        return early, point, expected
+
+    early, point, expected = run(install())
+
+    async def restart() -> None:
+        again = start(follower_root)
+        try:
+            held = read_all(again, "t", 0)
+            if where in ("queue checkpoint", "marker"):
+                assert expected.startswith(held) and len(held) > 0
+                assert again.journal_start(0) == 0 and again.journal_written_end(0) == early
+            else:
+                assert held == expected
+                assert again.journal_start(0) == again.journal_written_end(0) == point
+                assert again.split_positions()[0] == point
+        finally:
+            await again.close()
+
+    run(restart())
