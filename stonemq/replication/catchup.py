@@ -17,7 +17,8 @@ the leader, for one journal partition:
    end at P (it would hold entries the leader does not have, which only an unclean election
    leaves: refused, as the normal truncation refuses a cut into split data); when the
    leader's log start is past it, the queue log is emptied to start there (Kafka's
-   ``truncateFullyAndStartAt``).
+   ``truncateFullyAndStartAt``). The copy starts at this replica's last batch, which must
+   be byte-identical to the leader's (else refused the same way).
 4. **Copy.** Kafka's Fetch (v11, this broker's id as the replica id, the journal
    partition's leader epoch as each partition's current leader epoch) from each queue log's
    end to the leader's end at P, at most ``_PARTITIONS_PER_FETCH`` topic partitions and
@@ -128,8 +129,12 @@ async def catch_up(manager: ReplicaManager, leader: int, journal: int) -> None:
             if p.log_start_offset > end_here:
                 storage.catch_up_restart_queue(p.topic, p.partition, p.log_start_offset)
                 end_here = p.log_start_offset
-            if end_here < p.end_offset:
-                todo.append(_Copy(p.topic, p.partition, end_here, p.end_offset))
+            # from this replica's last batch: compared with the leader's before the copy
+            # appends after it (its history diverged, else)
+            last = await storage.catch_up_last_batch(p.topic, p.partition)
+            start = max(last, p.log_start_offset) if last is not None else end_here
+            if start < p.end_offset:
+                todo.append(_Copy(p.topic, p.partition, start, p.end_offset))
         log.warning(
             "journal partition %d: catching up from leader %d's state at journal position %d: "
             "%d of %d topic partitions to copy",

@@ -2101,6 +2101,17 @@ class StorageEngine:
         queue = self._open_queue(state)
         return queue.next_offset, queue.log_start_offset
 
+    async def catch_up_last_batch(self, topic: str, partition: int) -> int | None:
+        """The base offset of a queue log's last batch at or above its log start (None when
+        it holds none): the copy fetches from there, so that batch is compared with the
+        leader's (``catch_up_append``) before anything is appended after it."""
+        queue = self._open_queue(self._state(topic, partition))
+        if queue.next_offset <= queue.log_start_offset:
+            return None
+        data = (await self.read_async(topic, partition, queue.next_offset - 1, 1)).data
+        base = parse_header(data).base_offset
+        return base if base >= queue.log_start_offset else None
+
     def catch_up_restart_queue(self, topic: str, partition: int, offset: int) -> None:
         """The leader's log start is past this queue log's end: empty it and start it at
         ``offset`` (Kafka's follower ``truncateFullyAndStartAt``), its producer state and
@@ -2162,7 +2173,21 @@ class StorageEngine:
                 if not crc_ok(view, at, header):
                     problem = f"batch at offset {header.base_offset} fails its CRC"
                     break
-                queue.stage(write, view[at : at + header.size], max(point - 1, 0))
+                batch = view[at : at + header.size]
+                if (
+                    not write.runs
+                    and header.next_offset <= queue.next_offset
+                    and header.base_offset >= queue.log_start_offset
+                ):  # held here already: the same bytes, or the histories diverged
+                    own = (await self.read_async(topic, partition, header.base_offset, 1)).data
+                    if bytes(own[: header.size]) != batch:
+                        problem = (
+                            f"the batch at offset {header.base_offset} differs from the "
+                            "leader's (diverged: an unclean election); not truncated"
+                        )
+                        break
+                    continue
+                queue.stage(write, batch, max(point - 1, 0))
         except RecordBatchError as exc:
             problem = str(exc)
         if write.runs:

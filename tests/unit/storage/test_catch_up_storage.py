@@ -17,7 +17,7 @@ from conftest import abandon, add_topic, build_batch, new_engine, read_all
 from hypothesis import given
 from hypothesis import strategies as st
 
-from stonemq.protocol.record_batch import parse_header
+from stonemq.protocol.record_batch import parse_header, set_base_offset
 from stonemq.storage import fileio
 from stonemq.storage.engine import CATCH_UP_FILE, StorageError, catch_up_epochs
 from stonemq.storage.faults import Durability, FaultPlan, FaultyFileOps
@@ -89,6 +89,9 @@ async def copy(leader: Any, follower: Any, point: int, parts: list[Any]) -> None
         if log_start > offset:
             follower.catch_up_restart_queue(topic, partition, log_start)
             offset = log_start
+        last = await follower.catch_up_last_batch(topic, partition)
+        if last is not None:  # as replication/catchup.py: its last batch compared first
+            offset = max(last, log_start)
         while offset < end:
             data = leader.read(topic, partition, offset, 700).data
             offset = await follower.catch_up_append(topic, partition, data, end, point)
@@ -160,6 +163,14 @@ def test_a_copy_refuses_gaps_corrupt_batches_and_batches_past_the_point(tmp_path
             with pytest.raises(StorageError, match="past"):  # a batch across the end given
                 await follower.catch_up_append("t", 0, leader.read("t", 0, 5, 700).data, 6, point)
             assert follower.high_watermark("t", 0) == 5  # nothing taken
+            # from its last batch (offset 4): the same bytes as the leader's, or a divergence
+            assert await follower.catch_up_last_batch("t", 0) == 4
+            other = build_batch([b"not the leader's"])
+            set_base_offset(other, 0, 4)
+            rest = leader.read("t", 0, 5, 700).data
+            with pytest.raises(StorageError, match="differs"):
+                await follower.catch_up_append("t", 0, bytes(other) + bytes(rest), end, point)
+            assert follower.high_watermark("t", 0) == 5
             # what the log holds is skipped, as a re-split skips it
             first = leader.read("t", 0, 0, 1 << 20).data
             assert await follower.catch_up_append("t", 0, first, end, point) == end
