@@ -75,6 +75,12 @@ class FileOps:
     def write(self, fd: int, data: Any) -> int:
         return os.write(fd, data)
 
+    def sendfile(self, out_fd: int, in_fd: int, offset: int, count: int) -> int:
+        """``os.sendfile``: up to ``count`` bytes of ``in_fd`` at ``offset`` to ``out_fd`` (a
+        socket: fetch responses, ``storage/file_range.py``), without copying them into
+        user space."""
+        return os.sendfile(out_fd, in_fd, offset, count)
+
     def pread_cached(self, fd: int, n: int, pos: int) -> bytes | None:
         """``n`` bytes at ``pos`` if the page cache holds all of them (``RWF_NOWAIT``: the
         read never waits for the disk), else None. Shorter only at the end of the file."""
@@ -142,6 +148,7 @@ pread_cached = _REAL.pread_cached
 pwrite = _REAL.pwrite
 pwritev = _REAL.pwritev
 write = _REAL.write
+sendfile = _REAL.sendfile
 fsync = _REAL.fsync
 ftruncate = _REAL.ftruncate
 truncate = _REAL.truncate
@@ -160,6 +167,7 @@ _NAMES = (
     "pwrite",
     "pwritev",
     "write",
+    "sendfile",
     "fsync",
     "ftruncate",
     "truncate",
