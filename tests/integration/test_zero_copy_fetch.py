@@ -97,6 +97,57 @@ def test_a_catch_up_is_sent_from_the_segment_files(broker_factory, zero_copy: bo
     assert after["file_ranges_opened"] == after["file_ranges_closed"]
 
 
+def _consume_with(client: str, bootstrap: str, topic: str, count: int) -> list[tuple]:
+    """(key, value) of the first ``count`` records read by ``client`` from offset 0."""
+    if client == "kafka-python":
+        from .test_kafka_python import kp_consume
+
+        return [(m.key, m.value) for m in kp_consume(bootstrap, topic, count)]
+    if client == "aiokafka":
+        import asyncio
+
+        from .test_aiokafka import aio_consume
+
+        got = asyncio.run(aio_consume(bootstrap, topic, count))
+        return [(m.key, m.value) for m in got]
+    from .test_kcat import kcat
+
+    out = kcat(
+        "-b",
+        bootstrap,
+        "-C",
+        "-t",
+        topic,
+        "-p",
+        "0",
+        "-e",
+        "-o",
+        "beginning",
+        "-f",
+        "%k\\t%s\\n",
+        "-c",
+        str(count),
+        timeout=120,
+    )
+    return [tuple(line.split(b"\t")) for line in out.splitlines()]
+
+
+@pytest.mark.parametrize("client", ["kafka-python", "aiokafka", "kcat"])
+def test_other_clients_catch_up_through_sendfile(broker_factory, client: str) -> None:
+    """kafka-python, aiokafka and kcat (librdkafka 2.0, Fetch v11) each read 6 MB from
+    offset 0 exactly as produced, most of it sent with sendfile by the broker's count."""
+    port = _free_port()
+    broker = broker_factory(**{"metrics.listen": f"127.0.0.1:{port}"})
+    topic = create_topic(broker.bootstrap, partitions=1)
+    sent = _messages(6_000)
+    _fill(broker.bootstrap, topic, sent)
+    before = broker_counters(port)["fetch_bytes_sent_zero_copy"]
+    got = _consume_with(client, broker.bootstrap, topic, len(sent))
+    assert got == [(m.key, m.value) for m in sent]
+    moved = broker_counters(port)["fetch_bytes_sent_zero_copy"] - before
+    assert moved >= 0.5 * sum(len(m.value) for m in sent)
+
+
 def _fetch_unread(broker_port: int, topic: str, partition_max_bytes: int) -> socket.socket:
     """A raw Fetch (v12) from offset 0 sent on a socket with a 16 KiB receive buffer; its
     answer is not read yet (it stalls on the full socket)."""
@@ -224,12 +275,14 @@ def _faulty_broker(broker_factory, rules: list[dict[str, object]], **settings: o
     ``rules`` (tests/integration/faulty_serve.py)."""
     broker = broker_factory(start=False, **settings)
     command = broker.command()
-    broker.command = lambda: [  # type: ignore[method-assign]
-        sys.executable,
-        str(FAULTY_SERVE),
-        json.dumps(rules),
-        *command[4:],
-    ]
+    broker.command = (
+        lambda: [  # type: ignore[method-assign]
+            sys.executable,
+            str(FAULTY_SERVE),
+            json.dumps(rules),
+            *command[4:],
+        ]
+    )
     return broker.start()
 
 
