@@ -31,10 +31,11 @@ sent by the connection itself, not the transport: once the transport's buffer ha
 its bytes before a range go through the transport, the range goes with ``sendfile`` from the
 segment file to the socket (non-blocking: a full socket waits for a writability callback on a
 duplicate of the socket's descriptor, then the send goes on where it stopped), and what
-follows waits its turn in ``_out``. While anything waits there, the connection counts as not
-writable (no request starts, reading pauses beyond the usual limits). A send that fails
-after part of a response went out closes the connection with a log line; a socket that cannot
-take ``sendfile`` at all (EINVAL, ENOTSUP: not a plain TCP socket) gets the rest copied.
+follows waits its turn in ``_out``. While more than 4 MiB wait there, the connection counts as
+not writable (no request starts, reading pauses), as above the transport's high-water mark. A
+send that fails after part of a response went out closes the connection with a log line; a
+socket that cannot take ``sendfile`` at all (EINVAL, ENOTSUP: not a plain TCP socket) gets the
+rest copied.
 """
 
 from __future__ import annotations
