@@ -6,6 +6,7 @@ deleted; ranges are bounded in number and always closed."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import random
 from pathlib import Path
@@ -137,3 +138,43 @@ def test_a_range_outlives_its_deleted_segment_and_the_count_is_bounded(
         await engine.close()
 
     asyncio.run(main())
+
+
+def test_sendfile_moves_file_bytes_and_a_full_socket_raises_blocking(tmp_path: Path) -> None:
+    """``fileio.sendfile`` (libc's, holding the GIL) sends a file's bytes from an offset to a
+    non-blocking socket, reports a full socket as BlockingIOError and a closed peer as an
+    OSError, like ``os.sendfile``."""
+    import socket
+
+    from stonemq.storage import fileio
+
+    payload = os.urandom(3 << 20)
+    path = tmp_path / "segment.log"
+    path.write_bytes(b"skip" + payload)
+    fd = os.open(path, os.O_RDONLY)
+    a, b = socket.socketpair()
+    try:
+        a.setblocking(False)
+        got = bytearray()
+        sent = 0
+        blocked = 0
+        while sent < len(payload):
+            try:
+                sent += fileio.sendfile(a.fileno(), fd, 4 + sent, len(payload) - sent)
+            except BlockingIOError:
+                blocked += 1
+                got += b.recv(1 << 20)
+        b.setblocking(False)
+        while len(got) < len(payload):
+            got += b.recv(1 << 20)
+        assert bytes(got) == payload
+        assert blocked > 0  # 3 MiB never fit in a socket pair's buffers at once
+        b.close()
+        with pytest.raises(OSError) as failure:
+            for _ in range(100):
+                fileio.sendfile(a.fileno(), fd, 4, 1 << 16)
+        assert failure.value.errno in (errno.EPIPE, errno.ECONNRESET)
+    finally:
+        a.close()
+        b.close()
+        os.close(fd)
