@@ -36,6 +36,14 @@ def _zero_copy_bytes(port: int) -> float:
     return 0.0
 
 
+def _cpu_times(pid: int) -> tuple[float, float]:
+    """(user, system) CPU seconds of the broker process (its threads included)."""
+    import psutil
+
+    times = psutil.Process(pid).cpu_times()
+    return times.user, times.system
+
+
 def _profile(pid: int, name: str) -> subprocess.Popen[bytes] | None:
     """With ``COLD_FETCH_PYSPY=DIR``: py-spy (raw folded stacks, 200 Hz, idle excluded) of the
     broker during the catch-up, to DIR/NAME.txt."""
@@ -79,6 +87,7 @@ def main(argv: list[str]) -> int:
                     dropped = drop_caches()
                     broker.start()
                     load = os.getloadavg()[0]
+                    times_before = _cpu_times(broker.pid)
                     spy = _profile(broker.pid, f"{i}-{'zero' if zero_copy else 'copy'}")
                     result, mon = measured(
                         broker.pid,
@@ -93,7 +102,14 @@ def main(argv: list[str]) -> int:
                     if spy is not None:
                         spy.send_signal(signal.SIGINT)
                         spy.wait(30)
+                    user, system = (
+                        after - before
+                        for after, before in zip(_cpu_times(broker.pid), times_before, strict=True)
+                    )
                     r = row(result, mon, zero_copy=zero_copy, cache_dropped=dropped)
+                    gb = result["bytes"] / 1e9
+                    r["user_s_per_gb"] = round(user / gb, 3)
+                    r["system_s_per_gb"] = round(system / gb, 3)
                     r["sent_zero_copy_mb"] = round(_zero_copy_bytes(metrics_port) / 1e6, 1)
                     r["load_before"] = round(load, 2)
                     r["load_after"] = round(os.getloadavg()[0], 2)
@@ -102,7 +118,8 @@ def main(argv: list[str]) -> int:
                     out.append(r)
                     print(
                         f"round {i} zero_copy={zero_copy}: {r['mb_s']} MB/s, broker CPU "
-                        f"{r['cpu_s_per_gb']} s/GB, sent zero-copy {r['sent_zero_copy_mb']} MB, "
+                        f"{r['cpu_s_per_gb']} s/GB (user {r['user_s_per_gb']}, system "
+                        f"{r['system_s_per_gb']}), sent zero-copy {r['sent_zero_copy_mb']} MB, "
                         f"load {r['load_before']} -> {r['load_after']}",
                         flush=True,
                     )
