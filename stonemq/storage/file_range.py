@@ -21,6 +21,7 @@ Before a range is handed to the event loop, :func:`warm` makes sure the page cac
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import threading
 
@@ -115,8 +116,9 @@ class FileRange:
 
 def open_range(path: str, position: int, length: int, has_zstd: bool) -> FileRange | None:
     """A range of ``path`` through a new descriptor (in the disk-read thread), or None when
-    ``MAX_OPEN_RANGES`` are open (the caller copies the bytes instead). An error opening the
-    file (a segment deleted meanwhile: FileNotFoundError) is raised."""
+    ``MAX_OPEN_RANGES`` are open or the process is out of descriptors (the caller copies the
+    bytes instead). Another error opening the file (a segment deleted meanwhile:
+    FileNotFoundError) is raised."""
     global _open
     with _lock:
         if _open >= MAX_OPEN_RANGES:
@@ -125,10 +127,12 @@ def open_range(path: str, position: int, length: int, has_zstd: bool) -> FileRan
         METRICS.file_ranges_opened += 1
     try:
         fd = fileio.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-    except BaseException:
+    except BaseException as exc:
         with _lock:
             _open -= 1
             METRICS.file_ranges_opened -= 1
+        if isinstance(exc, OSError) and exc.errno in (errno.EMFILE, errno.ENFILE):
+            return None  # out of descriptors: copy the bytes instead
         raise
     return FileRange(path, fd, position, length, has_zstd)
 
@@ -138,13 +142,16 @@ _devnull = -1
 
 def warm(file_range: FileRange) -> None:
     """Read the range into the page cache without copying it (``sendfile`` to ``/dev/null``;
-    in the disk-read thread): the loop's ``sendfile`` of it then never waits for the disk.
-    An error here is only a missed warm-up (the send reads the pages itself)."""
+    in the disk-read thread): the loop's ``sendfile`` of it then does not wait for the disk
+    (unless memory pressure evicts the pages in between: that send then reads them, holding
+    the GIL, ``fileio.sendfile``). An error here is only a missed warm-up."""
     global _devnull
-    if _devnull < 0:
-        _devnull = os.open(os.devnull, os.O_WRONLY | getattr(os, "O_CLOEXEC", 0))
     pos, end = file_range.position, file_range.position + file_range.length
     with contextlib.suppress(OSError):
+        if _devnull < 0:
+            with _lock:
+                if _devnull < 0:
+                    _devnull = os.open(os.devnull, os.O_WRONLY | getattr(os, "O_CLOEXEC", 0))
         while pos < end:
             n = os.sendfile(_devnull, file_range.fd, pos, end - pos)
             if n == 0:

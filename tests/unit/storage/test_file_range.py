@@ -178,3 +178,30 @@ def test_sendfile_moves_file_bytes_and_a_full_socket_raises_blocking(tmp_path: P
         a.close()
         b.close()
         os.close(fd)
+
+
+def test_out_of_descriptors_a_range_is_not_opened(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Opening a range's descriptor fails with EMFILE (the process's limit, injected at the
+    I/O boundary): ``open_range`` answers None, as past ``MAX_OPEN_RANGES`` (the read is then
+    copied, as the test above shows), and counts nothing; another error is raised."""
+    from stonemq.storage import fileio
+
+    path = tmp_path / "00000000000000000000.log"
+    path.write_bytes(b"x" * 100)
+    opened, now_open = METRICS.file_ranges_opened, file_range.open_ranges()
+
+    def failing(error: int):
+        def open_failing(path: str, flags: int, mode: int = 0o644) -> int:
+            raise OSError(error, os.strerror(error), path)
+
+        return open_failing
+
+    monkeypatch.setattr(fileio, "open", failing(errno.EMFILE))
+    assert file_range.open_range(str(path), 0, 100, False) is None
+    monkeypatch.setattr(fileio, "open", failing(errno.ENOENT))
+    with pytest.raises(FileNotFoundError):
+        file_range.open_range(str(path), 0, 100, False)
+    assert METRICS.file_ranges_opened == opened
+    assert file_range.open_ranges() == now_open
