@@ -194,6 +194,17 @@ def _values(records: bytes) -> list[bytes | None]:
     ]
 
 
+def _wait_range_open(metrics_port: int, timeout: float = 20.0) -> None:
+    """Until the broker holds a segment range open (a fetch's answer is being sent)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        counters = broker_counters(metrics_port)
+        if counters["file_ranges_opened"] > counters["file_ranges_closed"]:
+            return
+        assert time.monotonic() < deadline, "the fetch opened no segment range"
+        time.sleep(0.02)
+
+
 def test_a_client_gone_mid_send_leaves_nothing_open(broker_factory) -> None:
     """A consumer asks for 24 MB, reads a few bytes of the answer and resets its
     connection while the broker is still sending it: the broker logs no error, every
@@ -204,12 +215,7 @@ def test_a_client_gone_mid_send_leaves_nothing_open(broker_factory) -> None:
     _fill(broker.bootstrap, topic, _messages(24_000))
     for _ in range(3):
         sock = _fetch_unread(broker.port, topic, 24 << 20)
-        deadline = time.monotonic() + 10
-        while broker_counters(port)["file_ranges_opened"] <= broker_counters(port).get(
-            "file_ranges_closed", 0
-        ):
-            assert time.monotonic() < deadline, "the fetch opened no segment range"
-            time.sleep(0.02)
+        _wait_range_open(port)
         assert sock.recv(100)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
         sock.close()  # RST with the response half sent
@@ -230,10 +236,12 @@ def test_a_segment_deleted_while_sent_arrives_whole(broker_factory) -> None:
     """A 16 MiB answer from the first segment is held half sent by a client that does not
     read; DeleteRecords then moves the log start past that segment and the broker deletes
     its file; the client then reads the whole answer, byte for byte the produced records."""
+    port = _free_port()
     broker = broker_factory(
         **{
             "log.segment.bytes": 16 << 20,
             "log.retention.check.interval.ms": 200,
+            "metrics.listen": f"127.0.0.1:{port}",
         }
     )
     topic = create_topic(broker.bootstrap, partitions=1)
@@ -242,7 +250,7 @@ def test_a_segment_deleted_while_sent_arrives_whole(broker_factory) -> None:
     part_dir = broker.data_dir / "queues" / f"{topic}-0"  # helpers.local_log_start's layout
     first = sorted(p for p in os.listdir(part_dir) if p.endswith(".log"))[0]
     sock = _fetch_unread(broker.port, topic, 64 << 20)
-    time.sleep(0.5)  # the answer is in flight, stuck on the full socket
+    _wait_range_open(port)  # the answer is in flight, stuck on the full socket
     with RawConnection(broker.host, broker.port) as conn:
         req_mod = schema("delete_records", 2, "request")
         resp_mod = schema("delete_records", 2, "response")
