@@ -132,7 +132,15 @@ def _consume_with(client: str, bootstrap: str, topic: str, count: int) -> list[t
     return [tuple(line.split(b"\t")) for line in out.splitlines()]
 
 
-@pytest.mark.parametrize("client", ["kafka-python", "aiokafka", "kcat"])
+@pytest.mark.parametrize(
+    "client",
+    [
+        # each a few seconds: the fast set keeps kcat's, the whole suite runs all three
+        pytest.param("kafka-python", marks=pytest.mark.slow),
+        pytest.param("aiokafka", marks=pytest.mark.slow),
+        "kcat",
+    ],
+)
 def test_other_clients_catch_up_through_sendfile(broker_factory, client: str) -> None:
     """kafka-python, aiokafka and kcat (librdkafka 2.0, Fetch v11) each read 6 MB from
     offset 0 exactly as produced, most of it sent with sendfile by the broker's count."""
@@ -294,6 +302,7 @@ def _faulty_broker(broker_factory, rules: list[dict[str, object]], **settings: o
     return broker.start()
 
 
+@pytest.mark.slow  # 5 s: a raw client's reconnects
 def test_a_failing_sendfile_closes_only_that_connection(broker_factory) -> None:
     """The first ``sendfile`` of a segment range fails with EIO (injected): that fetch's
     connection is closed before a whole answer went out, with an error line in the log and
