@@ -11,11 +11,13 @@ the leader, for one journal partition:
    its epoch history up to P, and each topic partition routed to the journal partition with
    its log start offset and its end offset at P.
 2. **Ready.** This broker's splitter finishes splitting what it may (below the HW it last
-   learned); the journal partition is not fetched meanwhile, so nothing else writes those
+   learned); from there to the attempt's end (``StorageEngine.catch_up_end``, after its
+   last write, also on a cancel) the storage refuses replica appends, split-limit moves,
+   truncations and a second attempt for the journal partition, so nothing else writes those
    queue logs (``StorageEngine.catch_up_prepare``).
 3. **Plan.** Per topic partition: this replica's queue-log end must not pass the leader's
-   end at P (it would hold entries the leader does not have, which only an unclean election
-   leaves: refused, as the normal truncation refuses a cut into split data); when the
+   end at P (the leader, newly elected, has not split that far yet: retried later; or an
+   unclean election left entries it does not have: never truncated here); when the
    leader's log start is past it, the queue log is emptied to start there (Kafka's
    ``truncateFullyAndStartAt``). The copy starts at this replica's last batch, which must
    be byte-identical to the leader's (else refused the same way).
@@ -52,6 +54,7 @@ from kio.schema.errors import ErrorCode
 
 from stonemq.protocol.catchup import (
     CatchUpRequest,
+    CatchUpResponse,
     CopyFetch,
     decode_fetch,
     decode_response,
@@ -114,57 +117,81 @@ async def catch_up(manager: ReplicaManager, leader: int, journal: int) -> None:
         if point.error_code != ErrorCode.none:
             raise CatchUpError(f"the leader answers {ErrorCode(point.error_code).name}")
         await storage.catch_up_prepare(local)
-        todo: list[_Copy] = []
-        for p in point.partitions:
-            have = storage.catch_up_queue(local, p.topic, p.partition)
-            if have is None:
-                raise CatchUpError(f"{p.topic}-{p.partition} is not known here yet")
-            end_here = have[0]
-            if end_here > p.end_offset:
-                raise CatchUpError(
-                    f"{p.topic}-{p.partition} ends at {end_here} here, past the leader's "
-                    f"{p.end_offset} at position {point.point}: it holds entries the leader "
-                    "does not have (an unclean election); not truncated"
-                )
-            if p.log_start_offset > end_here:
-                storage.catch_up_restart_queue(p.topic, p.partition, p.log_start_offset)
-                end_here = p.log_start_offset
-            # from this replica's last batch: compared with the leader's before the copy
-            # appends after it (its history diverged, else)
-            last = await storage.catch_up_last_batch(p.topic, p.partition)
-            start = max(last, p.log_start_offset) if last is not None else end_here
-            if start < p.end_offset:
-                todo.append(_Copy(p.topic, p.partition, start, p.end_offset))
-        log.warning(
-            "journal partition %d: catching up from leader %d's state at journal position %d: "
-            "%d of %d topic partitions to copy",
-            journal,
-            leader,
-            point.point,
-            len(todo),
-            len(point.partitions),
-        )
-        await _copy(manager, reader, writer, ids, journal, leader, epoch, point.point, todo)
-        lead = routing.leadership(journal)
-        if lead.leader != leader or lead.leader_epoch != epoch:
-            raise CatchUpError(f"the leadership moved during the copy (epoch {epoch})")
-        keys = [(p.topic, p.partition) for p in point.partitions]
-        # shielded: an install cut in the middle by a cancel would leave memory and disk apart
-        install = asyncio.ensure_future(
-            storage.catch_up_install(local, point.point, list(point.epochs), keys)
-        )
-        await asyncio.shield(install)
-        _forget_reader(storage.journal_directory(local))
-        log.warning(
-            "journal partition %d: caught up from leader %d at journal position %d "
-            "(epoch %d); fetching its journal from there",
-            journal,
-            leader,
-            point.point,
-            epoch,
-        )
+        try:
+            await _plan_copy_install(manager, reader, writer, ids, journal, leader, epoch, point)
+        finally:  # every write of the attempt is done here (a cancel waits for them)
+            storage.catch_up_end(local)
     finally:
         writer.close()
+
+
+async def _plan_copy_install(
+    manager: ReplicaManager,
+    reader: asyncio.StreamReader,
+    writer: asyncio.StreamWriter,
+    ids: itertools.count[int],
+    journal: int,
+    leader: int,
+    epoch: int,
+    point: CatchUpResponse,
+) -> None:
+    routing = manager.routing
+    storage = manager.storage
+    local = routing.local_index(journal)
+    assert local is not None
+    todo: list[_Copy] = []
+    for p in point.partitions:
+        have = storage.catch_up_queue(local, p.topic, p.partition)
+        if have is None:
+            raise CatchUpError(f"{p.topic}-{p.partition} is not known here yet")
+        end_here = have[0]
+        if end_here > p.end_offset:
+            raise CatchUpError(
+                f"{p.topic}-{p.partition} ends at {end_here} here, past the leader's "
+                f"{p.end_offset} at position {point.point}: the leader has not split that "
+                "far; retrying (nothing is truncated)"
+            )
+        if p.log_start_offset > end_here:
+            storage.catch_up_restart_queue(p.topic, p.partition, p.log_start_offset)
+            end_here = p.log_start_offset
+        # from this replica's last batch: compared with the leader's before the copy
+        # appends after it (its history diverged, else)
+        last = await storage.catch_up_last_batch(p.topic, p.partition)
+        start = max(last, p.log_start_offset) if last is not None else end_here
+        if start < p.end_offset:
+            todo.append(_Copy(p.topic, p.partition, start, p.end_offset))
+    log.warning(
+        "journal partition %d: catching up from leader %d's state at journal position %d: "
+        "%d of %d topic partitions to copy",
+        journal,
+        leader,
+        point.point,
+        len(todo),
+        len(point.partitions),
+    )
+    await _copy(manager, reader, writer, ids, journal, leader, epoch, point.point, todo)
+    lead = routing.leadership(journal)
+    if lead.leader != leader or lead.leader_epoch != epoch:
+        raise CatchUpError(f"the leadership moved during the copy (epoch {epoch})")
+    keys = [(p.topic, p.partition) for p in point.partitions]
+    # shielded: an install cut in the middle by a cancel would leave memory and disk apart
+    install = asyncio.ensure_future(
+        storage.catch_up_install(local, point.point, list(point.epochs), keys)
+    )
+    try:
+        await asyncio.shield(install)
+    except asyncio.CancelledError:  # the install goes on: this attempt ends after it
+        await asyncio.wait([install])
+        raise
+    _forget_reader(storage.journal_directory(local))
+    log.warning(
+        "journal partition %d: caught up from leader %d at journal position %d "
+        "(epoch %d); fetching its journal from there",
+        journal,
+        leader,
+        point.point,
+        epoch,
+    )
 
 
 async def _copy(

@@ -85,6 +85,9 @@ class LeaderFetcher:
         if sorted(journals) != self.partitions:
             self.partitions = sorted(journals)
             self._paused = {j: t for j, t in self._paused.items() if j in journals}
+            for j, task in self._catch_ups.items():
+                if j not in journals:  # its writes finish before the task ends (the storage
+                    task.cancel()  # refuses another writer of j until then)
             self._changed.set()
 
     async def close(self) -> None:
@@ -194,7 +197,7 @@ class LeaderFetcher:
             return
         error = data.error_code  # type: ignore[attr-defined]
         backoff_s = manager.settings.replica_fetch_backoff_ms / 1000
-        if storage.catch_up_installing(local):  # an attempt of an earlier fetcher finishing
+        if storage.catch_up_active(local):  # an attempt (of an earlier fetcher) not over
             self._paused[j] = time.monotonic() + backoff_s
             return
         start = data.log_start  # type: ignore[attr-defined]

@@ -87,6 +87,7 @@ from stonemq.storage.page_cache import (
 from stonemq.storage.producer_state import BatchSeq, write_snapshot
 from stonemq.storage.queue_log import (
     QueueLog,
+    SplitWrite,
     create_queue_log_dir,
     epoch_search,
     max_time_search,
@@ -484,6 +485,12 @@ class StorageEngine:
         # journal partitions whose catch-up install is under way (catch_up_install): no
         # replica append, truncation or other catch-up meanwhile
         self._installing: set[int] = set()
+        # journal partitions with a catch-up attempt under way, from catch_up_prepare to its
+        # end (catch_up_end, or an install that finished): the copy is then the only writer
+        # of their queue logs, so no replica append, split-limit move, truncation or second
+        # attempt is taken meanwhile (the old attempt of a fetcher that dropped the journal
+        # partition ends before another fetcher's appends are taken)
+        self._catching_up: set[int] = set()
         self._replica_appends: dict[int, set[asyncio.Future[None]]] = {}
         self._split_limits: list[int] | None = [0] * journal_partitions if replicated else None
         # replication's hooks: entries of a journal partition were written; how far back a
@@ -1905,8 +1912,8 @@ class StorageEngine:
         """The journal high watermark of ``j`` moved to ``position``: the splitter may split
         up to it (it never moves back)."""
         limits = self._split_limits
-        if limits is None or position <= limits[j]:
-            return
+        if limits is None or position <= limits[j] or j in self._catching_up:
+            return  # a catch-up is the only writer of its queue logs meanwhile
         limits[j] = position
         if self._split_wake is not None:
             self._split_wake.set()
@@ -1922,8 +1929,8 @@ class StorageEngine:
         journal bytes the splitter has not split can go (a follower splits below the HW,
         which a clean election never takes back): a cut below the split position raises
         StorageError and changes nothing. Returns the bytes cut."""
-        if j in self._installing:
-            raise StorageError(f"journal-{j}: a catch-up is being installed")
+        if j in self._installing or j in self._catching_up:
+            raise StorageError(f"journal-{j}: a catch-up is under way")
         journal = self._journals[j]
         await journal.drain()
         splitter = self._splitter
@@ -1997,8 +2004,8 @@ class StorageEngine:
             raise StorageError("storage is closed")
         if j in self._led_here:
             raise StorageError(f"journal-{j} is led here: no replica append")
-        if j in self._installing:
-            raise StorageError(f"journal-{j}: a catch-up is being installed")
+        if j in self._installing or j in self._catching_up:
+            raise StorageError(f"journal-{j}: a catch-up is under way")
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         in_flight = self._replica_appends.setdefault(j, set())
         in_flight.add(done)
@@ -2092,11 +2099,21 @@ class StorageEngine:
         ``j`` (not fetched meanwhile, so its split limit stays): wait until its splitter
         has split everything up to that limit and has no write in flight, so the copy and
         the splitter never write the same queue log. StorageError when it does not get
-        there (an offline journal partition)."""
+        there (an offline journal partition). From here until :meth:`catch_up_end` (or an
+        install that finishes) the attempt is the only writer of those queue logs: replica
+        appends, split-limit moves, truncations and a second attempt are refused."""
         if j in self._led_here:
             raise StorageError(f"journal-{j} is led here: nothing to catch up")
-        if j in self._installing:
-            raise StorageError(f"journal-{j}: a catch-up is being installed")
+        if j in self._installing or j in self._catching_up:
+            raise StorageError(f"journal-{j}: a catch-up is under way")
+        self._catching_up.add(j)
+        try:
+            await self._catch_up_ready(j, timeout_s)
+        except BaseException:
+            self._catching_up.discard(j)
+            raise
+
+    async def _catch_up_ready(self, j: int, timeout_s: float) -> None:
         splitter = self._splitter
         assert splitter is not None
         deadline = time.monotonic() + timeout_s
@@ -2104,12 +2121,31 @@ class StorageEngine:
             journal = self._journals[j]
             if journal.health.offline:
                 raise StorageError(f"journal-{j} is offline")
+            # split up to the limit: no split write of ``j`` is in flight (a step of ``j``
+            # publishes its writes and its new position together)
             limit = min(journal.visible_end, self.split_limit(j))
-            if splitter.positions[j] >= limit and splitter._in_flight is None:
+            if splitter.positions[j] >= limit:
                 return
             if time.monotonic() > deadline:
                 raise StorageError(f"journal-{j}: the splitter did not reach {limit}")
             await asyncio.sleep(0.01)
+
+    def catch_up_end(self, j: int) -> None:
+        """The catch-up attempt of local journal partition ``j`` is over (its writes done):
+        replica appends are taken again. Idempotent."""
+        self._catching_up.discard(j)
+
+    def catch_up_active(self, j: int) -> bool:
+        """Whether a catch-up attempt of local journal partition ``j`` is under way (from
+        :meth:`catch_up_prepare` to its end, its install included)."""
+        return j in self._catching_up or j in self._installing
+
+    def _check_catching_up(self, state: _Partition) -> None:
+        if state.journal not in self._catching_up:
+            raise StorageError(
+                f"{state.topic}-{state.partition}: no catch-up of journal-{state.journal} "
+                "prepared (catch_up_prepare)"
+            )
 
     def catch_up_queue(self, j: int, topic: str, partition: int) -> tuple[int, int] | None:
         """(log end offset, log start offset) of a topic partition's queue log routed to
@@ -2138,6 +2174,7 @@ class StorageEngine:
         snapshots gone with its batches. The log start is checkpointed by the install's
         flush; a crash before it leaves an older log end, which the next copy resets again."""
         state = self._state(topic, partition)
+        self._check_catching_up(state)
         queue = self._open_queue(state)
         if queue.writing:
             raise StorageError(f"{topic}-{partition}: a write is in flight")
@@ -2174,6 +2211,7 @@ class StorageEngine:
         state = self._state(topic, partition)
         if state.journal in self._led_here:  # elected meanwhile (an unclean election)
             raise StorageError(f"{topic}-{partition}: its journal partition is led here")
+        self._check_catching_up(state)
         queue = self._open_queue(state)
         if queue.writing:
             raise StorageError(f"{topic}-{partition}: a write is in flight")
@@ -2213,18 +2251,28 @@ class StorageEngine:
         if write.runs:
             write.take_index_writes()
             queue.writing = True
+            written = asyncio.get_running_loop().run_in_executor(None, write.write)
             try:
-                await asyncio.get_running_loop().run_in_executor(None, write.write)
-            finally:
-                queue.publish(write)
-            self._on_split({queue})
-            state.next_offset = max(state.next_offset, queue.next_offset)
+                await asyncio.shield(written)
+            except asyncio.CancelledError:
+                # the thread still writes the files: published only once it is done (the
+                # next writer starts at the published size), then the cancel goes on
+                await asyncio.wait([written])
+                self._catch_up_publish(state, queue, write)
+                raise
+            self._catch_up_publish(state, queue, write)
             if write.error is not None:
                 self._fail_queue(queue, Event.QUEUE_WRITE_ERROR, write.error)
                 raise StorageError(f"{topic}-{partition}: copy failed: {write.error}")
         if problem is not None:
             raise StorageError(f"{topic}-{partition}: copy refused: {problem}")
         return queue.next_offset
+
+    def _catch_up_publish(self, state: _Partition, queue: QueueLog, write: SplitWrite) -> None:
+        """What a copy's write wrote, visible (on the loop, once the thread is done)."""
+        queue.publish(write)
+        self._on_split({queue})
+        state.next_offset = max(state.next_offset, queue.next_offset)
 
     async def catch_up_install(
         self, j: int, point: int, epochs: list[tuple[int, int]], keys: list[tuple[str, int]]
@@ -2243,15 +2291,14 @@ class StorageEngine:
             raise StorageError(f"journal-{j} is led here: no catch-up")
         if j in self._installing:
             raise StorageError(f"journal-{j}: a catch-up is being installed")
+        if j not in self._catching_up:
+            raise StorageError(f"journal-{j}: no catch-up prepared (catch_up_prepare)")
         self._installing.add(j)
         try:
             await self._catch_up_install(j, point, epochs, keys)
         finally:
             self._installing.discard(j)
-
-    def catch_up_installing(self, j: int) -> bool:
-        """Whether a catch-up install of local journal partition ``j`` is under way."""
-        return j in self._installing
+        self._catching_up.discard(j)  # installed: the attempt is over
 
     async def _catch_up_install(
         self, j: int, point: int, epochs: list[tuple[int, int]], keys: list[tuple[str, int]]

@@ -31,6 +31,9 @@ from stonemq.storage.fileio import FileOps
 WRITES = ("pwrite", "pwritev", "write")
 """Operations that can also be cut short (a short write)."""
 
+HOLD_S = 30.0
+"""The longest a held call (``Rule.hold``) waits."""
+
 OPERATIONS = (
     *WRITES,
     "open",
@@ -50,7 +53,9 @@ OPERATIONS = (
 class Rule:
     """Fail calls of ``op`` whose file name contains ``match``: ``times`` of them (-1: all)
     after skipping ``after`` matching calls, with ``error`` (an errno) or, for a write, by
-    writing only ``short`` bytes first."""
+    writing only ``short`` bytes first. With ``hold`` set, a matching call does not fail: it
+    sets ``entered`` and waits until ``hold`` is set (at most ``HOLD_S``), then goes through
+    (a slow write, for a cancel or another writer to come meanwhile)."""
 
     op: str
     match: str = ""
@@ -58,6 +63,8 @@ class Rule:
     times: int = 1
     after: int = 0
     short: int | None = None
+    hold: threading.Event | None = None
+    entered: threading.Event = field(default_factory=threading.Event)
 
 
 @dataclass
@@ -86,6 +93,7 @@ class FaultPlan:
     def decide(self, op: str, path: str) -> tuple[int, int | None] | None:
         """None: the call goes through. Else (errno, short): fail with errno, for a write
         after writing ``short`` bytes (None: nothing)."""
+        held: Rule | None = None
         with self._lock:
             for rule in self.rules:
                 if rule.op == op and rule.match in path and rule.times != 0:
@@ -94,8 +102,18 @@ class FaultPlan:
                         continue
                     if rule.times > 0:
                         rule.times -= 1
+                    if rule.hold is not None:
+                        self.log.append((op, path, "held"))
+                        held = rule
+                        break
                     self.log.append((op, path, f"rule errno {rule.error} short {rule.short}"))
                     return rule.error, rule.short
+        if held is not None:  # outside the lock: other calls go on meanwhile
+            assert held.hold is not None
+            held.entered.set()
+            held.hold.wait(HOLD_S)
+            return None
+        with self._lock:
             rate = self.rates.get(op, 0.0)
             if rate <= 0 or self.match not in path:
                 return None

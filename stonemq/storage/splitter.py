@@ -39,6 +39,8 @@ log = logging.getLogger(__name__)
 Resolver = Callable[[bytes, int], "QueueLog | None"]
 
 _RETRY_AFTER_ERROR_S = 1.0
+_BUSY_RETRY_S = 0.01
+"""How long a step skipped for a queue log another writer writes waits (``_stage``)."""
 # a step of ``run`` behind by more than ``batch_bytes`` reads up to this many times it
 CATCH_UP_STEPS = 8
 
@@ -107,6 +109,8 @@ class Splitter:
         want = self.batch_bytes if batch_bytes is None else batch_bytes
         entries, end = self._read(j, pos, limit, want)
         writes = self._stage(j, entries)
+        if writes is None:
+            return 0
         _write_all(writes)
         self._publish(j, writes, pos, end, advanced)
         return end - pos
@@ -138,6 +142,9 @@ class Splitter:
         on_loop = clock()
         METRICS.splitter_loop_wait_ns += on_loop - done_ns
         writes = self._stage(j, entries)
+        if writes is None:  # never with the catch-up's guard (StorageEngine.catch_up_prepare)
+            await asyncio.sleep(_BUSY_RETRY_S)
+            return 0
         if writes:
             METRICS.splitter_loop_ns += clock() - on_loop
             written = loop.run_in_executor(thread, _timed, _write_all, writes)
@@ -172,11 +179,26 @@ class Splitter:
         if written is not None:
             await asyncio.wait([written])
 
-    def _stage(self, j: int, entries: list[JournalEntry]) -> list[SplitWrite]:
+    def _stage(self, j: int, entries: list[JournalEntry]) -> list[SplitWrite] | None:
         """Stage the entries' batches into their queue logs (on the loop): one
-        :class:`SplitWrite` per queue log, in the order of its first entry."""
+        :class:`SplitWrite` per queue log, in the order of its first entry. None (nothing
+        staged, logged) when one of those queue logs has another writer's write in flight:
+        the step is skipped, the split position unchanged."""
         writes: dict[QueueLog, SplitWrite] = {}
         resolve = self.resolve
+        for entry in entries:  # another writer's write in flight (a catch-up's copy): never
+            queue = resolve(entry.topic_id, entry.partition)  # two at once in one log
+            if queue is not None and queue.writing:
+                log.error(
+                    "journal-%d: %s-%d is being written by another writer; split step of "
+                    "journal-%d at %d skipped (retried)",
+                    j,
+                    queue.topic,
+                    queue.partition,
+                    j,
+                    entry.position,
+                )
+                return None
         for entry in entries:
             queue = resolve(entry.topic_id, entry.partition)
             if queue is None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from hypothesis import strategies as st
 
 from stonemq.protocol.record_batch import parse_header, set_base_offset
 from stonemq.storage import fileio
+from stonemq.storage.check import check_storage
 from stonemq.storage.engine import CATCH_UP_FILE, StorageError, catch_up_epochs
 from stonemq.storage.faults import Durability, FaultPlan, FaultyFileOps
 from stonemq.storage.journal import JournalReader
@@ -354,3 +356,114 @@ def test_a_power_loss_after_the_install_or_its_failure(tmp_path: Path, where: st
             await again.close()
 
     run(restart())
+
+
+def test_a_cancel_during_a_copy_write_publishes_once_the_thread_wrote(tmp_path: Path) -> None:
+    """Review F1: the attempt is cancelled (a leader change, a shutdown) while a copy write
+    is in its thread (held there by the fault layer): the cancel waits for that write and
+    publishes it before it goes on, so no other writer starts at a stale size; the queue log
+    then holds the leader's batches once each, in the running broker, in ``storage check``
+    and after a restart's recovery."""
+    follower_root = tmp_path / "follower"
+
+    async def scenario() -> bytes:
+        plan = FaultPlan()  # from the start: it knows every descriptor's file
+        previous = fileio.install(FaultyFileOps(plan))
+        hold = threading.Event()
+        leader, follower, _ = await behind(tmp_path)
+        try:
+            point, _, parts = leader.catch_up_point(0)
+            (_, _, _, end) = parts[0]
+            await follower.catch_up_prepare(0)
+            data = leader.read("t", 0, 5, 700).data
+            queue_dir = str(follower_root / "queues" / "t-0")
+            rule = plan.fail("pwritev", match=queue_dir, hold=hold)
+            try:
+                task = asyncio.ensure_future(follower.catch_up_append("t", 0, data, end, point))
+                assert await asyncio.to_thread(rule.entered.wait, 10)
+                task.cancel()
+                await asyncio.sleep(0.1)
+                assert not task.done()  # the thread still writes: not published, not over
+                assert follower.log_end_offset("t", 0) == 5
+                with pytest.raises(StorageError, match="in flight"):  # no second writer
+                    await follower.catch_up_append("t", 0, data, end, point)
+                hold.set()
+                with pytest.raises(asyncio.CancelledError):
+                    await task
+            finally:
+                hold.set()
+            offset = follower.log_end_offset("t", 0)
+            assert offset > 5  # what the thread wrote is published
+            while offset < end:  # the copy goes on from there: nothing overlaps
+                offset = await follower.catch_up_append(
+                    "t", 0, leader.read("t", 0, offset, 700).data, end, point
+                )
+            expected = read_all(leader, "t", 0)
+            assert read_all(follower, "t", 0) == expected
+            follower.catch_up_end(0)
+            return expected
+        finally:
+            await leader.close()
+            await follower.close()
+            fileio.install(previous)
+
+    expected = run(scenario())
+    report = check_storage(str(follower_root / "journal"), str(follower_root / "queues"))
+    assert report.ok, report.defects
+    (summary,) = [q for q in report.queue_logs if q.name == "t-0"]
+    assert summary.next_offset == 125
+
+    async def restart() -> None:
+        again = start(follower_root)
+        try:
+            assert read_all(again, "t", 0) == expected
+            assert again.log_end_offset("t", 0) == 125
+        finally:
+            await again.close()
+
+    run(restart())
+
+
+def test_an_attempt_is_the_only_writer_of_its_queue_logs(tmp_path: Path) -> None:
+    """Review F2: from catch_up_prepare to the attempt's end the storage refuses a second
+    attempt, replica appends, truncations and split-limit moves for the journal partition
+    (another fetcher's, or the old fetcher's after a leader change); a copy without a
+    prepared attempt is refused; after catch_up_end the journal is fetched again."""
+
+    async def scenario() -> None:
+        leader, follower, early = await behind(tmp_path)
+        try:
+            point, _, parts = leader.catch_up_point(0)
+            (_, _, _, end) = parts[0]
+            data = leader.read("t", 0, 5, 700).data
+            with pytest.raises(StorageError, match="no catch-up"):
+                await follower.catch_up_append("t", 0, data, end, point)
+            with pytest.raises(StorageError, match="no catch-up"):
+                follower.catch_up_restart_queue("t", 0, 40)
+            await follower.catch_up_prepare(0)
+            assert follower.catch_up_active(0) and not follower.catch_up_active(1)
+            with pytest.raises(StorageError, match="under way"):
+                await follower.catch_up_prepare(0)
+            with pytest.raises(StorageError, match="under way"):  # refused before reading
+                await follower.append_replica(0, early, memoryview(b""))
+            with pytest.raises(StorageError, match="under way"):
+                await follower.truncate_replica(0, early)
+            limit = follower.split_limit(0)
+            follower.set_split_limit(0, limit + 1000)
+            assert follower.split_limit(0) == limit  # not moved
+            assert follower.journal_written_end(0) == early
+            await follower.catch_up_append("t", 0, data, end, point)
+            follower.catch_up_end(0)
+            assert not follower.catch_up_active(0)
+            await follower.catch_up_prepare(0)  # a new attempt may start
+            follower.catch_up_end(0)
+            # taken again: an (empty) replica append, a truncation, a split-limit move
+            assert await follower.append_replica(0, early, memoryview(b"")) == early
+            assert await follower.truncate_replica(0, early) == 0
+            follower.set_split_limit(0, limit + 1)
+            assert follower.split_limit(0) == limit + 1
+        finally:
+            await leader.close()
+            await follower.close()
+
+    run(scenario())
