@@ -20,7 +20,9 @@ the leader, for one journal partition:
    unclean election left entries it does not have: never truncated here); when the
    leader's log start is past it, the queue log is emptied to start there (Kafka's
    ``truncateFullyAndStartAt``). The copy starts at this replica's last batch, which must
-   be byte-identical to the leader's (else refused the same way).
+   be the leader's batch there (same offsets, leader epoch, producer fields, record count
+   and transactional/control bits: its bytes may differ, each replica recompressing to the
+   topic's codec itself; else refused the same way).
 4. **Copy.** Kafka's Fetch (v11, this broker's id as the replica id, the journal
    partition's leader epoch as each partition's current leader epoch) from each queue log's
    end to the leader's end at P, at most ``_PARTITIONS_PER_FETCH`` topic partitions and

@@ -2204,10 +2204,14 @@ class StorageEngine:
         """Append a leader's queue-log batches (a Fetch answer's records) to this follower's
         queue log verbatim, same offsets and leader epochs, up to ``end_offset`` (the
         leader's end at journal position ``point``): each batch's CRC is checked, batches
-        the log holds already are skipped (as a re-split skips them), a gap or a batch
-        across ``end_offset`` is refused (StorageError) and nothing after it is taken. The
-        producer state follows the batches as the splitter's appends do. Returns the new
-        log end offset."""
+        the log holds already are skipped (as a re-split skips them) once found to be the
+        same batch (:func:`same_batch`), offsets missing before a batch are accepted with a
+        warning (Kafka's follower only requires increasing offsets), a batch overlapping the
+        log's end or across ``end_offset`` is refused (StorageError) and nothing after it is
+        taken. The producer state follows the batches as the splitter's appends do. Only
+        within an attempt (:meth:`catch_up_prepare`). A cancel while the thread writes waits
+        for it and publishes what it wrote before going on. Returns the new log end
+        offset."""
         state = self._state(topic, partition)
         if state.journal in self._led_here:  # elected meanwhile (an unclean election)
             raise StorageError(f"{topic}-{partition}: its journal partition is led here")
@@ -2225,9 +2229,6 @@ class StorageEngine:
                 if header.next_offset > end_offset:
                     problem = f"batch {header.base_offset}..{header.last_offset} past {end_offset}"
                     break
-                if header.base_offset > write.next_offset and write.active is not None:
-                    problem = f"offsets {write.next_offset}..{header.base_offset - 1} missing"
-                    break
                 if not crc_ok(view, at, header):
                     problem = f"batch at offset {header.base_offset} fails its CRC"
                     break
@@ -2236,15 +2237,23 @@ class StorageEngine:
                     not write.runs
                     and header.next_offset <= queue.next_offset
                     and header.base_offset >= queue.log_start_offset
-                ):  # held here already: the same bytes, or the histories diverged
+                ):  # held here already: the same batch, or the histories diverged
                     own = (await self.read_async(topic, partition, header.base_offset, 1)).data
-                    if bytes(own[: header.size]) != batch:
+                    if not same_batch(parse_header(own), header):
                         problem = (
                             f"the batch at offset {header.base_offset} differs from the "
                             "leader's (diverged: an unclean election); not truncated"
                         )
                         break
                     continue
+                if header.base_offset < write.next_offset and write.active is not None:
+                    problem = (
+                        f"batch {header.base_offset}..{header.last_offset} overlaps the log "
+                        f"end {write.next_offset}"
+                    )
+                    break
+                # offsets missing before it (compaction on the leader, or a gap the leader's
+                # splitter accepted) are accepted, as Kafka's follower does: ``stage`` warns
                 queue.stage(write, batch, max(point - 1, 0))
         except RecordBatchError as exc:
             problem = str(exc)
@@ -2414,6 +2423,27 @@ class StorageEngine:
     def journal_health(self) -> list[str]:
         """Each journal partition's state (``health.py``), for logs, metrics and tests."""
         return [journal.health.state.value for journal in self._journals]
+
+
+_IDENTITY_ATTRIBUTES = 0x30  # the transactional and control bits
+
+
+def same_batch(own: BatchHeader, leader: BatchHeader) -> bool:
+    """Whether a follower's batch is the leader's batch at the same offsets: what identifies
+    a batch (its offsets, partition leader epoch, producer id, epoch and base sequence,
+    record count, transactional and control bits), not its bytes, which differ when a
+    replica recompressed it to the topic's codec another way (another compression.type
+    then, another codec library version)."""
+    return (
+        own.base_offset == leader.base_offset
+        and own.last_offset_delta == leader.last_offset_delta
+        and own.partition_leader_epoch == leader.partition_leader_epoch
+        and own.producer_id == leader.producer_id
+        and own.producer_epoch == leader.producer_epoch
+        and own.base_sequence == leader.base_sequence
+        and own.record_count == leader.record_count
+        and own.attributes & _IDENTITY_ATTRIBUTES == leader.attributes & _IDENTITY_ATTRIBUTES
+    )
 
 
 CATCH_UP_FILE = "catch-up-point"

@@ -7,18 +7,21 @@ on either side of the marker: the old state, or a state the next start finishes.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
+import struct
 import threading
 from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import abandon, add_topic, build_batch, new_engine, read_all
+from conftest import CODECS, abandon, add_topic, build_batch, new_engine, read_all
+from crc32c import crc32c
 from hypothesis import given
 from hypothesis import strategies as st
 
-from stonemq.protocol.record_batch import parse_header, set_base_offset
+from stonemq.protocol.record_batch import iter_batches, parse_header, recompress, set_base_offset
 from stonemq.storage import fileio
 from stonemq.storage.check import check_storage
 from stonemq.storage.engine import CATCH_UP_FILE, StorageError, catch_up_epochs
@@ -148,16 +151,13 @@ def test_the_leaders_point_the_copy_and_the_install(tmp_path: Path) -> None:
     run(scenario())
 
 
-def test_a_copy_refuses_gaps_corrupt_batches_and_batches_past_the_point(tmp_path: Path) -> None:
+def test_a_copy_refuses_corrupt_batches_and_batches_past_the_point(tmp_path: Path) -> None:
     async def scenario() -> None:
         leader, follower, _ = await behind(tmp_path)
         try:
             point, _, parts = leader.catch_up_point(0)
             (_, _, _, end) = parts[0]
             await follower.catch_up_prepare(0)
-            later = leader.read("t", 0, 7, 700).data  # starts past the follower's end, 5
-            with pytest.raises(StorageError, match="missing"):
-                await follower.catch_up_append("t", 0, later, end, point)
             bad = bytearray(leader.read("t", 0, 5, 700).data)
             bad[70] ^= 0xFF  # inside the first batch's records
             with pytest.raises(StorageError, match="CRC"):
@@ -169,6 +169,7 @@ def test_a_copy_refuses_gaps_corrupt_batches_and_batches_past_the_point(tmp_path
             assert await follower.catch_up_last_batch("t", 0) == 4
             other = build_batch([b"not the leader's"])
             set_base_offset(other, 0, 4)
+            assert parse_header(other).partition_leader_epoch != 1  # the leader's batch: 1
             rest = leader.read("t", 0, 5, 700).data
             with pytest.raises(StorageError, match="differs"):
                 await follower.catch_up_append("t", 0, bytes(other) + bytes(rest), end, point)
@@ -462,6 +463,82 @@ def test_an_attempt_is_the_only_writer_of_its_queue_logs(tmp_path: Path) -> None
             assert await follower.truncate_replica(0, early) == 0
             follower.set_split_limit(0, limit + 1)
             assert follower.split_limit(0) == limit + 1
+        finally:
+            await leader.close()
+            await follower.close()
+
+    run(scenario())
+
+
+def test_the_last_batch_recompressed_another_way_is_the_same_batch(tmp_path: Path) -> None:
+    """Review F3: replicas recompress to the topic's codec themselves, so the follower's
+    last batch and the leader's may hold the same records in other bytes (compression.type
+    changed, another codec library): what identifies a batch is compared, not its bytes.
+    Another producer id at the same offsets is still a divergence."""
+
+    async def scenario() -> None:
+        leader, follower, _ = await behind(tmp_path)
+        try:
+            point, _, parts = leader.catch_up_point(0)
+            (_, _, _, end) = parts[0]
+            await follower.catch_up_prepare(0)
+            assert await follower.catch_up_last_batch("t", 0) == 4
+            theirs = leader.read("t", 0, 4, 1).data
+            size = parse_header(theirs).size
+            gzipped = recompress(theirs[:size], CODECS["gzip"])
+            assert gzipped != bytes(theirs[:size]) and parse_header(gzipped).compression == 1
+            other = bytearray(gzipped)
+            struct.pack_into(">q", other, 43, 77)  # another producer id, CRC fixed below
+            struct.pack_into(">I", other, 17, crc32c(memoryview(other)[21:]))
+            rest = leader.read("t", 0, 5, 700).data
+            with pytest.raises(StorageError, match="differs"):
+                await follower.catch_up_append("t", 0, bytes(other) + bytes(rest), end, point)
+            got = await follower.catch_up_append("t", 0, gzipped + bytes(rest), end, point)
+            assert got > 5
+            while got < end:
+                got = await follower.catch_up_append(
+                    "t", 0, leader.read("t", 0, got, 700).data, end, point
+                )
+            assert read_all(follower, "t", 0) == read_all(leader, "t", 0)
+        finally:
+            await leader.close()
+            await follower.close()
+
+    run(scenario())
+
+
+def test_a_copy_accepts_increasing_offsets_with_a_gap_and_refuses_an_overlap(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Review F4: offsets missing in the leader's queue log (which its splitter accepts with
+    a warning; Kafka's follower only requires increasing offsets) are accepted with a
+    warning; a batch overlapping the log's end is refused."""
+
+    async def scenario() -> None:
+        leader, follower, _ = await behind(tmp_path)
+        try:
+            point, _, parts = leader.catch_up_point(0)
+            (_, _, _, end) = parts[0]
+            await follower.catch_up_prepare(0)
+            later = leader.read("t", 0, 7, 700).data  # starts past the follower's end, 5
+            assert parse_header(later).base_offset == 7
+            overlapping = bytearray(later[: parse_header(later).size])
+            set_base_offset(overlapping, 0, 4)  # 4..5 over the log's end, 5
+            struct.pack_into(">I", overlapping, 17, crc32c(memoryview(overlapping)[21:]))
+            with pytest.raises(StorageError, match="overlaps"):
+                await follower.catch_up_append("t", 0, bytes(overlapping), end, point)
+            assert follower.log_end_offset("t", 0) == 5
+            with caplog.at_level(logging.WARNING, logger="stonemq"):
+                got = await follower.catch_up_append("t", 0, later, end, point)
+            assert got > 7
+            assert "offsets 5..6 missing" in caplog.text
+            while got < end:
+                got = await follower.catch_up_append(
+                    "t", 0, leader.read("t", 0, got, 700).data, end, point
+                )
+            held = [h.base_offset for _, h in iter_batches(read_all(follower, "t", 0))]
+            assert 5 not in held and 6 not in held and 7 in held
+            assert read_all(follower, "t", 0, 7) == read_all(leader, "t", 0, 7)
         finally:
             await leader.close()
             await follower.close()
