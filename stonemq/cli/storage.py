@@ -69,6 +69,8 @@ def check(
         f"batches: {sum(q.batches for q in logs)}, records: {sum(q.records for q in logs)}, "
         f"bytes: {sum(q.bytes for q in logs)}"
     )
+    for note in report.notes:
+        console.print(f"[yellow]PENDING[/yellow] {note}", highlight=False, soft_wrap=True)
     if report.ok:
         console.print("[green]storage check passed: no defect[/green]")
         return

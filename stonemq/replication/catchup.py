@@ -154,7 +154,7 @@ async def _plan_copy_install(
                 "far; retrying (nothing is truncated)"
             )
         if p.log_start_offset > end_here:
-            storage.catch_up_restart_queue(p.topic, p.partition, p.log_start_offset)
+            await storage.catch_up_restart_queue(p.topic, p.partition, p.log_start_offset)
             end_here = p.log_start_offset
         # from this replica's last batch: compared with the leader's before the copy
         # appends after it (its history diverged, else)
@@ -245,7 +245,7 @@ async def _copy(
                 part.error_code == ErrorCode.offset_out_of_range
                 and part.log_start_offset > c.offset
             ):  # the leader's retention moved past this replica's end meanwhile
-                storage.catch_up_restart_queue(c.topic, c.partition, part.log_start_offset)
+                await storage.catch_up_restart_queue(c.topic, c.partition, part.log_start_offset)
                 c.offset = part.log_start_offset
                 continue
             if part.error_code != ErrorCode.none:

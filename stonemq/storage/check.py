@@ -29,9 +29,12 @@ from stonemq.protocol.record_batch import (
 from stonemq.storage.checkpoint import (
     LOG_START_OFFSET_FILE,
     QUEUE_RECOVERY_POINT_FILE,
+    CheckpointFile,
     read_offsets,
     read_queue_recovery_points,
 )
+from stonemq.storage.engine import CATCH_UP_FILE
+from stonemq.storage.errors import StorageError
 from stonemq.storage.journal import (
     SEGMENT_SUFFIX,
     CorruptEntryError,
@@ -53,6 +56,7 @@ class JournalSummary:
     bytes: int = 0
     start_position: int = 0
     end_position: int = 0
+    pending: str | None = None  # an install the next start finishes (not damage)
 
 
 @dataclass(slots=True)
@@ -71,6 +75,7 @@ class CheckReport:
     journals: list[JournalSummary] = field(default_factory=list)
     queue_logs: list[QueueLogSummary] = field(default_factory=list)
     defects: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # states a start finishes, not defects
 
     @property
     def ok(self) -> bool:
@@ -84,7 +89,10 @@ def check_storage(journal_dir: str, queue_dir: str) -> CheckReport:
         for name in sorted(os.listdir(journal_dir)):
             path = os.path.join(journal_dir, name)
             if name.startswith("journal-") and os.path.isdir(path):
-                report.journals.append(check_journal(path, report.defects))
+                summary = check_journal(path, report.defects)
+                report.journals.append(summary)
+                if summary.pending is not None:
+                    report.notes.append(f"{name}: {summary.pending}")
     if os.path.isdir(queue_dir):
         points = read_queue_recovery_points(os.path.join(queue_dir, QUEUE_RECOVERY_POINT_FILE))
         starts = read_offsets(os.path.join(queue_dir, LOG_START_OFFSET_FILE))
@@ -116,9 +124,29 @@ def check_storage(journal_dir: str, queue_dir: str) -> CheckReport:
 
 
 def check_journal(directory: str, defects: list[str]) -> JournalSummary:
-    """Every entry of one journal partition: framing and CRC; segments without holes."""
+    """Every entry of one journal partition: framing and CRC; segments without holes. A
+    follower's catch-up install in progress (its marker, engine.CATCH_UP_FILE: a crash cut
+    ``finish_catch_up`` short) is reported as pending, not as damage: the next start
+    leaves the journal as one empty segment at the marker's point, whatever the old
+    segments hold; an unreadable marker is a defect (that start cannot finish it)."""
     name = os.path.basename(directory)
     summary = JournalSummary(name)
+    marker = os.path.join(directory, CATCH_UP_FILE)
+    if os.path.exists(marker):
+        try:
+            rows = CheckpointFile(marker, 2).read()
+            point = int(rows[0][1]) if rows and rows[0][0] == "point" else None
+        except (OSError, ValueError, IndexError, StorageError):
+            point = None
+        if point is None:
+            defects.append(f"{name}: {CATCH_UP_FILE} cannot be read: its catch-up cannot finish")
+            return summary
+        summary.pending = (
+            f"catch-up install to journal position {point} pending: a start finishes it"
+        )
+        summary.segments = len(list_segments(directory))
+        summary.start_position = summary.end_position = point
+        return summary
     bases = list_segments(directory)
     summary.segments = len(bases)
     if not bases:

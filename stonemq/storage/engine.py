@@ -484,7 +484,7 @@ class StorageEngine:
         self._led_here: set[int] = set()
         # journal partitions whose catch-up install is under way (catch_up_install): no
         # replica append, truncation or other catch-up meanwhile
-        self._installing: set[int] = set()
+        self._installing: dict[int, asyncio.Future[None]] = {}  # done when it ends
         # journal partitions with a catch-up attempt under way, from catch_up_prepare to its
         # end (catch_up_end, or an install that finished): the copy is then the only writer
         # of their queue logs, so no replica append, split-limit move, truncation or second
@@ -1851,6 +1851,8 @@ class StorageEngine:
         # missed by the scan below and its offsets assigned again
         self._led_here.add(j)
         in_flight = list(self._replica_appends.get(j, ()))
+        if j in self._installing:  # a catch-up's install (elected out of the ISR: an
+            in_flight.append(self._installing[j])  # unclean election) ends first
         if in_flight:
             await asyncio.wait(in_flight)
         cache = self._epoch_caches[j]
@@ -2168,35 +2170,49 @@ class StorageEngine:
         base = parse_header(data).base_offset
         return base if base >= queue.log_start_offset else None
 
-    def catch_up_restart_queue(self, topic: str, partition: int, offset: int) -> None:
+    async def catch_up_restart_queue(self, topic: str, partition: int, offset: int) -> None:
         """The leader's log start is past this queue log's end: empty it and start it at
         ``offset`` (Kafka's follower ``truncateFullyAndStartAt``), its producer state and
-        snapshots gone with its batches. The log start is checkpointed by the install's
-        flush; a crash before it leaves an older log end, which the next copy resets again."""
+        snapshots gone with its batches: the files are unlinked and the directory fsynced in
+        the directory thread (no other writer meanwhile). The log start is checkpointed by
+        the install's flush; a crash before it leaves an older log start over an empty
+        directory, which the next copy resets again. StorageError when the files cannot
+        go (the memory already says empty at ``offset``; the next attempt copies from
+        there)."""
         state = self._state(topic, partition)
         self._check_catching_up(state)
         queue = self._open_queue(state)
         if queue.writing:
             raise StorageError(f"{topic}-{partition}: a write is in flight")
-        queue._drop_from(0, f"catching up: the leader's log starts at {offset}")
+        paths = [path for seg in queue.segments for path in seg.paths]
+        for path in paths:
+            queue.files.close(path)
+        del queue.segments[:]
         queue.unflushed = ()
         queue.first_unflushed_journal_position = None
         queue.next_offset = queue.log_start = offset
         queue.producers = None
         queue.snapshot_due = None
-        for name in os.listdir(queue.directory) if os.path.isdir(queue.directory) else ():
-            if name.endswith(".snapshot"):
-                with contextlib.suppress(FileNotFoundError):
-                    fileio.unlink(os.path.join(queue.directory, name))
         state.next_offset = offset
         self._log_starts[(topic, partition)] = offset
         self._log_starts_changed = True
         log.warning(
-            "%s-%d: emptied to start at offset %d (the leader's log start is past its end)",
+            "%s-%d: emptied (%d files) to start at offset %d (the leader's log start is past "
+            "its end)",
             topic,
             partition,
+            len(paths),
             offset,
         )
+        queue.writing = True  # the unlinks are the only writer until they are done
+        try:
+            await asyncio.get_running_loop().run_in_executor(
+                self._directory_thread(), _empty_directory, queue.directory, paths
+            )
+        except OSError as exc:
+            raise StorageError(f"{topic}-{partition}: not emptied: {exc}") from exc
+        finally:
+            queue.writing = False
 
     async def catch_up_append(
         self, topic: str, partition: int, data: bytes | memoryview, end_offset: int, point: int
@@ -2302,11 +2318,12 @@ class StorageEngine:
             raise StorageError(f"journal-{j}: a catch-up is being installed")
         if j not in self._catching_up:
             raise StorageError(f"journal-{j}: no catch-up prepared (catch_up_prepare)")
-        self._installing.add(j)
+        done = self._installing[j] = asyncio.get_running_loop().create_future()
         try:
             await self._catch_up_install(j, point, epochs, keys)
         finally:
-            self._installing.discard(j)
+            del self._installing[j]
+            done.set_result(None)
         self._catching_up.discard(j)  # installed: the attempt is over
 
     async def _catch_up_install(
@@ -2328,6 +2345,8 @@ class StorageEngine:
         assert self._checkpoint_lock is not None and self._splitter is not None
         loop = asyncio.get_running_loop()
         async with self._checkpoint_lock:
+            if j in self._led_here:  # elected meanwhile (become_leader waits for this)
+                raise StorageError(f"journal-{j}: led here now; catch-up not installed")
             try:  # before its rename: the old state stands
                 await loop.run_in_executor(
                     None, write_catch_up_marker, journal.directory, point, epochs
@@ -2444,6 +2463,21 @@ def same_batch(own: BatchHeader, leader: BatchHeader) -> bool:
         and own.record_count == leader.record_count
         and own.attributes & _IDENTITY_ATTRIBUTES == leader.attributes & _IDENTITY_ATTRIBUTES
     )
+
+
+def _empty_directory(directory: str, paths: list[str]) -> None:
+    """A queue log's segment files ``paths`` and its producer snapshots unlinked, then the
+    directory fsynced (blocking: the directory thread)."""
+    if not os.path.isdir(directory):
+        return
+    for path in paths:
+        with contextlib.suppress(FileNotFoundError):
+            fileio.unlink(path)
+    for name in os.listdir(directory):
+        if name.endswith(".snapshot"):
+            with contextlib.suppress(FileNotFoundError):
+                fileio.unlink(os.path.join(directory, name))
+    fileio.fsync_dir(directory)
 
 
 CATCH_UP_FILE = "catch-up-point"

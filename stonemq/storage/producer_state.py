@@ -339,12 +339,16 @@ def write_snapshot(directory: str, offset: int, data: bytes) -> str:
     return path
 
 
-def load_snapshot(directory: str, log_end: int) -> tuple[ProducerState, int]:
-    """The newest readable snapshot at or below ``log_end`` and its offset (a fresh state
-    and -1 when there is none). Snapshots beyond the log end describe batches a crash took
-    back, and unreadable ones are garbage: both are deleted."""
+def load_snapshot(directory: str, log_end: int, log_start: int = 0) -> tuple[ProducerState, int]:
+    """The newest readable snapshot from ``log_start`` to ``log_end`` and its offset (a
+    fresh state and -1 when there is none). Snapshots beyond the log end describe batches a
+    crash took back, and unreadable ones are garbage: both are deleted. Snapshots below the
+    log start are not used (as Kafka's ``truncateAndReload``: they may describe a log that
+    was emptied to start later, a follower's catch-up)."""
     for offset in reversed(list_snapshots(directory)):
         path = snapshot_path(directory, offset)
+        if offset < log_start:
+            break  # older ones are lower still
         if offset <= log_end:
             try:
                 with open(path, "rb") as f:

@@ -773,7 +773,7 @@ class QueueLog:
     def _recover_producers(self) -> None:
         """Load the newest producer snapshot at or below the log end and replay the batch
         headers after it (at most what was appended since the last roll or clean stop)."""
-        state, offset = load_snapshot(self.directory, self.next_offset)
+        state, offset = load_snapshot(self.directory, self.next_offset, self.log_start_offset)
         self.producers = state
         start = max(offset, self.log_start_offset)
         if start >= self.next_offset or not self.segments:

@@ -92,7 +92,7 @@ async def copy(leader: Any, follower: Any, point: int, parts: list[Any]) -> None
         assert have is not None
         offset = have[0]
         if log_start > offset:
-            follower.catch_up_restart_queue(topic, partition, log_start)
+            await follower.catch_up_restart_queue(topic, partition, log_start)
             offset = log_start
         last = await follower.catch_up_last_batch(topic, partition)
         if last is not None:  # as replication/catchup.py: its last batch compared first
@@ -253,6 +253,15 @@ def test_a_crash_or_failure_on_either_side_of_the_marker(tmp_path: Path, where: 
         if not before:
             assert follower.journal_health()[0] == "offline"
         abandon(follower)  # and the broker crashes
+        # review F12: ``storage check`` reports an install the next start finishes as
+        # pending, not as damage (the old segments and the one at P are not a hole)
+        root = tmp_path / "follower"
+        report = check_storage(str(root / "journal"), str(root / "queues"))
+        assert report.ok, report.defects
+        pending = f"journal-0: catch-up install to journal position {point} pending"
+        assert [n for n in report.notes if n.startswith(pending)] == (
+            [] if before else [f"{pending}: a start finishes it"]
+        )
         return early, point, expected
 
     early, point, expected = run(install())
@@ -440,7 +449,7 @@ def test_an_attempt_is_the_only_writer_of_its_queue_logs(tmp_path: Path) -> None
             with pytest.raises(StorageError, match="no catch-up"):
                 await follower.catch_up_append("t", 0, data, end, point)
             with pytest.raises(StorageError, match="no catch-up"):
-                follower.catch_up_restart_queue("t", 0, 40)
+                await follower.catch_up_restart_queue("t", 0, 40)
             await follower.catch_up_prepare(0)
             assert follower.catch_up_active(0) and not follower.catch_up_active(1)
             with pytest.raises(StorageError, match="under way"):
@@ -542,5 +551,82 @@ def test_a_copy_accepts_increasing_offsets_with_a_gap_and_refuses_an_overlap(
         finally:
             await leader.close()
             await follower.close()
+
+    run(scenario())
+
+
+def test_an_emptied_queue_log_stays_empty_after_a_power_loss(tmp_path: Path) -> None:
+    """Review F5: emptying a queue log for the leader's later log start unlinks its segments
+    and producer snapshots and fsyncs the directory (in a thread): after a power loss (the
+    fault model's durability) none of them is back."""
+    follower_root = tmp_path / "follower"
+    queue_dir = follower_root / "queues" / "t-0"
+
+    async def scenario() -> None:
+        leader, follower, _ = await behind(tmp_path)
+        try:
+            assert leader.delete_records("t", 0, 40) == 40
+            await follower.close()  # a clean stop: a producer snapshot, all durable
+            follower = start(follower_root)
+            assert any(n.endswith(".snapshot") for n in os.listdir(queue_dir))
+            model = Durability([str(follower_root)])
+            previous = fileio.install(FaultyFileOps(FaultPlan(), model))
+            try:
+                await follower.catch_up_prepare(0)
+                await follower.catch_up_restart_queue("t", 0, 40)
+                assert follower.log_end_offset("t", 0) == 40
+                abandon(follower)
+            finally:
+                fileio.install(previous)
+            model.power_loss()
+            left = [n for n in os.listdir(queue_dir) if n.endswith((".log", ".snapshot"))]
+            assert left == []
+        finally:
+            await leader.close()
+
+    run(scenario())
+
+
+@pytest.mark.parametrize("held", ["recovery-point-offset-checkpoint", CATCH_UP_FILE])
+def test_become_leader_waits_for_an_install_which_rechecks_under_the_lock(
+    tmp_path: Path, held: str
+) -> None:
+    """Review F6: become_leader (an unclean election of this out-of-ISR replica) during an
+    install waits for it; an install not yet at its commit point (held at the queue logs'
+    checkpoint) sees the leadership under the checkpoint lock and leaves the old state; one
+    past it (held at the marker's rename) finishes, and the new epoch starts at P."""
+
+    async def scenario() -> None:
+        plan = FaultPlan()
+        previous = fileio.install(FaultyFileOps(plan))
+        hold = threading.Event()
+        leader, follower, early = await behind(tmp_path)
+        try:
+            point, epochs, parts = leader.catch_up_point(0)
+            await copy(leader, follower, point, parts)
+            rule = plan.fail("replace", match=held, hold=hold)
+            install = asyncio.ensure_future(follower.catch_up_install(0, point, epochs, [("t", 0)]))
+            assert await asyncio.to_thread(rule.entered.wait, 10)
+            elected = asyncio.ensure_future(follower.become_leader(0, 3))
+            await asyncio.sleep(0.1)
+            assert not elected.done()  # waits for the install
+            hold.set()
+            if held == CATCH_UP_FILE:
+                await install
+                await elected
+                assert follower.journal_start(0) == point
+                assert follower.epoch_entries(0)[-1] == (3, point)
+            else:
+                with pytest.raises(StorageError, match="led here"):
+                    await install
+                await elected
+                assert follower.journal_start(0) == 0
+                assert follower.epoch_entries(0)[-1] == (3, early)
+            assert not (tmp_path / "follower" / "journal" / "journal-0" / CATCH_UP_FILE).exists()
+        finally:
+            hold.set()
+            await leader.close()
+            await follower.close()
+            fileio.install(previous)
 
     run(scenario())

@@ -184,6 +184,20 @@ def test_load_takes_the_newest_snapshot_within_the_log_and_deletes_the_rest(
     assert list_snapshots(str(tmp_path)) == [20]
 
 
+def test_load_does_not_take_a_snapshot_below_the_log_start(tmp_path: Path) -> None:
+    """A snapshot below the log start describes batches the log no longer holds (a
+    follower's queue log emptied to start at its leader's log start): not used, as Kafka's
+    truncateAndReload drops it; one at the log start is."""
+    state = ProducerState()
+    for offset in (10, 20):
+        applied(state, 1, 0, offset, 1, offset)
+        write_snapshot(str(tmp_path), offset, state.encode())
+    loaded, offset = load_snapshot(str(tmp_path), log_end=40, log_start=21)
+    assert offset == -1 and not loaded.producers
+    loaded, offset = load_snapshot(str(tmp_path), log_end=40, log_start=20)
+    assert offset == 20 and loaded.producers[1].last_sequence == 20
+
+
 # -- an engine's producer state across restarts --------------------------------------------------
 def idem(seq: int, count: int = 1, pid: int = 42, epoch: int = 3) -> bytearray:
     return build_batch(
