@@ -88,6 +88,7 @@ class Splitter:
         self.healths = healths or [JournalHealth(j) for j in range(len(journal_dirs))]
         self._thread: ThreadPoolExecutor | None = None  # reads and writes of ``run``
         self._in_flight: asyncio.Future[None] | None = None
+        self._busy = False  # a step was skipped: a queue log had another writer's write
 
     def add_journal(self, directory: str, health: JournalHealth) -> None:
         """Split one more (new, empty) journal partition from position 0; the next round of
@@ -143,6 +144,7 @@ class Splitter:
         METRICS.splitter_loop_wait_ns += on_loop - done_ns
         writes = self._stage(j, entries)
         if writes is None:  # never with the catch-up's guard (StorageEngine.catch_up_prepare)
+            self._busy = True  # :meth:`run` tries again without waiting for a journal write
             await asyncio.sleep(_BUSY_RETRY_S)
             return 0
         if writes:
@@ -281,7 +283,8 @@ class Splitter:
                 consumed = 0
                 try:
                     consumed = await self.step_async(j, limit(j), advanced)
-                    if consumed:
+                    if consumed or self._busy:
+                        self._busy = False
                         progressed = True
                         if health.state is Health.SPLIT_FULL:  # the read directory has room
                             for each in self.healths:

@@ -630,3 +630,59 @@ def test_become_leader_waits_for_an_install_which_rechecks_under_the_lock(
             fileio.install(previous)
 
     run(scenario())
+
+
+def test_the_splitter_never_stages_into_a_queue_log_another_writer_writes(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Review F2, defensively: should an attempt end (catch_up_end) while its copy write is
+    still in its thread (a caller's bug: the attempt's own end waits for it), the splitter,
+    given journal entries for that queue log, skips its step (logged) instead of writing at
+    the published size, and splits once the write is published: every batch once."""
+
+    async def scenario() -> None:
+        plan = FaultPlan()
+        previous = fileio.install(FaultyFileOps(plan))
+        hold = threading.Event()
+        leader, follower = start(tmp_path / "leader"), start(tmp_path / "follower")
+        try:
+            await leader.become_leader(0, 1)
+            for i in range(10):
+                await leader.append("t", 0, build_batch([b"a%03d" % i * 40]), 1).written
+            end = leader.journal_written_end(0)
+            leader.set_split_limit(0, end)
+            await settle(leader)
+            reader = JournalReader(str(tmp_path / "leader" / "journal" / "journal-0"))
+            try:
+                data = reader.read_raw(0, end, 1 << 20)
+            finally:
+                reader.close()
+            assert await follower.append_replica(0, 0, memoryview(data)) == end  # not split
+            await follower.catch_up_prepare(0)
+            queue_dir = str(tmp_path / "follower" / "queues" / "t-0")
+            rule = plan.fail("pwritev", match=queue_dir, hold=hold)
+            copied = asyncio.ensure_future(
+                follower.catch_up_append("t", 0, leader.read("t", 0, 0, 1 << 20).data, 10, end)
+            )
+            assert await asyncio.to_thread(rule.entered.wait, 10)
+            follower.catch_up_end(0)  # too early: the write is in its thread
+            with caplog.at_level(logging.ERROR, logger="stonemq"):
+                follower.set_split_limit(0, end)
+                await asyncio.sleep(0.2)
+                assert "being written by another writer" in caplog.text
+            assert follower.split_positions()[0] == 0  # skipped, not split past
+            hold.set()
+            assert await copied == 10
+            await settle(follower)
+            assert follower.split_positions()[0] == end
+            assert read_all(follower, "t", 0) == read_all(leader, "t", 0)
+        finally:
+            hold.set()
+            await leader.close()
+            await follower.close()
+            fileio.install(previous)
+        root = tmp_path / "follower"
+        report = check_storage(str(root / "journal"), str(root / "queues"))
+        assert report.ok, report.defects
+
+    run(scenario())
