@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import threading
 import time
 import uuid
 from typing import Any
@@ -199,6 +200,70 @@ def test_a_follower_behind_the_leaders_journal_start_catches_up_and_can_lead(
     for p, off, value in acked:
         assert got.get((p, off)) == value, (p, off, value, got.get((p, off)))
     assert len(_produce_all(follower.bootstrap, "behind", 60, b"c")) == 60  # it takes produces
+    follower.stop()
+    _storage_check(follower.data_dir)
+
+
+def test_the_leader_takes_produces_throughout_the_catch_up(broker_factory, zookeeper) -> None:
+    """The leader takes acks=all produces and splits them during the CatchUpPoint answer and
+    the whole copy (a few batches per Fetch): the follower's point P is passed at once, it
+    fetches the journal from P, rejoins the ISR, and holds every acknowledged record at its
+    offset, its queue logs byte-identical to the leader's; ``stonemq storage check`` is
+    clean."""
+    leader, follower, chroot, acked = _behind(broker_factory, zookeeper, produce=_produce_single)
+    journals = sorted(_isrs(chroot))
+    normal = dict(follower.settings)
+    follower.settings.update(replica_fetch_max_bytes=2048, replica_fetch_response_max_bytes=4096)
+    stop = threading.Event()
+    produced: list[tuple[int, int, bytes]] = []
+    errors: list[Any] = []
+
+    def produce_throughout() -> None:
+        producer = Producer({"bootstrap.servers": leader.bootstrap, "acks": "all", "linger.ms": 0})
+
+        def on_delivery(err: Any, msg: Any) -> None:
+            if err is not None:
+                errors.append(err)
+            else:
+                produced.append((msg.partition(), msg.offset(), msg.value()))
+
+        i = 0
+        while not stop.is_set():
+            producer.produce("behind", value=b"t%06d" % i, partition=i % 6, on_delivery=on_delivery)
+            producer.poll(0)
+            i += 1
+            time.sleep(0.002)
+        assert producer.flush(60) == 0
+
+    thread = threading.Thread(target=produce_throughout, daemon=True)
+    thread.start()
+    started = [f"journal partition {j}: catching up from leader 1's state" for j in journals]
+    caught = [f"journal partition {j}: caught up from leader 1 at" for j in journals]
+    try:
+        _wait(lambda: len(produced) > 50, 30, "produces under way")
+        follower.spawn()
+        deadline = time.monotonic() + 120
+        while not all(line in follower.log(since_start=True) for line in started):
+            assert time.monotonic() < deadline, follower.log_tail()
+            time.sleep(0.005)
+        at_start = len(produced)
+        _wait(
+            lambda: all(line in follower.log(since_start=True) for line in caught),
+            120,
+            "the follower's catch-ups",
+        )
+        during = len(produced) - at_start
+        _wait(lambda: all(set(i) == {1, 2} for i in _isrs(chroot).values()), 60, "back in ISR")
+        time.sleep(0.5)  # produces go on with the follower back in the ISR
+    finally:
+        stop.set()
+        thread.join(90)
+    assert not errors, errors[:5]
+    assert during > 0, "no produce was acknowledged during the catch-up"
+    acked += produced
+    _wait(lambda: _holds(follower, acked), 60, "the follower holds every acknowledged record")
+    _wait(lambda: _identical(leader, follower), 30, "the follower's queue logs = the leader's")
+    follower.settings = normal
     follower.stop()
     _storage_check(follower.data_dir)
 
