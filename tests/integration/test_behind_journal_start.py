@@ -206,14 +206,16 @@ def test_a_follower_behind_the_leaders_journal_start_catches_up_and_can_lead(
 
 def test_the_leader_takes_produces_throughout_the_catch_up(broker_factory, zookeeper) -> None:
     """The leader takes acks=all produces and splits them during the CatchUpPoint answer and
-    the whole copy (a few batches per Fetch): the follower's point P is passed at once, it
+    the whole copy (one batch per Fetch): the follower's point P is passed at once, it
     fetches the journal from P, rejoins the ISR, and holds every acknowledged record at its
     offset, its queue logs byte-identical to the leader's; ``stonemq storage check`` is
-    clean."""
+    clean. The leader's journal rolls and its retention runs meanwhile: its segments from P
+    stay for the follower (one CatchUpPoint per journal partition)."""
     leader, follower, chroot, acked = _behind(broker_factory, zookeeper, produce=_produce_single)
     journals = sorted(_isrs(chroot))
     normal = dict(follower.settings)
-    follower.settings.update(replica_fetch_max_bytes=2048, replica_fetch_response_max_bytes=4096)
+    # one batch per Fetch: the copy lasts seconds while the leader rolls ten segments a second
+    follower.settings.update(replica_fetch_max_bytes=1, replica_fetch_response_max_bytes=1)
     stop = threading.Event()
     produced: list[tuple[int, int, bytes]] = []
     errors: list[Any] = []
@@ -229,7 +231,8 @@ def test_the_leader_takes_produces_throughout_the_catch_up(broker_factory, zooke
 
         i = 0
         while not stop.is_set():
-            producer.produce("behind", value=b"t%06d" % i, partition=i % 6, on_delivery=on_delivery)
+            value = b"t%06d-" % i + b"v" * 300
+            producer.produce("behind", value=value, partition=i % 6, on_delivery=on_delivery)
             producer.poll(0)
             i += 1
             time.sleep(0.002)
@@ -260,6 +263,13 @@ def test_the_leader_takes_produces_throughout_the_catch_up(broker_factory, zooke
         thread.join(90)
     assert not errors, errors[:5]
     assert during > 0, "no produce was acknowledged during the catch-up"
+    # the leader's journal rolled and its retention ran (16 KiB segments, checkpoints every
+    # 200 ms) during the copy, but kept its segments from P for the follower: exactly one
+    # CatchUpPoint per journal partition, no second attempt for a deleted P
+    log = follower.log(since_start=True)
+    assert [log.count(line) for line in started] == [1] * len(journals), log[-4000:]
+    assert "catch-up from leader 1 failed" not in log, log[-4000:]
+    assert all(_journal_start(leader.data_dir, j) > 0 for j in journals)
     acked += produced
     _wait(lambda: _holds(follower, acked), 60, "the follower holds every acknowledged record")
     _wait(lambda: _identical(leader, follower), 30, "the follower's queue logs = the leader's")
