@@ -278,6 +278,53 @@ def test_the_leader_takes_produces_throughout_the_catch_up(broker_factory, zooke
     _storage_check(follower.data_dir)
 
 
+def test_the_leaders_log_start_passes_the_copy_meanwhile(broker_factory, zookeeper) -> None:
+    """DeleteRecords on the leader during the copy (one batch per Fetch) moves every
+    partition's log start past where the follower's copy stands: the leader's Fetch answers
+    OFFSET_OUT_OF_RANGE with its new log start, the follower empties that queue log to
+    start there and copies on; it rejoins the ISR with the leader's log starts and every
+    acknowledged record from there at its offset; ``stonemq storage check`` is clean."""
+    leader, follower, chroot, acked = _behind(broker_factory, zookeeper, produce=_produce_single)
+    journals = sorted(_isrs(chroot))
+    normal = dict(follower.settings)
+    follower.settings.update(replica_fetch_max_bytes=1, replica_fetch_response_max_bytes=1)
+    admin = AdminClient({"bootstrap.servers": leader.bootstrap})
+    admin.list_topics(timeout=10)  # connected ahead: the deletion lands within the copy
+    follower.spawn()
+    started = [f"journal partition {j}: catching up from leader 1's state" for j in journals]
+    deadline = time.monotonic() + 60
+    while not any(line in follower.log(since_start=True) for line in started):
+        assert time.monotonic() < deadline, follower.log_tail()
+        time.sleep(0.005)
+    # of about 210 per partition: past what the follower held; the copy goes partition by
+    # partition (one batch per Fetch), so at least the last ones are still below it
+    cut = 200
+    futures = admin.delete_records([TopicPartition("behind", p, cut) for p in range(PARTITIONS)])
+    for future in futures.values():
+        assert future.result(30).low_watermark == cut
+    caught = [f"journal partition {j}: caught up from leader 1 at" for j in journals]
+    _wait(
+        lambda: all(line in follower.log(since_start=True) for line in caught),
+        120,
+        "the follower's catch-ups",
+    )
+    log = follower.log(since_start=True)
+    assert "emptied (" in log and f"to start at offset {cut}" in log, log[-4000:]
+    _wait(lambda: all(set(i) == {1, 2} for i in _isrs(chroot).values()), 60, "back in the ISR")
+    kept = [(p, off, value) for p, off, value in acked if off >= cut]
+    _wait(lambda: _holds(follower, kept), 60, "the follower holds every record from the cut")
+    for p in range(PARTITIONS):
+        held = dict(records(_queue_log(follower.data_dir, "behind", p)))
+        assert min(held) <= cut, (p, min(held))  # the batch holding the log start on
+        theirs = dict(records(_queue_log(leader.data_dir, "behind", p)))
+        assert {o: v for o, v in held.items() if o >= cut} == {
+            o: v for o, v in theirs.items() if o >= cut
+        }
+    follower.settings = normal
+    follower.stop()
+    _storage_check(follower.data_dir)
+
+
 def test_a_follower_killed_during_its_catch_up_finishes_it_after_a_restart(
     broker_factory, zookeeper
 ) -> None:
