@@ -428,15 +428,23 @@ def _return_consumer(conf: dict[str, Any], consumer: Any) -> None:
     CONSUMERS.give(config_key(conf, ("group.id",)), consumer)
 
 
+def range_reader_config(opts: SourceOptions) -> dict[str, Any]:
+    """A range reader's librdkafka configuration: the user's ``kafka.*`` options over the
+    source's own, with fetches of :data:`RANGE_FETCH_BYTES` per partition and a fetch wait
+    of 100 ms unless those options set them."""
+    conf = _client_config(opts)
+    conf.setdefault("fetch.wait.max.ms", 100)
+    conf.setdefault("max.partition.fetch.bytes", RANGE_FETCH_BYTES)
+    return conf
+
+
 def read_kafka(opts: SourceOptions, r: OffsetRange) -> Iterator[pa.RecordBatch]:
     """Rows of ``[r.start, r.end)`` fetched with confluent-kafka by assignment. Offsets may
     be missing inside the range (control records, compaction); the range is done once the
     consumer's position reaches ``r.end``."""
     from confluent_kafka import TopicPartition
 
-    conf = _client_config(opts)
-    conf.setdefault("fetch.wait.max.ms", 100)
-    conf.setdefault("max.partition.fetch.bytes", RANGE_FETCH_BYTES)
+    conf = range_reader_config(opts)
     consumer = _checkout_consumer(conf)
     tp = TopicPartition(r.topic, r.partition, r.start)
     clean = False
