@@ -18,7 +18,8 @@ Steps, on one broker:
 Each phase also takes the broker's own accounting of where produce time went (its Prometheus
 counters on ``metrics.listen``, read at the phase's start and end: time produces waited in
 their connection's queue and were held for split lag, time to handle them, the splitter's
-time in its thread, on the loop, waiting for the loop and idle).
+time in its thread, on the loop, waiting for the loop and idle; the fetched bytes it sent with
+``sendfile``).
 
 Targets: producer p99 together ≤ twice alone; ApiVersions p99 together ≤ 50 ms. Owns only this
 workload; :mod:`bench.run` registers it and :mod:`bench.report` prints its table.
@@ -71,6 +72,7 @@ ACCOUNTING = (
     "splitter_loop_seconds",
     "splitter_loop_wait_seconds",
     "splitter_idle_seconds",
+    "fetch_bytes_sent_zero_copy",
 )
 
 

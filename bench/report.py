@@ -894,8 +894,8 @@ METHOD = """
   (200 sent before any is read, over and over) until the catch-up ends. Each phase also
   reads the broker's counters (`metrics.listen`) at its start and end: time produces waited
   queued, were held for split lag and were handled, and the splitter's time in its thread,
-  on the loop, waiting for the loop and idle. Add it to an existing report with
-  `python -m bench --only interference --merge`.
+  on the loop, waiting for the loop and idle, and the fetched bytes sent with `sendfile`.
+  Add it to an existing report with `python -m bench --only interference --merge`.
 - **Multi-partition generator** (bench/multiproduce.py): after each partition-scaling
   step's librdkafka run, the same broker and topic take a load whose every Produce v7 carries
   a batch for many partitions (up to 1 MiB of records per request, 16 KiB per batch, five

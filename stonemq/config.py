@@ -150,6 +150,11 @@ class Settings(BaseSettings):
     log_index_interval_bytes: int = Field(4096, ge=0)
     log_index_size_max_bytes: int = Field(10 * MIB, ge=4)
     fetch_max_bytes: int = Field(55 * MIB, gt=0, description="cap on one fetch response")
+    fetch_zero_copy: bool = Field(
+        True,
+        description="send fetched records of 16 KiB or more from the segment files with "
+        "sendfile (false: read them into memory and write them, as before)",
+    )
     max_request_partition_size_limit: int = Field(
         2000, gt=0, description="most partitions one DescribeTopicPartitions response carries"
     )

@@ -88,6 +88,9 @@ class RequestContext:
     # set by a handler answering with a response kept for reuse (codec.EncodedOnce: a cached
     # Metadata response): the connection sends its body as encoded the first time
     reuse: Any = None
+    # the connection sends FileRanges (storage/file_range.py) with sendfile: a fetch may
+    # answer with segment ranges instead of bytes read into memory
+    file_ranges: bool = False
 
     async def take_turn(self) -> None:
         """Wait for the connection's next turn if it has spent the current one (a handler

@@ -25,6 +25,13 @@ Bounded steps: the records read are charged to the connection's turns (the dispa
 share by bytes, stonemq/server/dispatcher.py) partition by partition, and once the
 connection has spent its turn the next partition waits for its next one, so a fetch of many
 MiB is read about a mebibyte per round while other connections are served in between.
+
+Zero copy: on a connection that can send them (``ctx.file_ranges``), records read in a
+disk-read thread come back as segment ranges (``storage/file_range.py``), which the
+connection sends from the segment file with ``sendfile``; the bytes never enter Python. A
+range the answer leaves out (over ``max_bytes``, zstd to an old client, a long poll that reads
+again, a throttled answer) is closed here. Records from the page cache (up to 64 KiB) and from
+the cold tier are bytes, as before.
 """
 
 from __future__ import annotations
@@ -47,6 +54,7 @@ from stonemq.storage.engine import (
     StorageError,
     UnknownPartitionError,
 )
+from stonemq.storage.file_range import FileRange
 from stonemq.topics import UnknownTopicIdError
 
 log = logging.getLogger("stonemq.fetch")
@@ -65,7 +73,15 @@ class _Part:
         self.error = ErrorCode.none
         self.hw = -1
         self.log_start = -1
-        self.records = b""
+        self.records: bytes | memoryview | FileRange = b""
+
+
+def _close_ranges(topics: list[tuple[_Topic, list[_Part]]]) -> None:
+    """Close the segment ranges of an answer that will not be sent."""
+    for _, parts in topics:
+        for part in parts:
+            if isinstance(part.records, FileRange):
+                part.records.close()
 
 
 class _Topic:
@@ -135,11 +151,13 @@ async def handle_fetch(ctx: RequestContext, request: Any) -> Any:
         remaining = deadline - time.monotonic()
         if total >= request.min_bytes or has_error or remaining <= 0 or not keys:
             break
+        _close_ranges(topics)  # read again once there is more
         await broker.fetch_waiters.wait(keys, remaining)
         if broker.fetch_waiters.closed:
             topics, total, has_error = await _read_all(ctx, request, wanted, cold, quota_cap)
             break
     if quota_cap is not None and _over_consumer_quota(ctx, total):
+        _close_ranges(topics)
         return ctx.build(  # Kafka's throttled fetch: empty, with the throttle time
             "FetchResponse",
             throttle_time=ctx.throttle_ms,
@@ -277,7 +295,12 @@ async def _read_all(
                     result = ReadResult(hit[0], storage.high_watermark(name, fp.partition), hit[1])
                 else:
                     result = await storage.read_async(
-                        name, fp.partition, fp.fetch_offset, max(limit, 1)
+                        name,
+                        fp.partition,
+                        fp.fetch_offset,
+                        max(limit, 1),
+                        file_range=ctx.file_ranges,
+                        every_batch=not zstd_allowed,
                     )
             except OffsetOutOfRangeError:
                 part.error = ErrorCode.offset_out_of_range
@@ -298,8 +321,12 @@ async def _read_all(
             part.log_start = result.log_start_offset
             data = result.data
             if total > 0 and len(data) > budget - total:
+                if isinstance(data, FileRange):
+                    data.close()
                 data = b""  # only the first partition with data may exceed max_bytes
             if data and not zstd_allowed and _has_zstd(data):
+                if isinstance(data, FileRange):
+                    data.close()
                 part.error = ErrorCode.unsupported_compression_type
                 has_error = True
                 continue
@@ -323,5 +350,7 @@ def _storage_error(version: int) -> ErrorCode:
     return ErrorCode.kafka_storage_error
 
 
-def _has_zstd(data: bytes) -> bool:
+def _has_zstd(data: bytes | memoryview | FileRange) -> bool:
+    if isinstance(data, FileRange):
+        return data.has_zstd  # every batch's header was read (``every_batch``)
     return any(h.compression == COMPRESSION_ZSTD for _, h in iter_batches(data))

@@ -124,9 +124,11 @@ class _Chunks:
         self._small = bytearray()
         self.size = 0
 
-    def write(self, data: bytes | bytearray | memoryview) -> int:
+    def write(self, data: Any) -> int:
+        """``data``: bytes-like, or a FileRange of segment bytes (always by reference: the
+        connection sends it with ``sendfile``)."""
         n = len(data)
-        if n >= BY_REFERENCE_BYTES:
+        if n >= BY_REFERENCE_BYTES or not isinstance(data, bytes | bytearray | memoryview):
             if self._small:
                 self.chunks.append(self._small)
                 self._small = bytearray()

@@ -25,15 +25,29 @@ and only the followers' fetches can release them (their requests are small, one 
 connection at a time); reading stops
 while the transport's write buffer is above its high-water mark, and while a produce is held
 for the splitter's lag.
+
+Zero-copy fetch responses: a response holding segment ranges (``storage/file_range.py``) is
+sent by the connection itself, not the transport: once the transport's buffer has drained,
+its bytes before a range go through the transport, the range goes with ``sendfile`` from the
+segment file to the socket (non-blocking: a full socket waits for a writability callback on a
+duplicate of the socket's descriptor, then the send goes on where it stopped), and what
+follows waits its turn in ``_out``. While more than 4 MiB wait there, the connection counts as
+not writable (no request starts, reading pauses), as above the transport's high-water mark. A
+send that fails after part of a response went out closes the connection with a log line; a
+socket that cannot take ``sendfile`` at all (EINVAL, ENOTSUP: not a plain TCP socket) gets the
+rest copied.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import dataclasses
 import datetime
+import errno
 import logging
+import os
 import time
 from collections.abc import Awaitable, Generator
 from typing import TYPE_CHECKING, Any
@@ -55,6 +69,7 @@ from stonemq.quotas.entity import ANONYMOUS_USER, PRODUCER_BYTE_RATE, REQUEST_PE
 from stonemq.server.budget import RequestBudget
 from stonemq.server.dispatcher import PRODUCE_KEY, Dispatcher
 from stonemq.server.metrics import METRICS
+from stonemq.storage.file_range import FileRange
 
 if TYPE_CHECKING:
     from stonemq.broker import Broker
@@ -93,6 +108,21 @@ class _Ready:
 # request handling time in ns, as a percentage of one thread for one second (Kafka's
 # ClientRequestQuotaManager.NanosToPercentagePerSecond)
 _NANOS_TO_PERCENTAGE = 100.0 / 1e9
+
+
+_OUT_PAUSE_BYTES = 4 * 1024 * 1024
+"""Bytes of responses waiting behind a range being sent (``_out``) past which the connection
+starts no request and reads nothing more, as it does above the transport's high-water mark."""
+
+_COPY_BYTES = 256 * 1024
+"""A step of the copying fallback (a socket that cannot take ``sendfile``)."""
+
+
+def _close_chunks(chunks: Any) -> None:
+    """Close the segment ranges among a response's chunks (one that will not be sent)."""
+    for chunk in chunks or ():
+        if type(chunk) is FileRange:
+            chunk.close()
 
 
 class _Timed:
@@ -168,6 +198,15 @@ class Connection(asyncio.BufferedProtocol):
         # in its turn (negative: its debt), and its handler steps waiting for a turn
         self.allowance = 0
         self._turn_waiters: list[asyncio.Future[None]] = []
+        # zero-copy responses: chunks (bytes-like or FileRange) behind a range being sent,
+        # the socket's descriptor duplicated for sendfile and writability callbacks (-1: not
+        # made yet), and whether a writability callback is registered
+        self._out: collections.deque[Any] = collections.deque()
+        self._out_bytes = 0
+        self._send_fd = -1
+        self._send_waiting = False
+        self._sendfile_ok = True
+        self._close_when_sent = False
 
     # -- asyncio callbacks ------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -175,6 +214,12 @@ class Connection(asyncio.BufferedProtocol):
         peer = transport.get_extra_info("peername")
         self._peer = f"{peer[0]}:{peer[1]}" if peer else "?"
         self._registry.add(self)
+        sock = transport.get_extra_info("socket")
+        self._sendfile_ok = (
+            sock is not None
+            and transport.get_extra_info("sslcontext") is None
+            and self._broker.settings.fetch_zero_copy
+        )
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._closing = True
@@ -184,6 +229,7 @@ class Connection(asyncio.BufferedProtocol):
         for task in self._tasks:
             task.cancel()
         self._dispatcher.forget(self)
+        self._drop_out()
         budget = self._budget
         budget.forget(self)
         held = sum(p.size for p in self._pending)
@@ -301,6 +347,7 @@ class Connection(asyncio.BufferedProtocol):
             listener=self._listener,
             user=self._user,
             turns=self,
+            file_ranges=self._sendfile_ok,
         )
         pending = _Pending(header, size)
         self._pending.append(pending)
@@ -318,7 +365,13 @@ class Connection(asyncio.BufferedProtocol):
     def start_next(self) -> tuple[int, int] | None:
         """Start the next ready request unless the connection is closing, its client is not
         reading responses, or it is a Produce while the splitter lags (then hold)."""
-        if self._closing or self._writing_paused or self._throttled or not self._ready:
+        if (
+            self._closing
+            or self._writing_paused
+            or self._out_bytes > _OUT_PAUSE_BYTES
+            or self._throttled
+            or not self._ready
+        ):
             return None
         item = self._ready[0]
         api_key = item.ctx.api_key
@@ -407,6 +460,7 @@ class Connection(asyncio.BufferedProtocol):
         except asyncio.CancelledError:
             raise
         except Exception:
+            _close_chunks(pending.response)
             log.exception(
                 "internal error handling api %d v%d from %s (client %s); closing connection",
                 ctx.api_key,
@@ -491,18 +545,138 @@ class Connection(asyncio.BufferedProtocol):
             pending = self._pending.popleft()
             answered += pending.size
             if pending.response is not None and transport is not None and not self._closing:
-                transport.writelines(pending.response)
+                self._write(transport, pending.response)
                 if not self._replica_link:  # a follower's fetch never waits out a debt:
                     # it moves the HW acks=all produces wait for (one request at a time)
                     uncharged = sum(map(len, pending.response)) - pending.charged
                     if uncharged > 0:
                         self.charge(uncharged, pending.header.api_key)
+            elif pending.response is not None:
+                _close_chunks(pending.response)
         self.last_active = time.monotonic()
         if answered:
             self._budget.give_back(answered)
         if self._decoder.buffered_bytes and not self._closing:
             self._take_frames()  # frames held back by queued.max.requests
         self.update_reading()
+
+    # -- zero-copy sends ------------------------------------------------------------------------
+    def _write(self, transport: asyncio.Transport, chunks: list[Any]) -> None:
+        """Write a response's chunks in order: through the transport, or, once one is a
+        segment range, through ``_out`` and ``_send_out``."""
+        if not self._out:
+            for i, chunk in enumerate(chunks):
+                if type(chunk) is FileRange:
+                    if i:
+                        transport.writelines(chunks[:i])
+                    chunks = chunks[i:]
+                    break
+            else:
+                transport.writelines(chunks)
+                return
+        self._out.extend(chunks)
+        self._out_bytes += sum(map(len, chunks))
+        self._send_out()
+
+    def _send_out(self) -> None:
+        """Send what waits in ``_out``: bytes through the transport, a range with
+        ``sendfile`` once the transport has nothing buffered (else wait for the socket to be
+        writable and look again)."""
+        transport = self._transport
+        out = self._out
+        while out:
+            if self._closing or transport is None or transport.is_closing():
+                self._drop_out()
+                return
+            item = out[0]
+            if type(item) is not FileRange:
+                plain = []
+                while out and type(out[0]) is not FileRange:
+                    chunk = out.popleft()
+                    self._out_bytes -= len(chunk)
+                    plain.append(chunk)
+                transport.writelines(plain)
+                continue
+            if transport.get_write_buffer_size():
+                self._wait_writable()  # the bytes before the range go first
+                return
+            before = item.sent
+            try:
+                if self._sendfile_ok:
+                    item.send(self._socket_fd())
+                else:
+                    transport.write(item.read_rest(_COPY_BYTES))
+                    METRICS.fetch_bytes_sent_copied += item.sent - before
+                    self._out_bytes -= item.sent - before
+                    if item.sent < item.length:
+                        continue  # the transport's buffer tells when to go on
+            except BlockingIOError:
+                self._count_zero_copy(item, before)
+                self._wait_writable()
+                return
+            except OSError as exc:
+                self._count_zero_copy(item, before)
+                if exc.errno in (errno.EINVAL, errno.ENOTSUP, errno.ENOSYS) and item.sent == 0:
+                    log.info("sendfile to %s not possible (%s): copying", self._peer, exc)
+                    self._sendfile_ok = False
+                    continue
+                if exc.errno in (errno.EPIPE, errno.ECONNRESET, errno.ENOTCONN):
+                    log.info("client %s went away while records were sent: %s", self._peer, exc)
+                else:
+                    log.error("sending fetched records to %s failed: %s", self._peer, exc)
+                self.abort("sending a fetch response failed")
+                return
+            if self._sendfile_ok:
+                self._count_zero_copy(item, before)
+            out.popleft()
+            item.close()
+        self._stop_waiting()
+        if self._close_when_sent:
+            self.close()
+        else:
+            self.update_reading()
+            if self._ready:
+                self._dispatcher.ready(self)
+
+    def _count_zero_copy(self, item: FileRange, before: int) -> None:
+        moved = item.sent - before
+        if moved and self._sendfile_ok:
+            METRICS.fetch_bytes_sent_zero_copy += moved
+            self._out_bytes -= moved
+
+    def _socket_fd(self) -> int:
+        """A duplicate of the socket's descriptor: ``sendfile`` goes to it, and the loop
+        watches it for writability (the transport's own descriptor is the transport's; the
+        duplicate is never reused for another file while this connection holds it)."""
+        if self._send_fd < 0:
+            assert self._transport is not None
+            sock = self._transport.get_extra_info("socket")
+            self._send_fd = os.dup(sock.fileno())
+        return self._send_fd
+
+    def _wait_writable(self) -> None:
+        if not self._send_waiting:
+            asyncio.get_running_loop().add_writer(self._socket_fd(), self._send_out)
+            self._send_waiting = True
+        self.update_reading()
+
+    def _stop_waiting(self) -> None:
+        if self._send_waiting:
+            self._send_waiting = False
+            with contextlib.suppress(Exception):
+                asyncio.get_running_loop().remove_writer(self._send_fd)
+
+    def _drop_out(self) -> None:
+        """The connection is gone: close the ranges that were still to be sent and the
+        duplicate descriptor."""
+        self._stop_waiting()
+        _close_chunks(self._out)
+        self._out.clear()
+        self._out_bytes = 0
+        if self._send_fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self._send_fd)
+            self._send_fd = -1
 
     def update_reading(self) -> None:
         """Pause or resume reading from the socket as the back-pressure limits say."""
@@ -511,6 +685,7 @@ class Connection(asyncio.BufferedProtocol):
         budget = self._budget
         should_pause = (
             self._writing_paused
+            or self._out_bytes > _OUT_PAUSE_BYTES
             or self._held
             or self._throttled
             or len(self._pending) >= self._max_requests
@@ -544,11 +719,15 @@ class Connection(asyncio.BufferedProtocol):
             return
         log.warning("closing connection from %s: %s", self._peer, reason)
         self._closing = True
+        self._drop_out()
         if self._transport is not None:
             self._transport.abort()
 
     def close(self) -> None:
         """Close after the responses already queued have been written."""
+        if self._out and not self._closing:
+            self._close_when_sent = True  # a range is still being sent: close after it
+            return
         if not self._closing:
             self._closing = True
             if self._transport is not None:
@@ -556,5 +735,5 @@ class Connection(asyncio.BufferedProtocol):
 
     async def drain(self) -> None:
         """Wait for the requests in flight to be answered (used at shutdown)."""
-        while self._pending and not self._closing:
+        while (self._pending or self._out) and not self._closing:
             await asyncio.sleep(0.01)

@@ -51,6 +51,17 @@ class BrokerMetrics:
     to the loop running what comes next."""
     splitter_idle_ns: int = 0
     """Time the splitter had nothing to split (every journal partition split to its end)."""
+    fetch_bytes_sent_zero_copy: int = 0
+    """Fetched record bytes sent to consumers with ``sendfile`` from the segment files (never
+    read into the broker's memory)."""
+    file_ranges_opened: int = 0
+    """Segment ranges opened for zero-copy fetch responses (each holds a descriptor)."""
+    file_ranges_closed: int = 0
+    """Those closed again (sent, left out of an answer, or their connection gone): equal to
+    the opened count whenever no fetch response is being read or sent."""
+    fetch_bytes_sent_copied: int = 0
+    """Fetched record bytes of segment ranges copied instead (a socket that cannot take
+    ``sendfile``); records read into memory (page cache reads, the cold tier) not counted."""
 
 
 METRICS = BrokerMetrics()
@@ -70,6 +81,10 @@ _HELP = {
     "splitter_loop_ns": "time the splitter staged and published on the event loop",
     "splitter_loop_wait_ns": "time the splitter's steps waited for the event loop",
     "splitter_idle_ns": "time the splitter had nothing to split",
+    "fetch_bytes_sent_zero_copy": "fetched record bytes sent with sendfile from segment files",
+    "file_ranges_opened": "segment ranges opened for zero-copy fetch responses",
+    "file_ranges_closed": "segment ranges of fetch responses closed again",
+    "fetch_bytes_sent_copied": "fetched segment-range bytes copied (sendfile not possible)",
 }
 
 

@@ -54,6 +54,7 @@ from stonemq.storage.errors import (
     StorageError,
     UnknownPartitionError,
 )
+from stonemq.storage.file_range import FileRange
 from stonemq.storage.fileio import FsyncError, fsync_paths
 from stonemq.storage.health import Event, is_space_error
 from stonemq.storage.index_file import IndexWrite
@@ -85,6 +86,7 @@ from stonemq.storage.queue_log import (
     epoch_search,
     max_time_search,
     queue_log_dir,
+    read_range_views,
     read_views,
     time_search,
 )
@@ -153,7 +155,9 @@ class AppendResult(NamedTuple):
 class ReadResult:
     """Whole record batches starting with the one that holds the requested offset."""
 
-    data: bytes | memoryview  # a view when a partial batch was left off the read
+    # a view when a partial batch was left off the read; a FileRange (storage/file_range.py)
+    # when the caller asked for one, to send with sendfile
+    data: bytes | memoryview | FileRange
     high_watermark: int
     log_start_offset: int
 
@@ -1672,12 +1676,22 @@ class StorageEngine:
         return ReadResult(data, hw, start)
 
     async def read_async(
-        self, topic: str, partition: int, offset: int, max_bytes: int
+        self,
+        topic: str,
+        partition: int,
+        offset: int,
+        max_bytes: int,
+        file_range: bool = False,
+        every_batch: bool = False,
     ) -> ReadResult:
         """:meth:`read` that never waits for the disk on the event loop (fetches): up to
         ``LOOP_READ_MAX_BYTES`` that the page cache holds is read at once (``CachedReads``),
         anything else in a disk-read thread, from views of the segments taken on the loop
-        (``read_views``)."""
+        (``read_views``). With ``file_range`` the thread's answer is a
+        :class:`~stonemq.storage.file_range.FileRange` of the segment file (the bytes are not
+        read into Python; the caller sends them with ``sendfile`` and closes it) when it is
+        ``MIN_RANGE_BYTES`` or more; ``every_batch``: the range says whether any of its
+        batches is zstd-compressed (``read_range_views``)."""
         for _ in range(VIEW_ATTEMPTS):
             try:
                 return self.read(topic, partition, offset, max_bytes, CachedReads(self._files))
@@ -1687,8 +1701,14 @@ class StorageEngine:
             assert queue is not None  # read() answered from the state when there is none
             hw, start = queue.next_offset, queue.log_start_offset
             views = queue.views(offset, limit=READ_VIEW_SEGMENTS)
+            data: bytes | memoryview | FileRange
             try:
-                data = await self._disk_read(read_views, views, offset, max_bytes)
+                if file_range:
+                    data = await self._disk_read(
+                        read_range_views, views, offset, max_bytes, every_batch
+                    )
+                else:
+                    data = await self._disk_read(read_views, views, offset, max_bytes)
             except FileNotFoundError:  # a segment went (retention) while it was read
                 continue
             return ReadResult(data, hw, start)

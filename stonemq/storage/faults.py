@@ -270,6 +270,14 @@ class FaultyFileOps(FileOps):
         self._check("pread", self._path(fd))
         return super().pread_cached(fd, n, pos)
 
+    def sendfile(self, out_fd: int, in_fd: int, offset: int, count: int) -> int:
+        """A fetch response's records to a socket: fails as a read of ``in_fd``'s file
+        (operation ``sendfile``); a short length sends that many bytes at most."""
+        short = self._check("sendfile", self._path(in_fd))
+        if short is not None:
+            count = max(min(short, count), 1)
+        return super().sendfile(out_fd, in_fd, offset, count)
+
     # -- writes -----------------------------------------------------------------------------
     def pwrite(self, fd: int, data: Any, pos: int) -> int:
         short = self._check("pwrite", self._path(fd))

@@ -35,6 +35,19 @@ def _libc_function(name: str, argtypes: list[Any]) -> Callable[..., int] | None:
     return func  # type: ignore[no-any-return]
 
 
+def _sendfile_holding_gil() -> Callable[..., int] | None:
+    """libc's ``sendfile`` called without releasing the GIL (``ctypes.PyDLL``), or None."""
+    try:
+        func = ctypes.PyDLL(_libc_name, use_errno=True).sendfile
+    except (OSError, AttributeError, TypeError):
+        return None
+    func.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_int64), ctypes.c_size_t]
+    func.restype = ctypes.c_ssize_t
+    return func  # type: ignore[no-any-return]
+
+
+_sendfile = _sendfile_holding_gil()
+
 _sync_file_range = _libc_function(
     "sync_file_range", [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
 )
@@ -74,6 +87,25 @@ class FileOps:
 
     def write(self, fd: int, data: Any) -> int:
         return os.write(fd, data)
+
+    def sendfile(self, out_fd: int, in_fd: int, offset: int, count: int) -> int:
+        """``sendfile(2)``: up to ``count`` bytes of ``in_fd`` at ``offset`` to ``out_fd`` (a
+        non-blocking socket: fetch responses, ``storage/file_range.py``), without copying
+        them into user space. Called holding the GIL, as the event loop's socket writes are:
+        ``os.sendfile`` releases it, and on a busy two-core machine the loop then waited up
+        to a switch interval to get it back after every call (the file's pages are in the
+        page cache: ``file_range.warm`` read them in first, so the call does not wait for
+        the disk). A full socket raises BlockingIOError."""
+        if _sendfile is None:
+            return os.sendfile(out_fd, in_fd, offset, count)
+        position = ctypes.c_int64(offset)
+        while True:
+            sent = _sendfile(out_fd, in_fd, ctypes.byref(position), count)
+            if sent >= 0:
+                return int(sent)
+            err = ctypes.get_errno()
+            if err != errno.EINTR:
+                raise OSError(err, os.strerror(err))  # EAGAIN: BlockingIOError
 
     def pread_cached(self, fd: int, n: int, pos: int) -> bytes | None:
         """``n`` bytes at ``pos`` if the page cache holds all of them (``RWF_NOWAIT``: the
@@ -142,6 +174,7 @@ pread_cached = _REAL.pread_cached
 pwrite = _REAL.pwrite
 pwritev = _REAL.pwritev
 write = _REAL.write
+sendfile = _REAL.sendfile
 fsync = _REAL.fsync
 ftruncate = _REAL.ftruncate
 truncate = _REAL.truncate
@@ -160,6 +193,7 @@ _NAMES = (
     "pwrite",
     "pwritev",
     "write",
+    "sendfile",
     "fsync",
     "ftruncate",
     "truncate",

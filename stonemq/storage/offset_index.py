@@ -84,3 +84,19 @@ def offset_lookup(index: OffsetIndex | IndexView, files: Reads, target: int) -> 
         else:
             hi = mid
     return found
+
+
+def position_lookup(index: OffsetIndex | IndexView, files: Reads, position: int) -> int:
+    """The position of the last entry of ``index`` at or before file position ``position``
+    (a batch start, since entries point at batches); 0 if none."""
+    lo, hi = 0, index.entries  # invariant: entries [0, lo) are at or before position
+    found = 0
+    while lo < hi:
+        mid = (lo + hi) // 2
+        _, at = _ENTRY.unpack(index.raw_entry(files, mid))
+        if at <= position:
+            found = at
+            lo = mid + 1
+        else:
+            hi = mid
+    return found

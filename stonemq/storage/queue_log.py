@@ -34,6 +34,7 @@ from stonemq.protocol.record_batch import (
 from stonemq.storage import fileio
 from stonemq.storage.checkpoint import QueueRecoveryPoint
 from stonemq.storage.errors import StorageError
+from stonemq.storage.file_range import FileRange
 from stonemq.storage.index_file import IndexWrite
 from stonemq.storage.offset_index import offset_lookup
 from stonemq.storage.open_files import OpenFiles, Reads
@@ -88,6 +89,18 @@ def read_views(
         found = view.find_batch(files, offset)
         if found is not None:
             return view.read_batches(files, found[0], max_bytes)
+    return b""
+
+
+def read_range_views(
+    views: list[SegmentView], offset: int, max_bytes: int, every_batch: bool, files: Reads
+) -> bytes | memoryview | FileRange:
+    """:func:`read_views` as a :class:`FileRange` to send with ``sendfile`` where it can be
+    (``SegmentView.read_range``), in a thread."""
+    for view in views:
+        found = view.find_batch(files, offset)
+        if found is not None:
+            return view.read_range(files, found[0], found[1], max_bytes, every_batch)
     return b""
 
 

@@ -13,6 +13,7 @@ import struct
 from collections.abc import Iterator
 
 from stonemq.protocol.record_batch import (
+    COMPRESSION_ZSTD,
     HEADER_SIZE,
     LOG_OVERHEAD,
     BatchHeader,
@@ -22,8 +23,9 @@ from stonemq.protocol.record_batch import (
 )
 from stonemq.storage import fileio
 from stonemq.storage.errors import CutBackError
+from stonemq.storage.file_range import MIN_RANGE_BYTES, FileRange, open_range, warm
 from stonemq.storage.index_file import IndexView, IndexWrite
-from stonemq.storage.offset_index import OffsetIndex, offset_lookup
+from stonemq.storage.offset_index import OffsetIndex, offset_lookup, position_lookup
 from stonemq.storage.open_files import OpenFiles, Reads
 from stonemq.storage.page_cache import RECOVERY_READ_BYTES, drop_consumed
 from stonemq.storage.time_index import TimeIndex, last_time_entry
@@ -102,6 +104,38 @@ class _BatchReads:
             size = _LENGTH.unpack_from(data, 8)[0] + LOG_OVERHEAD
             return files.pread(self.log_path, size, pos)
         return data if at == n else memoryview(data)[:at]
+
+    def read_range(
+        self, files: Reads, pos: int, first: BatchHeader, max_bytes: int, every_batch: bool
+    ) -> bytes | memoryview | FileRange:
+        """:meth:`read_batches` as a :class:`FileRange` to send with ``sendfile`` (in a disk-
+        read thread; the range is read into the page cache first): the same whole batches
+        from ``pos`` (the batch ``first``), found without reading them into Python: the
+        offset index gives the last batch start within ``max_bytes`` and only the headers
+        from there are read. ``every_batch`` reads every header instead, so the range knows
+        whether any batch is zstd-compressed (a fetch before v10). A range shorter than
+        ``MIN_RANGE_BYTES``, or one past ``MAX_OPEN_RANGES``, is read as bytes."""
+        limit = min(pos + max(max_bytes, first.size), self.size)
+        end = pos + first.size
+        zstd = first.compression == COMPRESSION_ZSTD
+        if end < limit:
+            start = end
+            if not every_batch:
+                start = end = max(end, position_lookup(self.offset_index, files, limit))
+            for at, header in self.iter_headers(files, start, limit):
+                if at + header.size > limit:
+                    break
+                end = at + header.size
+                zstd = zstd or header.compression == COMPRESSION_ZSTD
+        length = end - pos
+        if length < MIN_RANGE_BYTES:
+            return files.pread(self.log_path, length, pos)
+        found = open_range(self.log_path, pos, length, zstd)
+        if found is None:
+            return self.read_batches(files, pos, max_bytes)
+        warm(found)
+        files.hint(self.log_path, end, min(READ_AHEAD_BYTES, self.size - end))
+        return found
 
 
 class SegmentView(_BatchReads):
