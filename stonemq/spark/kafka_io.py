@@ -29,6 +29,11 @@ from stonemq.spark.options import (
 from stonemq.spark.pool import ClientPool, close_quietly, config_key
 
 BATCH_ROWS = 8192
+# what a range read fetches per partition per request unless kafka.max.partition.fetch.bytes
+# says otherwise (Kafka's default is 1 MiB): a range is a catch-up read of offsets that exist,
+# and larger fetches cost the broker less CPU per byte served (measured against 1 MiB with a
+# 100 ms wait: 0.93 -> 0.73 CPU s per GB, and 0.89-0.96 -> 0.44-0.52 with zero-copy fetch)
+RANGE_FETCH_BYTES = 8 * 1024 * 1024
 HEADER_TYPE = pa.struct([pa.field("key", pa.string()), pa.field("value", pa.binary())])
 HEADERS_TYPE = pa.list_(pa.field("element", HEADER_TYPE))
 TS_TYPE = pa.timestamp("us", tz="UTC")
@@ -319,7 +324,8 @@ def read_cold(opts: SourceOptions, r: OffsetRange) -> Iterator[pa.RecordBatch]:
                 known = stats is not None and stats.has_min_max
                 if known and (stats.max < r.start or stats.min >= r.end):
                     continue
-                table = pf.read_row_group(rg, columns=columns)
+                # one thread: Spark runs a task per core already
+                table = pf.read_row_group(rg, columns=columns, use_threads=False)
                 if not (known and r.start <= stats.min and stats.max < r.end):
                     offsets = table.column("offset")
                     mask = pc.and_(pc.greater_equal(offsets, r.start), pc.less(offsets, r.end))
@@ -422,14 +428,23 @@ def _return_consumer(conf: dict[str, Any], consumer: Any) -> None:
     CONSUMERS.give(config_key(conf, ("group.id",)), consumer)
 
 
+def range_reader_config(opts: SourceOptions) -> dict[str, Any]:
+    """A range reader's librdkafka configuration: the user's ``kafka.*`` options over the
+    source's own, with fetches of :data:`RANGE_FETCH_BYTES` per partition and a fetch wait
+    of 100 ms unless those options set them."""
+    conf = _client_config(opts)
+    conf.setdefault("fetch.wait.max.ms", 100)
+    conf.setdefault("max.partition.fetch.bytes", RANGE_FETCH_BYTES)
+    return conf
+
+
 def read_kafka(opts: SourceOptions, r: OffsetRange) -> Iterator[pa.RecordBatch]:
     """Rows of ``[r.start, r.end)`` fetched with confluent-kafka by assignment. Offsets may
     be missing inside the range (control records, compaction); the range is done once the
     consumer's position reaches ``r.end``."""
     from confluent_kafka import TopicPartition
 
-    conf = _client_config(opts)
-    conf.setdefault("fetch.wait.max.ms", 100)
+    conf = range_reader_config(opts)
     consumer = _checkout_consumer(conf)
     tp = TopicPartition(r.topic, r.partition, r.start)
     clean = False
