@@ -89,6 +89,7 @@ class Splitter:
         self._thread: ThreadPoolExecutor | None = None  # reads and writes of ``run``
         self._in_flight: asyncio.Future[None] | None = None
         self._busy = False  # a step was skipped: a queue log had another writer's write
+        self._skip_logged: tuple[int, str, int, int] | None = None
 
     def add_journal(self, directory: str, health: JournalHealth) -> None:
         """Split one more (new, empty) journal partition from position 0; the next round of
@@ -188,25 +189,15 @@ class Splitter:
         the step is skipped, the split position unchanged."""
         writes: dict[QueueLog, SplitWrite] = {}
         resolve = self.resolve
-        for entry in entries:  # another writer's write in flight (a catch-up's copy): never
-            queue = resolve(entry.topic_id, entry.partition)  # two at once in one log
-            if queue is not None and queue.writing:
-                log.error(
-                    "journal-%d: %s-%d is being written by another writer; split step of "
-                    "journal-%d at %d skipped (retried)",
-                    j,
-                    queue.topic,
-                    queue.partition,
-                    j,
-                    entry.position,
-                )
-                return None
         for entry in entries:
             queue = resolve(entry.topic_id, entry.partition)
             if queue is None:
                 continue  # its topic was deleted
             write = writes.get(queue)
             if write is None:
+                if queue.writing:  # another writer's write in flight (a catch-up's copy):
+                    self._skipped(j, queue, entry.position)  # never two at once in a log;
+                    return None  # what was staged is dropped (nothing was written yet)
                 write = writes[queue] = queue.new_write()
             try:
                 queue.stage(write, entry.batch, entry.position)
@@ -224,6 +215,20 @@ class Splitter:
                 queue.writing = True
                 staged.append(write)
         return staged
+
+    def _skipped(self, j: int, queue: QueueLog, position: int) -> None:
+        """Log a step skipped for ``queue`` (once until a step of ``j`` goes through)."""
+        key = (j, queue.topic, queue.partition, position)
+        if self._skip_logged != key:
+            self._skip_logged = key
+            log.error(
+                "journal-%d: %s-%d is being written by another writer; the split step at %d "
+                "is skipped until that write is published",
+                j,
+                queue.topic,
+                queue.partition,
+                position,
+            )
 
     def _publish(
         self, j: int, writes: list[SplitWrite], pos: int, end: int, advanced: set[QueueLog]

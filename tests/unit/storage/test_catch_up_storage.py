@@ -669,7 +669,7 @@ def test_the_splitter_never_stages_into_a_queue_log_another_writer_writes(
             with caplog.at_level(logging.ERROR, logger="stonemq"):
                 follower.set_split_limit(0, end)
                 await asyncio.sleep(0.2)
-                assert "being written by another writer" in caplog.text
+                assert caplog.text.count("being written by another writer") == 1  # once
             assert follower.split_positions()[0] == 0  # skipped, not split past
             hold.set()
             assert await copied == 10
