@@ -217,7 +217,7 @@ class Splitter:
         return staged
 
     def _skipped(self, j: int, queue: QueueLog, position: int) -> None:
-        """Log a step skipped for ``queue`` (once until a step of ``j`` goes through)."""
+        """Log a step skipped for ``queue`` (once per journal position, not every retry)."""
         key = (j, queue.topic, queue.partition, position)
         if self._skip_logged != key:
             self._skip_logged = key
