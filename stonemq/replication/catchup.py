@@ -47,7 +47,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import struct
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -63,14 +62,13 @@ from stonemq.protocol.catchup import (
     encode_fetch,
     encode_request,
 )
+from stonemq.replication.fetcher import read_frame
 
 if TYPE_CHECKING:
     from stonemq.replication.manager import ReplicaManager
 
 log = logging.getLogger("stonemq.replication")
 
-_LENGTH = struct.Struct(">i")
-_MAX_RESPONSE_BYTES = 1 << 30
 _PARTITIONS_PER_FETCH = 1000
 _PROGRESS_EVERY_S = 5.0
 
@@ -88,10 +86,7 @@ class _Copy:
 
 
 async def _read_frame(reader: asyncio.StreamReader) -> bytes:
-    (size,) = _LENGTH.unpack(await reader.readexactly(4))
-    if not 0 < size <= _MAX_RESPONSE_BYTES:
-        raise CatchUpError(f"response of {size} bytes")
-    return await reader.readexactly(size)
+    return await read_frame(reader, CatchUpError)
 
 
 async def catch_up(manager: ReplicaManager, leader: int, journal: int) -> None:

@@ -61,6 +61,15 @@ _BECOMING_RETRY_S = 0.05
 answered NOT_LEADER_OR_FOLLOWER (it is becoming leader)."""
 
 
+async def read_frame(reader: asyncio.StreamReader, error: type[Exception]) -> bytes:
+    """One length-prefixed response from a leader's connection (its size bounded at
+    ``_MAX_RESPONSE_BYTES``; ``error`` raised for a size out of range)."""
+    (size,) = _LENGTH.unpack(await reader.readexactly(4))
+    if not 0 < size <= _MAX_RESPONSE_BYTES:
+        raise error(f"response of {size} bytes")
+    return await reader.readexactly(size)
+
+
 class LeaderFetcher:
     """Fetches the journal partitions led by broker ``leader`` that this broker follows."""
 
@@ -175,10 +184,7 @@ class LeaderFetcher:
             writer.write(encode_request(request, correlation))
             self.requests += 1
             METRICS.replica_fetch_requests_sent += 1
-            (size,) = _LENGTH.unpack(await reader.readexactly(4))
-            if not 0 < size <= _MAX_RESPONSE_BYTES:
-                raise MalformedReplicaFetch(f"response of {size} bytes")
-            got, response = decode_response(await reader.readexactly(size))
+            got, response = decode_response(await read_frame(reader, MalformedReplicaFetch))
             if got != correlation:
                 raise MalformedReplicaFetch(f"correlation id {got}, expected {correlation}")
             sent = {p.journal_partition: p for p in parts}

@@ -13,10 +13,8 @@ from typing import Any
 
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
-from kazoo.client import KazooClient
 from kio.schema.errors import ErrorCode
 
-from stonemq.cluster.controller import read_journal_partitions
 from stonemq.protocol.catchup import (
     CatchUpRequest,
     CatchUpResponse,
@@ -24,6 +22,7 @@ from stonemq.protocol.catchup import (
     encode_request,
 )
 
+from .replica_peer import journal_states
 from .test_replication import _produce_all, _start_cluster, _wait, _watermarks
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(120)]
@@ -42,27 +41,17 @@ def _ask(broker: Any, request: CatchUpRequest) -> CatchUpResponse:
     return response
 
 
-def _states(chroot: str) -> dict[int, Any]:
-    zk = KazooClient(chroot)
-    zk.start(10)
-    try:
-        return {j: p.state for j, p in read_journal_partitions(zk).items()}
-    finally:
-        zk.stop()
-        zk.close()
-
-
 def test_the_leaders_point_and_its_fencing(broker_factory, zookeeper) -> None:
     brokers, chroot = _start_cluster(broker_factory, zookeeper, ids=(1, 2))
     by_id = {int(b.settings["broker_id"]): b for b in brokers}
     admin = AdminClient({"bootstrap.servers": brokers[0].bootstrap})
     admin.create_topics([NewTopic("point", 6, 2)])["point"].result(30)
-    _wait(lambda: all(len(s.isr) == 2 for s in _states(chroot).values()), 30, "full ISR")
+    _wait(lambda: all(len(s.isr) == 2 for s in journal_states(chroot).values()), 30, "full ISR")
     assert len(_produce_all(brokers[0].bootstrap, "point", 120, b"p")) == 120
     time.sleep(1)  # split on the leaders
     ends = {p: hw for p, (_, hw) in enumerate(_watermarks(brokers[0].bootstrap, "point"))}
     listed: dict[int, int] = {}
-    for j, state in _states(chroot).items():
+    for j, state in journal_states(chroot).items():
         leader = by_id[state.leader]
         follower = next(b for b in by_id if b != state.leader)
         answer = _ask(leader, CatchUpRequest(follower, j, state.leader_epoch))
