@@ -13,5 +13,10 @@ cd "$ROOT"
 echo "== ruff check stonemq tests"
 "$ROOT/.venv/bin/ruff" check stonemq tests
 
+# The suite starts hundreds of Python processes (brokers, clients, Spark workers); without
+# bytecode caches each one compiles its imports from source again, and pytest rewrites every
+# test module on every run. A machine-wide PYTHONDONTWRITEBYTECODE would forbid the caches.
+unset PYTHONDONTWRITEBYTECODE
+
 echo "== pytest $*"
 exec "$ROOT/.venv/bin/pytest" "$@"

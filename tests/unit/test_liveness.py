@@ -147,6 +147,9 @@ def test_unreachable_includes_a_closed_connection_before_any_judgement(watch) ->
     assert reach.unreachable() == {2}
     listener.revive()
     _wait("reachable again", lambda: reach.unreachable() == frozenset(), timeout=5)
+    # the watch's connect completes in the kernel's backlog: wait until the listener holds it,
+    # or the idle close below would miss it
+    _wait("accepted again", lambda: len(listener.accepted) == 2)
     listener.drop_connections()
     _wait("connected again", lambda: len(listener.accepted) >= 3)
     _wait("reachable after the idle close", lambda: reach.unreachable() == frozenset())
