@@ -4,8 +4,13 @@ One broker, one topic of PARTITIONS partitions, 1 KiB records for SECONDS: ``mul
 multi-partition generator (``bench/multiproduce.py``: one one-record batch per partition,
 1,024 partitions per request), ``rdkafka`` the bench's librdkafka producer. Prints one JSON
 line: MB/s, the broker's CPU (utime + stime of its process tree, which other load on the
-machine does not add to) in all, per GB and per batch (``multi``), and its peak PSS. With a
-fourth argument, py-spy records the broker meanwhile (raw collapsed stacks to that file).
+machine does not add to) in all, per GB and per batch (``multi``), and its peak PSS; beside
+them the broker's own counters over the same window (``metrics.listen``: Produce requests,
+splitter steps, the splitter's thread and loop time) and its CPU split into user and kernel
+time (``/proc/PID/stat``), so the cost can be read per request, per batch and per split step.
+With a fourth argument, py-spy records the broker meanwhile (raw collapsed stacks to that
+file); ``STONEMQ_BENCH_NATIVE=1`` adds ``--native`` (C frames: uvloop, the C record walk; it
+pauses the broker per sample, so such a run's CPU figures are not comparable).
 
     python -m bench.broker_cpu 10000 20 multi [profile.txt]
 
@@ -16,6 +21,7 @@ other load, CPU per batch much less.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -24,6 +30,28 @@ from pathlib import Path
 
 from bench import multiproduce, procs
 from bench import run as bench_run
+from bench.replication import scrape
+
+COUNTERS = (
+    "produce_requests_started",
+    "splitter_steps",
+    "splitter_thread_seconds",
+    "splitter_loop_seconds",
+)
+"""The broker's counters read before and after the load (stonemq/server/metrics.py)."""
+
+
+def user_system_seconds(pid: int) -> tuple[float, float]:
+    """utime and stime of ``pid`` (``/proc/PID/stat`` fields 14 and 15), in seconds."""
+    with open(f"/proc/{pid}/stat") as fh:
+        fields = fh.read().rpartition(")")[2].split()
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
+
+
+def _counters(port: int) -> dict[str, float]:
+    sample = scrape(port)
+    return {name: sample.get(f"stonemq_{name}_total", 0.0) for name in COUNTERS}
 
 
 def main(argv: list[str]) -> int:
@@ -31,8 +59,10 @@ def main(argv: list[str]) -> int:
     if mode not in ("multi", "rdkafka"):
         raise SystemExit(f"mode {mode!r}: multi or rdkafka")
     profile = argv[3] if len(argv) > 3 else ""
+    native = os.environ.get("STONEMQ_BENCH_NATIVE") == "1"
     run = bench_run.Run(bench_run.FULL, Path(tempfile.mkdtemp(prefix="stonemq-broker-cpu-")))
-    broker = run.broker()
+    metrics_port = procs.free_port()
+    broker = run.broker(**{"metrics.listen": f"127.0.0.1:{metrics_port}"})
     try:
         bench_run.create_topics(broker.bootstrap, {"scale": partitions})
         procs.wait_quiet(broker.pid, timeout=60)
@@ -41,12 +71,17 @@ def main(argv: list[str]) -> int:
             spy = subprocess.Popen(
                 [
                     str(Path(sys.executable).with_name("py-spy")),
-                    *("record", "--pid", str(broker.pid), "--rate", "200", "--nonblocking"),
+                    *("record", "--pid", str(broker.pid), "--rate", "200"),
                     *("--format", "raw", "--duration", str(int(seconds)), "--output", profile),
+                    # native stacks need the process paused per sample (py-spy refuses
+                    # --nonblocking with --native), which adds to the CPU measured
+                    *(["--native"] if native else ["--nonblocking"]),
                 ],
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
             )
+        counted = _counters(metrics_port)
+        user0, system0 = user_system_seconds(broker.pid)
         if mode == "multi":
             result, mon = bench_run.measured(
                 broker.pid,
@@ -66,6 +101,11 @@ def main(argv: list[str]) -> int:
                 broker, "scale", bench_run.KIB, seconds, bench_run.UNCAPPED_BYTES, keys
             )
             batches = 0
+        user1, system1 = user_system_seconds(broker.pid)
+        after = _counters(metrics_port)
+        moved = {name: after[name] - counted[name] for name in COUNTERS}
+        requests = max(moved["produce_requests_started"], 1)
+        steps = max(moved["splitter_steps"], 1)
         if spy is not None:
             spy.wait(timeout=120)
         gigabytes = max(result["bytes"], 1) / 1e9
@@ -80,6 +120,17 @@ def main(argv: list[str]) -> int:
                     "cpu_us_per_batch": round(mon.cpu / batches * 1e6, 1) if batches else None,
                     "batches": batches,
                     "pss_peak_mb": round(mon.peak / 1e6, 1),
+                    "user_s": round(user1 - user0, 2),
+                    "system_s": round(system1 - system0, 2),
+                    "requests": int(moved["produce_requests_started"]),
+                    "cpu_us_per_request": round(mon.cpu / requests * 1e6, 1),
+                    "split_steps": int(moved["splitter_steps"]),
+                    "split_thread_us_per_step": round(
+                        moved["splitter_thread_seconds"] / steps * 1e6, 1
+                    ),
+                    "split_loop_us_per_step": round(
+                        moved["splitter_loop_seconds"] / steps * 1e6, 1
+                    ),
                 }
             ),
             flush=True,

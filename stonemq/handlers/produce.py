@@ -43,6 +43,7 @@ from kio.schema.errors import ErrorCode
 
 from stonemq.handlers.context import RequestContext, field_names
 from stonemq.handlers.registry import api
+from stonemq.protocol.produce_response import EncodedProduce, encode_body
 from stonemq.protocol.record_batch import (
     COMPRESSION_NONE,
     BatchHeader,
@@ -212,7 +213,7 @@ async def handle_produce(ctx: RequestContext, request: Any) -> Any:
         await _wait_for_isr(ctx, topics, request.timeout.total_seconds())
     endpoints: dict[int, Any] = {}
     partition_response = _partition_response(ctx)
-    return ctx.build(
+    response = ctx.build(
         "ProduceResponse",
         responses=tuple(
             ctx.build(
@@ -230,6 +231,43 @@ async def handle_produce(ctx: RequestContext, request: Any) -> Any:
             ctx.build("NodeEndpoint", node_id=e.broker_id, host=e.host, port=e.port, rack=e.rack)
             for e in endpoints.values()
         ),
+    )
+    if ctx.api_version < LEADER_HINTS_VERSION or not any(
+        r.error == ErrorCode.not_leader_or_follower for _, results in topics for r in results
+    ):  # no KIP-951 leader hints: the common shape, encoded here
+        ctx.reuse = EncodedProduce(response, _encoded_body(ctx, topics, topic_ids))
+    return response
+
+
+def _encoded_body(
+    ctx: RequestContext,
+    topics: list[tuple[str, list[_PartitionResult]]],
+    topic_ids: list[uuid.UUID | None],
+) -> bytes:
+    """The response body as :mod:`stonemq.protocol.produce_response` writes it, from the same
+    results the kio entity was built from (their log start offsets filled in by the build;
+    a version without the field never reads them)."""
+    none = ErrorCode.none
+    return encode_body(
+        ctx.api_version,
+        [
+            (
+                name,
+                topic_id,
+                [
+                    (
+                        r.index,
+                        r.error.value,
+                        r.base_offset if r.error == none else -1,
+                        r.append_time,
+                        r.log_start,
+                        r.message if r.error != none else None,
+                    )
+                    for r in results
+                ],
+            )
+            for (name, results), topic_id in zip(topics, topic_ids, strict=True)
+        ],
     )
 
 
@@ -266,9 +304,9 @@ def _partition_response_for(
     ) -> Any:
         values = dict(optional)
         if with_log_start:
-            values["log_start_offset"] = (
-                r.log_start if r.log_start >= 0 else _log_start(ctx, topic, r)
-            )
+            if r.log_start < 0:  # kept: the encoded body (``_encoded_body``) answers it too
+                r.log_start = _log_start(ctx, topic, r)
+            values["log_start_offset"] = r.log_start
         if r.error != none:
             if "error_message" in values:
                 values["error_message"] = r.message
