@@ -2,7 +2,10 @@
 
 One broker, one topic of PARTITIONS partitions, 1 KiB records for SECONDS: ``multi`` is the
 multi-partition generator (``bench/multiproduce.py``: one one-record batch per partition,
-1,024 partitions per request), ``rdkafka`` the bench's librdkafka producer. Prints one JSON
+1,024 partitions per request), ``rdkafka`` the bench's librdkafka producer, ``single`` the
+generator with librdkafka's request shape at 10,000 partitions at every partition count (one
+partition per request, a 96 KiB batch, five requests in flight): its CPU per GB at 1 and at
+10,000 partitions differs only by what the partition count costs the broker. Prints one JSON
 line: MB/s, the broker's CPU (utime + stime of its process tree, which other load on the
 machine does not add to) in all, per GB and per batch (``multi``), and its peak PSS; beside
 them the broker's own counters over the same window (``metrics.listen``: Produce requests,
@@ -32,6 +35,10 @@ from bench import multiproduce, procs
 from bench import run as bench_run
 from bench.replication import scrape
 
+SINGLE_BATCH_BYTES = 96 * 1024
+"""``single``: one partition per request, a batch of this many record bytes, whatever the
+partition count (about what librdkafka sends per request at 10,000 partitions here)."""
+
 COUNTERS = (
     "produce_requests_started",
     "splitter_steps",
@@ -56,8 +63,8 @@ def _counters(port: int) -> dict[str, float]:
 
 def main(argv: list[str]) -> int:
     partitions, seconds, mode = int(argv[0]), float(argv[1]), argv[2]
-    if mode not in ("multi", "rdkafka"):
-        raise SystemExit(f"mode {mode!r}: multi or rdkafka")
+    if mode not in ("multi", "rdkafka", "single"):
+        raise SystemExit(f"mode {mode!r}: multi, rdkafka or single")
     profile = argv[3] if len(argv) > 3 else ""
     native = os.environ.get("STONEMQ_BENCH_NATIVE") == "1"
     run = bench_run.Run(bench_run.FULL, Path(tempfile.mkdtemp(prefix="stonemq-broker-cpu-")))
@@ -82,7 +89,8 @@ def main(argv: list[str]) -> int:
             )
         counted = _counters(metrics_port)
         user0, system0 = user_system_seconds(broker.pid)
-        if mode == "multi":
+        if mode in ("multi", "single"):
+            shape = (multiproduce.ACKS, 1, SINGLE_BATCH_BYTES) if mode == "single" else ()
             result, mon = bench_run.measured(
                 broker.pid,
                 multiproduce.entry,
@@ -93,9 +101,10 @@ def main(argv: list[str]) -> int:
                 bench_run.KIB,
                 seconds,
                 bench_run.UNCAPPED_BYTES,
+                *shape,
             )
             batches = result["batches"]
-        else:
+        else:  # rdkafka
             keys = max(4 * partitions, 1000)
             result, mon = bench_run.produce(
                 broker, "scale", bench_run.KIB, seconds, bench_run.UNCAPPED_BYTES, keys

@@ -98,10 +98,15 @@ def multi_produce(
     duration: float,
     max_bytes: int,
     acks: int = ACKS,
+    per_request: int = 0,
+    batch_bytes: int = BATCH_BYTES,
 ) -> dict[str, Any]:
     """Produce ``size``-byte records to every partition of ``topic`` for ``duration`` s or
-    ``max_bytes`` of payload; the records, batches, requests and errors."""
-    plan = _Plan(partitions, size)
+    ``max_bytes`` of payload; the records, batches, requests and errors. ``per_request`` (0:
+    as many as fit in ``REQUEST_BYTES``) and ``batch_bytes`` fix the request's shape: one
+    partition of a 96 KiB batch is what librdkafka sends at 10,000 partitions, and the same
+    shape at one partition tells the broker's cost per partition from its cost per request."""
+    plan = _Plan(partitions, size, per_request, batch_bytes)
     q.put(("start", os.getpid()))
     started = time.monotonic()
     out = _drive(port, topic, list(range(partitions)), plan, started, duration, max_bytes, acks)
@@ -166,10 +171,13 @@ def multi_produce_leaders(
 class _Plan:
     """Batch and request sizes for ``partitions`` partitions of ``size``-byte records."""
 
-    def __init__(self, partitions: int, size: int) -> None:
+    def __init__(
+        self, partitions: int, size: int, per_request: int = 0, batch_bytes: int = BATCH_BYTES
+    ) -> None:
         self.size = size
-        self.per_request = max(1, min(partitions, REQUEST_BYTES // max(size, 1)))
-        self.records_per_batch = max(1, min(BATCH_BYTES, REQUEST_BYTES // self.per_request) // size)
+        fit = REQUEST_BYTES // max(size, 1)
+        self.per_request = max(1, min(partitions, per_request or fit))
+        self.records_per_batch = max(1, min(batch_bytes, REQUEST_BYTES // self.per_request) // size)
         batch = _batch(size, self.records_per_batch)
         self.record = struct.pack(">i", len(batch)) + batch
 

@@ -37,7 +37,12 @@ PartitionAnswer = tuple[int, int, int, int, int, str | None]
 TopicAnswer = tuple[str, uuid.UUID | None, Sequence[PartitionAnswer]]
 
 
+_ONE_BYTE = [bytes((n,)) for n in range(0x80)]
+
+
 def _uvarint(value: int) -> bytes:
+    if value < 0x80:
+        return _ONE_BYTE[value]
     out = bytearray()
     while value > 0x7F:
         out.append((value & 0x7F) | 0x80)
