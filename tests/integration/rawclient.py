@@ -276,8 +276,10 @@ def fetch_request(
     max_wait_ms: int = 0,
     partition_max_bytes: int = 1 << 24,
     topic_id: uuid.UUID | None = None,
+    current_leader_epoch: int = -1,
 ) -> Any:
-    """A Fetch of one partition (named by ``topic_id`` from v13)."""
+    """A Fetch of one partition (named by ``topic_id`` from v13; ``current_leader_epoch``
+    from v9, -1: not given)."""
     req_mod = schema("fetch", version, "request")
     return build(
         req_mod.FetchRequest,
@@ -297,6 +299,7 @@ def fetch_request(
                     build(
                         req_mod.FetchPartition,
                         partition=i32(partition),
+                        current_leader_epoch=i32(current_leader_epoch),
                         fetch_offset=i64(offset),
                         partition_max_bytes=i32(partition_max_bytes),
                     ),
@@ -316,10 +319,18 @@ def fetch_raw(
     max_wait_ms: int = 0,
     partition_max_bytes: int = 1 << 24,
     topic_id: uuid.UUID | None = None,
+    current_leader_epoch: int = -1,
 ) -> Any:
     """One Fetch of one partition; returns the partition data."""
     request = fetch_request(
-        topic, partition, offset, version, max_wait_ms, partition_max_bytes, topic_id
+        topic,
+        partition,
+        offset,
+        version,
+        max_wait_ms,
+        partition_max_bytes,
+        topic_id,
+        current_leader_epoch,
     )
     resp = conn.request(request, schema("fetch", version, "response").FetchResponse)
     (topic_resp,) = resp.responses
@@ -329,6 +340,22 @@ def fetch_raw(
         assert topic_resp.topic == topic
     (part,) = topic_resp.partitions
     return part
+
+
+def leader_epochs_of(conn: RawConnection, topic: str) -> dict[int, int]:
+    """Each partition's leader epoch, from Metadata v12 (what KIP-320 clients send back)."""
+    req = schema("metadata", 12, "request")
+    resp = conn.request(
+        req.MetadataRequest(
+            topics=(req.MetadataRequestTopic(name=topic, topic_id=None),),
+            allow_auto_topic_creation=False,
+            include_topic_authorized_operations=False,
+        ),
+        schema("metadata", 12, "response").MetadataResponse,
+    )
+    (answer,) = resp.topics
+    assert answer.error_code == 0, answer
+    return {p.partition_index: p.leader_epoch for p in answer.partitions}
 
 
 def topic_id_of(conn: RawConnection, topic: str) -> uuid.UUID:
