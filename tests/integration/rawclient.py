@@ -342,8 +342,9 @@ def fetch_raw(
     return part
 
 
-def leader_epochs_of(conn: RawConnection, topic: str) -> dict[int, int]:
-    """Each partition's leader epoch, from Metadata v12 (what KIP-320 clients send back)."""
+def topic_metadata(conn: RawConnection, topic: str) -> Any:
+    """Metadata v12 of one topic: its answer (error, topic id, partitions with leader and
+    leader epoch)."""
     req = schema("metadata", 12, "request")
     resp = conn.request(
         req.MetadataRequest(
@@ -354,22 +355,19 @@ def leader_epochs_of(conn: RawConnection, topic: str) -> dict[int, int]:
         schema("metadata", 12, "response").MetadataResponse,
     )
     (answer,) = resp.topics
+    return answer
+
+
+def leader_epochs_of(conn: RawConnection, topic: str) -> dict[int, int]:
+    """Each partition's leader epoch, from Metadata v12 (what KIP-320 clients send back)."""
+    answer = topic_metadata(conn, topic)
     assert answer.error_code == 0, answer
     return {p.partition_index: p.leader_epoch for p in answer.partitions}
 
 
 def topic_id_of(conn: RawConnection, topic: str) -> uuid.UUID:
     """The topic's id, from Metadata v12."""
-    req = schema("metadata", 12, "request")
-    resp = conn.request(
-        req.MetadataRequest(
-            topics=(req.MetadataRequestTopic(name=topic, topic_id=None),),
-            allow_auto_topic_creation=False,
-            include_topic_authorized_operations=False,
-        ),
-        schema("metadata", 12, "response").MetadataResponse,
-    )
-    (answer,) = resp.topics
+    answer = topic_metadata(conn, topic)
     assert answer.error_code == 0 and answer.topic_id is not None, answer
     return answer.topic_id
 

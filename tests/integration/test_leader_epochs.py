@@ -4,7 +4,6 @@ before fetching)."""
 
 from __future__ import annotations
 
-import datetime
 import struct
 
 import pytest
@@ -13,6 +12,7 @@ from kio.schema.errors import ErrorCode
 
 from . import rawclient
 from .helpers import Msg, create_topic, produce
+from .test_list_offsets_versions import list_offsets_partition
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -139,32 +139,8 @@ def test_fetch_checks_the_current_leader_epoch(module_broker, version):
 
 
 def _list_offsets(broker, version: int, topic: str, current: int):  # type: ignore[no-untyped-def]
-    req = rawclient.schema("list_offsets", version, "request")
-    resp = rawclient.schema("list_offsets", version, "response")
     with rawclient.RawConnection(broker.host, broker.port) as conn:
-        answer = conn.request(
-            rawclient.build(
-                req.ListOffsetsRequest,
-                replica_id=-1,
-                isolation_level=0,
-                timeout=datetime.timedelta(seconds=5),
-                topics=(
-                    req.ListOffsetsTopic(
-                        name=topic,
-                        partitions=(
-                            rawclient.build(
-                                req.ListOffsetsPartition,
-                                partition_index=0,
-                                current_leader_epoch=current,
-                                timestamp=-1,
-                            ),
-                        ),
-                    ),
-                ),
-            ),
-            resp.ListOffsetsResponse,
-        )
-    (p,) = answer.topics[0].partitions
+        p = list_offsets_partition(conn, version, topic, -1, current_leader_epoch=current)
     return p.error_code, p.offset, p.leader_epoch
 
 
