@@ -48,8 +48,9 @@ import datetime
 import errno
 import logging
 import os
+import sys
 import time
-from collections.abc import Awaitable, Generator
+from collections.abc import Awaitable, Coroutine, Generator
 from typing import TYPE_CHECKING, Any
 
 from stonemq.handlers import REGISTRY
@@ -114,6 +115,9 @@ _OUT_PAUSE_BYTES = 4 * 1024 * 1024
 """Bytes of responses waiting behind a range being sent (``_out``) past which the connection
 starts no request and reads nothing more, as it does above the transport's high-water mark."""
 
+_FETCH_KEY = 1
+
+
 _COPY_BYTES = 256 * 1024
 """A step of the copying fallback (a socket that cannot take ``sendfile``)."""
 
@@ -129,19 +133,23 @@ class _Timed:
     """Awaits a coroutine and adds up the time its steps ran (the time the event loop spent
     on the request, not the time it waited for disk, other brokers or new data)."""
 
-    __slots__ = ("_coro", "ns")
+    __slots__ = ("_coro", "first_ns", "ns", "steps")
 
     def __init__(self, coro: Awaitable[Any]) -> None:
         self._coro = coro.__await__()
         self.ns = 0
+        self.steps = 0
+        self.first_ns = 0  # monotonic ns when its first step started
 
     def __await__(self) -> Generator[Any, Any, Any]:
         step = self._coro
         clock = time.perf_counter_ns
         value: Any = None
         error: BaseException | None = None
+        self.first_ns = time.monotonic_ns()
         while True:
             started = clock()
+            self.steps += 1
             try:
                 yielded = step.send(value) if error is None else step.throw(error)
             except StopIteration as done:
@@ -155,6 +163,61 @@ class _Timed:
                 value, error = (yield yielded), None
             except BaseException as exc:  # cancellation: into the coroutine
                 value, error = None, exc
+
+
+def start_eagerly(coro: Coroutine[Any, Any, None]) -> asyncio.Task[None] | None:
+    """Run ``coro``'s first step now, in the dispatcher's turn, and the rest, if it awaits
+    anything, in a task (None: it finished in its first step).
+
+    A task created the usual way takes its first step in the event loop's next iteration,
+    and while the loop serves a catch-up and pipelined requests an iteration lasts
+    milliseconds: every request waited one for nothing before its handler ran (a produce
+    before validating and appending its batches, a Metadata before being answered).
+    Python 3.12's ``eager_start`` does this; 3.11 has no such option, so the first step is
+    taken here and the task goes on from the awaitable it yielded (:func:`_go_on`)."""
+    loop = asyncio.get_running_loop()
+    if sys.version_info >= (3, 12):
+        task: asyncio.Task[None] = asyncio.Task(coro, loop=loop, eager_start=True)  # type: ignore[call-arg]
+        return None if task.done() else task
+    try:
+        yielded = coro.send(None)
+    except StopIteration:
+        return None
+    return loop.create_task(_go_on(coro, yielded))
+
+
+class _Waiting:
+    """Awaits the future a coroutine stepped outside a task yielded, without taking its
+    outcome (the coroutine takes it when sent on)."""
+
+    __slots__ = ("future",)
+
+    def __init__(self, future: Any) -> None:
+        self.future = future
+
+    def __await__(self) -> Generator[Any, None, None]:
+        if self.future is None:
+            yield None  # a bare yield (``asyncio.sleep(0)``): one loop iteration
+        elif not self.future.done():
+            yield self.future  # still marked blocking by the coroutine's own await
+
+
+async def _go_on(coro: Coroutine[Any, Any, None], yielded: Any) -> None:
+    """Drive ``coro`` on from a first step taken outside a task: wait for what it yielded,
+    send it on; a cancellation of this task goes into the coroutine, as a task's would."""
+    while True:
+        try:
+            await _Waiting(yielded)
+        except BaseException as exc:  # cancelled while waiting: into the coroutine
+            try:
+                yielded = coro.throw(exc)
+            except StopIteration:
+                return
+            continue
+        try:
+            yielded = coro.send(None)
+        except StopIteration:
+            return
 
 
 class Connection(asyncio.BufferedProtocol):
@@ -388,11 +451,12 @@ class Connection(asyncio.BufferedProtocol):
             METRICS.produce_queued_ns += started_ns - item.queued_ns
             if self._quotas.produce_active:
                 self._record_produce(item.ctx, item.pending.size)
-        task = asyncio.get_running_loop().create_task(
+        task = start_eagerly(
             self._run(item.handler, item.ctx, item.request, item.pending, started_ns)
         )
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        if task is not None:
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
         return api_key, item.pending.size
 
     @property
@@ -436,18 +500,18 @@ class Connection(asyncio.BufferedProtocol):
         """Handle one request and queue its encoded response; ``started_ns``: when a Produce
         started (its handling time is counted in the metrics), else 0."""
         quotas = self._quotas
-        timed = (
-            _Timed(handler(ctx, request))
-            if quotas.request_active and ctx.api_key not in INTERNAL
-            else None
-        )
+        clock = time.perf_counter_ns
+        timed = _Timed(handler(ctx, request))
         try:
-            response = await (handler(ctx, request) if timed is None else timed)
+            response = await timed
+            after_ns = clock()
             if type(response) is list:  # an internal API's encoded response: no client quota
                 pending.response = response
                 response = None
-            elif timed is not None or ctx.throttle_ms:
+            elif quotas.request_active and ctx.api_key not in INTERNAL:
                 response = self._throttle(ctx, pending, response, timed)
+            elif ctx.throttle_ms:
+                response = self._throttle(ctx, pending, response, None)
             reuse = ctx.reuse
             if response is not None and reuse is not None and response is reuse.response:
                 pending.response = reuse.chunks(pending.header)  # not throttled: as it was
@@ -472,9 +536,18 @@ class Connection(asyncio.BufferedProtocol):
             return
         pending.charged = ctx.charged
         pending.done = True
+        api_key = ctx.api_key
         if started_ns:
             METRICS.produce_handled_ns += time.monotonic_ns() - started_ns
+            METRICS.produce_loop_ns += timed.ns
+            METRICS.produce_start_wait_ns += timed.first_ns - started_ns
+            METRICS.produce_steps += timed.steps
         self._flush()
+        loop_ns = timed.ns + clock() - after_ns
+        by_api = METRICS.request_loop_ns
+        by_api[api_key] = by_api.get(api_key, 0) + loop_ns
+        counts = METRICS.request_count
+        counts[api_key] = counts.get(api_key, 0) + 1
 
     # -- quotas -------------------------------------------------------------------------------
     def _record_produce(self, ctx: RequestContext, size: int) -> None:
@@ -638,6 +711,14 @@ class Connection(asyncio.BufferedProtocol):
             if self._ready:
                 self._dispatcher.ready(self)
 
+    def _send_writable(self) -> None:
+        """The socket can take more of a range being sent (the loop's writability callback):
+        send on, its time counted as the fetch's."""
+        started = time.perf_counter_ns()
+        self._send_out()
+        by_api = METRICS.request_loop_ns
+        by_api[_FETCH_KEY] = by_api.get(_FETCH_KEY, 0) + time.perf_counter_ns() - started
+
     def _count_zero_copy(self, item: FileRange, before: int) -> None:
         moved = item.sent - before
         if moved and self._sendfile_ok:
@@ -656,7 +737,7 @@ class Connection(asyncio.BufferedProtocol):
 
     def _wait_writable(self) -> None:
         if not self._send_waiting:
-            asyncio.get_running_loop().add_writer(self._socket_fd(), self._send_out)
+            asyncio.get_running_loop().add_writer(self._socket_fd(), self._send_writable)
             self._send_waiting = True
         self.update_reading()
 
