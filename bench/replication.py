@@ -802,7 +802,9 @@ def table(res: dict[str, Any]) -> list[str]:
             "",
             f"Failover over {fo['kills']} leader SIGKILLs (`zookeeper.session.timeout.ms` "
             f"{fo['session_timeout_ms']}, ZooKeeper tickTime {fo['zookeeper_tick_ms']} ms), "
-            "seconds from the kill:",
+            f"each kill at least {CLIENT_RECONNECT_BACKOFF_MAX_S:.0f} s (librdkafka's "
+            "`reconnect.backoff.max.ms`) after the previous victim is back, seconds from the "
+            "kill:",
             "",
             "| interval from SIGKILL | min | median | p90 | max |",
             "|---|---:|---:|---:|---:|",
@@ -821,7 +823,8 @@ def table(res: dict[str, Any]) -> list[str]:
         ctl = sum(1 for r in fo["rounds"] if r["was_controller"])
         lines += [
             "",
-            f"{ctl} of the {fo['kills']} killed leaders were also the controller; the producer "
+            f"{ctl} of the {fo['kills']} killed leaders {'was' if ctl == 1 else 'were'} also "
+            "the controller; the producer "
             f"(librdkafka, acks=all, one record every 2 ms to partition 0) had "
             f"{fo['acked']:,} acknowledgements and {fo['producer_errors']} delivery errors.",
         ]

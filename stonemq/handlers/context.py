@@ -139,6 +139,22 @@ class RequestContext:
             return ErrorCode.unknown_topic_or_partition
         return ErrorCode.not_leader_or_follower
 
+    def leader_epoch_error(self, record: Any, partition: int, client_epoch: int) -> ErrorCode:
+        """KIP-320: the client's ``current_leader_epoch`` for a partition (Fetch v9+, ListOffsets
+        v4+, OffsetForLeaderEpoch v2+) against the partition's leader epoch here (its journal
+        partition's, as Metadata gives it), as Kafka's ``Partition.checkCurrentLeaderEpoch``:
+        -1 (not given) or equal passes; below it FENCED_LEADER_EPOCH (the client's metadata is
+        stale: it refreshes it), above it UNKNOWN_LEADER_EPOCH (this broker has not learned the
+        new epoch yet: the client retries). Checked before leadership, as Kafka does."""
+        if client_epoch == -1:
+            return ErrorCode.none
+        current = self.broker.routing.leadership(record.journal_partitions[partition]).leader_epoch
+        if client_epoch == current:
+            return ErrorCode.none
+        if client_epoch < current:
+            return ErrorCode.fenced_leader_epoch
+        return ErrorCode.unknown_leader_epoch
+
     def not_led_here(self, record: Any, partition: int) -> bool:
         """In a cluster: the partition's journal partition is not led here (or not ready:
         its epoch not yet checkpointed), so clients get NOT_LEADER_OR_FOLLOWER even when

@@ -12,7 +12,9 @@ fetches; an incremental fetch naming a session gets FETCH_SESSION_ID_NOT_FOUND.
 Versions 4-18, as Kafka 4 answers a consumer: from v13 topics are named by topic id (one this
 broker does not know: UNKNOWN_TOPIC_ID) and the answer carries ids, not names; from v16 a
 NOT_LEADER_OR_FOLLOWER partition says who leads it, with that leader's endpoint in
-``node_endpoints`` (KIP-951). What v14, v15, v17 and v18 add concerns follower replicas
+``node_endpoints`` (KIP-951). From v9 a partition's ``current_leader_epoch`` is checked
+first (KIP-320): FENCED_LEADER_EPOCH below the partition's leader epoch, UNKNOWN_LEADER_EPOCH
+above it. What v14, v15, v17 and v18 add concerns follower replicas
 (tiered-storage offsets, replica state, directory id, the follower's high watermark), which
 consumers send as their defaults: there are no followers to fetch here.
 
@@ -273,6 +275,12 @@ async def _read_all(
                 continue
             if record is None or not 0 <= fp.partition < record.partitions:
                 part.error = ErrorCode.unknown_topic_or_partition
+                has_error = True
+                continue
+            part.error = ctx.leader_epoch_error(
+                record, fp.partition, getattr(fp, "current_leader_epoch", -1)
+            )
+            if part.error != ErrorCode.none:  # KIP-320: fenced or not yet known here
                 has_error = True
                 continue
             if replicas is not None and not replicas.leads(record.journal_partitions[fp.partition]):

@@ -13,7 +13,8 @@ controller's epoch in a cluster). The answers follow Kafka's ``LeaderEpochFileCa
   offset. This is the per-partition view of the journal partition's leader-epoch checkpoint
   (storage/leader_epoch.py), which answers the followers (handlers/replica_fetch.py).
 
-``current_leader_epoch`` (-1: not given) is checked first, as Kafka does: below the current
+``current_leader_epoch`` (-1: not given) is checked first, as Kafka does
+(``RequestContext.leader_epoch_error``, shared with Fetch and ListOffsets): below the current
 epoch FENCED_LEADER_EPOCH, above it UNKNOWN_LEADER_EPOCH; a partition whose journal
 partition another broker leads is NOT_LEADER_OR_FOLLOWER.
 """
@@ -44,15 +45,6 @@ async def end_offset_for(
     return await storage.epoch_end_offset(topic, partition, requested)
 
 
-def check_current_epoch(client_epoch: int, current: int) -> ErrorCode:
-    """Kafka's ``Partition.checkCurrentLeaderEpoch`` (-1: the client gave none)."""
-    if client_epoch == -1 or client_epoch == current:
-        return ErrorCode.none
-    if client_epoch < current:
-        return ErrorCode.fenced_leader_epoch
-    return ErrorCode.unknown_leader_epoch
-
-
 @api(23, 2, 4)
 async def handle_offset_for_leader_epoch(ctx: RequestContext, request: Any) -> Any:
     storage = ctx.broker.storage
@@ -66,11 +58,13 @@ async def handle_offset_for_leader_epoch(ctx: RequestContext, request: Any) -> A
             current = -1
             if record is None or not 0 <= p.partition < record.partitions:
                 error = ErrorCode.unknown_topic_or_partition
-            elif not routing.leads(record.journal_partitions[p.partition]):
-                error = ErrorCode.not_leader_or_follower
             else:
-                current = routing.leadership(record.journal_partitions[p.partition]).leader_epoch
-                error = check_current_epoch(p.current_leader_epoch, current)
+                error = ctx.leader_epoch_error(record, p.partition, p.current_leader_epoch)
+                journal_partition = record.journal_partitions[p.partition]
+                if error == ErrorCode.none and not routing.leads(journal_partition):
+                    error = ErrorCode.not_leader_or_follower
+                elif error == ErrorCode.none:
+                    current = routing.leadership(journal_partition).leader_epoch
             if error == ErrorCode.none:
                 try:
                     epoch, end_offset = await end_offset_for(

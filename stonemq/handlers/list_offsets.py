@@ -15,7 +15,9 @@ sees its own records, as it would against Kafka. By timestamp, the answer is the
 first offset whose record timestamp is >= the target: for a tiered topic the archive below
 the local log start is searched first (off the event loop, stonemq/tiering/service.py), then
 the local time index; when there is none, offset and timestamp are -1, as Kafka answers.
-Earliest is the cold log start for a tiered topic.
+Earliest is the cold log start for a tiered topic. From v4 a partition's
+``current_leader_epoch`` is checked first (KIP-320): FENCED_LEADER_EPOCH below the
+partition's leader epoch, UNKNOWN_LEADER_EPOCH above it.
 """
 
 from __future__ import annotations
@@ -47,6 +49,12 @@ async def handle_list_offsets(ctx: RequestContext, request: Any) -> Any:
         for p in topic.partitions:
             if record is None or not 0 <= p.partition_index < record.partitions:
                 error, offset, timestamp = ErrorCode.unknown_topic_or_partition, -1, -1
+            elif (
+                fenced := ctx.leader_epoch_error(
+                    record, p.partition_index, getattr(p, "current_leader_epoch", -1)
+                )
+            ) != ErrorCode.none:
+                error, offset, timestamp = fenced, -1, -1  # KIP-320
             elif ctx.not_led_here(record, p.partition_index):
                 error, offset, timestamp = ErrorCode.not_leader_or_follower, -1, -1
             else:

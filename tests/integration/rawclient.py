@@ -276,8 +276,10 @@ def fetch_request(
     max_wait_ms: int = 0,
     partition_max_bytes: int = 1 << 24,
     topic_id: uuid.UUID | None = None,
+    current_leader_epoch: int = -1,
 ) -> Any:
-    """A Fetch of one partition (named by ``topic_id`` from v13)."""
+    """A Fetch of one partition (named by ``topic_id`` from v13; ``current_leader_epoch``
+    from v9, -1: not given)."""
     req_mod = schema("fetch", version, "request")
     return build(
         req_mod.FetchRequest,
@@ -297,6 +299,7 @@ def fetch_request(
                     build(
                         req_mod.FetchPartition,
                         partition=i32(partition),
+                        current_leader_epoch=i32(current_leader_epoch),
                         fetch_offset=i64(offset),
                         partition_max_bytes=i32(partition_max_bytes),
                     ),
@@ -316,10 +319,18 @@ def fetch_raw(
     max_wait_ms: int = 0,
     partition_max_bytes: int = 1 << 24,
     topic_id: uuid.UUID | None = None,
+    current_leader_epoch: int = -1,
 ) -> Any:
     """One Fetch of one partition; returns the partition data."""
     request = fetch_request(
-        topic, partition, offset, version, max_wait_ms, partition_max_bytes, topic_id
+        topic,
+        partition,
+        offset,
+        version,
+        max_wait_ms,
+        partition_max_bytes,
+        topic_id,
+        current_leader_epoch,
     )
     resp = conn.request(request, schema("fetch", version, "response").FetchResponse)
     (topic_resp,) = resp.responses
@@ -331,8 +342,9 @@ def fetch_raw(
     return part
 
 
-def topic_id_of(conn: RawConnection, topic: str) -> uuid.UUID:
-    """The topic's id, from Metadata v12."""
+def topic_metadata(conn: RawConnection, topic: str) -> Any:
+    """Metadata v12 of one topic: its answer (error, topic id, partitions with leader and
+    leader epoch)."""
     req = schema("metadata", 12, "request")
     resp = conn.request(
         req.MetadataRequest(
@@ -343,6 +355,19 @@ def topic_id_of(conn: RawConnection, topic: str) -> uuid.UUID:
         schema("metadata", 12, "response").MetadataResponse,
     )
     (answer,) = resp.topics
+    return answer
+
+
+def leader_epochs_of(conn: RawConnection, topic: str) -> dict[int, int]:
+    """Each partition's leader epoch, from Metadata v12 (what KIP-320 clients send back)."""
+    answer = topic_metadata(conn, topic)
+    assert answer.error_code == 0, answer
+    return {p.partition_index: p.leader_epoch for p in answer.partitions}
+
+
+def topic_id_of(conn: RawConnection, topic: str) -> uuid.UUID:
+    """The topic's id, from Metadata v12."""
+    answer = topic_metadata(conn, topic)
     assert answer.error_code == 0 and answer.topic_id is not None, answer
     return answer.topic_id
 

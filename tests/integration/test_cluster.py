@@ -22,6 +22,7 @@ from .rawclient import (
     produce_raw,
     produce_request,
     schema,
+    topic_metadata,
 )
 from .test_replication import _restart
 
@@ -499,16 +500,7 @@ def test_group_requests_at_another_broker_get_not_coordinator(cluster) -> None:
 
 def partition_leadership(conn: RawConnection, topic: str) -> tuple[Any, dict[int, Any]]:
     """Metadata v12 of ``topic``: its topic id, and each partition's entry (leader, epoch)."""
-    req = schema("metadata", 12, "request")
-    resp = conn.request(
-        req.MetadataRequest(
-            topics=(req.MetadataRequestTopic(name=topic, topic_id=None),),
-            allow_auto_topic_creation=False,
-            include_topic_authorized_operations=False,
-        ),
-        schema("metadata", 12, "response").MetadataResponse,
-    )
-    (answer,) = resp.topics
+    answer = topic_metadata(conn, topic)
     return answer.topic_id, {p.partition_index: p for p in answer.partitions}
 
 

@@ -4,14 +4,19 @@ before fetching)."""
 
 from __future__ import annotations
 
+import struct
+
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 from kio.schema.errors import ErrorCode
 
 from . import rawclient
 from .helpers import Msg, create_topic, produce
+from .test_list_offsets_versions import list_offsets_partition
 
 pytestmark = pytest.mark.timeout(90)
+
+RECORD_COUNT_AT = 57  # a v2 record batch's record count (after base offset ... producer fields)
 
 
 def _ask(broker, version: int, topic: str, partitions):  # type: ignore[no-untyped-def]
@@ -105,3 +110,55 @@ def test_librdkafka_validates_positions_with_leader_epochs(module_broker):
         assert got == [(4 + i, v, 0) for i, v in enumerate(values[4:])]
     finally:
         consumer.close()
+
+
+@pytest.mark.parametrize("version", [9, 12, 13, 16])
+def test_fetch_checks_the_current_leader_epoch(module_broker, version):
+    """KIP-320: a Fetch naming the partition's leader epoch (0 on a single node) or none (-1)
+    is served; an older one is FENCED_LEADER_EPOCH and a newer one UNKNOWN_LEADER_EPOCH, with
+    no records, as Kafka's Partition.checkCurrentLeaderEpoch answers."""
+    topic = create_topic(module_broker.bootstrap)
+    produce(module_broker.bootstrap, topic, [Msg(None, b"e%d" % i) for i in range(3)])
+    with rawclient.RawConnection(module_broker.host, module_broker.port) as conn:
+        topic_id = rawclient.topic_id_of(conn, topic) if version >= 13 else None
+        rawclient.wait_visible(conn, topic, 0, 3)  # split: a moment after the ack
+        answers = {}
+        for current in (-1, 0, 1, -5):
+            part = rawclient.fetch_raw(
+                conn, topic, 0, 0, version, topic_id=topic_id, current_leader_epoch=current
+            )
+            batches = rawclient.split_batches(part.records)
+            records = sum(struct.unpack_from(">i", b, RECORD_COUNT_AT)[0] for b in batches)
+            answers[current] = (part.error_code, records)
+    assert answers == {
+        -1: (ErrorCode.none, 3),
+        0: (ErrorCode.none, 3),
+        1: (ErrorCode.unknown_leader_epoch, 0),
+        -5: (ErrorCode.fenced_leader_epoch, 0),
+    }
+
+
+def _list_offsets(broker, version: int, topic: str, current: int):  # type: ignore[no-untyped-def]
+    with rawclient.RawConnection(broker.host, broker.port) as conn:
+        p = list_offsets_partition(conn, version, topic, -1, current_leader_epoch=current)
+    return p.error_code, p.offset, p.leader_epoch
+
+
+@pytest.mark.parametrize("version", [4, 7, 11])
+def test_list_offsets_checks_the_current_leader_epoch(module_broker, version):
+    """KIP-320 for ListOffsets v4+: the latest offset is answered for the partition's leader
+    epoch or none; an older epoch is fenced, a newer one unknown, with offset -1."""
+    topic = create_topic(module_broker.bootstrap)
+    produce(module_broker.bootstrap, topic, [Msg(None, b"l%d" % i) for i in range(4)])
+    assert _list_offsets(module_broker, version, topic, -1) == (ErrorCode.none, 4, 0)
+    assert _list_offsets(module_broker, version, topic, 0) == (ErrorCode.none, 4, 0)
+    assert _list_offsets(module_broker, version, topic, 2) == (
+        ErrorCode.unknown_leader_epoch,
+        -1,
+        -1,
+    )
+    assert _list_offsets(module_broker, version, topic, -3) == (
+        ErrorCode.fenced_leader_epoch,
+        -1,
+        -1,
+    )

@@ -14,7 +14,11 @@ from .rawclient import RawConnection, build, build_batch, produce_request, schem
 pytestmark = pytest.mark.timeout(60)
 
 
-def list_offset(conn: RawConnection, version: int, topic: str, timestamp: int):
+def list_offsets_partition(
+    conn: RawConnection, version: int, topic: str, timestamp: int, current_leader_epoch: int = -1
+):
+    """One ListOffsets of partition 0 (``current_leader_epoch`` from v4, -1: not given); the
+    partition's answer."""
     req = schema("list_offsets", version, "request")
     resp = schema("list_offsets", version, "response")
     request = build(
@@ -26,13 +30,23 @@ def list_offset(conn: RawConnection, version: int, topic: str, timestamp: int):
             req.ListOffsetsTopic(
                 name=topic,
                 partitions=(
-                    build(req.ListOffsetsPartition, partition_index=0, timestamp=timestamp),
+                    build(
+                        req.ListOffsetsPartition,
+                        partition_index=0,
+                        current_leader_epoch=current_leader_epoch,
+                        timestamp=timestamp,
+                    ),
                 ),
             ),
         ),
     )
     answer = conn.request(request, resp.ListOffsetsResponse)
     (p,) = answer.topics[0].partitions
+    return p
+
+
+def list_offset(conn: RawConnection, version: int, topic: str, timestamp: int):
+    p = list_offsets_partition(conn, version, topic, timestamp)
     assert p.error_code == 0, p
     return p.offset
 

@@ -17,12 +17,13 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from kazoo.client import KazooClient
+from kio.schema.errors import ErrorCode
 
 from stonemq.cluster.controller import read_journal_partitions
 from stonemq.storage.checkpoint import CheckpointFile
 from stonemq.storage.leader_epoch import LEADER_EPOCH_FILE
 
-from .rawclient import RawConnection, build_batch, produce_raw
+from .rawclient import RawConnection, build_batch, fetch_raw, leader_epochs_of, produce_raw
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(240)]
 
@@ -569,6 +570,8 @@ def test_a_returning_leader_truncates_the_tail_it_alone_had(broker_factory, zook
     old = brokers[0]  # broker 1 leads its own journal partition
     mine = [p for p, leader in led.items() if leader == 1]
     assert mine
+    with RawConnection(old.host, old.port) as conn:
+        old_epoch = leader_epochs_of(conn, "trunc")[mine[0]]
     followers = brokers[1:]
     for f in followers:
         f.proc.send_signal(signal.SIGSTOP)
@@ -590,6 +593,17 @@ def test_a_returning_leader_truncates_the_tail_it_alone_had(broker_factory, zook
     _wait(lambda: _leaders(b2.bootstrap, "trunc")[mine[0]] in (2, 3), 60, "failover")
     new_leader = brokers[_leaders(b2.bootstrap, "trunc")[mine[0]] - 1]
     assert len(_produce_all(new_leader.bootstrap, "trunc", 60, b"b")) == 60
+    # KIP-320: a consumer still holding the old leader's epoch is fenced by the new leader
+    # (it refreshes its metadata), and one with the new epoch is served
+    with RawConnection(new_leader.host, new_leader.port) as conn:
+        new_epoch = leader_epochs_of(conn, "trunc")[mine[0]]
+        assert new_epoch > old_epoch
+        fenced = fetch_raw(conn, "trunc", mine[0], 0, current_leader_epoch=old_epoch)
+        assert (fenced.error_code, fenced.records or b"") == (ErrorCode.fenced_leader_epoch, b"")
+        ahead = fetch_raw(conn, "trunc", mine[0], 0, current_leader_epoch=new_epoch + 1)
+        assert ahead.error_code == ErrorCode.unknown_leader_epoch
+        served = fetch_raw(conn, "trunc", mine[0], 0, current_leader_epoch=new_epoch)
+        assert served.error_code == ErrorCode.none and served.records
     _restart(old, chroot)
     _wait(lambda: all(set(isr) == {1, 2, 3} for isr in _isrs(chroot).values()), 60, "ISR grows")
     assert "diverged from leader" in old.log(since_start=True)
