@@ -48,9 +48,8 @@ import datetime
 import errno
 import logging
 import os
-import sys
 import time
-from collections.abc import Awaitable, Coroutine, Generator
+from collections.abc import Awaitable, Generator
 from typing import TYPE_CHECKING, Any
 
 from stonemq.handlers import REGISTRY
@@ -163,61 +162,6 @@ class _Timed:
                 value, error = (yield yielded), None
             except BaseException as exc:  # cancellation: into the coroutine
                 value, error = None, exc
-
-
-def start_eagerly(coro: Coroutine[Any, Any, None]) -> asyncio.Task[None] | None:
-    """Run ``coro``'s first step now, in the dispatcher's turn, and the rest, if it awaits
-    anything, in a task (None: it finished in its first step).
-
-    A task created the usual way takes its first step in the event loop's next iteration,
-    and while the loop serves a catch-up and pipelined requests an iteration lasts
-    milliseconds: every request waited one for nothing before its handler ran (a produce
-    before validating and appending its batches, a Metadata before being answered).
-    Python 3.12's ``eager_start`` does this; 3.11 has no such option, so the first step is
-    taken here and the task goes on from the awaitable it yielded (:func:`_go_on`)."""
-    loop = asyncio.get_running_loop()
-    if sys.version_info >= (3, 12):
-        task: asyncio.Task[None] = asyncio.Task(coro, loop=loop, eager_start=True)  # type: ignore[call-arg]
-        return None if task.done() else task
-    try:
-        yielded = coro.send(None)
-    except StopIteration:
-        return None
-    return loop.create_task(_go_on(coro, yielded))
-
-
-class _Waiting:
-    """Awaits the future a coroutine stepped outside a task yielded, without taking its
-    outcome (the coroutine takes it when sent on)."""
-
-    __slots__ = ("future",)
-
-    def __init__(self, future: Any) -> None:
-        self.future = future
-
-    def __await__(self) -> Generator[Any, None, None]:
-        if self.future is None:
-            yield None  # a bare yield (``asyncio.sleep(0)``): one loop iteration
-        elif not self.future.done():
-            yield self.future  # still marked blocking by the coroutine's own await
-
-
-async def _go_on(coro: Coroutine[Any, Any, None], yielded: Any) -> None:
-    """Drive ``coro`` on from a first step taken outside a task: wait for what it yielded,
-    send it on; a cancellation of this task goes into the coroutine, as a task's would."""
-    while True:
-        try:
-            await _Waiting(yielded)
-        except BaseException as exc:  # cancelled while waiting: into the coroutine
-            try:
-                yielded = coro.throw(exc)
-            except StopIteration:
-                return
-            continue
-        try:
-            yielded = coro.send(None)
-        except StopIteration:
-            return
 
 
 class Connection(asyncio.BufferedProtocol):
@@ -451,12 +395,11 @@ class Connection(asyncio.BufferedProtocol):
             METRICS.produce_queued_ns += started_ns - item.queued_ns
             if self._quotas.produce_active:
                 self._record_produce(item.ctx, item.pending.size)
-        task = start_eagerly(
+        task = asyncio.get_running_loop().create_task(
             self._run(item.handler, item.ctx, item.request, item.pending, started_ns)
         )
-        if task is not None:
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
         return api_key, item.pending.size
 
     @property
