@@ -95,7 +95,8 @@ async def _serve_locked(settings: Settings, stop: asyncio.Event) -> None:
     tune_collector()  # recovered and listening: what exists now lives as long as the broker
     reaper = loop.create_task(_close_idle(connections, settings.connections_max_idle_ms))
     stalls = loop.create_task(_close_stalled_owner(budget))
-    probe = loop.create_task(_probe_loop_lag())
+    # the loop-lag probe wakes the loop 100 times a second: only while someone can read it
+    probe = loop.create_task(_probe_loop_lag()) if exporter is not None else None
     host, port = settings.listen_address
     adv_host, adv_port = settings.advertised_address
     log.info(
@@ -123,7 +124,8 @@ async def _serve_locked(settings: Settings, stop: asyncio.Event) -> None:
         server.close()
     reaper.cancel()
     stalls.cancel()
-    probe.cancel()
+    if probe is not None:
+        probe.cancel()
     broker.fetch_waiters.wake_all()
     if broker.replicas is not None:  # followers' fetches are answered at once from now
         broker.replicas.shutting_down()
