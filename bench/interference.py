@@ -17,9 +17,10 @@ Steps, on one broker:
 
 Each phase also takes the broker's own accounting of where produce time went (its Prometheus
 counters on ``metrics.listen``, read at the phase's start and end: time produces waited in
-their connection's queue and were held for split lag, time to handle them, the splitter's
-time in its thread, on the loop, waiting for the loop and idle; the fetched bytes it sent with
-``sendfile``).
+their connection's queue and were held for split lag, time to handle them and, of that,
+their steps on the event loop and their wait to start; the splitter's time in its thread, on
+the loop, waiting for the loop and idle; the fetched bytes it sent with ``sendfile``; the
+loop-lag probe's runs and lateness; the loop time and the requests answered per api key).
 
 Targets: producer p99 together ≤ twice alone; ApiVersions p99 together ≤ 50 ms. Owns only this
 workload; :mod:`bench.run` registers it and :mod:`bench.report` prints its table.
@@ -34,6 +35,7 @@ import statistics
 import struct
 import time
 import traceback
+import urllib.request
 from multiprocessing.queues import Queue
 from typing import TYPE_CHECKING, Any
 
@@ -73,7 +75,14 @@ ACCOUNTING = (
     "splitter_loop_wait_seconds",
     "splitter_idle_seconds",
     "fetch_bytes_sent_zero_copy",
+    "produce_loop_seconds",
+    "produce_start_wait_seconds",
+    "produce_steps",
+    "loop_lag_probes",
+    "loop_lag_seconds",
 )
+# the labelled families read per phase, by api key: time on the event loop and requests
+LABELLED = ("request_loop_seconds", "request_count")
 
 
 def entry(q: Queue[Any], name: str, *args: Any) -> None:
@@ -204,21 +213,43 @@ def pipeliner(q: Queue[Any], port: int, stop: Event, cap_s: float) -> Any:
     return {"requests": answered, "req_s": round(answered / max(elapsed, 1e-9), 1)}
 
 
+def scrape(port: int) -> dict[str, float]:
+    """Every sample of the broker's Prometheus endpoint, labelled ones under their full
+    ``name{labels}`` key."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        name, _, value = line.rpartition(" ")
+        with contextlib.suppress(ValueError):
+            out[name] = float(value)
+    return out
+
+
 def accounting(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
-    """What each of :data:`ACCOUNTING`'s counters moved between two scrapes."""
-    return {
+    """What each of :data:`ACCOUNTING`'s counters, and of :data:`LABELLED`'s per api key,
+    moved between two scrapes."""
+    moved = {
         name: round(
             after.get(f"stonemq_{name}_total", 0.0) - before.get(f"stonemq_{name}_total", 0.0), 3
         )
         for name in ACCOUNTING
     }
+    for name in LABELLED:
+        prefix = f'stonemq_{name}_total{{api_key="'
+        for key, value in after.items():
+            if key.startswith(prefix):
+                api = key[len(prefix) : -2]
+                moved[f"{name}[{api}]"] = round(value - before.get(key, 0.0), 3)
+    return moved
 
 
 # -- the workload ---------------------------------------------------------------------------
 
 
 def run_interference(run: Run) -> None:
-    from bench.replication import scrape
     from bench.run import _CTX, create_topics, drop_caches, expect, log, produce, row, worker
 
     quick = run.scale.name == "quick"

@@ -114,6 +114,9 @@ _OUT_PAUSE_BYTES = 4 * 1024 * 1024
 """Bytes of responses waiting behind a range being sent (``_out``) past which the connection
 starts no request and reads nothing more, as it does above the transport's high-water mark."""
 
+_FETCH_KEY = 1
+
+
 _COPY_BYTES = 256 * 1024
 """A step of the copying fallback (a socket that cannot take ``sendfile``)."""
 
@@ -129,19 +132,23 @@ class _Timed:
     """Awaits a coroutine and adds up the time its steps ran (the time the event loop spent
     on the request, not the time it waited for disk, other brokers or new data)."""
 
-    __slots__ = ("_coro", "ns")
+    __slots__ = ("_coro", "first_ns", "ns", "steps")
 
     def __init__(self, coro: Awaitable[Any]) -> None:
         self._coro = coro.__await__()
         self.ns = 0
+        self.steps = 0
+        self.first_ns = 0  # monotonic ns when its first step started
 
     def __await__(self) -> Generator[Any, Any, Any]:
         step = self._coro
         clock = time.perf_counter_ns
         value: Any = None
         error: BaseException | None = None
+        self.first_ns = time.monotonic_ns()
         while True:
             started = clock()
+            self.steps += 1
             try:
                 yielded = step.send(value) if error is None else step.throw(error)
             except StopIteration as done:
@@ -185,6 +192,9 @@ class Connection(asyncio.BufferedProtocol):
         self._reading_paused = False
         self._writing_paused = False
         self._quotas = broker.quotas
+        # each request's loop time is measured (about 1.3 µs a request) only when someone can
+        # read it: the metrics endpoint is served, or request quotas charge it
+        self._timing = broker.settings.metrics_listen is not None
         self._user = ANONYMOUS_USER  # the principal, for quotas (no SASL: Kafka's anonymous)
         self._throttled = False  # muted for a quota (KIP-219)
         # a follower's replica fetch connection (it sent a ReplicaFetch): read whatever the
@@ -436,18 +446,23 @@ class Connection(asyncio.BufferedProtocol):
         """Handle one request and queue its encoded response; ``started_ns``: when a Produce
         started (its handling time is counted in the metrics), else 0."""
         quotas = self._quotas
+        clock = time.perf_counter_ns
         timed = (
             _Timed(handler(ctx, request))
-            if quotas.request_active and ctx.api_key not in INTERNAL
+            if self._timing or (quotas.request_active and ctx.api_key not in INTERNAL)
             else None
         )
+        after_ns = 0
         try:
             response = await (handler(ctx, request) if timed is None else timed)
+            after_ns = clock()
             if type(response) is list:  # an internal API's encoded response: no client quota
                 pending.response = response
                 response = None
-            elif timed is not None or ctx.throttle_ms:
+            elif quotas.request_active and ctx.api_key not in INTERNAL:
                 response = self._throttle(ctx, pending, response, timed)
+            elif ctx.throttle_ms:
+                response = self._throttle(ctx, pending, response, None)
             reuse = ctx.reuse
             if response is not None and reuse is not None and response is reuse.response:
                 pending.response = reuse.chunks(pending.header)  # not throttled: as it was
@@ -472,9 +487,22 @@ class Connection(asyncio.BufferedProtocol):
             return
         pending.charged = ctx.charged
         pending.done = True
+        api_key = ctx.api_key
         if started_ns:
             METRICS.produce_handled_ns += time.monotonic_ns() - started_ns
+        if timed is None:
+            self._flush()
+            return
+        if started_ns:
+            METRICS.produce_loop_ns += timed.ns
+            METRICS.produce_start_wait_ns += timed.first_ns - started_ns
+            METRICS.produce_steps += timed.steps
         self._flush()
+        loop_ns = timed.ns + clock() - after_ns
+        by_api = METRICS.request_loop_ns
+        by_api[api_key] = by_api.get(api_key, 0) + loop_ns
+        counts = METRICS.request_count
+        counts[api_key] = counts.get(api_key, 0) + 1
 
     # -- quotas -------------------------------------------------------------------------------
     def _record_produce(self, ctx: RequestContext, size: int) -> None:
@@ -638,6 +666,14 @@ class Connection(asyncio.BufferedProtocol):
             if self._ready:
                 self._dispatcher.ready(self)
 
+    def _send_writable(self) -> None:
+        """The socket can take more of a range being sent (the loop's writability callback):
+        send on, its time counted as the fetch's."""
+        started = time.perf_counter_ns()
+        self._send_out()
+        by_api = METRICS.request_loop_ns
+        by_api[_FETCH_KEY] = by_api.get(_FETCH_KEY, 0) + time.perf_counter_ns() - started
+
     def _count_zero_copy(self, item: FileRange, before: int) -> None:
         moved = item.sent - before
         if moved and self._sendfile_ok:
@@ -656,7 +692,7 @@ class Connection(asyncio.BufferedProtocol):
 
     def _wait_writable(self) -> None:
         if not self._send_waiting:
-            asyncio.get_running_loop().add_writer(self._socket_fd(), self._send_out)
+            asyncio.get_running_loop().add_writer(self._socket_fd(), self._send_writable)
             self._send_waiting = True
         self.update_reading()
 

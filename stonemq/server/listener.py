@@ -16,10 +16,12 @@ from stonemq.server.connection import Connection
 from stonemq.server.dispatcher import TURN_BYTES, Dispatcher
 from stonemq.server.gil import tune_switch_interval
 from stonemq.server.lock import DirectoryLock
+from stonemq.server.metrics import METRICS
 
 log = logging.getLogger("stonemq.server")
 
 SHUTDOWN_GRACE_S = 5.0
+LOOP_PROBE_S = 0.01
 
 
 async def serve(settings: Settings) -> None:
@@ -93,6 +95,8 @@ async def _serve_locked(settings: Settings, stop: asyncio.Event) -> None:
     tune_collector()  # recovered and listening: what exists now lives as long as the broker
     reaper = loop.create_task(_close_idle(connections, settings.connections_max_idle_ms))
     stalls = loop.create_task(_close_stalled_owner(budget))
+    # the loop-lag probe wakes the loop 100 times a second: only while someone can read it
+    probe = loop.create_task(_probe_loop_lag()) if exporter is not None else None
     host, port = settings.listen_address
     adv_host, adv_port = settings.advertised_address
     log.info(
@@ -120,6 +124,8 @@ async def _serve_locked(settings: Settings, stop: asyncio.Event) -> None:
         server.close()
     reaper.cancel()
     stalls.cancel()
+    if probe is not None:
+        probe.cancel()
     broker.fetch_waiters.wake_all()
     if broker.replicas is not None:  # followers' fetches are answered at once from now
         broker.replicas.shutting_down()
@@ -154,6 +160,18 @@ async def _close_idle(connections: set[Connection], max_idle_ms: int) -> None:
         for conn in list(connections):
             if conn.idle and conn.last_active < deadline:
                 conn.close()
+
+
+async def _probe_loop_lag() -> None:
+    """Every ``LOOP_PROBE_S``, how late a timer's callback runs: the wait of anything made
+    ready on the event loop, sampled (``loop_lag_ns`` over ``loop_lag_probes``)."""
+    clock = time.perf_counter_ns
+    interval_ns = int(LOOP_PROBE_S * 1e9)
+    while True:
+        due = clock() + interval_ns
+        await asyncio.sleep(LOOP_PROBE_S)
+        METRICS.loop_lag_probes += 1
+        METRICS.loop_lag_ns += max(0, clock() - due)
 
 
 async def _close_stalled_owner(budget: RequestBudget) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 log = logging.getLogger("stonemq.metrics")
@@ -62,6 +62,24 @@ class BrokerMetrics:
     fetch_bytes_sent_copied: int = 0
     """Fetched record bytes of segment ranges copied instead (a socket that cannot take
     ``sendfile``); records read into memory (page cache reads, the cold tier) not counted."""
+    produce_loop_ns: int = 0
+    """Of ``produce_handled_ns``, the time Produce handlers ran on the event loop (the rest
+    they waited: for a write thread, for the loop to come back to them)."""
+    produce_start_wait_ns: int = 0
+    """Of ``produce_handled_ns``, the time from a Produce's start by the dispatcher to its
+    handler's first step on the loop."""
+    produce_steps: int = 0
+    """Steps Produce handlers ran on the loop (each after the first followed a wait)."""
+    loop_lag_probes: int = 0
+    """Times the loop-lag probe ran (every ``LOOP_PROBE_S``, server/listener.py)."""
+    loop_lag_ns: int = 0
+    """Time those probes ran late, summed: how long a callback made ready waits for the
+    event loop, sampled."""
+    request_loop_ns: dict[int, int] = field(default_factory=dict)
+    """Time requests' handlers ran on the event loop, their responses' encoding and sending
+    included, by api key (a labelled family, ``api_key``)."""
+    request_count: dict[int, int] = field(default_factory=dict)
+    """Requests answered, by api key (a labelled family, ``api_key``)."""
 
 
 METRICS = BrokerMetrics()
@@ -85,6 +103,13 @@ _HELP = {
     "file_ranges_opened": "segment ranges opened for zero-copy fetch responses",
     "file_ranges_closed": "segment ranges of fetch responses closed again",
     "fetch_bytes_sent_copied": "fetched segment-range bytes copied (sendfile not possible)",
+    "produce_loop_ns": "time Produce handlers ran on the event loop",
+    "produce_start_wait_ns": "time from a Produce's start to its handler's first step",
+    "produce_steps": "steps Produce handlers ran on the event loop",
+    "loop_lag_probes": "runs of the event loop's lag probe",
+    "loop_lag_ns": "time the event loop's lag probes ran late, summed",
+    "request_loop_ns": "time requests ran on the event loop (handler, encoding, sending)",
+    "request_count": "requests answered",
 }
 
 
@@ -109,9 +134,17 @@ class _Collector:
 
         for f in fields(self.metrics):
             # prometheus_client adds the _total suffix to a counter family's samples
-            family = CounterMetricFamily(f"stonemq_{_family(f.name)}", _HELP[f.name])
             value = getattr(self.metrics, f.name)
-            family.add_metric([], value / 1e9 if f.name.endswith("_ns") else value)
+            scale = 1e-9 if f.name.endswith("_ns") else 1
+            if isinstance(value, dict):
+                family = CounterMetricFamily(
+                    f"stonemq_{_family(f.name)}", _HELP[f.name], labels=["api_key"]
+                )
+                for key, count in sorted(value.items()):
+                    family.add_metric([str(key)], count * scale)
+            else:
+                family = CounterMetricFamily(f"stonemq_{_family(f.name)}", _HELP[f.name])
+                family.add_metric([], value * scale)
             yield family
 
 

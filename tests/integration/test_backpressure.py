@@ -5,7 +5,9 @@ order; the serving process keeps out what it does not need (memory is a benchmar
 from __future__ import annotations
 
 import socket
+import struct
 import threading
+import time
 
 import pytest
 
@@ -118,3 +120,66 @@ def test_the_broker_accounts_where_produce_time_goes(broker_factory, max_lag: in
         assert moved["split_lag_holds"] == 0 and moved["split_lag_held_seconds"] == 0
     got = consume(broker.bootstrap, topic, len(sent))
     assert [m.value for m in got] == [m.value for m in sent]
+
+
+def _labelled(port: int, family: str) -> dict[int, float]:
+    """The ``api_key``-labelled samples of ``stonemq_<family>_total``, by api key."""
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    prefix = f'stonemq_{family}_total{{api_key="'
+    out: dict[int, float] = {}
+    for line in text.splitlines():
+        if line.startswith(prefix):
+            key, _, value = line[len(prefix) :].partition('"} ')
+            out[int(key)] = float(value)
+    return out
+
+
+def _request(api_key: int, version: int, correlation_id: int, body: bytes = b"") -> bytes:
+    header = struct.pack(">hhih", api_key, version, correlation_id, 4) + b"test"
+    return struct.pack(">i", len(header) + len(body)) + header + body
+
+
+def test_the_broker_accounts_loop_time_per_api_and_the_loops_lag(broker_factory) -> None:
+    """Time on the event loop per api key (handler steps, encoding, sending) and requests
+    answered per api key, counted exactly for requests sent on a raw socket; a produce's
+    time split into its steps on the loop and its wait to start, both within its handling
+    time; the loop-lag probe runs."""
+    port = _free_port()
+    broker = broker_factory(**{"metrics.listen": f"127.0.0.1:{port}"})
+    topic = create_topic(broker.bootstrap, partitions=1)
+    produce(broker.bootstrap, topic, [Msg(None, b"x" * 1000) for _ in range(2000)])
+    before, loop_before = broker_counters(port), _labelled(port, "request_loop_seconds")
+    count_before = _labelled(port, "request_count")
+    with socket.create_connection(("127.0.0.1", broker.port), timeout=30) as sock:
+        burst = [_request(18, 0, i) for i in range(5)]  # ApiVersions v0
+        burst += [_request(3, 1, 5 + i, struct.pack(">i", -1)) for i in range(7)]  # Metadata
+        sock.sendall(b"".join(burst))
+        for _ in burst:
+            size = struct.unpack(">i", _read_exact(sock, 4))[0]
+            _read_exact(sock, size)
+    time.sleep(0.3)  # the lag probe runs every 10 ms
+    after, loop_after = broker_counters(port), _labelled(port, "request_loop_seconds")
+    count_after = _labelled(port, "request_count")
+    assert count_after[18] - count_before.get(18, 0) == 5
+    assert count_after[3] - count_before.get(3, 0) == 7
+    assert loop_after[18] > loop_before.get(18, 0) and loop_after[3] > loop_before.get(3, 0)
+    assert after["loop_lag_probes"] - before["loop_lag_probes"] >= 5
+    assert after["loop_lag_seconds"] >= before["loop_lag_seconds"]
+    produces = after["produce_requests_started"]
+    assert produces >= 1 and count_after[0] == produces  # one broker, this test's produces
+    assert after["produce_steps"] >= produces
+    assert 0 < after["produce_loop_seconds"] <= after["produce_handled_seconds"]
+    assert after["produce_start_wait_seconds"] <= after["produce_handled_seconds"]
+    assert loop_after[0] >= after["produce_loop_seconds"]
+
+
+def _read_exact(sock: socket.socket, n: int) -> bytes:
+    out = bytearray()
+    while len(out) < n:
+        chunk = sock.recv(n - len(out))
+        assert chunk, "broker closed the connection"
+        out += chunk
+    return bytes(out)

@@ -37,6 +37,7 @@ from .rawclient import (
     fetch_request,
     produce_request,
     schema,
+    wait_visible,
 )
 
 QUOTA = 1_000_000  # bytes per second
@@ -566,6 +567,7 @@ def test_a_fetch_over_the_consumer_quota_is_empty_and_a_followers_is_not_throttl
             batch = build_batch([(None, b"f" * 50_000)])
             produced = conn.request(produce_request(topic, 0, batch, version=9), response_type)
             assert produced.responses[0].partition_responses[0].error_code == 0
+        wait_visible(conn, topic, 0, 3)  # split: a moment after the acks
     quota_admin.alter([({"client-id": client}, {"consumer_byte_rate": 10_000.0})])
     fetch_type = schema("fetch", 12, "response").FetchResponse
     request = fetch_request(topic, 0, 0, version=12)
