@@ -48,8 +48,9 @@ import asyncio
 import itertools
 import logging
 import time
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from kio.schema.errors import ErrorCode
 
@@ -85,8 +86,36 @@ class _Copy:
     end: int  # the leader's end at P
 
 
-async def _read_frame(reader: asyncio.StreamReader) -> bytes:
-    return await read_frame(reader, CatchUpError)
+@dataclass(slots=True)
+class _Attempt:
+    """One attempt's connection to the leader and the leadership it was started under."""
+
+    manager: ReplicaManager
+    reader: asyncio.StreamReader
+    writer: asyncio.StreamWriter
+    journal: int
+    local: int  # the journal partition's index in this broker's storage
+    leader: int
+    epoch: int
+    ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+
+    async def ask(
+        self, encode: Callable[[int], bytes], decode: Callable[[bytes], tuple[Any, ...]]
+    ) -> tuple[Any, ...]:
+        """Send one request (``encode`` takes its correlation id) and read its answer
+        (``decode``'s tuple, the correlation id first; returned without it)."""
+        cid = next(self.ids)
+        self.writer.write(encode(cid))
+        got, *answer = decode(await read_frame(self.reader, CatchUpError))
+        if got != cid:
+            raise CatchUpError(f"correlation id {got}, expected {cid}")
+        return tuple(answer)
+
+    def check_leadership(self) -> None:
+        """The leader and epoch are still those the attempt started under."""
+        lead = self.manager.routing.leadership(self.journal)
+        if lead.leader != self.leader or lead.leader_epoch != self.epoch:
+            raise CatchUpError(f"the leadership moved during the copy (epoch {self.epoch})")
 
 
 async def catch_up(manager: ReplicaManager, leader: int, journal: int) -> None:
@@ -104,38 +133,24 @@ async def catch_up(manager: ReplicaManager, leader: int, journal: int) -> None:
     if endpoint is None:
         raise CatchUpError(f"broker {leader} is not live")
     reader, writer = await asyncio.open_connection(endpoint.host, endpoint.port)
-    ids = itertools.count(1)
+    attempt = _Attempt(manager, reader, writer, journal, local, leader, epoch)
     try:
-        cid = next(ids)
-        writer.write(encode_request(CatchUpRequest(manager.broker_id, journal, epoch), cid))
-        got, point = decode_response(await _read_frame(reader))
-        if got != cid:
-            raise CatchUpError(f"correlation id {got}, expected {cid}")
+        request = CatchUpRequest(manager.broker_id, journal, epoch)
+        (point,) = await attempt.ask(lambda cid: encode_request(request, cid), decode_response)
         if point.error_code != ErrorCode.none:
             raise CatchUpError(f"the leader answers {ErrorCode(point.error_code).name}")
         await storage.catch_up_prepare(local)
         try:
-            await _plan_copy_install(manager, reader, writer, ids, journal, leader, epoch, point)
+            await _plan_copy_install(attempt, point)
         finally:  # every write of the attempt is done here (a cancel waits for them)
             storage.catch_up_end(local)
     finally:
         writer.close()
 
 
-async def _plan_copy_install(
-    manager: ReplicaManager,
-    reader: asyncio.StreamReader,
-    writer: asyncio.StreamWriter,
-    ids: itertools.count[int],
-    journal: int,
-    leader: int,
-    epoch: int,
-    point: CatchUpResponse,
-) -> None:
-    routing = manager.routing
-    storage = manager.storage
-    local = routing.local_index(journal)
-    assert local is not None
+async def _plan_copy_install(attempt: _Attempt, point: CatchUpResponse) -> None:
+    storage = attempt.manager.storage
+    local = attempt.local
     todo: list[_Copy] = []
     for p in point.partitions:
         have = storage.catch_up_queue(local, p.topic, p.partition)
@@ -160,16 +175,14 @@ async def _plan_copy_install(
     log.warning(
         "journal partition %d: catching up from leader %d's state at journal position %d: "
         "%d of %d topic partitions to copy",
-        journal,
-        leader,
+        attempt.journal,
+        attempt.leader,
         point.point,
         len(todo),
         len(point.partitions),
     )
-    await _copy(manager, reader, writer, ids, journal, leader, epoch, point.point, todo)
-    lead = routing.leadership(journal)
-    if lead.leader != leader or lead.leader_epoch != epoch:
-        raise CatchUpError(f"the leadership moved during the copy (epoch {epoch})")
+    await _copy(attempt, point.point, todo)
+    attempt.check_leadership()
     keys = [(p.topic, p.partition) for p in point.partitions]
     # shielded: an install cut in the middle by a cancel would leave memory and disk apart
     install = asyncio.ensure_future(
@@ -184,50 +197,37 @@ async def _plan_copy_install(
     log.warning(
         "journal partition %d: caught up from leader %d at journal position %d "
         "(epoch %d); fetching its journal from there",
-        journal,
-        leader,
+        attempt.journal,
+        attempt.leader,
         point.point,
-        epoch,
+        attempt.epoch,
     )
 
 
-async def _copy(
-    manager: ReplicaManager,
-    reader: asyncio.StreamReader,
-    writer: asyncio.StreamWriter,
-    ids: itertools.count[int],
-    journal: int,
-    leader: int,
-    epoch: int,
-    point: int,
-    todo: list[_Copy],
-) -> None:
+async def _copy(attempt: _Attempt, point: int, todo: list[_Copy]) -> None:
+    manager = attempt.manager
     storage = manager.storage
     settings = manager.settings
     total = len(todo)
     copied = 0
     said = time.monotonic()
     while todo:
-        lead = manager.routing.leadership(journal)
-        if lead.leader != leader or lead.leader_epoch != epoch:
-            raise CatchUpError(f"the leadership moved during the copy (epoch {epoch})")
+        attempt.check_leadership()
         chunk = todo[:_PARTITIONS_PER_FETCH]
-        cid = next(ids)
-        writer.write(
-            encode_fetch(
+        fetches = [
+            CopyFetch(c.topic, c.partition, c.offset, settings.replica_fetch_max_bytes)
+            for c in chunk
+        ]
+        error, parts = await attempt.ask(
+            lambda cid, fetches=fetches: encode_fetch(
                 manager.broker_id,
-                epoch,
-                [
-                    CopyFetch(c.topic, c.partition, c.offset, settings.replica_fetch_max_bytes)
-                    for c in chunk
-                ],
+                attempt.epoch,
+                fetches,
                 settings.replica_fetch_response_max_bytes,
                 cid,
-            )
+            ),
+            decode_fetch,
         )
-        got, error, parts = decode_fetch(await _read_frame(reader))
-        if got != cid:
-            raise CatchUpError(f"correlation id {got}, expected {cid}")
         if error != ErrorCode.none:
             raise CatchUpError(f"the leader's Fetch answers {ErrorCode(error).name}")
         by_key = {(c.topic, c.partition): c for c in chunk}
@@ -265,7 +265,7 @@ async def _copy(
             said = time.monotonic()
             log.info(
                 "journal partition %d: catch-up copied %d records; %d of %d topic partitions left",
-                journal,
+                attempt.journal,
                 copied,
                 len(todo),
                 total,
