@@ -432,9 +432,10 @@ def test_offsets_log_is_truncated_after_snapshots(broker) -> None:
             c.commit(offsets=[TopicPartition(topic, 0, i)], asynchronous=False)
     finally:
         c.close()
+    # snapshots and the truncation after each run behind the commits: wait for the last one
     earliest = 0
     deadline = time.monotonic() + 15
-    while time.monotonic() < deadline and earliest == 0:
+    while time.monotonic() < deadline and earliest <= 200:
         earliest, _ = Consumer({"bootstrap.servers": b, "group.id": "x"}).get_watermark_offsets(
             TopicPartition("__consumer_offsets", 0), timeout=10
         )
