@@ -435,11 +435,15 @@ def test_offsets_log_is_truncated_after_snapshots(broker) -> None:
     # snapshots and the truncation after each run behind the commits: wait for the last one
     earliest = 0
     deadline = time.monotonic() + 15
-    while time.monotonic() < deadline and earliest <= 200:
-        earliest, _ = Consumer({"bootstrap.servers": b, "group.id": "x"}).get_watermark_offsets(
-            TopicPartition("__consumer_offsets", 0), timeout=10
-        )
-        time.sleep(0.2)
+    watcher = Consumer({"bootstrap.servers": b, "group.id": "x"})
+    try:
+        while time.monotonic() < deadline and earliest <= 200:
+            earliest, _ = watcher.get_watermark_offsets(
+                TopicPartition("__consumer_offsets", 0), timeout=10
+            )
+            time.sleep(0.2)
+    finally:
+        watcher.close()
     assert earliest > 200, f"log start {earliest}: the offsets log was not truncated"
     broker.restart()
     assert committed(b, group) == {0: 300}
