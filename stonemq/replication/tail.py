@@ -100,13 +100,14 @@ class JournalTail:
     def read(self, pos: int, limit: int, max_bytes: int) -> bytes | memoryview | None:
         """What ``JournalReader.read_raw(pos, limit, max_bytes)`` returns for the journal
         these bytes came from, or None when the tail cannot tell (read the file): ``pos`` not
-        an entry boundary held, or ``limit`` past the tail's end."""
+        an entry boundary held, or ``limit`` past the tail's end. Nothing to read (``pos`` at
+        or past ``limit``) is answered empty, as the file read does, tail or not."""
+        want = min(max(max_bytes, 4), limit - pos)
+        if want <= 0:  # nothing new (a follower that keeps up, waiting): no read at all
+            return b""
         groups = self._groups
         if not groups or limit > groups[-1].end:
             return None
-        want = min(max(max_bytes, 4), limit - pos)
-        if want <= 0:
-            return b""
         i = bisect.bisect_right(self._starts, pos) - 1
         if i < 0:
             return None
