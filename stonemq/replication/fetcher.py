@@ -2,7 +2,8 @@
 fetches every journal partition this broker follows from that leader over one connection
 (invariant 10: nothing per topic partition) and appends what comes back verbatim
 (``StorageEngine.append_replica``); the follower's own splitter splits it below the HW the
-leader reports (``StorageEngine.set_split_limit``).
+leader reports (``StorageEngine.set_split_limit``), handed over within ``SPLIT_DELAY_S`` rather
+than at every fetch (a follower serves no client).
 
 A response error is handled as Kafka's ``AbstractFetcherThread``: NOT_LEADER_OR_FOLLOWER,
 FENCED_LEADER_EPOCH and UNKNOWN_LEADER_EPOCH wait for routing to change (the partition is
