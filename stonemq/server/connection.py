@@ -58,6 +58,7 @@ from stonemq.handlers.context import RequestContext, heavy_work
 from stonemq.handlers.replica_fetch import INTERNAL
 from stonemq.protocol.codec import (
     API_VERSIONS_KEY,
+    Encoded,
     RequestDecodeError,
     RequestHeader,
     decode_request,
@@ -464,7 +465,9 @@ class Connection(asyncio.BufferedProtocol):
             elif ctx.throttle_ms:
                 response = self._throttle(ctx, pending, response, None)
             reuse = ctx.reuse
-            if response is not None and reuse is not None and response is reuse.response:
+            if isinstance(response, Encoded):  # encoded by the handler, not changed
+                pending.response = response.chunks(pending.header)
+            elif response is not None and reuse is not None and response is reuse.response:
                 pending.response = reuse.chunks(pending.header)  # not throttled: as it was
             elif response is not None and ctx.encode_in_thread:
                 pending.response = await asyncio.get_running_loop().run_in_executor(
@@ -533,6 +536,8 @@ class Connection(asyncio.BufferedProtocol):
         if throttle <= 0:
             return response
         self.mute(throttle)
+        if isinstance(response, Encoded):  # the throttle time goes in: kio encodes it
+            response = response.entity()
         if response is not None and hasattr(response, "throttle_time"):
             response = dataclasses.replace(
                 response, throttle_time=datetime.timedelta(milliseconds=throttle)

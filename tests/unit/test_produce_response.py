@@ -97,7 +97,7 @@ def test_the_same_bytes_as_kio(
     header = RequestHeader(0, version, correlation_id, "c")
     response = _kio_response(version, topics, throttle_ms)
     expected = b"".join(encode_response_chunks(header, response))
-    ours = EncodedProduce(response, encode_body(version, topics, throttle_ms))
+    ours = EncodedProduce(encode_body(version, topics, throttle_ms), lambda: response)
     assert b"".join(ours.chunks(header)) == expected
 
 
@@ -122,7 +122,7 @@ def test_a_one_partition_answer_at_v9() -> None:
         + b"\x00"  # response tags
     )
     header = RequestHeader(0, 9, 7, None)
-    framed = b"".join(EncodedProduce(None, body).chunks(header))
+    framed = b"".join(EncodedProduce(body, lambda: None).chunks(header))
     assert framed[:4] == (len(framed) - 4).to_bytes(4, "big")
     assert framed[4:9] == (7).to_bytes(4, "big") + b"\0"
 
