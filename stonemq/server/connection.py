@@ -403,7 +403,7 @@ class Connection(asyncio.BufferedProtocol):
         ctx = item.ctx
         assert ctx is not None and item.handler is not None
         api_key = ctx.api_key
-        if api_key == PRODUCE_KEY and self._dispatcher.produce_held:
+        if api_key == PRODUCE_KEY and self._dispatcher.produce_held_now():
             self._held = True
             self._dispatcher.hold(self)
             self.update_reading()
