@@ -18,6 +18,14 @@ async function main() {
   const kafka = new Kafka({ clientId: 'kafkajs-failover', brokers: spec.brokers, logLevel: logLevel.NOTHING });
   const producer = kafka.producer();
   const consumer = kafka.consumer({ groupId: spec.groupId });
+  // lifecycle events, one "event <time> <name> <detail>" line each, for a failure's message
+  const t0 = Date.now();
+  const event = (name, detail) => out(`event ${((Date.now() - t0) / 1000).toFixed(1)}s ${name} ${detail || ''}`);
+  const e = consumer.events;
+  consumer.on(e.GROUP_JOIN, (ev) => event('group_join', JSON.stringify(ev.payload.memberAssignment)));
+  consumer.on(e.CRASH, (ev) => event('consumer_crash', String(ev.payload.error)));
+  consumer.on(e.REBALANCING, () => event('rebalancing'));
+  consumer.on(e.STOP, () => event('consumer_stop'));
   await producer.connect();
   await consumer.connect();
   await consumer.subscribe({ topic: spec.topic, fromBeginning: true });
@@ -43,12 +51,16 @@ async function main() {
     }
     await new Promise((resolve) => setTimeout(resolve, 5));
   }
+  event('stop_file');
   const deadline = Date.now() + (spec.timeoutMs || 60000);
   while (Date.now() < deadline && [...acked].some((v) => !consumed.has(v))) {
     await new Promise((resolve) => setTimeout(resolve, 100));
   }
+  event('consumed_wait_over', `${[...acked].filter((v) => !consumed.has(v)).length} unconsumed`);
   await producer.disconnect();
+  event('producer_disconnected');
   await consumer.disconnect();
+  event('consumer_disconnected');
   out('done');
 }
 
