@@ -210,7 +210,7 @@ async def handle_produce(ctx: RequestContext, request: Any) -> Any:
         return None
     await _settle(ctx, topics)
     if replicas is not None and acks == -1:
-        await _wait_for_isr(ctx, topics, request.timeout_ms / 1000)
+        await _wait_for_isr(ctx, topics, request.timeout.total_seconds())
     if ctx.api_version < LEADER_HINTS_VERSION or not any(
         r.error == ErrorCode.not_leader_or_follower for _, results in topics for r in results
     ):  # no KIP-951 leader hints: the common shape, encoded here; kio's entity is built

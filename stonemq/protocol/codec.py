@@ -16,10 +16,9 @@ from typing import Any, NamedTuple
 from kio.index import load_request_schema, load_response_schema
 from kio.serial import entity_reader, entity_writer
 
-from stonemq.protocol import guard, produce_request
+from stonemq.protocol import guard
 
 API_VERSIONS_KEY = 18
-PRODUCE_KEY = 0
 
 _HEADER_FIXED = struct.Struct(">hhi")
 _I16 = struct.Struct(">h")
@@ -82,19 +81,8 @@ def _response_codec(api_key: int, api_version: int) -> tuple[Any, bool]:
 def decode_request(header: RequestHeader, frame: bytes, pos: int) -> Any:
     """Decode the request body of a version the caller has checked is supported.
 
-    A body that is truncated or malformed raises :class:`RequestDecodeError`. Produce is
-    decoded by :mod:`stonemq.protocol.produce_request` (one request per batch at thousands of
-    partitions: the generic path's cost was a cost per batch there), every other API by kio.
+    A body that is truncated or malformed raises :class:`RequestDecodeError`.
     """
-    if header.api_key == PRODUCE_KEY:
-        try:
-            if header.api_version >= produce_request.FLEXIBLE_VERSION:
-                pos = guard.check(guard.skip_tagged_fields, frame, pos)  # header v2's tags
-            return produce_request.decode(frame, pos, header.api_version)
-        except (guard.MalformedRequest, produce_request.MalformedProduce) as exc:
-            raise RequestDecodeError(
-                f"malformed api {header.api_key} v{header.api_version} body: {exc}"
-            ) from exc
     try:
         reader, flexible, walker = _request_codec(header.api_key, header.api_version)
     except Exception as exc:
