@@ -21,6 +21,7 @@ import shutil
 import socket
 import statistics
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -81,6 +82,56 @@ class Scale:
 
 FULL = Scale(STEPS, 12.0, 64 << 30, 20)
 QUICK = Scale(QUICK_STEPS, 2.0, 32 << 20, 2)
+PROFILE_RATE_HZ = 100
+
+
+def scale_for(run: Run) -> Scale:
+    """The run's scale, with a development run's overrides from the environment:
+    ``STONEMQ_BENCH_REPL_STEPS`` (comma-separated partition counts),
+    ``STONEMQ_BENCH_REPL_SECONDS`` (per producer per step) and ``STONEMQ_BENCH_REPL_KILLS``
+    (0: no failover rounds)."""
+    scale = QUICK if run.scale.name == "quick" else FULL
+    steps = os.environ.get("STONEMQ_BENCH_REPL_STEPS")
+    seconds = os.environ.get("STONEMQ_BENCH_REPL_SECONDS")
+    kills = os.environ.get("STONEMQ_BENCH_REPL_KILLS")
+    return Scale(
+        tuple(int(s) for s in steps.split(",")) if steps else scale.steps,
+        float(seconds) if seconds else scale.seconds,
+        scale.max_bytes,
+        int(kills) if kills else scale.kills,
+    )
+
+
+@contextlib.contextmanager
+def profiling(pids: list[int], out: Path | None, name: str, seconds: float) -> Iterator[None]:
+    """py-spy (raw stacks, ``PROFILE_RATE_HZ``) on each broker of ``pids`` for ``seconds``
+    while the block runs, into ``out/profile-<name>-<broker index>.txt``; nothing without
+    ``out`` (``STONEMQ_BENCH_REPL_PROFILE``: a directory) or py-spy."""
+    pyspy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    if out is None or not os.path.exists(pyspy):
+        yield
+        return
+    out.mkdir(parents=True, exist_ok=True)
+    spies = [
+        subprocess.Popen(
+            [
+                pyspy, "record", "--pid", str(pid), "--duration", str(int(seconds)),
+                "--rate", str(PROFILE_RATE_HZ), "--format", "raw", "--nonblocking",
+                "--output", str(out / f"profile-{name}-{i}.txt"),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for i, pid in enumerate(pids)
+    ]  # fmt: skip
+    try:
+        yield
+    finally:
+        for spy in spies:
+            try:
+                spy.wait(timeout=seconds + 60)
+            except subprocess.TimeoutExpired:
+                spy.kill()
 
 
 # -- the ratios (pure) -------------------------------------------------------------------------
@@ -390,6 +441,16 @@ def _loads(
         KIB, scale.seconds, scale.max_bytes, ACKS_ALL if acks == "all" else 1,
     )  # fmt: skip
     rows.append({"producer": "packing", "partitions": n, "acks": acks, **r})
+    profile = os.environ.get("STONEMQ_BENCH_REPL_PROFILE")
+    if profile and served is not None and n == min(scale.steps):
+        # a separate repeat under py-spy: sampling would disturb the measured run
+        for pid in pids:
+            procs.wait_quiet(pid, timeout=60)
+        with profiling(pids, Path(profile), f"replication-{n}p-packing", scale.seconds - 2):
+            measure(
+                run, pids, served, multiproduce.entry, "multi_produce_leaders", bootstrap,
+                "scale", n, KIB, scale.seconds, scale.max_bytes, ACKS_ALL,
+            )  # fmt: skip
     return rows
 
 
@@ -678,7 +739,7 @@ def _controller(cluster: Cluster) -> int:
 def run_replication(run: Run) -> None:
     from bench.run import log
 
-    scale = QUICK if run.scale.name == "quick" else FULL
+    scale = scale_for(run)
     if not zookeeper_available():
         raise RuntimeError(f"needs ZooKeeper ({ZOOKEEPER_JAR}) and java")
     log(f"replication: 3 brokers + ZooKeeper, RF {REPLICAS} acks=all, steps {scale.steps}")
@@ -724,6 +785,8 @@ def run_replication(run: Run) -> None:
 def _failover(run: Run, zk: ZooKeeper, scale: Scale) -> None:
     from bench.run import log
 
+    if not scale.kills:
+        return
     log(f"replication: failover, {scale.kills} leader kills")
     started = _uptime()
     fo = run.results["replication_failover"] = failover(run, zk, scale.kills)
@@ -734,7 +797,7 @@ def _failover(run: Run, zk: ZooKeeper, scale: Scale) -> None:
 def run_failover(run: Run) -> None:
     """Only the failover rounds (``--only replication-failover --merge``: into a report that
     has the replication steps)."""
-    scale = QUICK if run.scale.name == "quick" else FULL
+    scale = scale_for(run)
     if not zookeeper_available():
         raise RuntimeError(f"needs ZooKeeper ({ZOOKEEPER_JAR}) and java")
     zk = ZooKeeper(run.tmp / "zookeeper")

@@ -126,6 +126,12 @@ class Settings(BaseSettings):
         1_048_576, gt=0, description="journal bytes per journal partition per replica fetch"
     )
     replica_fetch_response_max_bytes: int = Field(10_485_760, gt=0)
+    replica_fetch_tail_max_bytes: int = Field(
+        2_097_152,
+        ge=0,
+        description="newest journal bytes a leader keeps in memory per led journal partition "
+        "to answer replica fetches without a file read (0: none)",
+    )
     replica_fetch_backoff_ms: int = Field(1000, ge=0, description="after a failed replica fetch")
     controlled_shutdown_enable: bool = Field(
         True, description="a stopping leader has the controller move its leaderships first"

@@ -11,7 +11,10 @@ that *diverging epoch* and its end, and no bytes (the follower truncates there);
 outside the journal gets OFFSET_OUT_OF_RANGE with this journal's start (a follower below it
 catches up from this leader's state: handlers/catchup.py, replication/catchup.py). Otherwise
 the follower's position is recorded (its end, split progress, caught-up time, the HW, an ISR
-expansion) and whole journal entries from it are read in the replica-read thread. With less
+expansion) and whole journal entries from it are read: from the leader's in-memory tail of
+the newest bytes when it holds them (replication/tail.py: what a follower that keeps up asks
+for, answered on the loop with no file read), else from the files in the replica-read thread
+(issue 17: no file read on the event loop). With less
 than ``min_bytes`` ready the request waits, up to ``max_wait_ms``, for a journal write. A
 journal partition whose read fails (a damaged entry's length or version, an I/O error) is
 answered KAFKA_STORAGE_ERROR, logged once per position, while the request's other journal
@@ -62,12 +65,17 @@ def _read_thread() -> ThreadPoolExecutor:
     return _reads
 
 
-def _read_entries(jobs: list[tuple[str, int, int, int]]) -> list[bytes | Exception]:
-    """In the replica-read thread: for each (directory, position, limit, max bytes), the
+_Job = tuple[str, int, int, int, int]
+"""(journal directory, position, limit, max bytes, local journal partition) of one read."""
+_Data = bytes | memoryview | Exception
+
+
+def _read_entries(jobs: list[_Job]) -> list[_Data]:
+    """In the replica-read thread: for each (directory, position, limit, max bytes, _), the
     bytes of the whole entries from ``position`` (``JournalReader.read_raw``), or the error
     that read raised (one damaged journal partition fails only its own answer)."""
-    out: list[bytes | Exception] = []
-    for directory, pos, limit, max_bytes in jobs:
+    out: list[_Data] = []
+    for directory, pos, limit, max_bytes, _ in jobs:
         try:
             reader = _readers.get(directory)
             if reader is None:
@@ -86,7 +94,7 @@ async def handle_replica_fetch(ctx: RequestContext, request: ReplicaFetchRequest
     taken = manager.leaderships_taken  # a leadership taken here meanwhile ends the long poll
     while True:
         parts: list[PartitionData | None] = []
-        jobs: list[tuple[str, int, int, int]] = []
+        jobs: list[_Job] = []
         slots: list[tuple[int, Any]] = []
         waiting: list[int] = []
         for p in request.partitions:
@@ -96,11 +104,7 @@ async def handle_replica_fetch(ctx: RequestContext, request: ReplicaFetchRequest
                 slots.append((len(parts) - 1, p))
                 jobs.append(job)
                 waiting.append(p.journal_partition)
-        datas: list[bytes | Exception] = []
-        if jobs:
-            datas = await asyncio.get_running_loop().run_in_executor(
-                _read_thread(), _read_entries, jobs
-            )
+        datas = await _read(manager, jobs)
         total = sum(len(d) for d in datas if not isinstance(d, Exception))
         remaining = deadline - time.monotonic()
         if (
@@ -116,7 +120,7 @@ async def handle_replica_fetch(ctx: RequestContext, request: ReplicaFetchRequest
             continue  # written while the read thread read: a wake-up wait_written missed
         await manager.wait_written(waiting, remaining)
     served = 0
-    for (at, p), (directory, pos, _, _), data in zip(slots, jobs, datas, strict=True):
+    for (at, p), (directory, pos, _, _, _), data in zip(slots, jobs, datas, strict=True):
         state = manager.leader_state(p.journal_partition)
         epoch = state.epoch if state is not None else -1
         if isinstance(data, Exception):
@@ -151,12 +155,35 @@ async def handle_replica_fetch(ctx: RequestContext, request: ReplicaFetchRequest
     return encode_response(response, ctx.correlation_id)
 
 
+async def _read(manager: Any, jobs: list[_Job]) -> list[_Data]:
+    """Each job's bytes: from the journal partition's in-memory tail when it holds them (on
+    the loop, no file touched), the others from the files in the replica-read thread, in
+    one hand-off."""
+    datas: list[_Data | None] = []
+    missing: list[int] = []
+    for k, (_, pos, limit, max_bytes, local) in enumerate(jobs):
+        tail = manager.tail(local)
+        data = tail.read(pos, limit, max_bytes) if tail is not None else None
+        datas.append(data)
+        if data is None:
+            missing.append(k)
+    METRICS.replica_fetch_tail_reads += len(jobs) - len(missing)
+    if missing:
+        METRICS.replica_fetch_file_reads += len(missing)
+        read = await asyncio.get_running_loop().run_in_executor(
+            _read_thread(), _read_entries, [jobs[k] for k in missing]
+        )
+        for k, data in zip(missing, read, strict=True):
+            datas[k] = data
+    return datas  # type: ignore[return-value]  # every None was replaced
+
+
 def _written_since(
-    manager: Any, storage: Any, slots: list[tuple[int, Any]], jobs: list[tuple[str, int, int, int]]
+    manager: Any, storage: Any, slots: list[tuple[int, Any]], jobs: list[_Job]
 ) -> bool:
     """Whether a journal partition of this fetch was written past the end its read stopped
     at: the write's wake-up came before :meth:`wait_written` was waiting for it."""
-    for (_, p), (_, _, end, _) in zip(slots, jobs, strict=True):
+    for (_, p), (_, _, end, _, _) in zip(slots, jobs, strict=True):
         state = manager.leader_state(p.journal_partition)
         if state is not None and storage.journal_written_end(state.local) > end:
             return True
@@ -201,7 +228,7 @@ def _check(broker: Any, manager: Any, storage: Any, replica: int, p: Any) -> tup
         ), None
     manager.follower_fetched(state, replica, p.fetch_position, p.split_position)
     directory = storage.journal_directory(local)
-    return None, (directory, p.fetch_position, leader_end, max(p.max_bytes, 0))
+    return None, (directory, p.fetch_position, leader_end, max(p.max_bytes, 0), local)
 
 
 INTERNAL[REPLICA_FETCH_KEY] = (

@@ -2,7 +2,8 @@
 fetches every journal partition this broker follows from that leader over one connection
 (invariant 10: nothing per topic partition) and appends what comes back verbatim
 (``StorageEngine.append_replica``); the follower's own splitter splits it below the HW the
-leader reports (``StorageEngine.set_split_limit``).
+leader reports (``StorageEngine.set_split_limit``), handed over within ``SPLIT_DELAY_S`` rather
+than at every fetch (a follower serves no client).
 
 A response error is handled as Kafka's ``AbstractFetcherThread``: NOT_LEADER_OR_FOLLOWER,
 FENCED_LEADER_EPOCH and UNKNOWN_LEADER_EPOCH wait for routing to change (the partition is
@@ -59,6 +60,12 @@ _CATCH_UP_RETRY_S = 5.0
 _BECOMING_RETRY_S = 0.05
 """How soon a partition is asked again from a broker that routing names its leader but that
 answered NOT_LEADER_OR_FOLLOWER (it is becoming leader)."""
+SPLIT_DELAY_S = 0.01
+"""How long a follower holds a HW the leader reported before its splitter may split up to it
+(unless it is ``splitter.batch.bytes`` or more ahead of the splitter's limit): a follower
+serves no client, so splitting every fetch's few kilobytes at once only multiplies the
+splitter's steps (each a read and a write handed to its thread and back); its split lag,
+which the leader's back-pressure bounds and a failover waits for, grows by this much time."""
 
 
 async def read_frame(reader: asyncio.StreamReader, error: type[Exception]) -> bytes:
@@ -83,6 +90,9 @@ class LeaderFetcher:
         self._writer: asyncio.StreamWriter | None = None
         self._ids = itertools.count(1)
         self._catch_ups: dict[int, asyncio.Task[None]] = {}  # journal id -> its attempt
+        # HWs reported by the leader not handed to the splitter yet: local index -> limit
+        self._split_pending: dict[int, int] = {}
+        self._split_timer: asyncio.TimerHandle | None = None
         self.requests = 0  # replica fetch requests sent (tests, benchmarks)
 
     def start(self) -> None:
@@ -100,6 +110,7 @@ class LeaderFetcher:
             self._changed.set()
 
     async def close(self) -> None:
+        self.apply_split_limits()
         for task in self._catch_ups.values():
             task.cancel()  # an install under way finishes (shielded); the copy stops
         for task in list(self._catch_ups.values()):
@@ -252,7 +263,34 @@ class LeaderFetcher:
                 log.warning("journal partition %d: replica append failed: %s", j, exc)
                 self._paused[j] = time.monotonic() + backoff_s
                 return
-        storage.set_split_limit(local, min(data.high_watermark, end))  # type: ignore[attr-defined]
+        self._advance_split(local, min(data.high_watermark, end))  # type: ignore[attr-defined]
+
+    def _advance_split(self, local: int, limit: int) -> None:
+        """The splitter of ``local`` may split up to ``limit`` (a HW the leader reported, at
+        most this replica's end): at once when it is ``splitter.batch.bytes`` ahead of the
+        splitter's limit, else within ``SPLIT_DELAY_S`` with the HWs reported meanwhile."""
+        storage = self.manager.storage
+        if limit - storage.split_limit(local) >= self.manager.settings.splitter_batch_bytes:
+            self._split_pending.pop(local, None)
+            storage.set_split_limit(local, limit)
+            return
+        if limit > self._split_pending.get(local, -1):
+            self._split_pending[local] = limit
+        if self._split_timer is None:
+            loop = asyncio.get_running_loop()
+            self._split_timer = loop.call_later(SPLIT_DELAY_S, self.apply_split_limits)
+
+    def apply_split_limits(self) -> None:
+        """Hand every HW held back to the splitter now (each is a HW the leader reported: a
+        clean election never takes it back, so applying it late, after a truncation or a
+        leader change, is as safe as applying it at once)."""
+        if self._split_timer is not None:
+            self._split_timer.cancel()
+            self._split_timer = None
+        pending, self._split_pending = self._split_pending, {}
+        storage = self.manager.storage
+        for local, limit in pending.items():
+            storage.set_split_limit(local, limit)
 
     def _start_catch_up(self, j: int) -> None:
         """Stop fetching ``j`` and catch it up from the leader's state in a task of its own
@@ -261,6 +299,7 @@ class LeaderFetcher:
         self._paused[j] = float("inf")
         if j in self._catch_ups:
             return
+        self.apply_split_limits()  # the catch-up first splits below the HW it learned
         task = asyncio.get_running_loop().create_task(
             self._catch_up(j), name=f"stonemq-catch-up-{j}"
         )
@@ -307,6 +346,7 @@ class LeaderFetcher:
         j = asked.journal_partition
         local = manager.routing.local_index(j)
         assert local is not None
+        self.apply_split_limits()  # "back to our HW" below is the HW last reported
         leader_epoch = data.diverging_epoch  # type: ignore[attr-defined]
         leader_end = data.diverging_end  # type: ignore[attr-defined]
         if leader_epoch < 0:  # the leader has no epoch at or below ours: back to our HW

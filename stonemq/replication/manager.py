@@ -15,6 +15,10 @@ partition only: ../shared/design/cluster.md).
 - **Delayed produce.** An acks=all batch waits for the HW to pass its journal end position:
   one FIFO of waiters per journal partition (positions only rise), popped as the HW moves.
   No timer per partition: the request's timeout is the handler's one timer.
+- **Tail.** Per led journal partition, the newest journal bytes written here, at most
+  ``replica.fetch.tail.max.bytes`` (replication/tail.py): a follower's fetch of them is
+  answered from memory, without the replica-read thread (handlers/replica_fetch.py). Created
+  empty when the partition starts being led here, dropped when it stops.
 - **ISR.** The leader shrinks the ISR (a follower not caught up for
   ``replica.lag.time.max.ms``) and expands it (a follower at the HW and past the start of the
   current epoch), writing ``/journal_partitions/<j>/state`` at the version it read, after
@@ -39,6 +43,7 @@ from kazoo.exceptions import BadVersionError, NoNodeError
 
 from stonemq.cluster.controller import JOURNAL_PATH
 from stonemq.cluster.journal_state import PartitionState
+from stonemq.replication.tail import JournalTail
 
 if TYPE_CHECKING:
     from stonemq.cluster.routing import ClusterRouting
@@ -110,6 +115,7 @@ class ReplicaManager:
         self._fetchers: dict[int, LeaderFetcher] = {}
         self._following: dict[int, int] = {}  # journal id -> leader broker fetched from
         self._written: dict[int, asyncio.Future[None]] = {}  # long polls of replica fetches
+        self._tails: dict[int, JournalTail] = {}  # local index -> tail, led journals only
         # counts the leaderships taken here: a replica fetch's long poll ends when it moves
         # (handlers/replica_fetch.py)
         self.leaderships_taken = 0
@@ -128,6 +134,7 @@ class ReplicaManager:
     def start(self) -> None:
         loop = self._loop = asyncio.get_running_loop()
         self.storage.on_journal_written = self._on_written
+        self.storage.on_journal_bytes = self._on_bytes
         self.routing.on_change = lambda: loop.call_soon_threadsafe(self.reconcile)
         self._spawn(self._isr_loop())
         self.reconcile()
@@ -240,6 +247,7 @@ class ReplicaManager:
                 },
             )
             self._leading[journal] = state
+            self._tails[local] = JournalTail(self.settings.replica_fetch_tail_max_bytes)
             log.info(
                 "journal partition %d: leading in epoch %d from journal position %d (isr %s)",
                 journal,
@@ -271,6 +279,7 @@ class ReplicaManager:
         if state is None:
             return
         self.storage.stop_leading(state.local)
+        self._tails.pop(state.local, None)
         log.info("journal partition %d: no longer leading epoch %d: %s", journal, state.epoch, why)
         self._fail_waiters(state)
         if self.on_resign is not None:
@@ -292,6 +301,17 @@ class ReplicaManager:
     def isr_size(self, journal: int) -> int:
         state = self._leading.get(journal)
         return len(state.isr) if state is not None else 0
+
+    def tail(self, local: int) -> JournalTail | None:
+        """The in-memory tail of local journal partition ``local`` (None: not led here)."""
+        return self._tails.get(local)
+
+    def _on_bytes(self, local: int, position: int, pieces: list[Any], sizes: list[int]) -> None:
+        """The storage wrote a group of entries of ``local`` at ``position`` (before their
+        acknowledgements and the followers' wake-up): kept in its tail when led here."""
+        tail = self._tails.get(local)
+        if tail is not None:
+            tail.appended(position, pieces, sizes)
 
     # -- high watermark and delayed produce -------------------------------------------------
     def _on_written(self, local: int) -> None:

@@ -27,6 +27,10 @@ class BrokerMetrics:
     """Journal bytes sent to followers in those answers."""
     replica_fetch_requests_sent: int = 0
     """ReplicaFetch requests this broker sent as a follower (all its leader fetchers)."""
+    replica_fetch_tail_reads: int = 0
+    """Journal partitions of ReplicaFetch answers read from the leader's in-memory tail."""
+    replica_fetch_file_reads: int = 0
+    """Journal partitions of ReplicaFetch answers read from the journal files (a thread)."""
     produce_requests_started: int = 0
     """Produce requests the dispatcher started."""
     produce_queued_ns: int = 0
@@ -89,6 +93,8 @@ _HELP = {
     "replica_fetch_requests_served": "ReplicaFetch requests answered as a journal leader",
     "replica_fetch_bytes_served": "journal bytes sent to followers in ReplicaFetch answers",
     "replica_fetch_requests_sent": "ReplicaFetch requests sent to leaders as a follower",
+    "replica_fetch_tail_reads": "journal partitions of ReplicaFetch answers read from memory",
+    "replica_fetch_file_reads": "journal partitions of ReplicaFetch answers read from files",
     "produce_requests_started": "Produce requests started by the dispatcher",
     "produce_queued_ns": "time Produce requests waited decoded in their connection's queue",
     "produce_handled_ns": "time from a Produce's start to its response being ready",

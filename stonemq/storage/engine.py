@@ -498,9 +498,13 @@ class StorageEngine:
         # journal partition's segments must stay (what followers still fetch)
         self.on_journal_written: Callable[[int], None] | None = None
         self.journal_retain_from: Callable[[int], int] | None = None
+        # and the bytes of each group of entries written (JournalLog.on_written), with the
+        # local journal partition first: the leader's in-memory tail (replication/tail.py)
+        self.on_journal_bytes: Callable[[int, int, list[Any], list[int]], None] | None = None
         if replicated:
             for journal in self._journals:
                 journal.on_visible = functools.partial(self._on_replicated_visible, journal.index)
+                journal.on_written = functools.partial(self._on_journal_bytes, journal.index)
         # appends wait while the read directory lacks room to split what is acknowledged
         self._headroom = SplitHeadroom(self._queue_dir, self.unsplit_bytes)
         self._by_name = _Registry()
@@ -549,6 +553,7 @@ class StorageEngine:
             on_visible=functools.partial(self._on_replicated_visible, j),
             on_failed=self._on_journal_failed,
         )
+        journal.on_written = functools.partial(self._on_journal_bytes, j)
         journal.recover(None)
         if journal.written_end > 0:
             journal.close()
@@ -1245,6 +1250,11 @@ class StorageEngine:
     def _on_journal_visible(self) -> None:
         if self._split_wake is not None:
             self._split_wake.set()
+
+    def _on_journal_bytes(self, j: int, position: int, pieces: list[Any], sizes: list[int]) -> None:
+        hook = self.on_journal_bytes
+        if hook is not None:
+            hook(j, position, pieces, sizes)
 
     def _on_replicated_visible(self, j: int) -> None:
         if self._split_wake is not None:

@@ -336,6 +336,11 @@ class JournalLog:
         # called with the entries whose write failed (and every entry queued behind them)
         # and whether their offsets are given back (no: the partition went offline)
         self.on_failed = on_failed or (lambda metas, give_back: None)
+        # read-only observer of the bytes written (replication's in-memory tail, stonemq/
+        # replication/tail.py): called on the loop with the journal position a group was
+        # written at, its pieces and its entries' sizes, before the entries are acknowledged
+        # and ``on_visible`` runs; the pieces are the caller's buffers (copy what is kept)
+        self.on_written: Callable[[int, list[Any], list[int]], None] | None = None
         fileio.makedirs_durable(directory)
         self.segments: list[int] = list_segments(directory)
         self._fd = -1
@@ -519,22 +524,28 @@ class JournalLog:
                 done = _write_entries(*args)
             except Exception as exc:  # a bug in the writer: nothing is known to be written
                 done = self._writer_failed(exc)
-            self._take(done, metas)
+            self._take(done, metas, pieces, sizes)
             return
         loop = self._loop or asyncio.get_running_loop()
         if self._writer is None:
             self._writer = ThreadPoolExecutor(1, thread_name_prefix=f"stonemq-journal-{self.index}")
         fut = loop.run_in_executor(self._writer, _write_entries, *args)
         self._io_in_flight = fut
-        fut.add_done_callback(lambda f: self._written(f, metas))
+        fut.add_done_callback(lambda f: self._written(f, metas, pieces, sizes))
 
-    def _written(self, fut: asyncio.Future[_Written], metas: list[_PendingMeta]) -> None:
+    def _written(
+        self,
+        fut: asyncio.Future[_Written],
+        metas: list[_PendingMeta],
+        pieces: list[Any],
+        sizes: list[int],
+    ) -> None:
         self._io_in_flight = None
         try:
             done = fut.result()
         except BaseException as exc:  # a bug in the writer: nothing is known to be written
             done = self._writer_failed(exc)
-        self._take(done, metas)
+        self._take(done, metas, pieces, sizes)
 
     def _writer_failed(self, exc: BaseException) -> _Written:
         """The outcome of a group whose writer raised: nothing is known to be written, so
@@ -542,13 +553,16 @@ class JournalLog:
         log.error("journal-%d: writer failed", self.index, exc_info=exc)
         return _Written(self._fd, [], self.active_size, 0, [], OSError(str(exc)), None, None)
 
-    def _take(self, done: _Written, metas: list[_PendingMeta]) -> None:
+    def _take(
+        self, done: _Written, metas: list[_PendingMeta], pieces: list[Any], sizes: list[int]
+    ) -> None:
         """On the loop: take a group's outcome into the journal's state and apply the failure
         rules (``health.py``). Entries are answered in order: those before a failed write are
         acknowledged (under ``always`` only once fsynced); the failed ones and every entry
         queued behind them fail, so no entry written later can hold an offset handed out
         again. Their offsets are given back unless the partition went offline."""
         self._fd = done.fd
+        position = self.written_end
         self.segments.extend(done.new_bases)
         self.active_size = done.active_size
         self.written_end = self.segments[-1] + done.active_size
@@ -586,6 +600,8 @@ class JournalLog:
                 if not meta[0].done():
                     meta[0].set_exception(StorageError(f"journal write failed: {why}"))
         if written:
+            if self.on_written is not None and done.written:
+                self.on_written(position, pieces[: 2 * done.written], sizes[: done.written])
             if self.flush_policy == "always":
                 self.durable_end = max(self.durable_end, self.written_end)
                 self._dir_synced_base = self.segments[-1]  # rolls fsynced the directory

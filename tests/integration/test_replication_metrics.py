@@ -83,6 +83,7 @@ def test_pipelined_acks_all_is_answered_as_fast_as_the_followers_fetch(
         # warm up: the followers fetch and the ISR is whole before timing
         cid = conn.send_request(produce_request("pipe", 0, batch, acks=-1))
         conn.recv_response(response_type, cid)
+        warm = _metrics(leader_port)
         started = time.monotonic()
         in_flight = [conn.send_request(produce_request("pipe", 0, batch)) for _ in range(DEPTH)]
         sent = DEPTH
@@ -106,6 +107,12 @@ def test_pipelined_acks_all_is_answered_as_fast_as_the_followers_fetch(
     for b, port in zip(brokers, ports, strict=True):
         if b is not leader:
             assert _metrics(port)["stonemq_replica_fetch_requests_sent_total"] > 0
+    # followers that keep up are answered from the leader's in-memory tail of its journal,
+    # never from the files (replication/tail.py)
+    tail = "stonemq_replica_fetch_tail_reads_total"
+    files = "stonemq_replica_fetch_file_reads_total"
+    assert after[tail] - warm[tail] >= REQUESTS / DEPTH, (warm, after)
+    assert after[files] == warm[files], (warm, after)
     # the process collector comes with the endpoint
     assert after["process_cpu_seconds_total"] > 0
 
