@@ -86,8 +86,8 @@ class RequestContext:
     # bytes this request's handler charged to the connection's turns so far
     charged: int = 0
     # set by a handler answering with a response kept for reuse (codec.EncodedOnce: a cached
-    # Metadata response) or encoded by the handler itself (produce_response.EncodedProduce):
-    # the connection sends those bytes when it sends ``reuse.response`` unchanged
+    # Metadata response): the connection sends those bytes when it sends ``reuse.response``
+    # unchanged (a handler that encodes its answer itself returns a codec.Encoded instead)
     reuse: Any = None
     # the connection sends FileRanges (storage/file_range.py) with sendfile: a fetch may
     # answer with segment ranges instead of bytes read into memory

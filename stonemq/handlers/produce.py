@@ -43,7 +43,7 @@ from kio.schema.errors import ErrorCode
 
 from stonemq.handlers.context import RequestContext, field_names
 from stonemq.handlers.registry import api
-from stonemq.protocol.produce_response import EncodedProduce, encode_body
+from stonemq.protocol.produce_response import LOG_START_VERSION, EncodedProduce, encode_body
 from stonemq.protocol.record_batch import (
     COMPRESSION_NONE,
     BatchHeader,
@@ -211,9 +211,26 @@ async def handle_produce(ctx: RequestContext, request: Any) -> Any:
     await _settle(ctx, topics)
     if replicas is not None and acks == -1:
         await _wait_for_isr(ctx, topics, request.timeout.total_seconds())
+    if ctx.api_version < LEADER_HINTS_VERSION or not any(
+        r.error == ErrorCode.not_leader_or_follower for _, results in topics for r in results
+    ):  # no KIP-951 leader hints: the common shape, encoded here; kio's entity is built
+        # only if the connection must change the answer (a throttle time to set)
+        return EncodedProduce(
+            _encoded_body(ctx, topics, topic_ids),
+            lambda: _response_entity(ctx, topics, topic_ids),
+        )
+    return _response_entity(ctx, topics, topic_ids)
+
+
+def _response_entity(
+    ctx: RequestContext,
+    topics: list[tuple[str, list[_PartitionResult]]],
+    topic_ids: list[uuid.UUID | None],
+) -> Any:
+    """The answer as a kio entity (encoded by kio: leader hints, or a throttle time set)."""
     endpoints: dict[int, Any] = {}
     partition_response = _partition_response(ctx)
-    response = ctx.build(
+    return ctx.build(
         "ProduceResponse",
         responses=tuple(
             ctx.build(
@@ -232,11 +249,6 @@ async def handle_produce(ctx: RequestContext, request: Any) -> Any:
             for e in endpoints.values()
         ),
     )
-    if ctx.api_version < LEADER_HINTS_VERSION or not any(
-        r.error == ErrorCode.not_leader_or_follower for _, results in topics for r in results
-    ):  # no KIP-951 leader hints: the common shape, encoded here
-        ctx.reuse = EncodedProduce(response, _encoded_body(ctx, topics, topic_ids))
-    return response
 
 
 def _encoded_body(
@@ -244,10 +256,15 @@ def _encoded_body(
     topics: list[tuple[str, list[_PartitionResult]]],
     topic_ids: list[uuid.UUID | None],
 ) -> bytes:
-    """The response body as :mod:`stonemq.protocol.produce_response` writes it, from the same
-    results the kio entity was built from (their log start offsets filled in by the build;
-    a version without the field never reads them)."""
+    """The response body as :mod:`stonemq.protocol.produce_response` writes it, from the
+    results a kio entity would be built from (a partition that has no log start offset yet,
+    one that failed before its append, gets it here, as the entity's builder would)."""
     none = ErrorCode.none
+    if ctx.api_version >= LOG_START_VERSION:
+        for name, results in topics:
+            for r in results:
+                if r.log_start < 0:
+                    r.log_start = _log_start(ctx, name, r)
     return encode_body(
         ctx.api_version,
         [

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import functools
 import struct
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 from kio.index import load_request_schema, load_response_schema
 from kio.serial import entity_reader, entity_writer
@@ -29,12 +29,17 @@ class RequestDecodeError(Exception):
     """The frame is not a valid request: the connection must be closed."""
 
 
-@dataclass(frozen=True, slots=True)
-class RequestHeader:
+class RequestHeader(NamedTuple):
+    """A request's header (a tuple: built once per request, it costs a third of a frozen
+    dataclass)."""
+
     api_key: int
     api_version: int
     correlation_id: int
     client_id: str | None
+
+
+_HEADER_WITH_CLIENT_ID = struct.Struct(">hhih")
 
 
 def parse_header_prefix(frame: bytes) -> tuple[RequestHeader, int]:
@@ -43,23 +48,22 @@ def parse_header_prefix(frame: bytes) -> tuple[RequestHeader, int]:
     Returns the header and the position after the client id. Tagged fields of header v2 are
     skipped by :func:`body_offset` once the version is known to be flexible.
     """
-    if len(frame) < _HEADER_FIXED.size:
-        raise RequestDecodeError(f"request of {len(frame)} bytes is shorter than a header")
-    api_key, api_version, correlation_id = _HEADER_FIXED.unpack_from(frame, 0)
-    pos = _HEADER_FIXED.size
-    client_id: str | None = None
-    if len(frame) >= pos + 2:
-        (length,) = _I16.unpack_from(frame, pos)
-        pos += 2
-        if length >= 0:
-            if pos + length > len(frame):
-                raise RequestDecodeError("client id runs past the end of the request")
-            try:
-                client_id = frame[pos : pos + length].decode("utf-8")
-            except UnicodeDecodeError as exc:
-                raise RequestDecodeError("client id is not UTF-8") from exc
-            pos += length
-    return RequestHeader(api_key, api_version, correlation_id, client_id), pos
+    size = len(frame)
+    if size < 10:
+        if size < _HEADER_FIXED.size:
+            raise RequestDecodeError(f"request of {size} bytes is shorter than a header")
+        return RequestHeader(*_HEADER_FIXED.unpack_from(frame, 0), None), _HEADER_FIXED.size
+    api_key, api_version, correlation_id, length = _HEADER_WITH_CLIENT_ID.unpack_from(frame, 0)
+    if length < 0:
+        return RequestHeader(api_key, api_version, correlation_id, None), 10
+    end = 10 + length
+    if end > size:
+        raise RequestDecodeError("client id runs past the end of the request")
+    try:
+        client_id = frame[10:end].decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise RequestDecodeError("client id is not UTF-8") from exc
+    return RequestHeader(api_key, api_version, correlation_id, client_id), end
 
 
 @functools.cache
@@ -163,6 +167,19 @@ def encode_response_chunks(
     assert isinstance(first, bytearray)  # the small header writes come first
     _I32.pack_into(first, 0, out.size - 4)
     return chunks
+
+
+class Encoded:
+    """A response a handler encoded itself, returned in place of a kio entity: the connection
+    sends :meth:`chunks`, unless it must change the answer (a throttle time to set), when it
+    asks ``entity()`` for the kio entity and encodes that."""
+
+    __slots__ = ()
+
+    entity: Callable[[], Any]
+
+    def chunks(self, header: RequestHeader) -> list[bytes | bytearray | memoryview]:
+        raise NotImplementedError
 
 
 class EncodedOnce:

@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import struct
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
-from stonemq.protocol.codec import RequestHeader
+from stonemq.protocol.codec import Encoded, RequestHeader
 
 FIRST_VERSION = 3
 LAST_VERSION = 13
@@ -102,17 +103,18 @@ def encode_body(version: int, topics: Iterable[TopicAnswer], throttle_ms: int = 
     return bytes(out)
 
 
-class EncodedProduce:
-    """A Produce response the handler encoded itself (:func:`encode_body`), beside the kio
-    entity it also returns: the connection sends these bytes when it sends that entity
-    unchanged (``RequestContext.reuse``), and encodes the entity with kio when it had to
-    change it (a throttle time to set)."""
+class EncodedProduce(Encoded):
+    """A Produce response the handler encoded itself (:func:`encode_body`), returned in place
+    of a kio entity: the connection sends these bytes as they are, and asks ``entity`` for
+    the kio entity only when it must change the answer (a throttle time to set: kio encodes
+    that one). Building the entity cost more than encoding the body (about 11 µs against 4
+    for one partition), once per request at thousands of partitions."""
 
-    __slots__ = ("body", "response")
+    __slots__ = ("body", "entity")
 
-    def __init__(self, response: object, body: bytes) -> None:
-        self.response = response
+    def __init__(self, body: bytes, entity: Callable[[], Any]) -> None:
         self.body = body
+        self.entity = entity
 
     def chunks(self, header: RequestHeader) -> list[bytes | bytearray | memoryview]:
         """The framed response: size, correlation id, the header's tagged fields from v9

@@ -58,6 +58,7 @@ from stonemq.handlers.context import RequestContext, heavy_work
 from stonemq.handlers.replica_fetch import INTERNAL
 from stonemq.protocol.codec import (
     API_VERSIONS_KEY,
+    Encoded,
     RequestDecodeError,
     RequestHeader,
     decode_request,
@@ -80,29 +81,39 @@ log = logging.getLogger("stonemq.server")
 
 class _Pending:
     """A request in flight: its header, its size and, once handled, its encoded response and
-    the bytes its handler already charged to the connection's turns (a fetch's records)."""
+    the bytes its handler already charged to the connection's turns (a fetch's records).
+    Until the dispatcher starts it (it waits in the ready queue since ``queued_ns``), it also
+    holds its handler, context and decoded request: one object per request, not two."""
 
-    __slots__ = ("charged", "done", "header", "response", "size")
+    __slots__ = (
+        "charged",
+        "ctx",
+        "done",
+        "handler",
+        "header",
+        "queued_ns",
+        "request",
+        "response",
+        "size",
+    )
 
-    def __init__(self, header: RequestHeader, size: int = 0) -> None:
+    def __init__(
+        self,
+        header: RequestHeader,
+        size: int = 0,
+        handler: Handler | None = None,
+        ctx: RequestContext | None = None,
+        request: Any = None,
+    ) -> None:
         self.header = header
         self.size = size
         self.response: list[bytes | bytearray | memoryview] | None = None
         self.done = False
         self.charged = 0
-
-
-class _Ready:
-    """A decoded request waiting for the dispatcher to start it (since ``queued_ns``)."""
-
-    __slots__ = ("ctx", "handler", "pending", "queued_ns", "request")
-
-    def __init__(self, handler: Handler, ctx: RequestContext, request: Any, pending: _Pending):
         self.handler = handler
         self.ctx = ctx
         self.request = request
-        self.pending = pending
-        self.queued_ns = time.monotonic_ns()
+        self.queued_ns = 0
 
 
 # request handling time in ns, as a percentage of one thread for one second (Kafka's
@@ -183,7 +194,9 @@ class Connection(asyncio.BufferedProtocol):
         self._reserved = 0  # the decoder's reserved_bytes, as the budget knows them
         self._transport: asyncio.Transport | None = None
         self._pending: collections.deque[_Pending] = collections.deque()
-        self._ready: collections.deque[_Ready] = collections.deque()
+        self._ready: collections.deque[_Pending] = collections.deque()  # not started yet
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._host = "?"  # the peer's address without its port (RequestContext.client_host)
         self._tasks: set[asyncio.Task[None]] = set()
         self._peer = "?"
         self._closing = False
@@ -223,6 +236,8 @@ class Connection(asyncio.BufferedProtocol):
         self._transport = transport  # type: ignore[assignment]  # uvloop's is not a subclass
         peer = transport.get_extra_info("peername")
         self._peer = f"{peer[0]}:{peer[1]}" if peer else "?"
+        self._host = self._peer.rpartition(":")[0]
+        self._loop = asyncio.get_running_loop()
         self._registry.add(self)
         sock = transport.get_extra_info("socket")
         self._sendfile_ok = (
@@ -352,17 +367,18 @@ class Connection(asyncio.BufferedProtocol):
             api_version=header.api_version,
             correlation_id=header.correlation_id,
             client_id=header.client_id,
-            client_host=self._peer.rpartition(":")[0],
+            client_host=self._host,
             broker=self._broker,
             listener=self._listener,
             user=self._user,
             turns=self,
             file_ranges=self._sendfile_ok,
         )
-        pending = _Pending(header, size)
+        pending = _Pending(header, size, handler, ctx, request)
+        pending.queued_ns = time.monotonic_ns()
         self._pending.append(pending)
-        self._ready.append(_Ready(handler, ctx, request, pending))
-        self._budget.take(pending.size)
+        self._ready.append(pending)
+        self._budget.take(size)
 
     def _sync_reservation(self) -> None:
         """Tell the budget what the receive buffer holds beyond its first 64 KiB."""
@@ -384,8 +400,10 @@ class Connection(asyncio.BufferedProtocol):
         ):
             return None
         item = self._ready[0]
-        api_key = item.ctx.api_key
-        if api_key == PRODUCE_KEY and self._dispatcher.produce_held:
+        ctx = item.ctx
+        assert ctx is not None and item.handler is not None
+        api_key = ctx.api_key
+        if api_key == PRODUCE_KEY and self._dispatcher.produce_held_now():
             self._held = True
             self._dispatcher.hold(self)
             self.update_reading()
@@ -397,17 +415,17 @@ class Connection(asyncio.BufferedProtocol):
             METRICS.produce_requests_started += 1
             METRICS.produce_queued_ns += started_ns - item.queued_ns
             if self._quotas.produce_active:
-                self._record_produce(item.ctx, item.pending.size)
-        task = asyncio.get_running_loop().create_task(
-            self._run(item.handler, item.ctx, item.request, item.pending, started_ns)
-        )
+                self._record_produce(ctx, item.size)
+        loop = self._loop or asyncio.get_running_loop()
+        task = loop.create_task(self._run(item.handler, ctx, item.request, item, started_ns))
+        item.handler = item.ctx = item.request = None  # the task holds them while it runs
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-        return api_key, item.pending.size
+        return api_key, item.size
 
     @property
     def next_api_key(self) -> int | None:
-        return self._ready[0].ctx.api_key if self._ready else None
+        return self._ready[0].header.api_key if self._ready else None
 
     def charge(self, nbytes: int, api_key: int) -> None:
         """Take ``nbytes`` moved for a request of ``api_key`` from this connection's turn."""
@@ -464,7 +482,9 @@ class Connection(asyncio.BufferedProtocol):
             elif ctx.throttle_ms:
                 response = self._throttle(ctx, pending, response, None)
             reuse = ctx.reuse
-            if response is not None and reuse is not None and response is reuse.response:
+            if isinstance(response, Encoded):  # encoded by the handler, not changed
+                pending.response = response.chunks(pending.header)
+            elif response is not None and reuse is not None and response is reuse.response:
                 pending.response = reuse.chunks(pending.header)  # not throttled: as it was
             elif response is not None and ctx.encode_in_thread:
                 pending.response = await asyncio.get_running_loop().run_in_executor(
@@ -533,6 +553,8 @@ class Connection(asyncio.BufferedProtocol):
         if throttle <= 0:
             return response
         self.mute(throttle)
+        if isinstance(response, Encoded):  # the throttle time goes in: kio encodes it
+            response = response.entity()
         if response is not None and hasattr(response, "throttle_time"):
             response = dataclasses.replace(
                 response, throttle_time=datetime.timedelta(milliseconds=throttle)

@@ -87,6 +87,8 @@ class Dispatcher:
         "_max_lag_bytes",
         "_queued",
         "_ring",
+        "_round_held",
+        "_rounding",
         "_scheduled",
         "held",
         "most_in_a_round",
@@ -100,6 +102,8 @@ class Dispatcher:
         self._ring: collections.deque[Served] = collections.deque()
         self._queued: set[Served] = set()
         self._scheduled = False
+        self._rounding = False  # within _round
+        self._round_held: bool | None = None  # produce_held as this round found it
         self._loop: asyncio.AbstractEventLoop | None = None
         # the connections held for split lag, with the monotonic ns each was held at
         self.held: dict[Served, int] = {}
@@ -112,6 +116,17 @@ class Dispatcher:
     def produce_held(self) -> bool:
         """More journal waits to be split than ``splitter.max.lag.bytes`` allows."""
         return self._lag is not None and 0 <= self._max_lag_bytes < self._lag()
+
+    def produce_held_now(self) -> bool:
+        """:attr:`produce_held`, looked at once per round (it sums the lag over the journal
+        partitions) rather than once per Produce started: nothing a round does moves the
+        lag, since the requests it starts run after it. Outside a round, looked at afresh."""
+        if not self._rounding:
+            return self.produce_held
+        held = self._round_held
+        if held is None:
+            held = self._round_held = self.produce_held
+        return held
 
     def ready(self, conn: Served) -> None:
         """``conn`` has a request or a handler step ready: serve it in the next round."""
@@ -165,6 +180,14 @@ class Dispatcher:
         ones with more ready, and the ones still in debt, go to the back for the next round.
         When every one of them is in debt, they are credited again at once."""
         self._scheduled = False
+        self._rounding = True
+        try:
+            self._rounds()
+        finally:
+            self._rounding = False
+            self._round_held = None
+
+    def _rounds(self) -> None:
         ring, queued = self._ring, self._queued
         waiting = len(ring)
         while waiting:

@@ -146,6 +146,14 @@ async def _serve_locked(settings: Settings, stop: asyncio.Event) -> None:
         dispatcher.most_in_a_round_api,
         TURN_BYTES,
     )
+    log.info(
+        "counters: %d produce requests started; splitter: %d steps, %.3f s in its thread, "
+        "%.3f s on the loop",
+        METRICS.produce_requests_started,
+        METRICS.splitter_steps,
+        METRICS.splitter_thread_ns / 1e9,
+        METRICS.splitter_loop_ns / 1e9,
+    )
     await broker.close()
     if exporter is not None:
         exporter[0].shutdown()

@@ -438,6 +438,7 @@ class StorageEngine:
         if journal_partitions < 1:
             raise ValueError("journal_partitions must be at least 1")
         self._journal_dir = str(journal_dir)
+        self._append_loop: asyncio.AbstractEventLoop | None = None  # the loop appends run on
         self._queue_dir = str(queue_dir)
         fileio.makedirs_durable(self._journal_dir)
         fileio.makedirs_durable(self._queue_dir)
@@ -1142,7 +1143,9 @@ class StorageEngine:
         )
         body = memoryview(batch)[ENTRY_PREFIX_BATCH_BYTES:]
         self._headroom.check(len(prefix) + len(body))
-        loop = asyncio.get_running_loop()
+        loop = self._append_loop
+        if loop is None:  # asking for the running loop costs a getpid() syscall: once
+            loop = self._append_loop = asyncio.get_running_loop()
         written: asyncio.Future[None] = loop.create_future()
         journal.enqueue(prefix, body, (written, state, base, len(prefix) + len(body)))
         state.next_offset = base + record_count

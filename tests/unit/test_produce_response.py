@@ -11,7 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from kio.schema.errors import ErrorCode
 
-from stonemq.handlers.context import build, response_module
+from stonemq.handlers.context import RequestContext, build, response_module
+from stonemq.handlers.produce import _encoded_body, _PartitionResult, _response_entity
 from stonemq.protocol.codec import RequestHeader, encode_response_chunks
 from stonemq.protocol.produce_response import (
     FIRST_VERSION,
@@ -97,7 +98,7 @@ def test_the_same_bytes_as_kio(
     header = RequestHeader(0, version, correlation_id, "c")
     response = _kio_response(version, topics, throttle_ms)
     expected = b"".join(encode_response_chunks(header, response))
-    ours = EncodedProduce(response, encode_body(version, topics, throttle_ms))
+    ours = EncodedProduce(encode_body(version, topics, throttle_ms), lambda: response)
     assert b"".join(ours.chunks(header)) == expected
 
 
@@ -122,7 +123,7 @@ def test_a_one_partition_answer_at_v9() -> None:
         + b"\x00"  # response tags
     )
     header = RequestHeader(0, 9, 7, None)
-    framed = b"".join(EncodedProduce(None, body).chunks(header))
+    framed = b"".join(EncodedProduce(body, lambda: None).chunks(header))
     assert framed[:4] == (len(framed) - 4).to_bytes(4, "big")
     assert framed[4:9] == (7).to_bytes(4, "big") + b"\0"
 
@@ -137,3 +138,62 @@ def test_a_topic_id_at_v13() -> None:
     topic_id = uuid.uuid4()
     body = encode_body(13, [("ignored", topic_id, [])])
     assert body[1:17] == topic_id.bytes
+
+
+_results = st.lists(
+    st.tuples(
+        _I32,
+        st.sampled_from([e for e in _ERRORS if e != ErrorCode.not_leader_or_follower]),
+        st.integers(0, 2**62),
+        _MS,
+        st.integers(0, 2**62),
+        st.one_of(st.none(), st.text(max_size=20)),
+    ),
+    max_size=4,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    version=st.integers(FIRST_VERSION, LAST_VERSION),
+    topics=st.lists(st.tuples(st.text(max_size=20), _results), max_size=3),
+    correlation_id=_I32,
+)
+def test_the_handler_bytes_and_its_lazy_entity_agree(
+    version: int,
+    topics: list[tuple[str, list[tuple[int, ErrorCode, int, int, int, str | None]]]],
+    correlation_id: int,
+) -> None:
+    """What the Produce handler answers (EncodedProduce: its own bytes) and the kio entity it
+    builds only when the connection must change the answer (``entity()``), encoded by kio:
+    the same bytes, so a throttled answer differs from an unthrottled one only by its
+    throttle time."""
+    ctx = RequestContext(
+        api_key=0,
+        api_version=version,
+        correlation_id=correlation_id,
+        client_id="c",
+        client_host="h",
+        broker=None,  # type: ignore[arg-type]  # no lookups: all results set
+    )
+    grouped = []
+    for name, rows in topics:
+        results = []
+        for index, error, base, append_ms, log_start, message in rows:
+            r = _PartitionResult(index)
+            r.error, r.message = error, message
+            r.base_offset, r.append_time, r.log_start = base, append_ms, log_start
+            results.append(r)
+        grouped.append((name, results))
+    ids: list[uuid.UUID | None] = [uuid.uuid4() if version >= 13 else None for _ in grouped]
+    if version < 8:  # no error_message field before v8: kio never sends one
+        for _, results in grouped:
+            for r in results:
+                r.message = None
+    answer = EncodedProduce(
+        _encoded_body(ctx, grouped, ids), lambda: _response_entity(ctx, grouped, ids)
+    )
+    header = RequestHeader(0, version, correlation_id, "c")
+    assert b"".join(answer.chunks(header)) == b"".join(
+        encode_response_chunks(header, answer.entity())
+    )
