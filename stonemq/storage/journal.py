@@ -234,6 +234,8 @@ class JournalReader:
     def __init__(self, directory: str, *, read_once: bool = False) -> None:
         self.directory = directory
         self.read_once = read_once  # drop the pages of what it returns (page_cache.py)
+        self._key = _directory_key(directory)
+        self._seen_truncations = _truncations.get(self._key, 0)
         self._bases: list[int] = list_segments(directory)
         self._fd = -1
         self._fd_base = -1
@@ -250,6 +252,11 @@ class JournalReader:
 
     def _pread(self, pos: int, n: int) -> bytes:
         """Up to ``n`` bytes from journal ``pos``, within the segment holding ``pos``."""
+        truncations = _truncations.get(self._key, 0)
+        if truncations != self._seen_truncations:  # the files changed under what it holds
+            self._seen_truncations = truncations
+            self.close()
+            self._bases = list_segments(self.directory)
         for attempt in range(2):
             i = bisect.bisect_right(self._bases, pos) - 1
             if i >= 0:
@@ -310,6 +317,18 @@ class JournalReader:
 
 
 _PendingMeta = tuple[asyncio.Future[None], Any, int, int]
+
+# how many times each journal directory was truncated in this process (JournalLog.truncate_to):
+# a JournalReader that sees the count change drops its descriptor and its list of segments, so
+# it never reads through a truncation it did not see (a segment deleted and written again at
+# another base: its open descriptor still reads the deleted file's old bytes)
+_truncations: dict[str, int] = {}
+
+
+def _directory_key(directory: str) -> str:
+    return os.path.abspath(directory)
+
+
 """(written future, partition state, base offset, entry size) of one queued entry."""
 
 
@@ -448,6 +467,8 @@ class JournalLog:
         fsync_paths([self.path(last)])
         self.durable_end = max(durable, self.segments[0])
         self.released_end = min(self.released_end, end)
+        key = _directory_key(self.directory)
+        _truncations[key] = _truncations.get(key, 0) + 1  # readers look again (JournalReader)
         return cut
 
     def _open_active(self, base: int) -> None:
