@@ -62,7 +62,6 @@ from stonemq.storage.fileio import FsyncError, fsync_paths
 from stonemq.storage.health import Event, is_space_error
 from stonemq.storage.index_file import IndexWrite
 from stonemq.storage.journal import (
-    ENTRY_HEADER_SIZE,
     ENTRY_PREFIX_BATCH_BYTES,
     FLUSH_POLICIES,
     CorruptEntryError,
@@ -2031,6 +2030,10 @@ class StorageEngine:
             done.set_result(None)
 
     async def _append_replica(self, j: int, position: int, data: memoryview) -> int:
+        """The fetched run as one journal write with one completion (``JournalLog.enqueue_run``):
+        the entries are checked first (each one's length, version and CRC), a new epoch is
+        checkpointed at its first entry, and the topic partitions' next offsets follow the
+        entries that reached the file, also when the write fails part way."""
         journal = self._journals[j]
         journal.health.check_append()
         if position != self.journal_end(j):
@@ -2044,13 +2047,16 @@ class StorageEngine:
         latest = cache.latest
         last = latest.epoch if latest is not None else -1
         new_epochs: list[tuple[int, int]] = []
+        sizes: list[int] = []
+        epoch_at = _EPOCH_FIELD.unpack_from
         for entry in entries:
             if len(entry.batch) < ENTRY_PREFIX_BATCH_BYTES:
                 raise CorruptEntryError(f"journal-{j}: entry at {entry.position} has no batch")
-            (epoch,) = _EPOCH_FIELD.unpack_from(entry.batch, 12)
+            (epoch,) = epoch_at(entry.batch, 12)
             if epoch > last:
                 new_epochs.append((epoch, entry.position))
                 last = epoch
+            sizes.append(entry.size)
         if new_epochs:
 
             def assign() -> None:
@@ -2061,26 +2067,35 @@ class StorageEngine:
             if position != self.journal_end(j):
                 raise StorageError(f"journal-{j}: appended to while its epochs were written")
         self._headroom.check(used)
-        loop = asyncio.get_running_loop()
-        futures = []
-        for entry in entries:
-            at = entry.position - position
-            raw = data[at : at + entry.size]
-            written: asyncio.Future[None] = loop.create_future()
-            journal.enqueue(
-                raw[:ENTRY_HEADER_SIZE], raw[ENTRY_HEADER_SIZE:], (written, None, -1, entry.size)
-            )
-            futures.append(written)
-        # the topic partitions' next offsets, applied once the entries are in the file
+        loop = self._append_loop
+        if loop is None:
+            loop = self._append_loop = asyncio.get_running_loop()
+        written: asyncio.Future[None] = loop.create_future()
+        journal.enqueue_run(data[:used], sizes, written, used)
+        # the next offsets of what is in the file (all of it, or up to a failure), also when
+        # the fetcher is cancelled meanwhile (the write goes on: shielded)
+        written.add_done_callback(functools.partial(self._replica_written, entries, journal))
+        await asyncio.shield(written)
+        return position + used
+
+    def _replica_written(
+        self, entries: list[JournalEntry], journal: JournalLog, done: asyncio.Future[None]
+    ) -> None:
+        """A follower's run is written (or failed part way, or its fetcher was cancelled):
+        each topic partition's next offset follows its last of ``entries`` in the file."""
+        if not done.cancelled():
+            done.exception()  # seen here, whether or not the fetcher still waits
+        written_end = journal.written_end
         ends: dict[tuple[bytes, int], int] = {}
         for entry in entries:
+            if entry.position + entry.size > written_end:
+                break
             ends[(entry.topic_id, entry.partition)] = entry.base_offset + entry.record_count
-        await asyncio.gather(*futures)
+        by_id = self._by_name.by_id
         for key, end in ends.items():
-            state = self._by_name.by_id(*key)
+            state = by_id(*key)
             if state is not None and end > state.next_offset:
                 state.next_offset = end
-        return position + used
 
     # -- catching up from a leader's state (replication/catchup.py drives these) -----------
     def catch_up_point(

@@ -317,6 +317,7 @@ class JournalReader:
 
 
 _PendingMeta = tuple[asyncio.Future[None], Any, int, int]
+_NOTHING = b""  # the second piece of an entry queued whole (JournalLog.enqueue_run)
 
 # how many times each journal directory was truncated in this process (JournalLog.truncate_to):
 # a JournalReader that sees the count change drops its descriptor and its list of segments, so
@@ -510,6 +511,34 @@ class JournalLog:
         self._pending.append(batch)
         self._pending_meta.append(meta)
         self.queued_bytes += meta[3]
+        if not self._flush_scheduled and self._io_in_flight is None:
+            self._flush_scheduled = True
+            loop = self._loop
+            if loop is None:
+                loop = self._loop = asyncio.get_running_loop()
+            loop.call_soon(self._flush)
+
+    def enqueue_run(
+        self, data: memoryview, sizes: list[int], done: asyncio.Future[None], nbytes: int
+    ) -> None:
+        """Queue whole entries already encoded back to back in ``data`` (entry ``i`` is
+        ``sizes[i]`` bytes, ``nbytes`` in all: a follower's fetched run) with one completion:
+        ``done`` is resolved once every one of them is written (fsynced under ``always``), or
+        fails with the first failure, the entries before it staying written (the journal's
+        end says how far). They go into the same group commit as :meth:`enqueue`'s entries;
+        an entry never spans two segments. Their metadata names no topic partition (None):
+        nothing is given back when they fail."""
+        self.health.check_append()
+        pieces = self._pending
+        metas = self._pending_meta
+        at = 0
+        for size in sizes:
+            end = at + size
+            pieces.append(data[at:end])
+            pieces.append(_NOTHING)
+            metas.append((done, None, -1, size))
+            at = end
+        self.queued_bytes += nbytes
         if not self._flush_scheduled and self._io_in_flight is None:
             self._flush_scheduled = True
             loop = self._loop
