@@ -23,7 +23,8 @@ journal partition and catches up from the leader's state at one point instead
 restarts there), in a task of its own while the other journal partitions are fetched; once
 installed, the partition is fetched again from the point (and the leader takes this broker
 back into the ISR by the normal rule). An attempt that fails is logged and tried again after
-``_CATCH_UP_RETRY_S``; a leadership change re-plans the fetchers at once.
+``replica.fetch.backoff.ms``, as Kafka's fetcher delays a partition whose fetch failed; a
+leadership change re-plans the fetchers at once.
 """
 
 from __future__ import annotations
@@ -56,7 +57,6 @@ log = logging.getLogger("stonemq.replication")
 
 _LENGTH = struct.Struct(">i")
 _MAX_RESPONSE_BYTES = 1 << 30
-_CATCH_UP_RETRY_S = 5.0
 _BECOMING_RETRY_S = 0.05
 """How soon a partition is asked again from a broker that routing names its leader but that
 answered NOT_LEADER_OR_FOLLOWER (it is becoming leader)."""
@@ -295,7 +295,7 @@ class LeaderFetcher:
     def _start_catch_up(self, j: int) -> None:
         """Stop fetching ``j`` and catch it up from the leader's state in a task of its own
         (replication/catchup.py); fetched again once that is done, or after
-        ``_CATCH_UP_RETRY_S`` when it failed."""
+        ``replica.fetch.backoff.ms`` when it failed."""
         self._paused[j] = float("inf")
         if j in self._catch_ups:
             return
@@ -309,6 +309,7 @@ class LeaderFetcher:
         from stonemq.replication.catchup import CatchUpError, catch_up
 
         retry = 0.0
+        backoff_s = self.manager.settings.replica_fetch_backoff_ms / 1000
         try:
             await catch_up(self.manager, self.leader, j)
         except asyncio.CancelledError:
@@ -324,10 +325,10 @@ class LeaderFetcher:
             log.error(
                 "journal partition %d: catch-up from leader %d failed: %s", j, self.leader, exc
             )
-            retry = _CATCH_UP_RETRY_S
+            retry = backoff_s
         except Exception:
             log.exception("journal partition %d: catch-up from leader %d failed", j, self.leader)
-            retry = _CATCH_UP_RETRY_S
+            retry = backoff_s
         finally:
             self._catch_ups.pop(j, None)
         self.manager.behind_start.pop(j, None)
