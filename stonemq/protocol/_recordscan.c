@@ -24,6 +24,8 @@
 #include <Python.h>
 #include <stdint.h>
 
+#define RELEASE_GIL_BYTES (256 * 1024)
+
 enum {
     SCAN_OK = 0,
     SCAN_PAST_END = 1,       /* a length runs past the records */
@@ -103,7 +105,9 @@ static PyObject *scan(PyObject *self, PyObject *args) {
     Py_ssize_t index = 0;
     int64_t min_ts = INT64_MAX, max_ts = INT64_MIN;
 
-    Py_BEGIN_ALLOW_THREADS
+    PyThreadState *released = NULL;
+    if (end - start >= RELEASE_GIL_BYTES)
+        released = PyEval_SaveThread();
     for (index = 0; index < count; index++) {
         int64_t length, ts_delta, offset_delta, headers;
         if (read_varint(buf, &pos, end, 5, &length, &status))
@@ -158,7 +162,8 @@ static PyObject *scan(PyObject *self, PyObject *args) {
     }
     if (!status && pos != end)
         status = SCAN_TRAILING;
-    Py_END_ALLOW_THREADS
+    if (released)
+        PyEval_RestoreThread(released);
 
     PyBuffer_Release(&view);
     if (bounds)

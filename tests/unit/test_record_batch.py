@@ -2,6 +2,9 @@
 
 import random
 import struct
+import sys
+import threading
+import time
 
 import cramjam
 import lz4.frame
@@ -173,6 +176,38 @@ def test_the_c_walk_is_built() -> None:
     and with a build older than the bounds argument so would the tiering decoder."""
     assert rb.scan_records is not rb.scan_records_py
     assert rb._recordscan.VERSION >= 2
+
+
+def test_the_c_walk_of_a_small_batch_keeps_the_gil() -> None:
+    """A walk of a small batch does not hand the GIL to a waiting thread: it woke that thread
+    (the splitter's, at 10,000 partitions) and waited to get the GIL back, several times the
+    walk's own 0.2 us. With a long switch interval a thread that always wants the GIL can only
+    run during the walks if they release it."""
+    batch = rb.encode_batch(0, [(1000, b"k", b"v" * 1000, [])])
+    count = rb.parse_header(batch).record_count
+    stop = threading.Event()
+    ran = [0]
+
+    def spin() -> None:  # pure Python: it wants the GIL all the time
+        while not stop.is_set():
+            ran[0] += 1
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(0.5)
+    spinner = threading.Thread(target=spin)
+    spinner.start()
+    try:
+        time.sleep(0.01)  # the spinner runs; this thread gets the GIL back by a forced switch
+        before = ran[0]  # and holds it for the next 0.5 s unless it gives it away
+        for _ in range(200):
+            assert rb.scan_records(batch, rb.HEADER_SIZE, len(batch), count)[0] == 0
+        during = ran[0] - before
+    finally:
+        stop.set()
+        spinner.join()
+        sys.setswitchinterval(old)
+    assert before > 0
+    assert during == 0, f"another thread ran {during} steps during 200 walks of a 1 KiB batch"
 
 
 def reseal(batch: bytearray) -> bytearray:
