@@ -37,7 +37,7 @@ from __future__ import annotations
 import struct
 import time
 import zlib
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -526,6 +526,18 @@ try:  # the C walk (setup.py builds it); the Python twin when it was not built
 
 except ImportError:  # pragma: no cover - depends on the build
     scan_records = scan_records_py
+
+crc32c_combine: Callable[[int, int, int], int] | None = None
+"""``crc32c_combine(crc(A), crc(B), len(B))``: the CRC-32C of ``A || B`` without reading
+either (the C walk's module, from version 3); None without it (callers compute the CRC over
+the bytes instead)."""
+try:
+    from stonemq.protocol import _recordscan as _native
+
+    if getattr(_native, "VERSION", 1) >= 3:
+        crc32c_combine = _native.crc32c_combine
+except ImportError:  # pragma: no cover - depends on the build
+    pass
 
 
 def walk_records(

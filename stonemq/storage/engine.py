@@ -64,6 +64,7 @@ from stonemq.storage.index_file import IndexWrite
 from stonemq.storage.journal import (
     ENTRY_HEADER_SIZE,
     ENTRY_PREFIX_BATCH_BYTES,
+    ENTRY_PREFIX_CHECKED_BYTES,
     FLUSH_POLICIES,
     CorruptEntryError,
     JournalEntry,
@@ -71,6 +72,7 @@ from stonemq.storage.journal import (
     JournalReader,
     decode_entries,
     encode_entry_prefix,
+    encode_entry_prefix_checked,
     list_segments,
     segment_name,
     unlink_segments,
@@ -1100,6 +1102,7 @@ class StorageEngine:
         record_count: int,
         leader_epoch: int | None = None,
         producer: BatchHeader | None = None,
+        crc_checked: bool = False,
     ) -> AppendResult:
         """Assign offsets to one validated RecordBatch v2 and queue it on its journal
         partition (group commit) with its base offset and partition leader epoch patched in:
@@ -1110,6 +1113,8 @@ class StorageEngine:
         sequence is checked against the partition's producer state first, which raises
         DuplicateSequenceError, OutOfOrderSequenceError or InvalidProducerEpochError
         (``producer_state.py``).
+        ``crc_checked``: the batch's CRC field is known to match its bytes (the produce path
+        checked it): the journal entry's CRC is derived from it, not read over the batch again.
         Raises StorageError / UnknownPartitionError synchronously when it cannot even be
         queued.
 
@@ -1138,10 +1143,18 @@ class StorageEngine:
             set_base_offset(batch, 0, base)
         if leader_epoch is None:  # the journal partition's epoch (0 on a single node)
             leader_epoch = self._leader_epochs[state.journal]
-        prefix = encode_entry_prefix(
-            state.topic_id, partition, base, record_count, batch, leader_epoch
-        )
-        body = memoryview(batch)[ENTRY_PREFIX_BATCH_BYTES:]
+        prefix = None
+        if crc_checked:
+            prefix = encode_entry_prefix_checked(
+                state.topic_id, partition, base, record_count, batch, leader_epoch
+            )
+        if prefix is None:
+            prefix = encode_entry_prefix(
+                state.topic_id, partition, base, record_count, batch, leader_epoch
+            )
+            body = memoryview(batch)[ENTRY_PREFIX_BATCH_BYTES:]
+        else:
+            body = memoryview(batch)[ENTRY_PREFIX_CHECKED_BYTES:]
         self._headroom.check(len(prefix) + len(body))
         loop = self._append_loop
         if loop is None:  # asking for the running loop costs a getpid() syscall: once
