@@ -509,6 +509,7 @@ class StorageEngine:
                 journal.on_written = functools.partial(self._on_journal_bytes, journal.index)
         # appends wait while the read directory lacks room to split what is acknowledged
         self._headroom = SplitHeadroom(self._queue_dir, self.unsplit_bytes)
+        self._recompressing = False  # a topic names a compression.type: see _note_codec
         self._by_name = _Registry()
         # log start offsets that retention or DeleteRecords advanced (checkpointed)
         self._log_starts: dict[tuple[str, int], int] = {}
@@ -607,6 +608,7 @@ class StorageEngine:
         known = self._by_name.topic_id_of(topic)
         if known == tid:
             tid = known  # one bytes object per topic
+        self._note_codec(config)
         state = self._by_name.get(key)
         if state is not None:
             if state.topic_id == tid:
@@ -679,7 +681,15 @@ class StorageEngine:
                 with contextlib.suppress(RuntimeError):  # the thread is being shut down
                     self._creator.submit(self._create_queued)
 
+    def _note_codec(self, config: LogConfig) -> None:
+        """A partition whose topic names a compression.type (not ``producer``) exists: from
+        now on the splitter looks up each batch's topic codec (``_to_topic_codec``). Never
+        reset while the broker runs (conservative; a deleted topic's codec keeps it on)."""
+        if config.compression != PRODUCER_COMPRESSION:
+            self._recompressing = True
+
     def update_config(self, topic: str, config: LogConfig) -> None:
+        self._note_codec(config)
         self._headroom.note_config(config.segment_bytes, config.index_interval_bytes)
         for state in self._by_name.topic(topic):
             state.config = config
@@ -786,7 +796,10 @@ class StorageEngine:
         whose codec is not its topic's compression.type (Kafka's LogValidator recompresses
         a batch whose codec differs from the topic's unless that is ``producer``). The
         journal keeps the batch as produced; the queue log, which consumers read, gets the
-        topic's codec. Deterministic, so a re-split after a crash writes the same bytes."""
+        topic's codec. Deterministic, so a re-split after a crash writes the same bytes.
+        Nothing to look up while every topic keeps its producers' codec (the default)."""
+        if not self._recompressing:
+            return
         for entry in entries:
             state = self._by_name.by_id(entry.topic_id, entry.partition)
             if state is None:
