@@ -159,6 +159,9 @@ class AppendResult(NamedTuple):
     written: asyncio.Future[None]
 
 
+_new_tuple = tuple.__new__
+
+
 @dataclass(frozen=True, slots=True)
 class ReadResult:
     """Whole record batches starting with the one that holds the requested offset."""
@@ -1191,7 +1194,14 @@ class StorageEngine:
                 producer.max_timestamp,
             )
         queue = state.queue
-        return AppendResult(base, queue.log_start_offset if queue is not None else 0, acked)
+        if queue is None:
+            log_start = 0
+        elif queue.segments:  # QueueLog.log_start_offset, without its property's call
+            log_start = min(max(queue.log_start, queue.segments[0].base_offset), queue.next_offset)
+        else:
+            log_start = queue.next_offset
+        return _new_tuple(AppendResult, (base, log_start, acked))  # NamedTuple's __new__ is
+        # a Python function (a frame per batch)
 
     def _topic_flush(
         self,

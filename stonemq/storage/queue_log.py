@@ -238,7 +238,8 @@ class SplitWrite:
         self.created_ms = queue.created_ms
         self.staged_in_active = 0
         self.runs: list[_Run] = []
-        self.index_jobs: list[IndexWrite] = []
+        # the due index entries (``take_index_writes``); almost always none: a shared tuple
+        self.index_jobs: list[IndexWrite] | tuple[()] = ()
         self.make_dir = not segments
         self.done_runs = 0
         self.error: OSError | None = None
@@ -271,7 +272,9 @@ class SplitWrite:
         go with it (written in the same thread visit)."""
         segments = self.queue.segments
         if segments:
-            self.index_jobs = segments[-1].index_writes(due_only=True)
+            jobs = segments[-1].index_writes(due_only=True)
+            if jobs:
+                self.index_jobs = jobs
 
     def write(self) -> None:
         """Thread side: the directory if new, the runs in order, the index entries. Never
