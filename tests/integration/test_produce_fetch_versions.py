@@ -107,6 +107,11 @@ def test_fetch_by_unknown_topic_id(module_broker, topic, version):
         },
     )
     with RawConnection(module_broker.host, module_broker.port) as conn:
+        # the known topic's partition holds a record whatever ran before (alone, or first)
+        batch = bytes(build_batch([(None, b"beside-unknown-id-v%d" % version)]))
+        part = produce_raw(conn, name, 0, batch, version=13, topic_id=topic_id)
+        assert part.error_code == 0, part
+        wait_visible(conn, name, 0, part.base_offset + 1)
         answer = conn.request(request, schema("fetch", version, "response").FetchResponse)
     assert answer.error_code == 0
     first, second = answer.responses
