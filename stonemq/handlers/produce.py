@@ -488,7 +488,7 @@ def _store(
         set_max_timestamp(batch, 0, max_timestamp)
     try:
         appended = ctx.broker.storage.append(
-            topic, result.index, batch, header.record_count, producer=header
+            topic, result.index, batch, header.record_count, producer=header, crc_checked=True
         )
     except DuplicateSequenceError as dup:  # answered with the original's offset once stored
         result.base_offset = dup.base_offset

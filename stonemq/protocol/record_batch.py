@@ -37,7 +37,7 @@ from __future__ import annotations
 import struct
 import time
 import zlib
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -527,6 +527,18 @@ try:  # the C walk (setup.py builds it); the Python twin when it was not built
 except ImportError:  # pragma: no cover - depends on the build
     scan_records = scan_records_py
 
+crc32c_combine: Callable[[int, int, int], int] | None = None
+"""``crc32c_combine(crc(A), crc(B), len(B))``: the CRC-32C of ``A || B`` without reading
+either (the C walk's module, from version 3); None without it (callers compute the CRC over
+the bytes instead)."""
+try:
+    from stonemq.protocol import _recordscan as _native
+
+    if getattr(_native, "VERSION", 1) >= 3:
+        crc32c_combine = _native.crc32c_combine
+except ImportError:  # pragma: no cover - depends on the build
+    pass
+
 
 def walk_records(
     body: bytes | bytearray | memoryview,
@@ -594,7 +606,35 @@ def _check_framing(
 
 def check_batch(buf: bytes | bytearray | memoryview) -> BatchHeader:
     """The batch-level rules for a produced batch (cheap: header and CRC only); raises the
-    RecordBatchError that names the Kafka error. See :func:`validate_produce_records`."""
+    RecordBatchError that names the Kafka error. See :func:`validate_produce_records`.
+
+    One pass over the header's fields as locals for a batch that breaks no rule (once per
+    produced batch: at 10,000 partitions of one-record batches the helpers and properties of
+    :func:`check_batch_reference` were 7% of the broker's samples); anything else is
+    answered by :func:`check_batch_reference`, which raises the precise error."""
+    n = len(buf)
+    if n >= HEADER_SIZE and buf[16] == 2:
+        fields = _HEADER.unpack_from(buf, 0)
+        (_, length, _, _, crc, attributes, last_delta, _, _, producer_id, _, sequence, count) = (
+            fields
+        )
+        if (
+            length + LOG_OVERHEAD == n
+            and length >= MIN_BATCH_LENGTH
+            and count > 0
+            and count == last_delta + 1
+            and attributes & _ATTR_COMPRESSION <= COMPRESSION_ZSTD
+            and not attributes & (_ATTR_CONTROL | _ATTR_TIMESTAMP_TYPE)
+            and (producer_id < 0 or sequence >= 0)
+            and crc32c(memoryview(buf)[CRC_START:]) == crc
+        ):
+            return _make_header(fields)
+    return check_batch_reference(buf)
+
+
+def check_batch_reference(buf: bytes | bytearray | memoryview) -> BatchHeader:
+    """:func:`check_batch` rule by rule, each with its error (the answer for any batch that
+    breaks one; a property test holds the two to the same answers)."""
     header = parse_header(buf, 0)
     if header.size < len(buf):
         raise InvalidRecordError("produce records must hold exactly one record batch")
@@ -623,11 +663,20 @@ def check_records(
     the topic's bounds. Returns the records' largest timestamp (what the batch's max
     timestamp must say). Raises InvalidRecordError, CorruptRecordError,
     RecordsTooLargeError or InvalidTimestampError."""
-    bound = (
-        limits.max_uncompressed_bytes if max_uncompressed_bytes is None else max_uncompressed_bytes
-    )
-    body, start, end = batch_body(buf, 0, header, bound)
-    low, high = walk_records(body, start, end, header.record_count)
+    if not header.attributes & _ATTR_COMPRESSION:  # walked in place (batch_body, walk_records)
+        status, index, low, high = scan_records(
+            buf, HEADER_SIZE, header.batch_length + LOG_OVERHEAD, header.record_count
+        )
+        if status:
+            raise InvalidRecordError(f"record {index}: {SCAN_ERRORS.get(status, status)}")
+    else:
+        bound = (
+            limits.max_uncompressed_bytes
+            if max_uncompressed_bytes is None
+            else max_uncompressed_bytes
+        )
+        body, start, end = batch_body(buf, 0, header, bound)
+        low, high = walk_records(body, start, end, header.record_count)
     first, last = header.base_timestamp + low, header.base_timestamp + high
     if not limits.log_append_time and first != NO_TIMESTAMP:
         if now_ms - first > limits.timestamp_before_max_ms:

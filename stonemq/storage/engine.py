@@ -63,6 +63,7 @@ from stonemq.storage.health import Event, is_space_error
 from stonemq.storage.index_file import IndexWrite
 from stonemq.storage.journal import (
     ENTRY_PREFIX_BATCH_BYTES,
+    ENTRY_PREFIX_CHECKED_BYTES,
     FLUSH_POLICIES,
     CorruptEntryError,
     JournalEntry,
@@ -70,6 +71,7 @@ from stonemq.storage.journal import (
     JournalReader,
     decode_entries,
     encode_entry_prefix,
+    encode_entry_prefix_checked,
     list_segments,
     segment_name,
     unlink_segments,
@@ -154,6 +156,9 @@ class AppendResult(NamedTuple):
     base_offset: int
     log_start_offset: int
     written: asyncio.Future[None]
+
+
+_new_tuple = tuple.__new__
 
 
 @dataclass(frozen=True, slots=True)
@@ -506,6 +511,7 @@ class StorageEngine:
                 journal.on_written = functools.partial(self._on_journal_bytes, journal.index)
         # appends wait while the read directory lacks room to split what is acknowledged
         self._headroom = SplitHeadroom(self._queue_dir, self.unsplit_bytes)
+        self._recompressing = False  # a topic names a compression.type: see _note_codec
         self._by_name = _Registry()
         # log start offsets that retention or DeleteRecords advanced (checkpointed)
         self._log_starts: dict[tuple[str, int], int] = {}
@@ -604,6 +610,7 @@ class StorageEngine:
         known = self._by_name.topic_id_of(topic)
         if known == tid:
             tid = known  # one bytes object per topic
+        self._note_codec(config)
         state = self._by_name.get(key)
         if state is not None:
             if state.topic_id == tid:
@@ -676,7 +683,15 @@ class StorageEngine:
                 with contextlib.suppress(RuntimeError):  # the thread is being shut down
                     self._creator.submit(self._create_queued)
 
+    def _note_codec(self, config: LogConfig) -> None:
+        """A partition whose topic names a compression.type (not ``producer``) exists: from
+        now on the splitter looks up each batch's topic codec (``_to_topic_codec``). Never
+        reset while the broker runs (conservative; a deleted topic's codec keeps it on)."""
+        if config.compression != PRODUCER_COMPRESSION:
+            self._recompressing = True
+
     def update_config(self, topic: str, config: LogConfig) -> None:
+        self._note_codec(config)
         self._headroom.note_config(config.segment_bytes, config.index_interval_bytes)
         for state in self._by_name.topic(topic):
             state.config = config
@@ -783,7 +798,10 @@ class StorageEngine:
         whose codec is not its topic's compression.type (Kafka's LogValidator recompresses
         a batch whose codec differs from the topic's unless that is ``producer``). The
         journal keeps the batch as produced; the queue log, which consumers read, gets the
-        topic's codec. Deterministic, so a re-split after a crash writes the same bytes."""
+        topic's codec. Deterministic, so a re-split after a crash writes the same bytes.
+        Nothing to look up while every topic keeps its producers' codec (the default)."""
+        if not self._recompressing:
+            return
         for entry in entries:
             state = self._by_name.by_id(entry.topic_id, entry.partition)
             if state is None:
@@ -1099,6 +1117,7 @@ class StorageEngine:
         record_count: int,
         leader_epoch: int | None = None,
         producer: BatchHeader | None = None,
+        crc_checked: bool = False,
     ) -> AppendResult:
         """Assign offsets to one validated RecordBatch v2 and queue it on its journal
         partition (group commit) with its base offset and partition leader epoch patched in:
@@ -1109,6 +1128,8 @@ class StorageEngine:
         sequence is checked against the partition's producer state first, which raises
         DuplicateSequenceError, OutOfOrderSequenceError or InvalidProducerEpochError
         (``producer_state.py``).
+        ``crc_checked``: the batch's CRC field is known to match its bytes (the produce path
+        checked it): the journal entry's CRC is derived from it, not read over the batch again.
         Raises StorageError / UnknownPartitionError synchronously when it cannot even be
         queued.
 
@@ -1137,10 +1158,18 @@ class StorageEngine:
             set_base_offset(batch, 0, base)
         if leader_epoch is None:  # the journal partition's epoch (0 on a single node)
             leader_epoch = self._leader_epochs[state.journal]
-        prefix = encode_entry_prefix(
-            state.topic_id, partition, base, record_count, batch, leader_epoch
-        )
-        body = memoryview(batch)[ENTRY_PREFIX_BATCH_BYTES:]
+        prefix = None
+        if crc_checked:
+            prefix = encode_entry_prefix_checked(
+                state.topic_id, partition, base, record_count, batch, leader_epoch
+            )
+        if prefix is None:
+            prefix = encode_entry_prefix(
+                state.topic_id, partition, base, record_count, batch, leader_epoch
+            )
+            body = memoryview(batch)[ENTRY_PREFIX_BATCH_BYTES:]
+        else:
+            body = memoryview(batch)[ENTRY_PREFIX_CHECKED_BYTES:]
         self._headroom.check(len(prefix) + len(body))
         loop = self._append_loop
         if loop is None:  # asking for the running loop costs a getpid() syscall: once
@@ -1164,7 +1193,14 @@ class StorageEngine:
                 producer.max_timestamp,
             )
         queue = state.queue
-        return AppendResult(base, queue.log_start_offset if queue is not None else 0, acked)
+        if queue is None:
+            log_start = 0
+        elif queue.segments:  # QueueLog.log_start_offset, without its property's call
+            log_start = min(max(queue.log_start, queue.segments[0].base_offset), queue.next_offset)
+        else:
+            log_start = queue.next_offset
+        return _new_tuple(AppendResult, (base, log_start, acked))  # NamedTuple's __new__ is
+        # a Python function (a frame per batch)
 
     def _topic_flush(
         self,

@@ -34,6 +34,7 @@ from typing import Any, NamedTuple
 
 from crc32c import crc32c
 
+from stonemq.protocol.record_batch import crc32c_combine
 from stonemq.storage import fileio
 from stonemq.storage.errors import StorageError
 from stonemq.storage.fileio import fsync_paths
@@ -109,6 +110,46 @@ def encode_entry_prefix(
     return _SIZE_CRC.pack(len(covered) + 4 + len(batch) - ENTRY_PREFIX_BATCH_BYTES, crc) + covered
 
 
+ENTRY_PREFIX_CHECKED_BYTES = _BATCH_HEAD.size + 5
+"""The batch bytes :func:`encode_entry_prefix_checked` covers (up to its CRC field)."""
+_CHECKED_FIELDS = struct.Struct(">i4xBI")  # from byte 8: batch length, magic, CRC-32C
+_BATCH_CRC_START = 21  # the batch's own CRC covers its bytes from here
+
+
+def encode_entry_prefix_checked(
+    topic_id: bytes,
+    partition: int,
+    base_offset: int,
+    record_count: int,
+    batch: Any,
+    leader_epoch: int = 0,
+) -> bytes | None:
+    """:func:`encode_entry_prefix` for a batch whose CRC field is known to match its bytes
+    (the produce path checked it, and re-CRCs a batch it rewrites), covering the batch's first
+    21 bytes: ``batch[21:]`` follows it. The entry's CRC is derived from the batch's
+    (``crc32c_combine``) instead of read over the batch a second time: the same value, as the
+    CRC is linear. None when the C module that combines CRCs is not built."""
+    if crc32c_combine is None:
+        return None
+    length, magic, batch_crc = _CHECKED_FIELDS.unpack_from(batch, 8)
+    covered = _TAIL_HEAD_CRC.pack(
+        ENTRY_VERSION,
+        topic_id,
+        partition,
+        base_offset,
+        record_count,
+        base_offset,
+        length,
+        leader_epoch,
+        magic,
+        batch_crc,
+    )
+    rest = len(batch) - _BATCH_CRC_START
+    crc = crc32c_combine(crc32c(covered), batch_crc, rest)
+    return _SIZE_CRC.pack(len(covered) + 4 + rest, crc) + covered
+
+
+_TAIL_HEAD_CRC = struct.Struct(">B16siqiqiiBI")
 _LENGTH = struct.Struct(">i")
 _SIZE_CRC = struct.Struct(">II")
 _TAIL_AND_HEAD = struct.Struct(">B16siqiqii")

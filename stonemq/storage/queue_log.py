@@ -25,6 +25,7 @@ import time
 from typing import TYPE_CHECKING
 
 from stonemq.protocol.record_batch import (
+    LOG_OVERHEAD,
     TIMESTAMP_LOG_APPEND_TIME,
     BatchHeader,
     RecordBatchError,
@@ -238,7 +239,8 @@ class SplitWrite:
         self.created_ms = queue.created_ms
         self.staged_in_active = 0
         self.runs: list[_Run] = []
-        self.index_jobs: list[IndexWrite] = []
+        # the due index entries (``take_index_writes``); almost always none: a shared tuple
+        self.index_jobs: list[IndexWrite] | tuple[()] = ()
         self.make_dir = not segments
         self.done_runs = 0
         self.error: OSError | None = None
@@ -260,8 +262,8 @@ class SplitWrite:
         run = runs[-1]
         run.buffers.append(batch)
         run.batches.append((header, journal_position))
-        self.size += header.size
-        self.next_offset = header.next_offset
+        self.size += header.batch_length + LOG_OVERHEAD  # header.size, without its property
+        self.next_offset = header.base_offset + header.last_offset_delta + 1
         self.staged_in_active += 1
         if self.first_timestamp is None:
             self.first_timestamp = header.max_timestamp
@@ -271,7 +273,9 @@ class SplitWrite:
         go with it (written in the same thread visit)."""
         segments = self.queue.segments
         if segments:
-            self.index_jobs = segments[-1].index_writes(due_only=True)
+            jobs = segments[-1].index_writes(due_only=True)
+            if jobs:
+                self.index_jobs = jobs
 
     def write(self) -> None:
         """Thread side: the directory if new, the runs in order, the index entries. Never
@@ -509,10 +513,10 @@ class QueueLog:
             pos = run.pos
             start = pos
             for header, journal_position in run.batches:
-                seg.size = pos + header.size
+                seg.size = end = pos + header.batch_length + LOG_OVERHEAD  # header.size
                 seg.track(header, pos, interval)
-                pos += header.size
-                self.next_offset = header.next_offset
+                pos = end
+                self.next_offset = header.base_offset + header.last_offset_delta + 1
                 self.last_journal_position = journal_position
                 if self.first_unflushed_journal_position is None:
                     self.first_unflushed_journal_position = journal_position

@@ -17,7 +17,12 @@ files per 16 KiB of records), so the unsplit bytes are weighed by ``split_cost_f
 out from the smallest ``segment.bytes`` and ``index.interval.bytes`` of any partition.
 
 Free space comes from ``statvfs`` at most every ``REFRESH_S``; bytes appended since are
-counted against it, so the check costs a subtraction on the produce path.
+counted against it, so the check costs a subtraction on the produce path. The unsplit bytes
+are summed over the journal partitions once per refresh too, not per append: a check that
+passes leaves a slack (free space less the weighted lag and the margin), and each later
+append spends its own weighted size plus its bytes from it; the splitter only shrinks the lag,
+so the slack is conservative. Once it is spent, or at the next refresh, the check is made
+again in full. (Every append to a journal partition, a follower's included, passes here.)
 """
 
 from __future__ import annotations
@@ -62,6 +67,7 @@ class SplitHeadroom:
         "_min_index_interval",
         "_min_segment",
         "_since",
+        "_slack",
         "block_bytes",
         "cost_factor",
         "directory",
@@ -83,6 +89,9 @@ class SplitHeadroom:
         self._free = 0
         self._since = 0  # bytes appended since the free space was read
         self._checked_at = -1.0
+        # weighted bytes later appends may take without a full check until the next refresh
+        # (``check``); negative: none, check in full
+        self._slack = -1.0
         self.refusing = False  # logged when it starts and stops
 
     def free_bytes(self) -> int:
@@ -108,6 +117,7 @@ class SplitHeadroom:
             self._update_factor()
 
     def _update_factor(self) -> None:
+        self._slack = -1.0  # the next check weighs the lag with the new factor
         if self._min_segment < 1 << 62:
             self.cost_factor = split_cost_factor(
                 self._min_segment, self._min_index_interval, self.block_bytes
@@ -116,9 +126,16 @@ class SplitHeadroom:
     def check(self, size: int) -> None:
         """Raise StorageError when an append of ``size`` bytes would leave the splitter short
         of space; else count it."""
-        need = int((self.lag() + size) * self.cost_factor) + self.margin_bytes
+        weighted = size * self.cost_factor
+        if weighted <= self._slack and time.monotonic() - self._checked_at < REFRESH_S:
+            self._slack -= weighted + size  # the lag grows by size, the free space shrinks
+            self._since += size
+            return
+        lag = self.lag()
+        need = int((lag + size) * self.cost_factor) + self.margin_bytes
         free = self.free_bytes()
         if free < need:
+            self._slack = -1.0
             self._checked_at = -1.0  # read it again next time: space may come back any moment
             error = StorageError(
                 f"{self.directory}: {free} bytes free, the splitter needs {need} for what is "
@@ -132,3 +149,4 @@ class SplitHeadroom:
             self.refusing = False
             log.info("%s: space for the splitter again, produces resume", self.directory)
         self._since += size
+        self._slack = (free - size) - (lag + size) * self.cost_factor - self.margin_bytes

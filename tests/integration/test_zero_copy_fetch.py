@@ -35,6 +35,7 @@ from .helpers import (
     consume,
     create_topic,
     produce,
+    wait_high_watermark,
 )
 from .rawclient import (
     RawConnection,
@@ -68,6 +69,11 @@ def _fill(bootstrap: str, topic: str, sent: list[Msg]) -> None:
         sent,
         **{"linger.ms": 20, "batch.size": 256 * 1024, "compression.type": "none"},
     )
+    # records are visible once split, a moment after the ack: a reader that stops at the
+    # end it sees (kcat -e) must not start before all of them are; asked by ListOffsets,
+    # which reads no record (the fault tests' injected sendfile failures stay for the reader)
+    _, high = wait_high_watermark(bootstrap, topic, len(sent), timeout=30)
+    assert high >= len(sent), high
 
 
 @pytest.mark.parametrize("zero_copy", [True, False])

@@ -2,6 +2,9 @@
 
 import random
 import struct
+import sys
+import threading
+import time
 
 import cramjam
 import lz4.frame
@@ -175,6 +178,38 @@ def test_the_c_walk_is_built() -> None:
     assert rb._recordscan.VERSION >= 2
 
 
+def test_the_c_walk_of_a_small_batch_keeps_the_gil() -> None:
+    """A walk of a small batch does not hand the GIL to a waiting thread: it woke that thread
+    (the splitter's, at 10,000 partitions) and waited to get the GIL back, several times the
+    walk's own 0.2 us. With a long switch interval a thread that always wants the GIL can only
+    run during the walks if they release it."""
+    batch = rb.encode_batch(0, [(1000, b"k", b"v" * 1000, [])])
+    count = rb.parse_header(batch).record_count
+    stop = threading.Event()
+    ran = [0]
+
+    def spin() -> None:  # pure Python: it wants the GIL all the time
+        while not stop.is_set():
+            ran[0] += 1
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(0.5)
+    spinner = threading.Thread(target=spin)
+    spinner.start()
+    try:
+        time.sleep(0.01)  # the spinner runs; this thread gets the GIL back by a forced switch
+        before = ran[0]  # and holds it for the next 0.5 s unless it gives it away
+        for _ in range(200):
+            assert rb.scan_records(batch, rb.HEADER_SIZE, len(batch), count)[0] == 0
+        during = ran[0] - before
+    finally:
+        stop.set()
+        spinner.join()
+        sys.setswitchinterval(old)
+    assert before > 0
+    assert during == 0, f"another thread ran {during} steps during 200 walks of a 1 KiB batch"
+
+
 def reseal(batch: bytearray) -> bytearray:
     """Recompute the CRC: the garbage below is CRC-valid, as a buggy client would send it."""
     struct.pack_into(">I", batch, 17, rb.crc32c(bytes(batch[rb.CRC_START :])))
@@ -329,3 +364,42 @@ def test_compressed_sizes_follow_the_level() -> None:
     assert len(rb.compress(rb.COMPRESSION_GZIP, data, 9)) <= len(
         rb.compress(rb.COMPRESSION_GZIP, data, 1)
     )
+
+
+def _answer(check, buf):  # type: ignore[no-untyped-def]
+    try:
+        return check(buf)
+    except rb.RecordBatchError as exc:
+        return (type(exc), str(exc))
+
+
+@settings(max_examples=300, deadline=None)
+@given(records_st, st.sampled_from([0, 1, 2, 3, 4]), st.data())
+def test_the_one_pass_batch_check_answers_as_the_rule_by_rule_one(records, codec, data) -> None:
+    """``check_batch`` (one pass over the header for a batch that breaks no rule) and
+    ``check_batch_reference`` (rule by rule) agree on any batch: the same header, or the
+    same error with the same message, whichever bytes, lengths or fields are wrong."""
+    batch = build(
+        records,
+        codec,
+        producer_id=data.draw(st.sampled_from([-1, 7])),
+        base_sequence=data.draw(st.sampled_from([-1, 0, 5])),
+    )
+    kind = data.draw(st.sampled_from(["as built", "flip", "field", "cut", "extend"]))
+    if kind == "flip":
+        at = data.draw(st.integers(0, len(batch) - 1))
+        batch[at] ^= 1 << data.draw(st.integers(0, 7))
+    elif kind == "field":  # a header field set to a chosen value, the CRC made to match
+        at, size = data.draw(
+            st.sampled_from([(8, 4), (16, 1), (21, 2), (23, 4), (43, 8), (51, 2), (53, 4), (57, 4)])
+        )
+        value = data.draw(st.integers(-(2 ** (8 * size - 1)), 2 ** (8 * size - 1) - 1))
+        batch[at : at + size] = value.to_bytes(size, "big", signed=True)
+        if data.draw(st.booleans()):
+            reseal(batch)
+    elif kind == "cut":
+        batch = batch[: data.draw(st.integers(0, len(batch) - 1))]
+    elif kind == "extend":
+        batch += bytes(data.draw(st.integers(1, 70)))
+    for buf in (bytes(batch), batch, memoryview(bytes(batch))):
+        assert _answer(rb.check_batch, buf) == _answer(rb.check_batch_reference, buf)

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 from conftest import add_topic, build_batch, new_engine, read_all
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from stonemq.storage.engine import LogConfig, StorageError
 from stonemq.storage.errors import CutBackError
@@ -165,3 +167,60 @@ def test_the_headroom_weighs_unsplit_bytes_by_the_split_cost(tmp_path: Path) -> 
     headroom.note_config(8 * 1024, 4096)
     with pytest.raises(StorageError):
         headroom.check(0)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    sizes=st.lists(st.integers(min_value=0, max_value=50_000), min_size=1, max_size=60),
+    room=st.integers(min_value=0, max_value=400_000),
+    segment_bytes=st.sampled_from([1 << 30, 64 * 1024, 8 * 1024]),
+)
+def test_the_headroom_answers_as_a_full_check_of_every_append(
+    tmp_path_factory: pytest.TempPathFactory, sizes: list[int], room: int, segment_bytes: int
+) -> None:
+    """The slack a passing check leaves lets later appends pass without summing the lag, and
+    only those a full check would pass: every answer equals the rule's, with a filesystem
+    whose free space shrinks by exactly what was accepted and a lag that grows by it."""
+    directory = tmp_path_factory.mktemp("headroom")
+    free = 1 << 36
+    accepted = [0]
+
+    def lag() -> int:
+        return 10_000 + accepted[0]
+
+    def statvfs(_path: object) -> os.statvfs_result:  # 1-byte fragments: exact free space
+        avail = free - accepted[0]
+        return os.statvfs_result((4096, 1, free, avail, avail, 100, 50, 50, 0, 255))
+
+    margin = free - 10_000 - room
+    headroom = SplitHeadroom(str(directory), lag, margin_bytes=margin)
+    saved = os.statvfs
+    os.statvfs = statvfs  # type: ignore[assignment]
+    try:
+        headroom.note_config(segment_bytes, 4096)
+        factor = headroom.cost_factor
+        for size in sizes:
+            need = int((10_000 + accepted[0] + size) * factor) + margin
+            try:
+                headroom.check(size)
+                passed = True
+            except StorageError:
+                passed = False
+            assert passed == (free - accepted[0] >= need), (size, accepted[0], need)
+            if passed:
+                accepted[0] += size
+    finally:
+        os.statvfs = saved  # type: ignore[assignment]
+
+
+def test_the_headroom_sums_the_lag_once_per_refresh_while_there_is_room(tmp_path: Path) -> None:
+    reads = [0]
+
+    def lag() -> int:
+        reads[0] += 1
+        return 0
+
+    headroom = SplitHeadroom(str(tmp_path), lag, margin_bytes=0)
+    for _ in range(1000):
+        headroom.check(1024)
+    assert reads[0] < 100  # one per 20 ms refresh at most (1,000 before the change)
