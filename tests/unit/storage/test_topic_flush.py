@@ -115,7 +115,10 @@ def test_flush_messages_fsyncs_when_the_count_is_reached(tmp_path: Path, durabil
 def test_positive_flush_ms_fsyncs_soon_after_without_holding_the_ack(
     tmp_path: Path, durability: Durability
 ):
-    configs = {"t": LogConfig(**SMALL, flush_ms=50)}
+    # the fsync is due flush.ms after the first append: long enough that three acks on a
+    # loaded machine come well before it (50 ms failed once under load), short for the test
+    flush_s = 0.5
+    configs = {"t": LogConfig(**SMALL, flush_ms=int(flush_s * 1000))}
 
     async def life() -> None:
         engine = _open(tmp_path, configs)
@@ -123,8 +126,8 @@ def test_positive_flush_ms_fsyncs_soon_after_without_holding_the_ack(
         loop = asyncio.get_running_loop()
         started = loop.time()
         await _append(engine, "t", 3, b"t")
-        assert loop.time() - started < 0.05  # the acks did not wait for the fsync
-        await asyncio.sleep(0.3)  # the fsync is due 50 ms after the first append
+        assert loop.time() - started < flush_s  # the acks did not wait for the fsync
+        await asyncio.sleep(flush_s + 0.3)
         abandon(engine)
 
     asyncio.run(life())
