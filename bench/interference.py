@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import resource
 import socket
 import statistics
 import struct
@@ -86,9 +87,13 @@ LABELLED = ("request_loop_seconds", "request_count")
 
 
 def entry(q: Queue[Any], name: str, *args: Any) -> None:
-    """Process target: run this module's worker ``name``; its result goes to ``q``."""
+    """Process target: run this module's worker ``name``; its result goes to ``q``, with the
+    CPU seconds this client process used (all threads, librdkafka's included)."""
     try:
-        q.put(("done", globals()[name](q, *args)))
+        result = globals()[name](q, *args)
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        result["client_cpu_s"] = round(usage.ru_utime + usage.ru_stime, 3)
+        q.put(("done", result))
     except BaseException:
         q.put(("error", traceback.format_exc()))
 
@@ -213,6 +218,27 @@ def pipeliner(q: Queue[Any], port: int, stop: Event, cap_s: float) -> Any:
     return {"requests": answered, "req_s": round(answered / max(elapsed, 1e-9), 1)}
 
 
+def cores(wall_s: float, broker_cpu_s: float, phase: dict[str, Any]) -> dict[str, float]:
+    """A phase's CPU in cores (CPU seconds over the phase's wall time): the broker's, and each
+    client process's over its life (started just before the phase, ended with it). On this
+    2-core machine the clients share the CPUs with the broker, so this says how much of the
+    machine the load generators themselves took."""
+    wall = max(wall_s, 1e-9)
+    out = {
+        "seconds": round(wall_s, 2),
+        "cpus": os.cpu_count() or 0,
+        "broker": round(broker_cpu_s / wall, 2),
+    }
+    clients = 0.0
+    for name in ("producer", "api_versions", "metadata", "catch_up"):
+        used = phase.get(name, {}).get("client_cpu_s")
+        if used is not None:
+            out[name] = round(used / wall, 2)
+            clients += used / wall
+    out["clients"] = round(clients, 2)
+    return out
+
+
 def scrape(port: int) -> dict[str, float]:
     """Every sample of the broker's Prometheus endpoint, labelled ones under their full
     ``name{labels}`` key."""
@@ -279,6 +305,8 @@ def run_interference(run: Run) -> None:
                 expect(qp, "start", 120)
                 expect(qa, "start", 120)
                 counted = scrape(metrics_port)
+                broker_cpu = procs.cpu_seconds(broker.pid)
+                began = time.monotonic()
                 out: dict[str, Any] = {}
                 if together:
                     qm = stack.enter_context(worker(entry, "pipeliner", broker.port, stop, cap))
@@ -304,8 +332,11 @@ def run_interference(run: Run) -> None:
                     time.sleep(alone_s)
                     stop.set()
                 out["broker"] = accounting(counted, scrape(metrics_port))
+                wall = time.monotonic() - began
+                broker_cpu = procs.cpu_seconds(broker.pid) - broker_cpu
                 out["producer"] = expect(qp, "done", 300)
                 out["api_versions"] = expect(qa, "done", 300)
+                out["cpu"] = cores(wall, broker_cpu, out)
             return out
 
         log(f"  alone: paced producer and ApiVersions prober for {alone_s:.0f} s")

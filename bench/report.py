@@ -563,8 +563,31 @@ def interference_table(res: dict[str, Any]) -> list[str]:
         f"{'dropped' if it['cache_dropped'] else 'NOT dropped (not root)'} before the "
         "catch-up; the Metadata client sends 200 requests for every topic before reading any.",
         "",
+        *_interference_cores(a, t),
         *_interference_accounting(a, t),
     ]
+
+
+def _interference_cores(alone: dict[str, Any], together: dict[str, Any]) -> list[str]:
+    """Each phase's CPU in cores: the broker's and the client processes' (absent from older
+    results). The clients run on the broker's machine, so they take CPUs it would use."""
+    if "cpu" not in alone or "cpu" not in together:
+        return []
+    names = {
+        "producer": "paced producer",
+        "catch_up": "catch-up consumer",
+        "metadata": "Metadata pipeliner",
+        "api_versions": "prober",
+    }
+    parts = []
+    for phase, data in (("alone", alone), ("together", together)):
+        c = data["cpu"]
+        each = ", ".join(f"{label} {c[key]}" for key, label in names.items() if key in c)
+        parts.append(
+            f"{phase} ({c['seconds']} s): broker {c['broker']}, clients {c['clients']} ({each})"
+        )
+    cpus = together["cpu"]["cpus"]
+    return [f"CPU in cores (of the machine's {cpus}): " + "; ".join(parts) + ".", ""]
 
 
 def _interference_accounting(alone: dict[str, Any], together: dict[str, Any]) -> list[str]:
