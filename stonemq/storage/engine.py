@@ -63,7 +63,7 @@ from stonemq.storage.health import Event, is_space_error
 from stonemq.storage.index_file import IndexWrite
 from stonemq.storage.journal import (
     ENTRY_PREFIX_BATCH_BYTES,
-    ENTRY_PREFIX_CHECKED_BYTES,
+    ENTRY_PREFIX_COVERED_BYTES,
     FLUSH_POLICIES,
     CorruptEntryError,
     JournalEntry,
@@ -71,7 +71,6 @@ from stonemq.storage.journal import (
     JournalReader,
     decode_entries,
     encode_entry_prefix,
-    encode_entry_prefix_checked,
     list_segments,
     segment_name,
     unlink_segments,
@@ -1158,18 +1157,10 @@ class StorageEngine:
             set_base_offset(batch, 0, base)
         if leader_epoch is None:  # the journal partition's epoch (0 on a single node)
             leader_epoch = self._leader_epochs[state.journal]
-        prefix = None
-        if crc_checked:
-            prefix = encode_entry_prefix_checked(
-                state.topic_id, partition, base, record_count, batch, leader_epoch
-            )
-        if prefix is None:
-            prefix = encode_entry_prefix(
-                state.topic_id, partition, base, record_count, batch, leader_epoch
-            )
-            body = memoryview(batch)[ENTRY_PREFIX_BATCH_BYTES:]
-        else:
-            body = memoryview(batch)[ENTRY_PREFIX_CHECKED_BYTES:]
+        prefix = encode_entry_prefix(
+            state.topic_id, partition, base, record_count, batch, leader_epoch, crc_checked
+        )
+        body = memoryview(batch)[ENTRY_PREFIX_COVERED_BYTES:]
         self._headroom.check(len(prefix) + len(body))
         loop = self._append_loop
         if loop is None:  # asking for the running loop costs a getpid() syscall: once

@@ -79,7 +79,15 @@ def encode_entry_header(
 
 _BATCH_HEAD = struct.Struct(">qii")  # base offset, batch length, partition leader epoch
 ENTRY_PREFIX_BATCH_BYTES = _BATCH_HEAD.size
-"""The batch bytes :func:`encode_entry_prefix` covers: the rest follows unchanged."""
+"""The batch head :func:`encode_entry_prefix` patches: base offset, length, leader epoch."""
+ENTRY_PREFIX_COVERED_BYTES = ENTRY_PREFIX_BATCH_BYTES + 5
+"""The batch bytes an :func:`encode_entry_prefix` result covers: its head, magic byte and CRC
+field (the batch's own CRC covers its bytes from here); ``batch[21:]`` follows it."""
+_HEAD_FIELDS = struct.Struct(">i4xBI")  # from byte 8: batch length, magic, CRC-32C
+_SIZE_CRC = struct.Struct(">II")
+_TAIL_HEAD_CRC = struct.Struct(">B16siqiqiiBI")
+""":data:`_ENTRY_TAIL`, :data:`_BATCH_HEAD`, then the batch's magic and CRC field, packed at once
+(the entry's CRC covers them all)."""
 
 
 def encode_entry_prefix(
@@ -89,49 +97,19 @@ def encode_entry_prefix(
     record_count: int,
     batch: Any,
     leader_epoch: int = 0,
+    crc_checked: bool = False,
 ) -> bytes:
-    """The entry header plus the batch's first 16 bytes with ``base_offset`` and the
-    partition ``leader_epoch`` patched in: with ``batch[16:]`` after it, a whole entry for a
+    """The entry header plus the batch's first 21 bytes with ``base_offset`` and the
+    partition ``leader_epoch`` patched in: with ``batch[21:]`` after it, a whole entry for a
     batch as the producer sent it, which stays unchanged (a RecordBatch's CRC covers neither
-    field), so nothing is copied."""
-    (length,) = _LENGTH.unpack_from(batch, 8)
-    covered = _TAIL_AND_HEAD.pack(
-        ENTRY_VERSION,
-        topic_id,
-        partition,
-        base_offset,
-        record_count,
-        base_offset,
-        length,
-        leader_epoch,
-    )
-    crc = crc32c(memoryview(batch)[ENTRY_PREFIX_BATCH_BYTES:], crc32c(covered))
-    # the size counts the header after itself and the whole batch (16 of its bytes are here)
-    return _SIZE_CRC.pack(len(covered) + 4 + len(batch) - ENTRY_PREFIX_BATCH_BYTES, crc) + covered
+    field), so nothing is copied.
 
-
-ENTRY_PREFIX_CHECKED_BYTES = _BATCH_HEAD.size + 5
-"""The batch bytes :func:`encode_entry_prefix_checked` covers (up to its CRC field)."""
-_CHECKED_FIELDS = struct.Struct(">i4xBI")  # from byte 8: batch length, magic, CRC-32C
-_BATCH_CRC_START = 21  # the batch's own CRC covers its bytes from here
-
-
-def encode_entry_prefix_checked(
-    topic_id: bytes,
-    partition: int,
-    base_offset: int,
-    record_count: int,
-    batch: Any,
-    leader_epoch: int = 0,
-) -> bytes | None:
-    """:func:`encode_entry_prefix` for a batch whose CRC field is known to match its bytes
-    (the produce path checked it, and re-CRCs a batch it rewrites), covering the batch's first
-    21 bytes: ``batch[21:]`` follows it. The entry's CRC is derived from the batch's
-    (``crc32c_combine``) instead of read over the batch a second time: the same value, as the
-    CRC is linear. None when the C module that combines CRCs is not built."""
-    if crc32c_combine is None:
-        return None
-    length, magic, batch_crc = _CHECKED_FIELDS.unpack_from(batch, 8)
+    ``crc_checked`` is for a batch whose CRC field is known to match its bytes (the produce
+    path checked it, and re-CRCs a batch it rewrites): the entry's CRC is then derived from
+    the batch's (``crc32c_combine``) instead of read over the batch a second time: the same
+    value, as the CRC is linear. Otherwise (or without the C module that combines CRCs) it is
+    read over ``batch[21:]``."""
+    length, magic, batch_crc = _HEAD_FIELDS.unpack_from(batch, 8)
     covered = _TAIL_HEAD_CRC.pack(
         ENTRY_VERSION,
         topic_id,
@@ -144,16 +122,13 @@ def encode_entry_prefix_checked(
         magic,
         batch_crc,
     )
-    rest = len(batch) - _BATCH_CRC_START
-    crc = crc32c_combine(crc32c(covered), batch_crc, rest)
+    rest = len(batch) - ENTRY_PREFIX_COVERED_BYTES
+    if crc_checked and crc32c_combine is not None:
+        crc = crc32c_combine(crc32c(covered), batch_crc, rest)
+    else:
+        crc = crc32c(memoryview(batch)[ENTRY_PREFIX_COVERED_BYTES:], crc32c(covered))
+    # the size counts the header after itself and the whole batch (21 of its bytes are here)
     return _SIZE_CRC.pack(len(covered) + 4 + rest, crc) + covered
-
-
-_TAIL_HEAD_CRC = struct.Struct(">B16siqiqiiBI")
-_LENGTH = struct.Struct(">i")
-_SIZE_CRC = struct.Struct(">II")
-_TAIL_AND_HEAD = struct.Struct(">B16siqiqii")
-""":data:`_ENTRY_TAIL` then :data:`_BATCH_HEAD`, packed at once (the CRC covers both)."""
 
 
 def encode_entry(

@@ -7,15 +7,14 @@ from crc32c import crc32c
 from hypothesis import given
 from hypothesis import strategies as st
 
+from stonemq.protocol.record_batch import crc32c_combine
 from stonemq.storage.journal import (
     ENTRY_HEADER_SIZE,
-    ENTRY_PREFIX_BATCH_BYTES,
-    ENTRY_PREFIX_CHECKED_BYTES,
+    ENTRY_PREFIX_COVERED_BYTES,
     CorruptEntryError,
     decode_entries,
     encode_entry,
     encode_entry_prefix,
-    encode_entry_prefix_checked,
 )
 
 entry_fields = st.tuples(
@@ -72,16 +71,16 @@ def test_garbage_raises() -> None:
     st.integers(0, 2**31 - 1),
     st.integers(0, 2**63 - 1),
     st.integers(1, 2**31 - 1),
-    st.binary(min_size=16, max_size=300),
+    st.binary(min_size=21, max_size=300),
     st.integers(-1, 2**31 - 1),
 )
 def test_prefix_and_unchanged_batch_make_the_patched_entry(
     topic_id: bytes, partition: int, base: int, count: int, batch: bytes, epoch: int
 ) -> None:
-    """What the produce path writes (a prefix, then the batch as received after its first 16
-    bytes) is byte for byte the entry of the batch with its base offset and partition leader
-    epoch patched in (the batch length between them unchanged)."""
-    written = encode_entry_prefix(topic_id, partition, base, count, batch, epoch) + batch[16:]
+    """What the produce path writes (a prefix, then the batch as received after its first 21
+    bytes: head, magic, CRC field) is byte for byte the entry of the batch with its base
+    offset and partition leader epoch patched in (the batch length between them unchanged)."""
+    written = encode_entry_prefix(topic_id, partition, base, count, batch, epoch) + batch[21:]
     patched = (
         base.to_bytes(8, "big", signed=True)
         + batch[8:12]
@@ -108,23 +107,23 @@ def test_a_checked_batch_gets_the_same_entry_with_its_crc_derived(
     the entry whose CRC is derived from the batch's is byte for byte the one computed over
     the bytes, and it decodes with its CRC verified."""
     batch = raw[:17] + crc32c(raw[21:]).to_bytes(4, "big") + raw[21:]
-    checked = encode_entry_prefix_checked(topic_id, partition, base, count, batch, epoch)
-    assert checked is not None  # the C module is built (tests/unit/test_record_batch.py)
-    written = checked + batch[ENTRY_PREFIX_CHECKED_BYTES:]
+    assert crc32c_combine is not None  # the C module is built (tests/unit/test_record_batch.py)
+    checked = encode_entry_prefix(topic_id, partition, base, count, batch, epoch, True)
+    written = checked + batch[ENTRY_PREFIX_COVERED_BYTES:]
     assert (
         written
         == encode_entry_prefix(topic_id, partition, base, count, batch, epoch)
-        + (batch[ENTRY_PREFIX_BATCH_BYTES:])
+        + batch[ENTRY_PREFIX_COVERED_BYTES:]
     )
     (entry,), used = decode_entries(memoryview(written), 0, verify=True)
-    assert used == len(written) and bytes(entry.batch[ENTRY_PREFIX_CHECKED_BYTES:]) == batch[21:]
+    assert used == len(written) and bytes(entry.batch[ENTRY_PREFIX_COVERED_BYTES:]) == batch[21:]
 
 
 def test_a_batch_whose_crc_field_lies_gets_an_entry_that_fails_its_check() -> None:
     """The derived CRC vouches only for a checked batch: one whose CRC field does not match
     its bytes makes an entry that the journal's own check refuses (never silently valid)."""
     raw = bytes(range(200))
-    checked = encode_entry_prefix_checked(b"t" * 16, 0, 5, 1, raw, 0)
-    assert checked is not None
+    assert crc32c_combine is not None
+    checked = encode_entry_prefix(b"t" * 16, 0, 5, 1, raw, 0, True)
     with pytest.raises(CorruptEntryError):
-        decode_entries(memoryview(checked + raw[ENTRY_PREFIX_CHECKED_BYTES:]), 0, verify=True)
+        decode_entries(memoryview(checked + raw[ENTRY_PREFIX_COVERED_BYTES:]), 0, verify=True)
