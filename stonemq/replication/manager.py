@@ -53,6 +53,15 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("stonemq.replication")
 
+LEADER_SPLIT_DELAY_S = 0.005
+"""How long a leader may hold a HW move before its splitter may split up to it (unless it is
+``splitter.batch.bytes`` or more ahead of the splitter's limit, then at once): each HW move
+(every follower fetch of new bytes) woke a split step of a few kilobytes, a read and a write
+handed to the splitter's thread and back. Held this long, the moves in that time become one
+step. A record acknowledged with acks=all reaches the queue logs (consumers, offset commits)
+at most this long after its HW move plus one split step; acks wait for the HW only, not for
+the split."""
+
 CATCH_UP_RETAIN_S = 300.0
 """How long a leader keeps its journal from the point it gave a follower behind its journal
 start (handlers/catchup.py) while that follower copies, then from each of its fetch positions
@@ -129,6 +138,10 @@ class ReplicaManager:
         # and once it is not any more (they unload)
         self.on_leader: Callable[[int], None] | None = None
         self.on_resign: Callable[[int], None] | None = None
+        # HWs of led journal partitions not yet handed to the splitter: local index -> HW
+        # (see LEADER_SPLIT_DELAY_S), and the timer that hands them over
+        self._split_pending: dict[int, int] = {}
+        self._split_timer: asyncio.TimerHandle | None = None
 
     # -- life -------------------------------------------------------------------------------
     def start(self) -> None:
@@ -154,6 +167,7 @@ class ReplicaManager:
 
     async def close(self) -> None:
         self._closed = True
+        self.apply_split_limits()  # the storage's final split goes up to them
         self.routing.on_change = None
         for fetcher in list(self._fetchers.values()):
             await fetcher.close()
@@ -278,6 +292,7 @@ class ReplicaManager:
         state = self._leading.pop(journal, None)
         if state is None:
             return
+        self.apply_split_limits()  # before a follower's fetch (a truncation) may follow
         self.storage.stop_leading(state.local)
         self._tails.pop(state.local, None)
         log.info("journal partition %d: no longer leading epoch %d: %s", journal, state.epoch, why)
@@ -350,13 +365,38 @@ class ReplicaManager:
         if hw <= state.hw:
             return
         state.hw = hw
-        self.storage.set_split_limit(state.local, hw)
+        self._advance_split(state.local, hw)
         waiters = state.waiters
         isr = len(state.isr)
         while waiters and waiters[0][0] <= hw:
             _, future = waiters.popleft()
             if not future.done():
                 future.set_result(isr)
+
+    def _advance_split(self, local: int, hw: int) -> None:
+        """The splitter of led ``local`` may split up to ``hw``: at once when that is
+        ``splitter.batch.bytes`` or more past its limit, else within ``LEADER_SPLIT_DELAY_S``
+        together with the moves made meanwhile."""
+        storage = self.storage
+        if hw - storage.split_limit(local) >= self.settings.splitter_batch_bytes:
+            self._split_pending.pop(local, None)
+            storage.set_split_limit(local, hw)
+            return
+        self._split_pending[local] = hw  # HWs only rise: the newest is the highest
+        if self._split_timer is None:
+            loop = self._loop or asyncio.get_running_loop()
+            self._split_timer = loop.call_later(LEADER_SPLIT_DELAY_S, self.apply_split_limits)
+
+    def apply_split_limits(self) -> None:
+        """Hand every HW held back to the splitter now. Each was the HW of its partition (a
+        clean election never takes it back), so handing it over after the partition stopped
+        being led here is as safe as at once."""
+        if self._split_timer is not None:
+            self._split_timer.cancel()
+            self._split_timer = None
+        pending, self._split_pending = self._split_pending, {}
+        for local, hw in pending.items():
+            self.storage.set_split_limit(local, hw)
 
     def wait_for_hw(self, journal: int, position: int) -> asyncio.Future[int]:
         """A future resolved (with the ISR size then) once the HW of ``journal`` passes

@@ -1283,8 +1283,16 @@ class StorageEngine:
             hook(j, position, pieces, sizes)
 
     def _on_replicated_visible(self, j: int) -> None:
-        if self._split_wake is not None:
-            self._split_wake.set()
+        # the splitter of a replicated journal stops at its HW (the split limit): a write
+        # gives it work only when that limit was already past the old visible end
+        wake, splitter, limits = self._split_wake, self._splitter, self._split_limits
+        if (
+            wake is not None
+            and splitter is not None
+            and limits is not None
+            and min(self._journals[j].visible_end, limits[j]) > splitter.positions[j]
+        ):
+            wake.set()
         hook = self.on_journal_written
         if hook is not None:
             hook(j)  # the HW may move (the splitter's limit with it), followers wake

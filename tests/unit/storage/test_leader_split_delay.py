@@ -1,0 +1,92 @@
+"""The leader's side of the split cadence (stonemq/replication/manager.py): a HW move reaches
+the leader's splitter within ``LEADER_SPLIT_DELAY_S`` (the moves made meanwhile held
+together), at once when it is ``splitter.batch.bytes`` ahead of the splitter's limit, and
+at once when the partition stops being led here or the manager closes. The HW itself (what
+acks=all waits for) moves at every follower fetch, never held. The ReplicaManager and the
+leader StorageEngine are the real ones; routing is reduced to what these paths read."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+from conftest import add_topic, build_batch, new_engine
+
+from stonemq.config import Settings
+from stonemq.replication.manager import LEADER_SPLIT_DELAY_S, LeaderState, ReplicaManager
+from stonemq.storage.engine import StorageEngine
+
+
+async def wait_hw(engine: StorageEngine, hw: int) -> float:
+    """Seconds until partition t-0's high watermark is ``hw`` (the split done)."""
+    started = time.monotonic()
+    while engine.high_watermark("t", 0) != hw:
+        assert time.monotonic() - started < 5, engine.high_watermark("t", 0)
+        await asyncio.sleep(0.0005)
+    return time.monotonic() - started
+
+
+def test_the_leaders_hw_moves_reach_its_splitter_within_the_delay(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        leader = new_engine(tmp_path, replicated=True)
+        add_topic(leader, partitions=2)  # partition 0 on journal partition 0
+        leader.recover()
+        leader.start(lambda *a: None)
+        try:
+            await leader.become_leader(0, 1)
+            ends = []
+            for i in range(8):
+                await leader.append("t", 0, build_batch([b"v%03d" % i]), 1).written
+                ends.append(leader.journal_written_end(0))
+            size = ends[0]
+            assert ends == [size * (i + 1) for i in range(8)]
+            # written, but nothing split: the HW (no follower fetched yet) holds it
+            await asyncio.sleep(LEADER_SPLIT_DELAY_S * 2)
+            assert leader.split_limit(0) == 0 and leader.high_watermark("t", 0) == 0
+            routing = SimpleNamespace(client=None)
+            settings = Settings(splitter_batch_bytes=3 * size)
+            manager = ReplicaManager(0, routing, leader, settings)  # type: ignore[arg-type]
+            state = LeaderState(
+                journal=0, local=0, epoch=1, epoch_start=0, isr=(0, 1), replicas=(0, 1), hw=0
+            )
+            manager._leading[0] = state
+            acked = manager.wait_for_hw(0, ends[1])
+            # two HW moves less than splitter.batch.bytes ahead: the acks at once, the
+            # split held, then both moves in one step
+            moved_at = time.monotonic()
+            manager.follower_fetched(state, 1, ends[0], -1)
+            manager.follower_fetched(state, 1, ends[1], -1)
+            assert state.hw == ends[1] and manager.high_watermark(0) == ends[1]
+            assert acked.done() and acked.result() == 2
+            assert leader.split_limit(0) == 0
+            await asyncio.sleep(LEADER_SPLIT_DELAY_S / 4)
+            assert leader.split_limit(0) == 0 and leader.high_watermark("t", 0) == 0
+            steps = leader._splitter.positions[0]  # type: ignore[union-attr]
+            assert steps == 0
+            took = time.monotonic() - moved_at + await wait_hw(leader, 2)
+            assert took >= LEADER_SPLIT_DELAY_S * 0.9
+            assert leader.split_limit(0) == ends[1]
+            # splitter.batch.bytes ahead of the splitter's limit: at once
+            manager.follower_fetched(state, 1, ends[4], -1)
+            assert leader.split_limit(0) == ends[4]
+            assert await wait_hw(leader, 5) < LEADER_SPLIT_DELAY_S
+            # held, then handed over at once when the partition stops being led here
+            manager.follower_fetched(state, 1, ends[5], -1)
+            assert state.hw == ends[5] and leader.split_limit(0) == ends[4]
+            manager._resign(0, "test")
+            assert leader.split_limit(0) == ends[5]
+            await wait_hw(leader, 6)
+            # held, then handed over at once when the manager closes (before the storage's
+            # final split)
+            manager.follower_fetched(state, 1, ends[7], -1)
+            assert leader.split_limit(0) == ends[5]
+            await manager.close()
+            assert leader.split_limit(0) == ends[7]
+            assert manager._split_timer is None
+        finally:
+            await leader.close()
+        assert leader.high_watermark("t", 0) == 8
+
+    asyncio.run(asyncio.wait_for(scenario(), 20))
