@@ -144,6 +144,33 @@ async def wait_split(engine: StorageEngine, timeout_s: float = 5.0) -> None:
         await asyncio.sleep(0.001)
 
 
+async def started_leader(root: Path) -> StorageEngine:
+    """A started replicated engine leading journal partition 0 at epoch 1, with topic ``t``
+    of two partitions (t-0 on journal partition 0)."""
+    engine = new_engine(root, replicated=True)
+    add_topic(engine, partitions=2)
+    engine.recover()
+    engine.start(lambda *a: None)
+    try:
+        await engine.become_leader(0, 1)
+    except BaseException:
+        await engine.close()
+        raise
+    return engine
+
+
+async def wait_hw(engine: StorageEngine, hw: int, poll_s: float = 0.001) -> float:
+    """Seconds until partition t-0's high watermark is ``hw`` (the split done), polled every
+    ``poll_s``; fails after 5 s."""
+    import time
+
+    started = time.monotonic()
+    while engine.high_watermark("t", 0) != hw:
+        assert time.monotonic() - started < 5, engine.high_watermark("t", 0)
+        await asyncio.sleep(poll_s)
+    return time.monotonic() - started
+
+
 def abandon(engine: StorageEngine) -> None:
     """Drop an engine as a crash would: no final split, flush or checkpoint.
 

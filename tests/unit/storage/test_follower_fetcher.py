@@ -14,7 +14,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from conftest import add_topic, build_batch, new_engine
+from conftest import add_topic, build_batch, new_engine, started_leader, wait_hw
 
 from stonemq.config import Settings
 from stonemq.replication.fetcher import SPLIT_DELAY_S, LeaderFetcher
@@ -22,12 +22,8 @@ from stonemq.storage.journal import JournalReader, decode_entries
 
 
 async def leader_entries(root: Path, batches: int) -> bytes:
-    leader = new_engine(root, replicated=True)
-    add_topic(leader, partitions=2)  # partition 0 on journal partition 0
-    leader.recover()
-    leader.start(lambda *a: None)
+    leader = await started_leader(root)
     try:
-        await leader.become_leader(0, 1)
         for i in range(batches):
             await leader.append("t", 0, build_batch([b"v%03d" % i]), 1).written
         end = leader.journal_written_end(0)
@@ -36,15 +32,6 @@ async def leader_entries(root: Path, batches: int) -> bytes:
     data = JournalReader(str(root / "journal" / "journal-0")).read_raw(0, end, 1 << 20)
     assert len(data) == end
     return data
-
-
-async def wait_hw(engine: Any, hw: int) -> float:
-    """Seconds until partition t-0's high watermark is ``hw`` (the split done)."""
-    started = time.monotonic()
-    while engine.high_watermark("t", 0) != hw:
-        assert time.monotonic() - started < 5, engine.high_watermark("t", 0)
-        await asyncio.sleep(0.001)
-    return time.monotonic() - started
 
 
 def test_the_leaders_hw_reaches_the_follower_splitter_within_the_split_delay(

@@ -12,30 +12,16 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
-from conftest import add_topic, build_batch, new_engine
+from conftest import build_batch, started_leader, wait_hw
 
 from stonemq.config import Settings
 from stonemq.replication.manager import LEADER_SPLIT_DELAY_S, LeaderState, ReplicaManager
-from stonemq.storage.engine import StorageEngine
-
-
-async def wait_hw(engine: StorageEngine, hw: int) -> float:
-    """Seconds until partition t-0's high watermark is ``hw`` (the split done)."""
-    started = time.monotonic()
-    while engine.high_watermark("t", 0) != hw:
-        assert time.monotonic() - started < 5, engine.high_watermark("t", 0)
-        await asyncio.sleep(0.0005)
-    return time.monotonic() - started
 
 
 def test_the_leaders_hw_moves_reach_its_splitter_within_the_delay(tmp_path: Path) -> None:
     async def scenario() -> None:
-        leader = new_engine(tmp_path, replicated=True)
-        add_topic(leader, partitions=2)  # partition 0 on journal partition 0
-        leader.recover()
-        leader.start(lambda *a: None)
+        leader = await started_leader(tmp_path)
         try:
-            await leader.become_leader(0, 1)
             ends = []
             for i in range(8):
                 await leader.append("t", 0, build_batch([b"v%03d" % i]), 1).written
@@ -65,19 +51,19 @@ def test_the_leaders_hw_moves_reach_its_splitter_within_the_delay(tmp_path: Path
             assert leader.split_limit(0) == 0 and leader.high_watermark("t", 0) == 0
             steps = leader._splitter.positions[0]  # type: ignore[union-attr]
             assert steps == 0
-            took = time.monotonic() - moved_at + await wait_hw(leader, 2)
+            took = time.monotonic() - moved_at + await wait_hw(leader, 2, poll_s=0.0005)
             assert took >= LEADER_SPLIT_DELAY_S * 0.9
             assert leader.split_limit(0) == ends[1]
             # splitter.batch.bytes ahead of the splitter's limit: at once
             manager.follower_fetched(state, 1, ends[4], -1)
             assert leader.split_limit(0) == ends[4]
-            assert await wait_hw(leader, 5) < LEADER_SPLIT_DELAY_S
+            assert await wait_hw(leader, 5, poll_s=0.0005) < LEADER_SPLIT_DELAY_S
             # held, then handed over at once when the partition stops being led here
             manager.follower_fetched(state, 1, ends[5], -1)
             assert state.hw == ends[5] and leader.split_limit(0) == ends[4]
             manager._resign(0, "test")
             assert leader.split_limit(0) == ends[5]
-            await wait_hw(leader, 6)
+            await wait_hw(leader, 6, poll_s=0.0005)
             # held, then handed over at once when the manager closes (before the storage's
             # final split)
             manager.follower_fetched(state, 1, ends[7], -1)
