@@ -34,6 +34,7 @@ from stonemq.metadata.store import (
     UnknownTopicError,
 )
 from stonemq.protocol.record_batch import RecordLimits
+from stonemq.server.threads import name_os_thread
 from stonemq.storage.engine import LogConfig
 from stonemq.topic_configs import (
     AdminError,
@@ -631,7 +632,9 @@ class TopicManager:
     async def _in_store_thread(self, fn: Callable[..., _T], *args: Any) -> _T:
         """Run a metadata-store write in the store's thread: its commit waits on an fsync."""
         if self._store_thread is None:
-            self._store_thread = ThreadPoolExecutor(1, thread_name_prefix="stonemq-metadata")
+            self._store_thread = ThreadPoolExecutor(
+                1, thread_name_prefix="stonemq-metadata", initializer=name_os_thread
+            )
         return await asyncio.get_running_loop().run_in_executor(self._store_thread, fn, *args)
 
     def close(self) -> None:

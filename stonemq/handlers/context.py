@@ -13,6 +13,7 @@ from kio.index import load_response_schema
 from kio.schema.errors import ErrorCode
 
 from stonemq.quotas.entity import ANONYMOUS_USER
+from stonemq.server.threads import name_os_thread
 
 if TYPE_CHECKING:
     from stonemq.broker import Broker
@@ -56,7 +57,9 @@ def heavy_work() -> ThreadPoolExecutor:
     fair share of the GIL while it runs."""
     global _heavy
     if _heavy is None:
-        _heavy = ThreadPoolExecutor(1, thread_name_prefix="stonemq-heavy")
+        _heavy = ThreadPoolExecutor(
+            1, thread_name_prefix="stonemq-heavy", initializer=name_os_thread
+        )
     return _heavy
 
 

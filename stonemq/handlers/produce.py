@@ -58,6 +58,7 @@ from stonemq.protocol.record_batch import (
     set_log_append_time,
     set_max_timestamp,
 )
+from stonemq.server.threads import name_os_thread
 from stonemq.storage.engine import StorageError, UnknownPartitionError
 from stonemq.storage.errors import (
     DuplicateSequenceError,
@@ -588,7 +589,9 @@ def _validator() -> ThreadPoolExecutor:
     one decompression of up to ``batch.max.uncompressed.bytes`` is in memory at a time."""
     global _pool
     if _pool is None:
-        _pool = ThreadPoolExecutor(1, thread_name_prefix="stonemq-validator")
+        _pool = ThreadPoolExecutor(
+            1, thread_name_prefix="stonemq-validator", initializer=name_os_thread
+        )
     return _pool
 
 

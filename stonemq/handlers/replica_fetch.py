@@ -43,6 +43,7 @@ from stonemq.protocol.replica_fetch import (
     encode_response,
 )
 from stonemq.server.metrics import METRICS
+from stonemq.server.threads import name_os_thread
 from stonemq.storage.errors import StorageError
 from stonemq.storage.journal import CorruptEntryError, JournalReader
 
@@ -61,7 +62,9 @@ def _read_thread() -> ThreadPoolExecutor:
     partition, used by that thread only)."""
     global _reads
     if _reads is None:
-        _reads = ThreadPoolExecutor(1, thread_name_prefix="stonemq-replica-read")
+        _reads = ThreadPoolExecutor(
+            1, thread_name_prefix="stonemq-replica-read", initializer=name_os_thread
+        )
     return _reads
 
 

@@ -7,6 +7,7 @@ import functools
 import logging
 import signal
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 from stonemq.broker import Broker
 from stonemq.config import Settings
@@ -17,6 +18,7 @@ from stonemq.server.dispatcher import TURN_BYTES, Dispatcher
 from stonemq.server.gil import tune_switch_interval
 from stonemq.server.lock import DirectoryLock
 from stonemq.server.metrics import METRICS
+from stonemq.server.threads import name_os_thread
 
 log = logging.getLogger("stonemq.server")
 
@@ -52,6 +54,11 @@ async def serve(settings: Settings) -> None:
 async def _serve_locked(settings: Settings, stop: asyncio.Event) -> None:
     loop = asyncio.get_running_loop()
     tune_switch_interval()  # before the broker's threads (splitter, journal writers) run
+    # asyncio's own default executor (fsyncs, deletions, page releases), its threads named
+    # for the OS (server/threads.py)
+    loop.set_default_executor(
+        ThreadPoolExecutor(thread_name_prefix="stonemq-io", initializer=name_os_thread)
+    )
     broker = Broker(settings)
     broker.recover()
     broker.start()

@@ -35,6 +35,7 @@ from stonemq.protocol.record_batch import (
     recompress,
     set_base_offset,
 )
+from stonemq.server.threads import name_os_thread
 from stonemq.storage import fileio
 from stonemq.storage.checkpoint import (
     JOURNAL_RECOVERY_POINT_FILE,
@@ -584,7 +585,9 @@ class StorageEngine:
         producer snapshots, in the order they were asked for: a snapshot queued before its
         topic's deletion is written before the directory goes, never into a new topic's."""
         if self._creator is None:
-            self._creator = ThreadPoolExecutor(1, thread_name_prefix="stonemq-create")
+            self._creator = ThreadPoolExecutor(
+                1, thread_name_prefix="stonemq-create", initializer=name_os_thread
+            )
         return self._creator
 
     def _journal_partition_dir(self, j: int) -> str:
@@ -1783,7 +1786,9 @@ class StorageEngine:
         raises StorageError (KAFKA_STORAGE_ERROR)."""
         if self._disk_readers is None:
             self._disk_readers = ThreadPoolExecutor(
-                DISK_READ_THREADS, thread_name_prefix="stonemq-disk-read"
+                DISK_READ_THREADS,
+                thread_name_prefix="stonemq-disk-read",
+                initializer=name_os_thread,
             )
         try:
             return await asyncio.get_running_loop().run_in_executor(

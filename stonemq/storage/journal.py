@@ -35,6 +35,7 @@ from typing import Any, NamedTuple
 from crc32c import crc32c
 
 from stonemq.protocol.record_batch import crc32c_combine
+from stonemq.server.threads import name_os_thread
 from stonemq.storage import fileio
 from stonemq.storage.errors import StorageError
 from stonemq.storage.fileio import fsync_paths
@@ -594,7 +595,9 @@ class JournalLog:
             return
         loop = self._loop or asyncio.get_running_loop()
         if self._writer is None:
-            self._writer = ThreadPoolExecutor(1, thread_name_prefix=f"stonemq-journal-{self.index}")
+            self._writer = ThreadPoolExecutor(
+                1, thread_name_prefix=f"stonemq-journal-{self.index}", initializer=name_os_thread
+            )
         fut = loop.run_in_executor(self._writer, _write_entries, *args)
         self._io_in_flight = fut
         fut.add_done_callback(lambda f: self._written(f, metas, pieces, sizes))

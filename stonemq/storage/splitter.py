@@ -28,6 +28,7 @@ from typing import Any, TypeVar
 
 from stonemq.protocol.record_batch import RecordBatchError
 from stonemq.server.metrics import METRICS
+from stonemq.server.threads import name_os_thread
 from stonemq.storage.errors import CutBackError, StorageError
 from stonemq.storage.health import FATAL, Event, Health, JournalHealth, is_space_error
 from stonemq.storage.journal import JournalEntry, JournalReader
@@ -136,7 +137,9 @@ class Splitter:
         loop = asyncio.get_running_loop()
         thread = self._thread
         if thread is None:
-            thread = self._thread = ThreadPoolExecutor(1, thread_name_prefix="stonemq-split")
+            thread = self._thread = ThreadPoolExecutor(
+                1, thread_name_prefix="stonemq-split", initializer=name_os_thread
+            )
         clock = time.monotonic_ns
         (entries, end), done_ns = await loop.run_in_executor(
             thread, _timed, self._read, j, pos, limit, self.step_bytes(limit - pos)

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from stonemq.config import Settings
+from stonemq.server.threads import name_os_thread
 from stonemq.tiering.cold_store import StoreSpec
 
 if TYPE_CHECKING:
@@ -42,7 +43,9 @@ class TierService:
         self.policy = settings.tier_read_policy
         self.spec = StoreSpec.from_settings(settings)
         self._reader: ColdReader | None = None  # made on first use: pyarrow loads then
-        self.executor = ThreadPoolExecutor(COLD_READ_THREADS, thread_name_prefix="stonemq-cold")
+        self.executor = ThreadPoolExecutor(
+            COLD_READ_THREADS, thread_name_prefix="stonemq-cold", initializer=name_os_thread
+        )
         self._tasks: list[asyncio.Task[None]] = []
         self._run_proc: asyncio.subprocess.Process | None = None
         self._uploaded: dict[tuple[str, int], int] = {}  # newest sealed base uploaded
