@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import SMALL_LOG, abandon, add_topic, build_batch, new_engine
+from conftest import SMALL_LOG, abandon, add_topic, build_batch, new_engine, started_leader
 
 from stonemq.storage.engine import NotLeaderError, StorageError
 from stonemq.storage.journal import CorruptEntryError, JournalReader
@@ -117,12 +117,8 @@ def test_leader_epochs_follower_append_and_the_split_limit(tmp_path: Path) -> No
 
 def test_truncation_cuts_only_the_unsplit_tail(tmp_path: Path) -> None:
     async def scenario() -> None:
-        engine = new_engine(tmp_path, replicated=True)
-        add_topic(engine, partitions=2)
-        engine.recover()
-        engine.start(lambda *a: None)
+        engine = await started_leader(tmp_path)
         try:
-            await engine.become_leader(0, 1)
             for i in range(3):
                 await engine.append("t", 0, build_batch([b"x%d" % i]), 1).written
             split_to = engine.journal_written_end(0)
