@@ -64,10 +64,11 @@ async def handle_produce(ctx: RequestContext, request: Any) -> Any:
 def main() -> None:
     spec = REGISTRY[0]
     REGISTRY[0] = ApiSpec(0, spec.min_version, spec.max_version, handle_produce)
-    from stonemq.cli import main as stonemq_main
+    from stonemq.cli.serve import main as serve
 
-    sys.argv[0] = "stonemq"
-    stonemq_main()
+    # served in this process: the patched Produce handler is in this process's registry
+    sys.modules.setdefault("hypothesis", None)  # as ``stonemq serve`` does (cli/__init__)
+    sys.exit(serve(sys.argv[2:], in_process=True))
 
 
 if __name__ == "__main__":

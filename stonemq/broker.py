@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Any
 
 from stonemq.cluster import ClusterStartError
 from stonemq.cluster.routing import ClusterRouting, Routing, SingleNodeRouting
-from stonemq.config import Settings
 from stonemq.coordinator.group_store import GroupRuntime
 from stonemq.handlers.fetch_waiters import FetchWaiters
 from stonemq.metadata.sqlite import SqliteMetadataStore
@@ -26,6 +25,7 @@ from stonemq.topics import TopicManager
 if TYPE_CHECKING:
     from stonemq.cluster.controller import Controller
     from stonemq.cluster.membership import Membership
+    from stonemq.config import Settings
     from stonemq.replication.manager import ReplicaManager
     from stonemq.tiering.service import TierService
 

@@ -9,11 +9,9 @@ either spelling. Units are part of the name (``_ms``, ``_bytes``).
 
 from __future__ import annotations
 
-import functools
-import re
-import socket
 import tomllib
-from dataclasses import dataclass
+import types
+import typing
 from pathlib import Path
 from typing import Any, Literal
 
@@ -25,14 +23,35 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
+from stonemq.config_values import (
+    ALIAS_SETTINGS,
+    SERVED_PROTOCOLS,
+    Endpoint,
+    FieldSpec,
+    SettingsViews,
+    kafka_name,
+    parse_listeners,
+    parse_protocol_map,
+    split_host_port,
+)
+
+__all__ = [
+    "ALIAS_SETTINGS",
+    "SERVED_PROTOCOLS",
+    "Endpoint",
+    "Settings",
+    "field_specs",
+    "kafka_name",
+    "load_settings",
+    "parse_listeners",
+    "parse_protocol_map",
+    "split_host_port",
+]
+
 DEFAULT_SECURITY_PROTOCOL_MAP = (
     "SASL_SSL:SASL_SSL,PLAINTEXT:PLAINTEXT,SSL:SSL,SASL_PLAINTEXT:SASL_PLAINTEXT"
 )
 """Kafka's default listener.security.protocol.map."""
-SERVED_PROTOCOLS = frozenset({"PLAINTEXT"})
-ALIAS_SETTINGS = frozenset({"listen", "advertise"})
-"""Settings that are other spellings of Kafka's (listeners, advertised.listeners): they are
-read from flags, env and file, never kept, and not broker configs of their own."""
 
 FlushPolicy = Literal["always", "interval", "never"]
 TimestampType = Literal["CreateTime", "LogAppendTime"]
@@ -41,7 +60,7 @@ TierReadPolicy = Literal["disable", "not_in_local", "force"]
 MIB = 1024 * 1024
 
 
-class Settings(BaseSettings):
+class Settings(SettingsViews, BaseSettings):
     """The broker's settings. Construct with :func:`load_settings`."""
 
     model_config = SettingsConfigDict(env_prefix="STONEMQ_", extra="forbid", frozen=True)
@@ -297,146 +316,6 @@ class Settings(BaseSettings):
             for source in (init_settings, env_settings, _TomlSource(settings_cls))
         )
 
-    # -- derived ---------------------------------------------------------------------------------
-    @property
-    def journal_path(self) -> Path:
-        return self.journal_dir or self.data_dir / "journal"
-
-    @property
-    def queue_path(self) -> Path:
-        return self.queue_dir or self.data_dir / "queues"
-
-    def listener_endpoints(self) -> tuple[Endpoint, ...]:
-        """The listeners to bind, each checked against the security protocol map."""
-        endpoints = parse_listeners(self.listeners, "listeners")
-        protocols = parse_protocol_map(self.listener_security_protocol_map)
-        for endpoint in endpoints:
-            protocol = protocols.get(endpoint.name)
-            if protocol is None:
-                raise ValueError(
-                    f"No security protocol defined for listener {endpoint.name} "
-                    "(listener.security.protocol.map)"
-                )
-            if protocol not in SERVED_PROTOCOLS:
-                raise ValueError(
-                    f"listener {endpoint.name} uses {protocol}: StoneMQ serves PLAINTEXT "
-                    "listeners only"
-                )
-        return endpoints
-
-    def advertised_endpoints(self) -> dict[str, tuple[str, int]]:
-        """The address given to clients per listener name: its advertised.listeners entry,
-        else the listener's own address; an empty or 0.0.0.0 host there is this machine's
-        host name (Kafka's canonical host name for an empty host)."""
-        return dict(_advertised(self.listeners, self.advertised_listeners))
-
-    def advertised_for(self, listener: str) -> tuple[str, int]:
-        """The advertised address of ``listener`` (the first listener's when unknown)."""
-        endpoints = self.advertised_endpoints()
-        return endpoints.get(listener) or next(iter(endpoints.values()))
-
-    @property
-    def listen_address(self) -> tuple[str, int]:
-        """The first listener's address (log lines; the broker binds every listener)."""
-        first = self.listener_endpoints()[0]
-        return first.host, first.port
-
-    @property
-    def advertised_address(self) -> tuple[str, int]:
-        """The first listener's advertised address (what the broker registers)."""
-        return next(iter(self.advertised_endpoints().values()))
-
-
-def kafka_name(attribute: str) -> str:
-    """The Kafka-style dotted name of a settings attribute."""
-    return attribute.replace("_", ".")
-
-
-@dataclass(frozen=True, slots=True)
-class Endpoint:
-    """One listener: its name (upper case, as Kafka normalises it), host and port."""
-
-    name: str
-    host: str
-    port: int
-
-    def __str__(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"{self.name}://{host}:{self.port}"
-
-
-_ENDPOINT = re.compile(r"^(.*)://\[?([0-9a-zA-Z\-%._:]*)\]?:(-?[0-9]+)$")
-
-
-def parse_listeners(value: str, what: str = "listeners") -> tuple[Endpoint, ...]:
-    """Kafka's listener list: ``NAME://HOST:PORT`` entries, comma-separated (an IPv6 host in
-    brackets, an empty host for every interface); names and ports unique."""
-    endpoints = []
-    for raw in value.split(","):
-        raw = raw.strip()
-        if not raw:
-            continue
-        match = _ENDPOINT.match(raw)
-        if match is None:
-            raise ValueError(f"Unable to parse {raw} to a broker endpoint ({what})")
-        name, host, port = match.group(1).upper(), match.group(2), int(match.group(3))
-        if not name or not 0 <= port <= 65535:
-            raise ValueError(f"Unable to parse {raw} to a broker endpoint ({what})")
-        endpoints.append(Endpoint(name, host, port))
-    if not endpoints:
-        raise ValueError(f"{what} names no listener")
-    names = [e.name for e in endpoints]
-    if len(set(names)) != len(names):
-        raise ValueError(f"Each listener must have a different name, {what}: {value}")
-    ports = [e.port for e in endpoints if e.port != 0]
-    if what == "listeners" and len(set(ports)) != len(ports):
-        raise ValueError(f"Each listener must have a different port, listeners: {value}")
-    return tuple(endpoints)
-
-
-def parse_protocol_map(value: str) -> dict[str, str]:
-    """Kafka's ``listener.security.protocol.map``: ``NAME:PROTOCOL`` pairs, comma-separated."""
-    out: dict[str, str] = {}
-    for raw in value.split(","):
-        raw = raw.strip()
-        if not raw:
-            continue
-        name, sep, protocol = raw.partition(":")
-        if not sep or not name or not protocol:
-            raise ValueError(f"Invalid listener.security.protocol.map entry {raw!r}")
-        out[name.strip().upper()] = protocol.strip().upper()
-    return out
-
-
-@functools.cache
-def _advertised(
-    listeners_value: str, advertised_value: str | None
-) -> tuple[tuple[str, tuple[str, int]], ...]:
-    """``Settings.advertised_endpoints`` (cached: handlers ask on every Metadata request)."""
-    listeners = {e.name: e for e in parse_listeners(listeners_value, "listeners")}
-    advertised: dict[str, Endpoint] = {}
-    if advertised_value is not None:
-        for endpoint in parse_listeners(advertised_value, "advertised.listeners"):
-            if endpoint.name not in listeners:
-                raise ValueError(
-                    "advertised.listeners listener names must be equal to or a subset of "
-                    f"the ones defined in listeners: {endpoint.name} is not"
-                )
-            if endpoint.host == "0.0.0.0":
-                raise ValueError(
-                    "advertised.listeners cannot use the nonroutable meta-address 0.0.0.0. "
-                    "Use a routable IP address."
-                )
-            advertised[endpoint.name] = endpoint
-    out = []
-    for name, listener in listeners.items():
-        endpoint = advertised.get(name, listener)
-        host = endpoint.host
-        if host in ("", "0.0.0.0", "::"):
-            host = socket.getfqdn()
-        out.append((name, (host, endpoint.port)))
-    return tuple(out)
-
 
 def alias_listener(address: str) -> str:
     """The ``listeners`` value of the ``listen`` / ``advertise`` alias ``HOST:PORT``."""
@@ -466,13 +345,6 @@ class _ListenerAliases(PydanticBaseSettingsSource):
                 raise ValueError(f"{alias} is an alias of {kafka_name(target)}: give one of them")
             values[target] = alias_listener(str(address))
         return values
-
-
-def split_host_port(value: str) -> tuple[str, int]:
-    host, sep, port = value.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ValueError(f"expected HOST:PORT, got {value!r}")
-    return host.strip("[]"), int(port)
 
 
 _CONFIG_FILE: Path | None = None
@@ -521,3 +393,47 @@ def load_settings(config_file: Path | None = None, **flags: Any) -> Settings:
         return Settings(**{k: v for k, v in flags.items() if v is not None})
     finally:
         _CONFIG_FILE = None
+
+
+def field_specs() -> list[FieldSpec]:
+    """Each field's :class:`FieldSpec` (type, bounds, default, description) read off the
+    model, in declaration order: what the serving process checks dynamic broker configs with,
+    without pydantic (:mod:`stonemq.config_values`)."""
+    out = []
+    for name, info in Settings.model_fields.items():
+        annotation: Any = info.annotation
+        nullable = False
+        if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
+            args = [a for a in typing.get_args(annotation) if a is not type(None)]
+            nullable = len(args) < len(typing.get_args(annotation))
+            if len(args) != 1:
+                raise TypeError(f"setting {name}: a union of {args} has no FieldSpec kind")
+            annotation = args[0]
+        choices: tuple[str, ...] = ()
+        if typing.get_origin(annotation) is Literal:
+            kind = "choice"
+            choices = tuple(typing.get_args(annotation))
+        else:
+            kinds = {bool: "bool", int: "int", float: "float", str: "str", Path: "path"}
+            if annotation not in kinds:
+                raise TypeError(f"setting {name}: type {annotation!r} has no FieldSpec kind")
+            kind = kinds[annotation]
+        bounds: dict[str, Any] = {}
+        for meta in info.metadata:
+            key = type(meta).__name__.lower()  # annotated_types' Gt, Ge, Lt, Le (Field's bounds)
+            if key not in ("gt", "ge", "lt", "le"):
+                raise TypeError(f"setting {name}: constraint {meta!r} has no FieldSpec bound")
+            bounds[key] = getattr(meta, key)
+        default = info.default
+        out.append(
+            FieldSpec(
+                name=name,
+                kind=kind,
+                nullable=nullable,
+                choices=choices,
+                default=str(default) if isinstance(default, Path) else default,
+                description=info.description,
+                **bounds,
+            )
+        )
+    return out

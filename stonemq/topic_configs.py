@@ -15,18 +15,14 @@ Errors raised here and by the topic manager carry the Kafka error code they map 
 from __future__ import annotations
 
 import enum
-import types
-import typing
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from re import compile as re_compile
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Any
 
 from kio.schema.errors import ErrorCode
-from pydantic import TypeAdapter, ValidationError
 
-from stonemq.config import ALIAS_SETTINGS, Settings
+from stonemq.config_values import ALIAS_SETTINGS, FieldSpec, check_value, fields
 from stonemq.protocol.record_batch import (
     COMPRESSION_GZIP,
     COMPRESSION_LZ4,
@@ -35,6 +31,9 @@ from stonemq.protocol.record_batch import (
     COMPRESSION_ZSTD,
 )
 from stonemq.storage.engine import PRODUCER_COMPRESSION, LogConfig
+
+if TYPE_CHECKING:
+    from stonemq.config import Settings
 
 
 class ConfigType(enum.IntEnum):
@@ -673,44 +672,26 @@ class BrokerConfigKey:
         value = parse_value(self.name, self.type, raw)
         if self.attribute is not None:
             try:
-                _field_adapter(self.attribute).validate_python(value)
-            except ValidationError as e:
-                why = "; ".join(err["msg"] for err in e.errors())
-                raise _invalid(self.name, raw, why) from None
+                check_value(fields()[self.attribute], value)
+            except ValueError as e:
+                raise _invalid(self.name, raw, str(e)) from None
         topic_key = _TOPIC_BY_SYNONYM.get(self.name)
         if topic_key is not None and topic_key.validator is not None:
             topic_key.validator(self.name, value)
         return value
 
 
-_ADAPTERS: dict[str, TypeAdapter[Any]] = {}
-
-
-def _field_adapter(attribute: str) -> TypeAdapter[Any]:
-    adapter = _ADAPTERS.get(attribute)
-    if adapter is None:
-        info = Settings.model_fields[attribute]
-        annotation: Any = info.annotation
-        if info.metadata:
-            annotation = Annotated[(annotation, *info.metadata)]
-        adapter = _ADAPTERS[attribute] = TypeAdapter(annotation)
-    return adapter
-
-
 def _broker_name(attribute: str) -> str:
     return attribute.replace("_", ".")
 
 
-def _setting_type(attribute: str, annotation: Any) -> ConfigType:
-    base = annotation
-    if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
-        base = next(a for a in typing.get_args(annotation) if a is not type(None))
-    if base is bool:
+def _setting_type(spec: FieldSpec) -> ConfigType:
+    if spec.kind == "bool":
         return ConfigType.BOOLEAN
-    if base is int:
+    if spec.kind == "int":
         return (
             ConfigType.LONG
-            if attribute.endswith("_ms") or attribute in _LONG_SETTINGS
+            if spec.name.endswith("_ms") or spec.name in _LONG_SETTINGS
             else ConfigType.INT
         )
     return ConfigType.STRING
@@ -718,19 +699,16 @@ def _setting_type(attribute: str, annotation: Any) -> ConfigType:
 
 def _build_broker_configs() -> dict[str, BrokerConfigKey]:
     out: dict[str, BrokerConfigKey] = {}
-    for attribute, info in Settings.model_fields.items():
+    for attribute, spec in fields().items():
         if attribute in ALIAS_SETTINGS:
             continue  # listen / advertise are reported as listeners / advertised.listeners
         name = _broker_name(attribute)
-        default = info.default
-        if isinstance(default, Path):
-            default = str(default)
         out[name] = BrokerConfigKey(
             name=name,
-            type=_setting_type(attribute, info.annotation),
-            doc=_BROKER_DOCS.get(name) or info.description or f"The {name} setting.",
+            type=_setting_type(spec),
+            doc=_BROKER_DOCS.get(name) or spec.description or f"The {name} setting.",
             attribute=attribute,
-            default=default,
+            default=spec.default,
             dynamic=name in DYNAMIC_BROKER_CONFIGS,
             sensitive=attribute.endswith(("_secret_access_key", "_password")),
         )

@@ -19,12 +19,11 @@ import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from kio.schema.errors import ErrorCode
 
 from stonemq.cluster.routing import Routing, SingleNodeRouting
-from stonemq.config import Settings
 from stonemq.coordinator.group_log import OFFSETS_TOPIC
 from stonemq.metadata.store import (
     CLUSTER_DEFAULT,
@@ -54,6 +53,9 @@ from stonemq.topic_configs import (
     validate_tiered_retention,
     validate_topic_configs,
 )
+
+if TYPE_CHECKING:
+    from stonemq.config import Settings
 
 __all__ = [
     "AdminError",

@@ -8,9 +8,9 @@ import logging
 import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
 
 from stonemq.broker import Broker
-from stonemq.config import Settings
 from stonemq.server.budget import PARTIAL_STALL_S, RequestBudget
 from stonemq.server.collector import tune_collector
 from stonemq.server.connection import Connection
@@ -19,6 +19,9 @@ from stonemq.server.gil import tune_switch_interval
 from stonemq.server.lock import DirectoryLock
 from stonemq.server.metrics import METRICS
 from stonemq.server.threads import name_os_thread
+
+if TYPE_CHECKING:
+    from stonemq.config import Settings
 
 log = logging.getLogger("stonemq.server")
 

@@ -19,11 +19,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from stonemq.config import Settings
+from stonemq.config_values import fields
 from stonemq.server.threads import name_os_thread
 from stonemq.tiering.cold_store import StoreSpec
 
 if TYPE_CHECKING:
+    from stonemq.config import Settings
     from stonemq.tiering.cold_reader import ColdReader
     from stonemq.tiering.manifest import Manifest
 
@@ -433,7 +434,7 @@ class TierService:
 def settings_env(settings: Settings) -> dict[str, str]:
     """The environment that gives a child process this broker's settings."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("STONEMQ_")}
-    for name in type(settings).model_fields:
+    for name in fields():
         value = getattr(settings, name)
         if value is None:
             continue

@@ -13,13 +13,15 @@ import json
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from stonemq.config import Settings
 from stonemq.protocol.record_batch import RecordBatchError, iter_batches
 from stonemq.tiering import manifest as mf
 from stonemq.tiering.cold_store import ColdStore
 from stonemq.tiering.uploader import local_segments, waiting_bytes
+
+if TYPE_CHECKING:
+    from stonemq.config import Settings
 
 LAST_RUN_KEY = "status/last_run.json"
 

@@ -16,4 +16,4 @@ if __name__ == "__main__":
     plan = FaultPlan()
     plan.rules.extend(Rule(**rule) for rule in json.loads(sys.argv[1]))
     fileio.install(FaultyFileOps(plan))
-    sys.exit(main(sys.argv[2:]))
+    sys.exit(main(sys.argv[2:], in_process=True))  # the faults are installed in this process

@@ -17,16 +17,30 @@ from pathlib import Path
 
 import pytest
 
+from stonemq.config import field_specs, load_settings
+from stonemq.config_values import encode_handover
+
 pytestmark = [pytest.mark.timeout(120)]
 
-IDLE_ANON_PSS_BYTES = 32 * 1024 * 1024
-"""29.0-29.2 MiB measured after start (Python 3.11, glibc, this repository's pins), and a
-margin of a tenth: 32.2 MiB before the broker stopped importing kazoo, Typer and the
-compression codecs; pyarrow alone adds about 14 MB."""
+IDLE_ANON_PSS_BYTES = 24 * 1024 * 1024
+"""21.3 MiB measured after start (Python 3.11, glibc, this repository's pins), and a margin of
+a tenth: 29.2 MiB before ``stonemq serve`` handed its validated settings to a serving process
+without pydantic, 32.2 before the broker stopped importing kazoo, Typer and the compression
+codecs; pyarrow alone adds about 14 MB."""
 
-NEVER_LOADED = ("pyarrow", "numpy", "pyspark", "fsspec", "pandas", "confluent_kafka")
-"""Packages with native libraries a single node never needs (tiering, Spark, the admin
-commands' client): their shared objects must not be mapped."""
+
+NEVER_LOADED = (
+    "pyarrow",
+    "numpy",
+    "pyspark",
+    "fsspec",
+    "pandas",
+    "confluent_kafka",
+    "pydantic_core",
+)
+"""Packages with native libraries a serving broker never needs (tiering, Spark, the admin
+commands' client; pydantic validates the settings before the serving process starts): their
+shared objects must not be mapped."""
 
 
 def smaps_rollup(pid: int) -> dict[str, int]:
@@ -83,6 +97,11 @@ NEVER_IMPORTED = (
     "pyspark",
     "confluent_kafka",
     "hypothesis",
+    "pydantic",  # the settings are validated by ``stonemq serve`` before it execs the server
+    "pydantic_core",
+    "pydantic_settings",
+    "stonemq.config",  # the pydantic model; the server holds stonemq.config_values
+    "stonemq.cli",
 )
 """Modules (and their submodules) a serving single-node broker never needs."""
 
@@ -104,9 +123,9 @@ def report(port):
 
 port = int(sys.argv[1])
 threading.Thread(target=report, args=(port,), daemon=True).start()
-sys.argv = ["stonemq", "serve", "--listen", f"127.0.0.1:{port}", "--data-dir", sys.argv[2]]
-from stonemq.cli import main
-main()
+fd = os.open(sys.argv[2], os.O_RDONLY)
+from stonemq.server.run import main
+main(["--settings-fd", str(fd)])
 """
 
 
@@ -116,11 +135,21 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _handover(tmp_path: Path, port: int) -> Path:
+    """The settings ``stonemq serve --listen 127.0.0.1:PORT --data-dir ...`` hands over."""
+    settings = load_settings(listen=f"127.0.0.1:{port}", data_dir=tmp_path / "data")
+    path = tmp_path / "handover.json"
+    path.write_bytes(encode_handover(field_specs(), dict(settings), settings.model_fields_set))
+    return path
+
+
 def test_single_node_broker_imports_no_cluster_or_tool_modules(tmp_path: Path) -> None:
-    """The broker, serving in a child process, reports its own ``sys.modules``."""
+    """The serving process's program (``stonemq.server.run``, what ``stonemq serve`` execs),
+    in a child process with the settings ``stonemq serve`` hands over, reports its own
+    ``sys.modules``."""
     port = _free_port()
     out = subprocess.run(
-        [sys.executable, "-c", _REPORT_MODULES, str(port), str(tmp_path / "data")],
+        [sys.executable, "-c", _REPORT_MODULES, str(port), str(_handover(tmp_path, port))],
         capture_output=True,
         text=True,
         timeout=90,
@@ -133,3 +162,35 @@ def test_single_node_broker_imports_no_cluster_or_tool_modules(tmp_path: Path) -
         m for m in modules for never in NEVER_IMPORTED if m == never or m.startswith(never + ".")
     )
     assert not loaded, json.dumps(loaded)
+
+
+def test_stonemq_serve_becomes_the_serving_process_without_pydantic(tmp_path: Path) -> None:
+    """``stonemq serve`` validates its settings, then execs the server on the same pid: the
+    process that serves has no pydantic shared object mapped."""
+    port = _free_port()
+    serve = ["serve", "--listen", f"127.0.0.1:{port}", "--data-dir", "data"]  # data: in cwd
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "stonemq", *serve],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        cwd=tmp_path,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert proc.poll() is None, proc.stderr.read() if proc.stderr else b""
+                assert time.monotonic() < deadline, "the broker did not listen within 60 s"
+                time.sleep(0.05)
+        with open(f"/proc/{proc.pid}/cmdline", "rb") as f:
+            cmdline = f.read().split(b"\0")
+        assert b"stonemq.server.run" in cmdline, cmdline
+        loaded = mapped_packages(proc.pid)
+        assert "pydantic_core" not in loaded, sorted(loaded)
+        assert "uvloop" in loaded, sorted(loaded)  # the maps are read: its loop's library is
+    finally:
+        proc.terminate()
+        assert proc.wait(timeout=30) == 0
