@@ -51,3 +51,39 @@ def test_request_sized_buffers_reuse_heap_pages_once_tuned() -> None:
     assert tuned["mmapped"] == 0
     assert tuned["heap"] >= 4 * 1024 * 1024
     assert tuned["kept"] == tuned["heap"]
+
+
+ARENAS_PROBE = """
+import ctypes, ctypes.util, os, sys, threading
+
+libc = ctypes.CDLL(ctypes.util.find_library("c"))
+if sys.argv[1] == "tuned":
+    from stonemq.server.malloc import tune_malloc
+    assert tune_malloc()
+held = []
+def allocate():
+    held.append(bytes(256 * 1024))  # a disk read's buffer, made in that thread
+threads = [threading.Thread(target=allocate) for _ in range(4)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+sys.stderr.flush()
+libc.malloc_stats()  # one "Arena N:" block per arena, on stderr
+"""
+
+
+@pytest.mark.skipif(
+    sys.platform != "linux" or ctypes.util.find_library("c") is None, reason="glibc only"
+)
+def test_threads_share_one_arena_once_tuned() -> None:
+    """Each thread's buffers come from the one arena, so its free memory is everyone's."""
+
+    def arenas(mode: str) -> int:
+        out = subprocess.run(
+            [sys.executable, "-c", ARENAS_PROBE, mode], capture_output=True, text=True, check=True
+        )
+        return sum(line.startswith("Arena ") for line in out.stderr.splitlines())
+
+    assert arenas("default") > 1  # glibc: a thread that allocates gets an arena of its own
+    assert arenas("tuned") == 1
