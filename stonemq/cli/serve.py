@@ -47,7 +47,12 @@ def run_serve(config: Path | None = None, *, in_process: bool = False, **flags: 
     argv = handover_argv(fd)
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execv(argv[0], argv)
+    try:
+        os.execv(argv[0], argv)
+    except OSError as exc:  # returns only on failure
+        os.close(fd)
+        print(f"stonemq: cannot start the serving process {argv[0]}: {exc}", file=sys.stderr)
+        return 1
 
 
 def parser() -> argparse.ArgumentParser:

@@ -46,3 +46,17 @@ def test_an_unknown_flag_exits_2() -> None:
     with pytest.raises(SystemExit) as exc:
         parser().parse_args(["--bogus"])
     assert exc.value.code == 2
+
+
+def test_serve_reports_a_serving_process_that_cannot_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The settings are valid, but the interpreter to exec is gone: exit status 1 and a
+    message, not a traceback (and the handover's memory file is closed)."""
+    from stonemq.cli.serve import run_serve
+
+    monkeypatch.setattr("sys.executable", str(tmp_path / "no-such-python"))
+    before = len(list(Path("/proc/self/fd").iterdir()))
+    assert run_serve(listen="127.0.0.1:1", data_dir=tmp_path / "data") == 1
+    assert "cannot start the serving process" in capsys.readouterr().err
+    assert len(list(Path("/proc/self/fd").iterdir())) == before
