@@ -4,7 +4,7 @@ process as the same values, and dynamic broker configs are checked there as pyda
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import pytest
 from hypothesis import given
@@ -91,12 +91,10 @@ def test_check_value_accepts_and_refuses_what_pydantic_does(name: str, value: An
     """For the values a dynamic broker config parses to (bool, int, str), the serving process's
     check agrees with the model's own validation of that field."""
     info = Settings.model_fields[name]
-    annotation: Any = info.annotation
-    adapter = TypeAdapter(annotation) if not info.metadata else None
-    if adapter is None:
-        from typing import Annotated
-
-        adapter = TypeAdapter(Annotated[(annotation, *info.metadata)])
+    annotation: Any = info.annotation  # with its bounds; Annotated needs at least one
+    if info.metadata:
+        annotation = Annotated[(annotation, *info.metadata)]
+    adapter: TypeAdapter[Any] = TypeAdapter(annotation)
     if isinstance(value, float) and _SPECS[name].kind != "float":
         return  # parse_value never gives a float for a non-float config
     try:
