@@ -910,7 +910,9 @@ METHOD = """
   page cache is dropped first where permitted.
 - **Interference** (bench/interference.py): a 4-partition topic is filled with 8 GiB of 1 KiB
   records at full speed (its rate is the maximum); then a producer paced at 70% of it (acks=1,
-  ack latency per record from the delivery callback, its first second not counted) and an
+  records handed over in bursts of those due, the ack latency of one record in 8 from its
+  delivery callback, its first second not counted; the records appended are counted from the
+  topic's end offsets) and an
   ApiVersions prober (every 10 ms,
   own connection) run alone, and again after the page cache is dropped while a consumer
   catches the 8 GiB up from offset 0 and a client pipelines Metadata requests for every topic
