@@ -41,7 +41,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from crc32c import crc32c
+from stonemq.protocol.checksum import crc32c
 
 # The codecs' libraries (cramjam, lz4, zstandard: about 2 MB of a broker's PSS, their shared
 # objects mapped by it alone) are imported by the first batch that needs one: a broker whose

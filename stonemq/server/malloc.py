@@ -20,7 +20,6 @@ the median PSS fell by about 4-5 MB (docs/benchmarks/analysis.md, "Process size,
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import logging
 
 log = logging.getLogger(__name__)
@@ -37,11 +36,8 @@ def tune_malloc() -> bool:
     """Set the thresholds and the arena count (glibc only; another libc is left as it is).
     True if set. Called before the broker starts its threads: a thread that already has an
     arena keeps it."""
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return False
-    try:
-        mallopt = ctypes.CDLL(name).mallopt
+    try:  # dlopen(NULL): the process's own symbols (stonemq.storage.fileio says why)
+        mallopt = ctypes.CDLL(None).mallopt
     except (OSError, AttributeError):
         return False
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]

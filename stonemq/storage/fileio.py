@@ -15,14 +15,14 @@ they raise :class:`OSError` like the rest, so a write-back error is never lost o
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import errno
 import os
-import shutil
 from collections.abc import Callable, Sequence
 from typing import Any
 
-_libc_name = ctypes.util.find_library("c")
+_libc_name: str | None = None
+"""``dlopen(NULL)``: the process's own symbols, libc's among them. ``ctypes.util.find_library``
+would run ``ldconfig`` and import 17 modules (about 1 MiB of the serving process)."""
 
 
 def _libc_function(name: str, argtypes: list[Any]) -> Callable[..., int] | None:
@@ -160,6 +160,8 @@ class FileOps:
         os.makedirs(path, exist_ok=True)
 
     def rmtree(self, path: str) -> None:
+        import shutil  # only here (deleting a topic's directory), off the serving process's size
+
         shutil.rmtree(path, ignore_errors=True)
 
 

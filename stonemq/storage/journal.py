@@ -32,8 +32,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NamedTuple
 
-from crc32c import crc32c
-
+from stonemq.protocol.checksum import crc32c
 from stonemq.protocol.record_batch import crc32c_combine
 from stonemq.server.threads import name_os_thread
 from stonemq.storage import fileio

@@ -41,8 +41,7 @@ import os
 import struct
 from collections.abc import Iterator
 
-from crc32c import crc32c
-
+from stonemq.protocol.checksum import crc32c
 from stonemq.storage import fileio
 from stonemq.storage.errors import (
     DuplicateSequenceError,
