@@ -182,8 +182,8 @@ def paced(q: Queue[Any], bootstrap: str, topic: str, rate: int, stop: Event, cap
         if elapsed >= cap_s:
             break
         due = min(int(elapsed * rate) - sent, MAX_BURST)
-        if due <= 0:
-            poll(min((sent + 1) / rate - elapsed, 0.001))
+        if due <= 0:  # 1 ms ticks: a shorter timeout rounds down to 0 ms and spins
+            poll(0.001)
             continue
         try:
             for _ in range(due):
