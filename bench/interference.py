@@ -209,8 +209,8 @@ def paced(q: Queue[Any], bootstrap: str, topic: str, rate: int, stop: Event, cap
         "rate_msg_s": round(acked / max(elapsed, 1e-9), 1),
         "sent": sent,
         "acked": acked,
-        "errors": max(errors[0] + left, sent - acked),  # more acked than sent: duplicates
-        "duplicates": max(acked - sent, 0),
+        "errors": max(errors[0] + left, sent - acked),  # fewer appended than sent
+        "duplicates": max(acked - sent, 0),  # more appended than sent (retries)
         "seconds": round(elapsed, 2),
     }
 
