@@ -42,10 +42,11 @@ fi
 STAMP="$VENV/.stonemq-bench-deps"
 want="$(cat "$ROOT/pyproject.toml" "$ROOT/setup.py" "$ROOT"/stonemq/protocol/*.c | sha256sum | cut -d' ' -f1)"
 if [ "$want" != "$(cat "$STAMP" 2>/dev/null || true)" ] \
-    || ! "$VENV/bin/python" -c 'import stonemq, confluent_kafka, redis, matplotlib, psutil, pyspark' \
+    || ! "$VENV/bin/python" -P -c 'import stonemq, bench, confluent_kafka, redis, matplotlib, psutil, pyspark' \
         >/dev/null 2>&1 || [ ! -x "$VENV/bin/py-spy" ]; then
     run "pip install -e .[bench]" env PIP_DISABLE_PIP_VERSION_CHECK=1 \
-        "$VENV/bin/python" -m pip install --quiet -e "$ROOT[bench]"
+        "$VENV/bin/python" -m pip install --quiet -e "$ROOT[bench]" \
+        --config-settings editable_mode=compat  # as the tests install it (one shared venv)
     echo "$want" >"$STAMP"
 fi
 

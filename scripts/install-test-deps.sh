@@ -55,12 +55,13 @@ fi
 # compat editable mode: the checkout goes on sys.path as a folder, so PySpark's lookup of
 # Python data sources (pkgutil.iter_modules, modules named pyspark_*) finds pyspark_stonemq.
 # Reinstall only when the build inputs (pyproject.toml, setup.py, the C extension) changed since
-# the last successful install (or the editable install went missing).
+# the last successful install, the editable install went missing, or another mode replaced it
+# (``import bench`` works only with the checkout on sys.path; -P: not from the current directory).
 PY_STAMP="$VENV/.stonemq-test-deps"
 py_want="$(cat "$ROOT/pyproject.toml" "$ROOT/setup.py" "$ROOT"/stonemq/protocol/*.c | sha256sum | cut -d' ' -f1)"
 py_have="$(cat "$PY_STAMP" 2>/dev/null || true)"
 if [ "$py_want" != "$py_have" ] || [ ! -x "$VENV/bin/stonemq" ] || [ ! -x "$VENV/bin/pytest" ] \
-    || ! "$VENV/bin/python" -c 'import stonemq, pyspark_stonemq, confluent_kafka, kafka, aiokafka' >/dev/null 2>&1; then
+    || ! "$VENV/bin/python" -P -c 'import stonemq, pyspark_stonemq, bench, confluent_kafka, kafka, aiokafka' >/dev/null 2>&1; then
     run "pip install -e .[test]" env PIP_DISABLE_PIP_VERSION_CHECK=1 \
         "$VENV/bin/python" -m pip install --quiet -e "$ROOT[test]" \
         --config-settings editable_mode=compat

@@ -33,8 +33,10 @@ want="$(cat "$ROOT/pyproject.toml" "$ROOT/setup.py" "$ROOT"/stonemq/protocol/*.c
 if [ "$want" != "$(cat "$STAMP" 2>/dev/null || true)" ] || [ ! -x "$VENV/bin/stonemq" ] \
     || ! "$VENV/bin/python" -c 'import stonemq' >/dev/null 2>&1; then
     log="$(mktemp -t stonemq-serve-install.XXXXXX)"
+    # compat editable mode, as scripts/install-test-deps.sh and bench.sh install it: the venv is
+    # shared, and another mode would take the checkout off sys.path for the tests and the bench
     if ! PIP_DISABLE_PIP_VERSION_CHECK=1 "$VENV/bin/python" -m pip install --quiet -e "$ROOT" \
-        >"$log" 2>&1; then
+        --config-settings editable_mode=compat >"$log" 2>&1; then
         cat "$log" >&2
         rm -f "$log"
         fail "pip install -e . failed"
