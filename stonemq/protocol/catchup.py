@@ -18,16 +18,14 @@ leader's queue logs, and each listed topic partition (every one routed to that j
 partition) ends at ``end_offset`` at P. The epochs are the leader's leader-epoch history
 entries that start at or below P. Nothing here is a Kafka API: no Kafka API names the journal
 (Fetch, ListOffsets and OffsetForLeaderEpoch name topic partitions, and the copy itself uses
-Kafka's Fetch). Every count and size is checked against the bytes present before anything is
-built (:class:`MalformedCatchUp`).
+Kafka's Fetch: stonemq.protocol.fetch_client). Every count and size is checked against the
+bytes present before anything is built (:class:`MalformedCatchUp`).
 """
 
 from __future__ import annotations
 
-import datetime
 import struct
 from dataclasses import dataclass
-from typing import Any
 
 CATCH_UP_KEY = 1001
 CATCH_UP_VERSION = 0
@@ -154,110 +152,3 @@ def decode_response(frame: bytes | memoryview) -> tuple[int, CatchUpResponse]:
     return correlation_id, CatchUpResponse(
         error, epoch, point, start, tuple((e, s) for e, s in epochs), tuple(partitions)
     )
-
-
-# -- the copy: Kafka's Fetch (v11, names topics; request header v1, response header v0) -----
-FETCH_KEY = 1
-FETCH_VERSION = 11
-
-
-@dataclass(frozen=True, slots=True)
-class CopyFetch:
-    """One topic partition of a follower's copy Fetch."""
-
-    topic: str
-    partition: int
-    fetch_offset: int
-    max_bytes: int
-
-
-@dataclass(frozen=True, slots=True)
-class CopyFetched:
-    """One topic partition of a Fetch answer."""
-
-    topic: str
-    partition: int
-    error_code: int
-    high_watermark: int
-    log_start_offset: int
-    records: bytes
-
-
-def encode_fetch(
-    replica_id: int,
-    leader_epoch: int,
-    wanted: list[CopyFetch],
-    max_bytes: int,
-    correlation_id: int,
-    client_id: str = "stonemq-catch-up",
-) -> bytes:
-    """The whole frame of a Fetch v11 with ``replica_id`` (Kafka's follower fetch; no wait,
-    no session) naming ``wanted`` with ``leader_epoch`` as each one's current leader epoch."""
-    import io
-
-    from kio.schema.fetch.v11 import request as req
-    from kio.serial import entity_writer
-    from kio.static.primitive import i8, i32, i32Timedelta, i64
-
-    topics: dict[str, list[Any]] = {}
-    for w in wanted:
-        topics.setdefault(w.topic, []).append(
-            req.FetchPartition(
-                partition=i32(w.partition),
-                current_leader_epoch=i32(leader_epoch),
-                fetch_offset=i64(w.fetch_offset),
-                log_start_offset=i64(-1),
-                partition_max_bytes=i32(w.max_bytes),
-            )
-        )
-    request = req.FetchRequest(
-        replica_id=i32(replica_id),  # type: ignore[arg-type]
-        max_wait=i32Timedelta.parse(datetime.timedelta(0)),
-        min_bytes=i32(0),
-        max_bytes=i32(max_bytes),
-        isolation_level=i8(0),
-        session_id=i32(0),
-        session_epoch=i32(-1),
-        topics=tuple(
-            req.FetchTopic(topic=topic, partitions=tuple(parts))  # type: ignore[arg-type]
-            for topic, parts in topics.items()
-        ),
-        forgotten_topics_data=(),
-        rack_id="",
-    )
-    buf = io.BytesIO()
-    entity_writer(req.FetchRequest)(buf, request)
-    cid = client_id.encode()
-    body = _HEADER_V1.pack(FETCH_KEY, FETCH_VERSION, correlation_id, len(cid)) + cid
-    body += buf.getvalue()
-    return _I32.pack(len(body)) + body
-
-
-def decode_fetch(frame: bytes | memoryview) -> tuple[int, int, list[CopyFetched]]:
-    """(correlation id, top-level error code, partitions) of a Fetch v11 response frame
-    without its length prefix. MalformedCatchUp when it does not decode whole."""
-    from kio.schema.fetch.v11 import response as resp
-    from kio.serial import entity_reader
-
-    if len(frame) < 4:
-        raise MalformedCatchUp("Fetch response shorter than its header")
-    (correlation_id,) = _I32.unpack_from(frame, 0)
-    try:
-        body, size = entity_reader(resp.FetchResponse)(memoryview(frame), 4)
-    except Exception as exc:  # kio raises several kinds on bad bytes
-        raise MalformedCatchUp(f"Fetch response does not decode: {exc}") from exc
-    if 4 + size != len(frame):
-        raise MalformedCatchUp(f"{len(frame) - 4 - size} bytes after the Fetch response")
-    out = [
-        CopyFetched(
-            topic.topic,
-            int(p.partition_index),
-            int(p.error_code),
-            int(p.high_watermark),
-            int(p.log_start_offset),
-            bytes(p.records or b""),
-        )
-        for topic in body.responses
-        for p in topic.partitions
-    ]
-    return correlation_id, int(body.error_code), out

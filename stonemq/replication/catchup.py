@@ -57,12 +57,10 @@ from kio.schema.errors import ErrorCode
 from stonemq.protocol.catchup import (
     CatchUpRequest,
     CatchUpResponse,
-    CopyFetch,
-    decode_fetch,
     decode_response,
-    encode_fetch,
     encode_request,
 )
+from stonemq.protocol.fetch_client import FetchWant, decode_fetch, encode_fetch
 from stonemq.replication.fetcher import read_frame
 
 if TYPE_CHECKING:
@@ -215,7 +213,7 @@ async def _copy(attempt: _Attempt, point: int, todo: list[_Copy]) -> None:
         attempt.check_leadership()
         chunk = todo[:_PARTITIONS_PER_FETCH]
         fetches = [
-            CopyFetch(c.topic, c.partition, c.offset, settings.replica_fetch_max_bytes)
+            FetchWant(c.topic, c.partition, c.offset, settings.replica_fetch_max_bytes)
             for c in chunk
         ]
         error, parts = await attempt.ask(
@@ -225,6 +223,7 @@ async def _copy(attempt: _Attempt, point: int, todo: list[_Copy]) -> None:
                 fetches,
                 settings.replica_fetch_response_max_bytes,
                 cid,
+                "stonemq-catch-up",
             ),
             decode_fetch,
         )

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import bisect
+import contextlib
 import time
 import uuid
 from collections.abc import Iterator, Mapping
@@ -331,7 +332,7 @@ def read_cold(opts: SourceOptions, r: OffsetRange) -> Iterator[pa.RecordBatch]:
                     mask = pc.and_(pc.greater_equal(offsets, r.start), pc.less(offsets, r.end))
                     table = table.filter(mask)
                 if table.num_rows:
-                    yield from _cold_batches(table, r, schema, opts.include_headers)
+                    yield from _spark_batches(table, r, schema, opts.include_headers)
 
 
 def _open_parquet(store: Any, key: str) -> Any:
@@ -342,9 +343,11 @@ def _open_parquet(store: Any, key: str) -> Any:
     return store.open_read(key)
 
 
-def _cold_batches(
+def _spark_batches(
     table: pa.Table, r: OffsetRange, schema: pa.Schema, headers: bool
 ) -> Iterator[pa.RecordBatch]:
+    """Spark's rows (:func:`arrow_schema`) of a table in the archive's row format (an
+    archived file's, or what :mod:`stonemq.spark.fetch_read` decoded)."""
     n = table.num_rows
     kinds = pc.cast(pc.equal(table.column("timestamp_type"), "LogAppendTime"), pa.int32())
     arrays = [
@@ -438,10 +441,44 @@ def range_reader_config(opts: SourceOptions) -> dict[str, Any]:
     return conf
 
 
+@contextlib.contextmanager
+def metadata_client(opts: SourceOptions) -> Iterator[Any]:
+    """A range reader's consumer from the pool, for metadata; back to the pool after (closed
+    if the block raised)."""
+    conf = range_reader_config(opts)
+    consumer = _checkout_consumer(conf)
+    clean = False
+    try:
+        yield consumer
+        clean = True
+    finally:
+        if clean:
+            _return_consumer(conf, consumer)
+        else:
+            close_quietly(consumer)
+
+
 def read_kafka(opts: SourceOptions, r: OffsetRange) -> Iterator[pa.RecordBatch]:
-    """Rows of ``[r.start, r.end)`` fetched with confluent-kafka by assignment. Offsets may
-    be missing inside the range (control records, compaction); the range is done once the
-    consumer's position reaches ``r.end``."""
+    """Rows of ``[r.start, r.end)`` over the Kafka protocol: by :mod:`stonemq.spark.fetch_read`
+    (Fetch decoded into Arrow columns) unless the options need librdkafka (``usable``),
+    else by a confluent-kafka consumer's assignment. Offsets may be missing inside the range
+    (control records, compaction); the range is done once the read reaches ``r.end``."""
+    from stonemq.spark import fetch_read
+
+    if fetch_read.usable(opts):
+        schema = arrow_schema(opts.include_headers)
+        try:
+            for table in fetch_read.read_fetch(opts, r):
+                yield from _spark_batches(table, r, schema, opts.include_headers)
+        except fetch_read.DataGone as exc:
+            yield from _lost(opts, r, str(exc))
+        except fetch_read.ReadFailed as exc:
+            raise SourceError(str(exc)) from None
+        return
+    yield from _read_librdkafka(opts, r)
+
+
+def _read_librdkafka(opts: SourceOptions, r: OffsetRange) -> Iterator[pa.RecordBatch]:
     from confluent_kafka import TopicPartition
 
     conf = range_reader_config(opts)

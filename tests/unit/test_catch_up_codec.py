@@ -1,7 +1,7 @@
-"""The CatchUpPoint codec and the catch-up's Fetch v11 frames (stonemq/protocol/catchup.py):
-round trips of every field, Kafka's own Fetch schema reading what the follower sends and
-writing what it reads, and bodies whose counts or sizes run past their bytes refused
-(MalformedCatchUp) before anything is built."""
+"""The CatchUpPoint codec (stonemq/protocol/catchup.py) and the catch-up's Fetch v11 frames
+(stonemq/protocol/fetch_client.py): round trips of every field, Kafka's own Fetch schema
+reading what the follower sends and writing what it reads, and bodies whose counts or sizes
+run past their bytes refused (MalformedCatchUp, MalformedFetch) before anything is built."""
 
 from __future__ import annotations
 
@@ -23,21 +23,24 @@ from kio.static.primitive import i64 as ki64
 
 from stonemq.protocol.catchup import (
     CATCH_UP_KEY,
-    FETCH_KEY,
-    FETCH_VERSION,
     CatchUpPartition,
     CatchUpRequest,
     CatchUpResponse,
-    CopyFetch,
     MalformedCatchUp,
-    decode_fetch,
     decode_request,
     decode_response,
-    encode_fetch,
     encode_request,
     encode_response,
 )
 from stonemq.protocol.codec import parse_header_prefix
+from stonemq.protocol.fetch_client import (
+    FETCH_KEY,
+    FETCH_VERSION,
+    FetchWant,
+    MalformedFetch,
+    decode_fetch,
+    encode_fetch,
+)
 
 i32 = st.integers(-(2**31), 2**31 - 1)
 i64 = st.integers(-(2**63), 2**63 - 1)
@@ -107,8 +110,8 @@ def test_counts_past_the_bytes_are_refused_before_anything_is_built() -> None:
 
 
 def test_the_copy_fetch_is_kafkas_fetch_v11_with_the_replica_id() -> None:
-    wanted = [CopyFetch("a", 0, 5, 1000), CopyFetch("b", 3, 0, 2000), CopyFetch("a", 1, 9, 1000)]
-    frame = encode_fetch(2, 7, wanted, 1 << 20, 42)
+    wanted = [FetchWant("a", 0, 5, 1000), FetchWant("b", 3, 0, 2000), FetchWant("a", 1, 9, 1000)]
+    frame = encode_fetch(2, 7, wanted, 1 << 20, 42, "stonemq-catch-up")
     (size,) = struct.unpack_from(">i", frame, 0)
     assert size == len(frame) - 4
     header, pos = parse_header_prefix(frame[4:])
@@ -171,7 +174,7 @@ def test_a_fetch_answer_decodes_and_a_cut_one_is_refused() -> None:
     ]
     assert parts[0].records == b"xyz" and parts[1].records == b""
     for cut in range(len(body)):
-        with pytest.raises(MalformedCatchUp):
+        with pytest.raises(MalformedFetch):
             decode_fetch(body[:cut])
-    with pytest.raises(MalformedCatchUp):
+    with pytest.raises(MalformedFetch):
         decode_fetch(body + b"\0")

@@ -1,0 +1,128 @@
+"""The Spark source's Kafka range reads without librdkafka (stonemq/spark/fetch_read.py)
+against a real broker: the rows equal what a confluent-kafka consumer's read of the same
+range gives (every column, ranges cut inside batches, compressed batches, headers, fetch
+sizes smaller than a batch), and the errors are those of the confluent-kafka read."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from confluent_kafka import Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from stonemq.spark import fetch_read, kafka_io
+from stonemq.spark import options as so
+from stonemq.spark.options import OffsetRange
+
+
+def _opts(bootstrap: str, **extra: str) -> so.SourceOptions:
+    return so.parse(
+        {
+            "kafka.bootstrap.servers": bootstrap,
+            "subscribe": "t",
+            "kafkaConsumer.pollTimeoutMs": "10000",
+            **extra,
+        },
+        streaming=False,
+    )
+
+
+def _create(bootstrap: str, topic: str, partitions: int = 1) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([NewTopic(topic, partitions, 1)])[topic].result(timeout=30)
+
+
+def _produce(bootstrap: str, topic: str, seed: int, count: int) -> None:
+    """``count`` records in batches of every codec and size, some keys null, some headers."""
+    rng = random.Random(seed)
+    for codec in ("none", "lz4", "zstd", "gzip", "snappy"):
+        producer = Producer(
+            {"bootstrap.servers": bootstrap, "compression.type": codec, "linger.ms": 20}
+        )
+        for i in range(count // 5):
+            headers: Any = None
+            if rng.random() < 0.2:
+                headers = [("h", rng.randbytes(3)), ("g", None)]
+            producer.produce(
+                topic,
+                value=rng.randbytes(rng.choice((0, 10, 300, 5000))),
+                key=None if rng.random() < 0.3 else f"k{i}".encode(),
+                headers=headers,
+                timestamp=1_700_000_000_000 + i,
+            )
+            if rng.random() < 0.05:
+                producer.flush()
+        assert producer.flush(30) == 0
+
+
+def _rows(batches: Any) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for b in batches:
+        assert isinstance(b, pa.RecordBatch)
+        out += b.to_pylist()
+    return out
+
+
+@pytest.mark.parametrize("headers", ["true", "false"])
+def test_fetched_rows_equal_a_confluent_kafka_read_of_the_same_ranges(
+    broker: Any, headers: str
+) -> None:
+    bootstrap = broker.bootstrap
+    _create(bootstrap, "t")
+    _produce(bootstrap, "t", seed=7, count=2000)
+    opts = _opts(bootstrap, includeHeaders=headers)
+    assert fetch_read.usable(opts)
+    small = _opts(bootstrap, includeHeaders=headers, **{"kafka.max.partition.fetch.bytes": "1000"})
+    end = 2000
+    for start, stop in [(0, end), (1, end - 1), (333, 334), (517, 1499), (end - 1, end)]:
+        r = OffsetRange("t", 0, start, stop)
+        expected = _rows(kafka_io._read_librdkafka(opts, r))
+        assert [row["offset"] for row in expected] == list(range(start, stop))
+        assert _rows(kafka_io.read_kafka(opts, r)) == expected
+        # a fetch size below a batch's: each batch is asked for again, whole
+        assert _rows(kafka_io.read_kafka(small, r)) == expected
+
+
+def test_offsets_lost_to_retention_are_data_loss_and_skipped_without_fail_on_data_loss(
+    broker: Any,
+) -> None:
+    bootstrap = broker.bootstrap
+    _create(bootstrap, "t")
+    _produce(bootstrap, "t", seed=3, count=500)
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.delete_records([TopicPartition("t", 0, 200)])[TopicPartition("t", 0, 200)].result(30)
+    r = OffsetRange("t", 0, 100, 300)
+    with pytest.raises(kafka_io.DataLossError, match="offset out of range"):
+        _rows(kafka_io.read_kafka(_opts(bootstrap), r))
+    assert _rows(kafka_io.read_kafka(_opts(bootstrap, failOnDataLoss="false"), r)) == []
+    # the log ends before the range does (a range planned past today's end)
+    r = OffsetRange("t", 0, 490, 600)
+    with pytest.raises(kafka_io.DataLossError, match="the log now ends at 500"):
+        _rows(kafka_io.read_kafka(_opts(bootstrap), r))
+    # a partition that does not exist
+    r = OffsetRange("t", 5, 0, 10)
+    with pytest.raises(kafka_io.DataLossError, match="gone"):
+        _rows(kafka_io.read_kafka(_opts(bootstrap), r))
+
+
+def test_the_librdkafka_read_is_kept_for_what_only_librdkafka_does(broker: Any) -> None:
+    bootstrap = broker.bootstrap
+    assert not fetch_read.usable(_opts(bootstrap, **{"kafka.isolation.level": "read_committed"}))
+    assert not fetch_read.usable(_opts(bootstrap, **{"kafka.security.protocol": "SASL_SSL"}))
+    assert not fetch_read.usable(_opts(bootstrap, **{"kafka.ssl.ca.location": "/x"}))
+    assert fetch_read.usable(_opts(bootstrap, **{"kafka.security.protocol": "PLAINTEXT"}))
+
+
+def test_a_stopped_broker_fails_the_read_after_the_poll_timeout(broker: Any) -> None:
+    bootstrap = broker.bootstrap
+    _create(bootstrap, "t")
+    _produce(bootstrap, "t", seed=1, count=50)
+    opts = _opts(bootstrap, **{"kafkaConsumer.pollTimeoutMs": "1500"})
+    r = OffsetRange("t", 0, 0, 50)
+    assert len(_rows(kafka_io.read_kafka(opts, r))) == 50  # the leader is known now
+    broker.stop()
+    with pytest.raises(kafka_io.SourceError, match="pollTimeoutMs"):
+        _rows(kafka_io.read_kafka(opts, r))
