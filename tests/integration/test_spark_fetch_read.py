@@ -126,3 +126,38 @@ def test_a_stopped_broker_fails_the_read_after_the_poll_timeout(broker: Any) -> 
     broker.stop()
     with pytest.raises(kafka_io.SourceError, match="pollTimeoutMs"):
         _rows(kafka_io.read_kafka(opts, r))
+
+
+@pytest.mark.cluster
+@pytest.mark.timeout(240)
+def test_a_read_goes_on_at_the_new_leader_when_its_leader_is_killed(
+    broker_factory: Any, zookeeper: Any
+) -> None:
+    """Replication factor 3: the leader is SIGKILLed in the middle of a range read (a fetch
+    may be in flight); the read finds the new leader and returns every offset once."""
+    from .test_replication import _isrs, _leaders, _start_cluster, _wait
+
+    brokers, chroot = _start_cluster(broker_factory, zookeeper, zookeeper_session_timeout_ms=6000)
+    everyone = ",".join(b.bootstrap for b in brokers)
+    _create(brokers[0].bootstrap, "t", partitions=1)
+    _wait(lambda: all(set(isr) == {1, 2, 3} for isr in _isrs(chroot).values()), 30, "ISR")
+    producer = Producer(
+        {"bootstrap.servers": everyone, "acks": "all", "linger.ms": 5, "batch.size": 16384}
+    )
+    for i in range(3000):
+        producer.produce("t", value=b"%d" % i + bytes(500), partition=0)
+    assert producer.flush(30) == 0
+    opts = _opts(
+        everyone,
+        **{"kafka.max.partition.fetch.bytes": "20000", "kafkaConsumer.pollTimeoutMs": "30000"},
+    )
+    r = OffsetRange("t", 0, 0, 3000)
+    reading = kafka_io.read_kafka(opts, r)
+    rows = _rows([next(reading)])
+    assert len(rows) < 100  # 20,000-byte fetches: one more may be in flight, the rest is not
+    leader = brokers[_leaders(everyone, "t")[0] - 1]
+    leader.kill()
+    rows += _rows(reading)
+    assert leader.proc.poll() is not None  # the rest came from the new leader
+    assert [row["offset"] for row in rows] == list(range(3000))
+    assert [row["value"] for row in rows] == [b"%d" % i + bytes(500) for i in range(3000)]
