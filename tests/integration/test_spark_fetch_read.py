@@ -30,9 +30,10 @@ def _opts(bootstrap: str, **extra: str) -> so.SourceOptions:
     )
 
 
-def _create(bootstrap: str, topic: str, partitions: int = 1) -> None:
+def _create(bootstrap: str, topic: str, partitions: int = 1, **config: str) -> None:
     admin = AdminClient({"bootstrap.servers": bootstrap})
-    admin.create_topics([NewTopic(topic, partitions, 1)])[topic].result(timeout=30)
+    new = NewTopic(topic, partitions, 1, config=config)
+    admin.create_topics([new])[topic].result(timeout=30)
 
 
 def _produce(bootstrap: str, topic: str, seed: int, count: int) -> None:
@@ -66,12 +67,14 @@ def _rows(batches: Any) -> list[dict[str, Any]]:
     return out
 
 
-@pytest.mark.parametrize("headers", ["true", "false"])
+@pytest.mark.parametrize(
+    ("headers", "timestamps"), [("true", "CreateTime"), ("false", "LogAppendTime")]
+)
 def test_fetched_rows_equal_a_confluent_kafka_read_of_the_same_ranges(
-    broker: Any, headers: str
+    broker: Any, headers: str, timestamps: str
 ) -> None:
     bootstrap = broker.bootstrap
-    _create(bootstrap, "t")
+    _create(bootstrap, "t", **{"message.timestamp.type": timestamps})
     _produce(bootstrap, "t", seed=7, count=2000)
     opts = _opts(bootstrap, includeHeaders=headers)
     assert fetch_read.usable(opts)
@@ -81,6 +84,7 @@ def test_fetched_rows_equal_a_confluent_kafka_read_of_the_same_ranges(
         r = OffsetRange("t", 0, start, stop)
         expected = _rows(kafka_io._read_librdkafka(opts, r))
         assert [row["offset"] for row in expected] == list(range(start, stop))
+        assert {row["timestampType"] for row in expected} == {int(timestamps != "CreateTime")}
         assert _rows(kafka_io.read_kafka(opts, r)) == expected
         # a fetch size below a batch's: each batch is asked for again, whole
         assert _rows(kafka_io.read_kafka(small, r)) == expected
