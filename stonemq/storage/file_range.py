@@ -68,18 +68,18 @@ class FileRange:
     def closed(self) -> bool:
         return self.fd < 0
 
-    def send(self, socket_fd: int) -> bool:
+    def send(self, socket_fd: int, max_bytes: int | None = None) -> bool:
         """Send as much of what is left as the socket takes now (``sendfile``, no copy into
-        Python); True when all of it was sent. A full socket raises BlockingIOError; any other
-        OSError is the caller's (the connection closes: part of the response went out)."""
-        while self.sent < self.length:
-            n = fileio.sendfile(
-                socket_fd, self.fd, self.position + self.sent, self.length - self.sent
-            )
+        Python), at most ``max_bytes`` in this call; True when all of it was sent. A full
+        socket raises BlockingIOError; any other OSError is the caller's (the connection
+        closes: part of the response went out)."""
+        stop = self.length if max_bytes is None else min(self.length, self.sent + max_bytes)
+        while self.sent < stop:
+            n = fileio.sendfile(socket_fd, self.fd, self.position + self.sent, stop - self.sent)
             if n == 0:  # the file ended before the range did: it was cut under us
                 raise OSError(f"{self.path} ended {self.length - self.sent} bytes early")
             self.sent += n
-        return True
+        return self.sent == self.length
 
     def read_rest(self, max_bytes: int) -> bytes:
         """Up to ``max_bytes`` of what is left, copied (the fallback when ``sendfile`` cannot

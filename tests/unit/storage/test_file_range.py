@@ -6,6 +6,7 @@ deleted; ranges are bounded in number and always closed."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import os
 import random
@@ -178,6 +179,48 @@ def test_sendfile_moves_file_bytes_and_a_full_socket_raises_blocking(tmp_path: P
         a.close()
         b.close()
         os.close(fd)
+
+
+def test_a_send_stops_at_its_share_and_goes_on_where_it_stopped(tmp_path: Path) -> None:
+    """``FileRange.send(fd, max_bytes)`` sends at most ``max_bytes`` a call (the connection
+    then lets the loop serve others before the next call) and the calls together send the
+    range's bytes exactly once, in order."""
+    import socket
+
+    payload = os.urandom(700_000)
+    path = tmp_path / "segment.log"
+    path.write_bytes(b"head" + payload + b"tail")
+    r = file_range.open_range(str(path), 4, len(payload), False)
+    assert r is not None
+    a, b = socket.socketpair()
+    try:
+        a.setblocking(False)
+        b.setblocking(False)
+        got = bytearray()
+        calls = 0
+        done = False
+        while not done:
+            before = r.sent
+            try:
+                done = r.send(a.fileno(), 100_000)
+                calls += 1
+                assert r.sent - before <= 100_000
+                assert done or r.sent - before == 100_000  # a call short of its share is full
+            except BlockingIOError:
+                pass
+            with contextlib.suppress(BlockingIOError):
+                while True:
+                    got += b.recv(1 << 20)
+        with contextlib.suppress(BlockingIOError):
+            while len(got) < len(payload):
+                got += b.recv(1 << 20)
+        assert bytes(got) == payload
+        assert calls >= 7  # 700,000 bytes in shares of 100,000
+        assert r.send(a.fileno(), 100_000) and r.sent == len(payload)  # nothing left: done
+    finally:
+        r.close()
+        a.close()
+        b.close()
 
 
 def test_out_of_descriptors_a_range_is_not_opened(
