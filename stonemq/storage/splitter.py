@@ -28,7 +28,6 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from stonemq.protocol.record_batch import RecordBatchError
-from stonemq.server.malloc import trim_heap
 from stonemq.server.metrics import METRICS
 from stonemq.server.threads import name_os_thread
 from stonemq.storage.errors import CutBackError, StorageError
@@ -162,7 +161,7 @@ class Splitter:
             return 0
         if writes:
             METRICS.splitter_loop_ns += clock() - on_loop
-            written = loop.run_in_executor(thread, _timed, _write_step, writes)
+            written = loop.run_in_executor(thread, _timed, _write_all, writes)
             self._in_flight = written
             try:
                 done_ns = (await asyncio.shield(written))[1]
@@ -389,10 +388,3 @@ def _write_all(writes: list[SplitWrite]) -> None:
         write.write()
         if write.error is not None:
             return
-
-
-def _write_step(writes: list[SplitWrite]) -> None:
-    """A step's writes in the splitter's thread, then the malloc heap's free pages given
-    back (``trim_heap``: at most four times a second, in the serving broker only)."""
-    _write_all(writes)
-    trim_heap()
