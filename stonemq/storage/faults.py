@@ -284,6 +284,10 @@ class FaultyFileOps(FileOps):
         self._check("pread", self._path(fd))
         return super().pread(fd, n, pos)
 
+    def pread_into(self, fd: int, buf: Any, pos: int) -> int:
+        self._check("pread", self._path(fd))
+        return super().pread_into(fd, buf, pos)
+
     def pread_cached(self, fd: int, n: int, pos: int) -> bytes | None:
         self._check("pread", self._path(fd))
         return super().pread_cached(fd, n, pos)

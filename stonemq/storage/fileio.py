@@ -79,6 +79,10 @@ class FileOps:
     def pread(self, fd: int, n: int, pos: int) -> bytes:
         return os.pread(fd, n, pos)
 
+    def pread_into(self, fd: int, buf: Any, pos: int) -> int:
+        """Read into ``buf`` (a writable buffer) from ``pos``; the bytes read (0 at the end)."""
+        return os.preadv(fd, [buf], pos)
+
     def pwrite(self, fd: int, data: Any, pos: int) -> int:
         return os.pwrite(fd, data, pos)
 
@@ -172,6 +176,7 @@ _active: FileOps = _REAL
 open = _REAL.open
 close = _REAL.close
 pread = _REAL.pread
+pread_into = _REAL.pread_into
 pread_cached = _REAL.pread_cached
 pwrite = _REAL.pwrite
 pwritev = _REAL.pwritev
@@ -191,6 +196,7 @@ _NAMES = (
     "open",
     "close",
     "pread",
+    "pread_into",
     "pread_cached",
     "pwrite",
     "pwritev",

@@ -266,8 +266,9 @@ class JournalReader:
         self._bases = list_segments(self.directory)
         return self._bases[0] if self._bases else 0
 
-    def _pread(self, pos: int, n: int) -> bytes:
-        """Up to ``n`` bytes from journal ``pos``, within the segment holding ``pos``."""
+    def _pread(self, pos: int, n: int, into: memoryview | None = None) -> bytes | memoryview:
+        """Up to ``n`` bytes from journal ``pos``, within the segment holding ``pos``: new
+        bytes, or, given ``into`` (at least ``n`` bytes long), a view of its first bytes."""
         truncations = _truncations.get(self._key, 0)
         if truncations != self._seen_truncations:  # the files changed under what it holds
             self._seen_truncations = truncations
@@ -287,7 +288,11 @@ class JournalReader:
                         self._bases = list_segments(self.directory)
                         continue
                     self._fd_base = base
-                data = fileio.pread(self._fd, n, pos - base)
+                data: bytes | memoryview
+                if into is None:
+                    data = fileio.pread(self._fd, n, pos - base)
+                else:
+                    data = into[: fileio.pread_into(self._fd, into[:n], pos - base)]
                 if data or attempt:
                     return data
             # past the known segments or at a segment's end: a roll may have added one
@@ -302,25 +307,37 @@ class JournalReader:
         want = min(max(max_bytes, 4), limit - pos)
         if want <= 0:
             return b""
-        data = self._pread(pos, want)
+        data = bytes(self._pread(pos, want))  # the follower's fetch holds it: never a view
         _, used = decode_entries(memoryview(data), pos, verify=False)
         if used == 0 and len(data) >= 4:
             size = entry_size_at(memoryview(data), 0)  # one entry bigger than max_bytes
             if size > limit - pos:
                 return b""
-            data = self._pread(pos, size)
+            data = bytes(self._pread(pos, size))
             used = size if len(data) == size else 0
         return data if used == len(data) else data[:used]
 
     def read(
-        self, pos: int, limit: int, max_bytes: int, verify: bool = True
+        self,
+        pos: int,
+        limit: int,
+        max_bytes: int,
+        verify: bool = True,
+        into: memoryview | None = None,
     ) -> tuple[list[JournalEntry], int]:
         """Whole entries from ``pos`` up to ``limit`` (roughly ``max_bytes`` of them, at least
-        one entry when one is there) and the position after them."""
+        one entry when one is there) and the position after them.
+
+        Given ``into``, a read that fits in it goes there and the entries' batches are views
+        of it: they are valid only until ``into`` is written again (the splitter's one read
+        buffer, ``Splitter.step_async``). A read that does not fit (one entry larger than
+        ``max_bytes``) gets new bytes."""
         want = min(max_bytes, limit - pos)
         if want <= 0:
             return [], pos
-        data = memoryview(self._pread(pos, want))
+        if into is not None and want > len(into):
+            into = None
+        data = memoryview(self._pread(pos, want, into))
         entries, used = decode_entries(data, pos, verify)
         if not entries and len(data) >= 4:
             size = entry_size_at(data, 0)  # one entry bigger than max_bytes

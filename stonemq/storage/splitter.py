@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import mmap
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -95,6 +96,9 @@ class Splitter:
         self._in_flight: asyncio.Future[None] | None = None
         self._busy = False  # a step was skipped: a queue log had another writer's write
         self._skip_logged: tuple[int, str, int, int] | None = None
+        # the journal reads of ``step_async`` land here (``_read_reused``): one anonymous
+        # mapping of the largest step, made at the first step, instead of new bytes per step
+        self._buffer: mmap.mmap | None = None
 
     def add_journal(self, directory: str, health: JournalHealth) -> None:
         """Split one more (new, empty) journal partition from position 0; the next round of
@@ -146,7 +150,7 @@ class Splitter:
             )
         clock = time.monotonic_ns
         (entries, end), done_ns = await loop.run_in_executor(
-            thread, _timed, self._read, j, pos, limit, self.step_bytes(limit - pos)
+            thread, _timed, self._read_reused, j, pos, limit, self.step_bytes(limit - pos)
         )
         on_loop = clock()
         METRICS.splitter_loop_wait_ns += on_loop - done_ns
@@ -175,12 +179,34 @@ class Splitter:
             METRICS.splitter_steps += 1
         return end - pos
 
-    def _read(self, j: int, pos: int, limit: int, want: int) -> tuple[list[JournalEntry], int]:
+    def _read(
+        self, j: int, pos: int, limit: int, want: int, into: memoryview | None = None
+    ) -> tuple[list[JournalEntry], int]:
         """Read entries of journal ``j`` (in the calling thread) and convert them."""
-        entries, end = self.readers[j].read(pos, limit, want, verify=False)
+        entries, end = self.readers[j].read(pos, limit, want, verify=False, into=into)
         if self.convert is not None and entries:
             self.convert(entries)
         return entries, end
+
+    def _read_reused(
+        self, j: int, pos: int, limit: int, want: int
+    ) -> tuple[list[JournalEntry], int]:
+        """:meth:`_read` into the splitter's one read buffer, in its thread.
+
+        The entries' batches are views of that buffer until the next read overwrites it.
+        Nothing keeps one past its step: the step stages them (``SplitWrite`` runs), writes
+        them from this same thread before it takes the next read, and publishes only their
+        headers; ``convert`` replaces a batch with new bytes. Steps of :meth:`run` never
+        overlap, and a step cancelled during its read drops its entries (the next read
+        queues behind that one in this thread). Before, every step read into new bytes (up
+        to ``CATCH_UP_STEPS`` times ``batch_bytes``) freed at its end: below the mmap
+        threshold they came from the malloc heap and, freed out of order with the request
+        frames, left holes in it (docs/benchmarks/analysis.md, "Process size, sixth pass")."""
+        buffer = self._buffer
+        if buffer is None:  # pages are mapped when first read into, never zero-filled
+            size = self.batch_bytes * CATCH_UP_STEPS
+            buffer = self._buffer = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE)
+        return self._read(j, pos, limit, want, memoryview(buffer))
 
     async def idle(self) -> None:
         """Return once no write of the splitter is in flight (a deleted topic's directories
@@ -340,6 +366,7 @@ class Splitter:
             self._thread = None
         for reader in self.readers:
             reader.close()
+        self._buffer = None  # unmapped once the last view of it is gone
 
 
 _T = TypeVar("_T")

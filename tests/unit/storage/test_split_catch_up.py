@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from pathlib import Path
+from typing import Any
 
 from conftest import add_topic, build_batch, fd_path, new_engine, produce, read_all, wait_split
 
@@ -32,11 +33,18 @@ class HeldJournalRead(FileOps):
         self.go = threading.Event()
         self.held = threading.Event()
 
-    def pread(self, fd: int, n: int, pos: int) -> bytes:
+    def _hold(self, fd: int) -> None:
         if not self.go.is_set() and "/journal/" in fd_path(fd):
             self.held.set()
             assert self.go.wait(30)
+
+    def pread(self, fd: int, n: int, pos: int) -> bytes:
+        self._hold(fd)
         return super().pread(fd, n, pos)
+
+    def pread_into(self, fd: int, buf: Any, pos: int) -> int:  # the splitter's reads
+        self._hold(fd)
+        return super().pread_into(fd, buf, pos)
 
 
 def test_a_splitter_behind_catches_up_in_steps_of_several_batches(tmp_path: Path) -> None:

@@ -40,6 +40,10 @@ class StalledDisk(FileOps):
         self._maybe_stall("pread", fd)
         return super().pread(fd, n, pos)
 
+    def pread_into(self, fd: int, buf: Any, pos: int) -> int:  # the splitter's journal reads
+        self._maybe_stall("pread", fd)
+        return super().pread_into(fd, buf, pos)
+
 
 async def _loop_lag(stop: asyncio.Event) -> float:
     """The longest the event loop went without running this task (10 ms naps)."""

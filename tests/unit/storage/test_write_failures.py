@@ -399,6 +399,7 @@ def test_a_failed_journal_read_takes_only_that_journal_partition_offline(
         add_topic(engine, partitions=2)  # partition p on journal partition p
         engine.start(lambda *a: None)
         os_faults.fail("pread", "journal-0/", errno.EIO, times=-1)
+        os_faults.fail("preadv", "journal-0/", errno.EIO, times=-1)  # the splitter's reads
         acked: dict[int, dict[int, bytes]] = {0: {}, 1: {}}
         for i in range(6):
             for p in (0, 1):
