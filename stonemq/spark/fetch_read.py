@@ -15,10 +15,12 @@ order (control records left out), aborted transactions included. A read that nee
 librdkafka adds (read_committed's aborted-transaction filter, TLS, SASL) is not done here:
 :func:`usable` says so and the caller reads with confluent-kafka instead.
 
-Errors follow the confluent-kafka read's: offsets below the log start, a log that ends before
-the range does, or a partition that is gone are data loss (``failOnDataLoss``); a leader that
-moved, a connection that failed or a fetch that answers nothing are retried (new metadata, a
-new connection) until ``kafkaConsumer.pollTimeoutMs`` passes without progress; any other
+Errors: offsets below the log start or a partition that is gone are data loss
+(``failOnDataLoss``); a leader that moved, a connection that failed or a fetch that answers
+nothing are retried (new metadata, a new connection) until ``kafkaConsumer.pollTimeoutMs``
+passes without progress. A log whose high watermark stays below the range's end for that
+long is data loss too (truncated by an unclean election or a crash), not before: a new
+leader's high watermark can trail the old one's for a moment after a failover. Any other
 error code or a batch the validator refuses fails the task.
 """
 
@@ -160,9 +162,12 @@ def read_fetch(opts: SourceOptions, r: OffsetRange) -> Iterator[pa.Table]:
     backoff = RETRY_BACKOFF_S
     deadline = time.monotonic() + opts.poll_timeout_ms / 1000
     last_problem = "nothing fetched yet"
+    log_end: int | None = None  # the high watermark last seen, when below the range's end
     try:
         while offset < r.end:
             if time.monotonic() > deadline:
+                if log_end is not None:
+                    raise DataGone(f"the log now ends at {log_end}, before offset {r.end}")
                 raise ReadFailed(
                     f"no records of {r.topic}-{r.partition} from offset {offset} within "
                     f"{opts.poll_timeout_ms} ms (kafkaConsumer.pollTimeoutMs): {last_problem}"
@@ -191,8 +196,11 @@ def read_fetch(opts: SourceOptions, r: OffsetRange) -> Iterator[pa.Table]:
                     if len(records) >= max_bytes and max_bytes < MAX_FETCH_BYTES:
                         max_bytes *= 2  # a batch larger than asked and cut: ask for it whole
                         continue
-                    if part.high_watermark <= offset and part.high_watermark < r.end:
-                        raise DataGone(f"the log now ends at {part.high_watermark}, before {r.end}")
+                    # a log that ends before the range: truncated (data loss), or a new
+                    # leader whose high watermark has not caught up yet; only the poll
+                    # timeout tells them apart
+                    short = part.high_watermark <= offset and part.high_watermark < r.end
+                    log_end = part.high_watermark if short else None
                     last_problem = f"empty at {offset}, high watermark {part.high_watermark}"
                     continue
                 if following < r.end:
@@ -202,6 +210,7 @@ def read_fetch(opts: SourceOptions, r: OffsetRange) -> Iterator[pa.Table]:
                 )
                 offset = following
                 deadline = time.monotonic() + opts.poll_timeout_ms / 1000
+                log_end = None
                 backoff = RETRY_BACKOFF_S
                 if table.num_rows:
                     yield table

@@ -505,11 +505,17 @@ def _fetch_range(
     want_headers = opts.include_headers
     rows = _Rows()
     deadline = time.monotonic() + opts.poll_timeout_ms / 1000
+    log_end: int | None = None  # the high watermark seen at the last EOF, below r.end
     done = False
     while not done:
         msgs = consumer.consume(num_messages=BATCH_ROWS, timeout=0.5)
         if not msgs:
             if time.monotonic() > deadline:
+                if log_end is not None:
+                    yield from _lost(
+                        opts, r, f"the log now ends at {log_end}, before offset {r.end}"
+                    )
+                    break
                 raise SourceError(
                     f"no records of {r.topic}-{r.partition} from offset "
                     f"{_position(consumer, tp)} within {opts.poll_timeout_ms} ms "
@@ -518,6 +524,8 @@ def _fetch_range(
             continue
         deadline = time.monotonic() + opts.poll_timeout_ms / 1000
         records = [m for m in msgs if m.error() is None]
+        if records:
+            log_end = None
         if len(records) == len(msgs) and _ours(records[0], r):
             # the usual case: records only, of this partition, in offset order (a consumer
             # from the pool drops what it fetched before by its assignment's version)
@@ -546,12 +554,9 @@ def _fetch_range(
                         done = True
                         break
                     _, high = consumer.get_watermark_offsets(tp, timeout=10, cached=False)
-                    if high < r.end:  # the log ends before the planned range does
-                        yield from _lost(
-                            opts, r, f"the log now ends at {high}, before offset {r.end}"
-                        )
-                        done = True
-                        break
+                    # the log ends before the planned range does: data loss if it still
+                    # does at the poll timeout (a new leader's HW may trail for a moment)
+                    log_end = high if high < r.end else None
                     continue
                 if err.code() in (
                     KafkaError._AUTO_OFFSET_RESET,
