@@ -47,7 +47,7 @@ from stonemq.protocol.fetch_client import (
     encode_fetch,
 )
 from stonemq.protocol.record_batch import HEADER_SIZE, RecordBatchError, parse_header
-from stonemq.spark.kafka_io import RANGE_FETCH_BYTES, metadata_client
+from stonemq.spark.kafka_io import RANGE_FETCH_BYTES, pooled_consumer
 from stonemq.spark.options import OffsetRange, SourceOptions
 from stonemq.spark.pool import ClientPool, close_quietly
 
@@ -274,7 +274,7 @@ def _leader(opts: SourceOptions, r: OffsetRange, timeout_s: float) -> tuple[str,
         known = _leaders.get(key)
     if known is not None:
         return known
-    with metadata_client(opts) as consumer:
+    with pooled_consumer(opts) as consumer:
         try:
             md = consumer.list_topics(topic=r.topic, timeout=timeout_s)
         except Exception as exc:  # KafkaException: the broker is not reachable

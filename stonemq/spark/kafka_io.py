@@ -442,9 +442,9 @@ def range_reader_config(opts: SourceOptions) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def metadata_client(opts: SourceOptions) -> Iterator[Any]:
-    """A range reader's consumer from the pool, for metadata; back to the pool after (closed
-    if the block raised)."""
+def pooled_consumer(opts: SourceOptions) -> Iterator[Any]:
+    """A range reader's consumer from the pool (for a range read, or metadata); back to the
+    pool unassigned after, or closed if the block raised or was left early."""
     conf = range_reader_config(opts)
     consumer = _checkout_consumer(conf)
     clean = False
@@ -481,19 +481,10 @@ def read_kafka(opts: SourceOptions, r: OffsetRange) -> Iterator[pa.RecordBatch]:
 def _read_librdkafka(opts: SourceOptions, r: OffsetRange) -> Iterator[pa.RecordBatch]:
     from confluent_kafka import TopicPartition
 
-    conf = range_reader_config(opts)
-    consumer = _checkout_consumer(conf)
-    tp = TopicPartition(r.topic, r.partition, r.start)
-    clean = False
-    try:
+    with pooled_consumer(opts) as consumer:
+        tp = TopicPartition(r.topic, r.partition, r.start)
         consumer.assign([tp])
         yield from _fetch_range(opts, r, consumer, tp)
-        clean = True
-    finally:
-        if clean:
-            _return_consumer(conf, consumer)
-        else:
-            close_quietly(consumer)
 
 
 def _fetch_range(
