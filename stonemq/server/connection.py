@@ -130,13 +130,13 @@ _FETCH_KEY = 1
 
 
 _COPY_BYTES = 256 * 1024
+"""A step of the copying fallback (a socket that cannot take ``sendfile``)."""
 SENDFILE_CALL_BYTES = 1024 * 1024
 """At most this much of a segment range goes out in one ``sendfile`` of the event loop; the
 rest waits for the next writability callback, so other connections are served in between.
 Copying from the page cache into a loopback socket ran at about 1.1 GB/s here: a fetch of 8
 MiB (the Spark source's range reads), sent whole, held the loop for 7 ms or more, one MiB
 holds it for about 1 ms."""
-"""A step of the copying fallback (a socket that cannot take ``sendfile``)."""
 
 
 def _close_chunks(chunks: Any) -> None:
