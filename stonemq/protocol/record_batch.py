@@ -11,7 +11,8 @@ and record rules, without the produce-only ones); record decoding (:func:`iter_r
 :func:`iter_record_fields`) for the paths that need records (ListOffsets by timestamp, the
 group log, tools, the tiering decoder's record-by-record path; its vectorized path reads the
 fields of records :func:`read_batch` validated, at the bounds the walk returns), and the one
-batch builder (:func:`encode_batch`, :func:`encode_records`: the group log, cold reads).
+batch builder (:func:`encode_batch`, :func:`encode_records`: the group log, cold reads;
+:func:`wrap_records` around the records :mod:`stonemq.protocol.record_columns` wrote).
 
 Every reader refuses a bad batch the same way: :class:`CorruptRecordError` for a batch that
 is torn or fails its CRC (or does not decompress), :class:`InvalidRecordError` for one whose
@@ -945,25 +946,58 @@ def encode_batch(
         ),
         body,
     )
-    attributes = _ATTR_TIMESTAMP_TYPE if log_append_time >= 0 else 0
     max_ts = log_append_time if log_append_time >= 0 else (max(stamps) if stamps else -1)
+    return wrap_records(
+        body,
+        count,
+        base_offset=base_offset,
+        base_timestamp=base_ts,
+        max_timestamp=max_ts,
+        log_append_time=log_append_time >= 0,
+        producer_id=producer_id,
+        producer_epoch=producer_epoch,
+        base_sequence=base_sequence,
+        partition_leader_epoch=partition_leader_epoch,
+    )
+
+
+def wrap_records(
+    records: bytes | bytearray | memoryview,
+    count: int,
+    *,
+    base_offset: int = 0,
+    base_timestamp: int,
+    max_timestamp: int,
+    log_append_time: bool = False,
+    producer_id: int = -1,
+    producer_epoch: int = -1,
+    base_sequence: int = -1,
+    partition_leader_epoch: int = -1,
+    codec: int = COMPRESSION_NONE,
+    level: int = DEFAULT_LEVEL,
+) -> bytes:
+    """The batch of ``count`` encoded ``records`` (offset deltas 0 .. count - 1): the
+    header with its CRC, the records compressed with ``codec``."""
+    if codec != COMPRESSION_NONE:
+        records = compress(codec, records, level)
+    attributes = (_ATTR_TIMESTAMP_TYPE if log_append_time else 0) | codec
     head = bytearray(
         BATCH_HEADER.pack(
             base_offset,
-            HEADER_SIZE - LOG_OVERHEAD + len(body),
+            HEADER_SIZE - LOG_OVERHEAD + len(records),
             partition_leader_epoch,
             2,
             0,
             attributes,
             count - 1,
-            base_ts,
-            max_ts,
+            base_timestamp,
+            max_timestamp,
             producer_id,
             producer_epoch,
             base_sequence,
             count,
         )
     )
-    head += body
+    head += records
     _U32.pack_into(head, 17, crc32c(memoryview(head)[CRC_START:]))
     return bytes(head)

@@ -1,0 +1,180 @@
+"""Kafka's Produce, InitProducerId and Metadata from the producing side (sans-IO): the
+requests the Spark sink's producer sends and the answers it reads.
+
+Non-flexible versions (request header v1, response header v0), encoded and decoded with
+kio's schemas: Produce v8, InitProducerId v1, Metadata v8 (which may auto-create a topic,
+as a producer's metadata request does). An answer that does not decode whole is refused
+(:class:`MalformedResponse`).
+"""
+
+from __future__ import annotations
+
+import datetime
+import io
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+PRODUCE_KEY, PRODUCE_VERSION = 0, 8
+METADATA_KEY, METADATA_VERSION = 3, 8
+INIT_PRODUCER_ID_KEY, INIT_PRODUCER_ID_VERSION = 22, 1
+
+_HEADER_V1 = struct.Struct(">hhih")
+_I32 = struct.Struct(">i")
+
+
+class MalformedResponse(ValueError):
+    """An answer that does not decode whole."""
+
+
+def _frame(api_key: int, version: int, correlation_id: int, client_id: str, entity: Any) -> bytes:
+    from kio.serial import entity_writer
+
+    buf = io.BytesIO()
+    entity_writer(type(entity))(buf, entity)
+    cid = client_id.encode()
+    body = _HEADER_V1.pack(api_key, version, correlation_id, len(cid)) + cid + buf.getvalue()
+    return _I32.pack(len(body)) + body
+
+
+def _decode(schema: Any, frame: bytes | bytearray | memoryview) -> tuple[int, Any]:
+    from kio.serial import entity_reader
+
+    if len(frame) < 4:
+        raise MalformedResponse(f"{schema.__name__} shorter than its header")
+    (correlation_id,) = _I32.unpack_from(frame, 0)
+    try:
+        body, size = entity_reader(schema)(memoryview(frame).toreadonly(), 4)
+    except Exception as exc:  # kio raises several kinds on bad bytes
+        raise MalformedResponse(f"{schema.__name__} does not decode: {exc}") from exc
+    if 4 + size != len(frame):
+        raise MalformedResponse(f"{len(frame) - 4 - size} bytes after the {schema.__name__}")
+    return correlation_id, body
+
+
+def correlation_id_of(frame: bytes | bytearray | memoryview) -> int:
+    if len(frame) < 4:
+        raise MalformedResponse("a response shorter than its correlation id")
+    return int(_I32.unpack_from(frame, 0)[0])
+
+
+# -- InitProducerId --------------------------------------------------------------------------
+def encode_init_producer_id(correlation_id: int, client_id: str) -> bytes:
+    """An idempotent (not transactional) producer's InitProducerId."""
+    from kio.schema.init_producer_id.v1 import request as req
+    from kio.static.primitive import i32Timedelta
+
+    entity = req.InitProducerIdRequest(
+        transactional_id=None,
+        transaction_timeout=i32Timedelta.parse(datetime.timedelta(milliseconds=-1)),
+    )
+    return _frame(INIT_PRODUCER_ID_KEY, INIT_PRODUCER_ID_VERSION, correlation_id, client_id, entity)
+
+
+def decode_init_producer_id(frame: bytes | bytearray | memoryview) -> tuple[int, int, int, int]:
+    """(correlation id, error code, producer id, producer epoch)."""
+    from kio.schema.init_producer_id.v1 import response as resp
+
+    cid, body = _decode(resp.InitProducerIdResponse, frame)
+    return cid, int(body.error_code), int(body.producer_id), int(body.producer_epoch)
+
+
+# -- Metadata --------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class TopicLayout:
+    """One topic of a Metadata answer: its error and each partition's (error, leader)."""
+
+    error_code: int
+    partitions: dict[int, tuple[int, int]]
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    brokers: dict[int, tuple[str, int]]
+    topics: dict[str, TopicLayout]
+
+
+def encode_metadata(correlation_id: int, client_id: str, topics: list[str]) -> bytes:
+    """A producer's Metadata of ``topics`` (auto-creation allowed, as Kafka's producer asks)."""
+    from kio.schema.metadata.v8 import request as req
+
+    entity = req.MetadataRequest(
+        topics=tuple(req.MetadataRequestTopic(name=t) for t in topics),  # type: ignore[arg-type]
+        allow_auto_topic_creation=True,
+        include_cluster_authorized_operations=False,
+        include_topic_authorized_operations=False,
+    )
+    return _frame(METADATA_KEY, METADATA_VERSION, correlation_id, client_id, entity)
+
+
+def decode_metadata(frame: bytes | bytearray | memoryview) -> tuple[int, Layout]:
+    from kio.schema.metadata.v8 import response as resp
+
+    cid, body = _decode(resp.MetadataResponse, frame)
+    brokers = {int(b.node_id): (str(b.host), int(b.port)) for b in body.brokers}
+    topics = {
+        str(t.name): TopicLayout(
+            int(t.error_code),
+            {int(p.partition_index): (int(p.error_code), int(p.leader_id)) for p in t.partitions},
+        )
+        for t in body.topics
+    }
+    return cid, Layout(brokers, topics)
+
+
+# -- Produce ---------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Produced:
+    """One topic partition of a Produce answer."""
+
+    topic: str
+    partition: int
+    error_code: int
+    base_offset: int
+    error_message: str | None
+
+
+def encode_produce(
+    correlation_id: int,
+    client_id: str,
+    acks: int,
+    timeout_ms: int,
+    batches: dict[tuple[str, int], bytes | bytearray | memoryview],
+) -> bytes:
+    """A Produce v8 of one batch per topic partition (Kafka takes one RecordBatch v2 per
+    partition in a request)."""
+    from kio.schema.produce.v8 import request as req
+    from kio.static.primitive import i16, i32, i32Timedelta
+
+    topics: dict[str, list[Any]] = {}
+    for (topic, partition), records in batches.items():
+        topics.setdefault(topic, []).append(
+            req.PartitionProduceData(index=i32(partition), records=bytes(records))
+        )
+    entity = req.ProduceRequest(
+        transactional_id=None,
+        acks=i16(acks),
+        timeout=i32Timedelta.parse(datetime.timedelta(milliseconds=timeout_ms)),
+        topic_data=tuple(
+            req.TopicProduceData(name=t, partition_data=tuple(parts))  # type: ignore[arg-type]
+            for t, parts in topics.items()
+        ),
+    )
+    return _frame(PRODUCE_KEY, PRODUCE_VERSION, correlation_id, client_id, entity)
+
+
+def decode_produce(frame: bytes | bytearray | memoryview) -> tuple[int, list[Produced]]:
+    from kio.schema.produce.v8 import response as resp
+
+    cid, body = _decode(resp.ProduceResponse, frame)
+    return cid, [
+        Produced(
+            str(t.name),
+            int(p.index),
+            int(p.error_code),
+            int(p.base_offset),
+            p.error_message,
+        )
+        for t in body.responses
+        for p in t.partition_responses
+    ]
