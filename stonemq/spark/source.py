@@ -4,8 +4,10 @@ sink's columns.
 
 The driver plans (partitions, offsets, the manifest's archived ranges) and each task reads
 one offset range: archived offsets from Parquet in the cold store, the rest over Kafka
-(:mod:`stonemq.spark.kafka_io`). Writes produce through one idempotent confluent-kafka
-producer per task and fail the task on any undelivered record: at least once.
+(:mod:`stonemq.spark.kafka_io`). Writes produce through one idempotent producer per task
+that builds record batches from the Arrow columns (:mod:`stonemq.spark.produce_write`;
+confluent-kafka's for options only it has) and fail the task on any undelivered record: at
+least once.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import StructType
 
 from stonemq.spark import options as so
+from stonemq.spark import produce_write
 from stonemq.spark.kafka_io import (
     Broker,
     DataLossError,
@@ -465,8 +468,40 @@ def _column(cols: dict[str, pa.Array], name: str, n: int) -> list[Any]:
 
 
 def produce_batches(sink: so.SinkOptions, batches: Iterator[pa.RecordBatch]) -> Delivered:
-    """Produce every row through one idempotent producer (acks=all), flush, and raise on
-    any record not delivered: the task fails and Spark retries it (at least once)."""
+    """Produce every row through one idempotent producer (acks=all), wait for every
+    acknowledgement, and raise on any record not delivered: the task fails and Spark
+    retries it (at least once). The producer builds batches from the Arrow columns
+    (:mod:`stonemq.spark.produce_write`) unless the sink's options ask for what only
+    confluent-kafka does."""
+    if produce_write.usable(sink):
+        return _produce_arrow(sink, batches)
+    return _produce_librdkafka(sink, batches)
+
+
+ARROW_PRODUCERS = ClientPool(lambda p: p.close())  # see stonemq.spark.pool
+
+
+def _produce_arrow(sink: so.SinkOptions, batches: Iterator[pa.RecordBatch]) -> Delivered:
+    key = (sink.bootstrap, config_key(sink.producer_config))
+    producer = ARROW_PRODUCERS.take(key)
+    ok = False
+    try:
+        if producer is None:
+            producer = produce_write.ArrowProducer(produce_write.Settings.of(sink))
+        sent = producer.write(sink, batches)
+        ok = True
+        return Delivered(sent)
+    except produce_write.ProduceFailed as exc:
+        raise SourceError(f"records not delivered: {exc}") from None
+    finally:
+        if producer is not None:
+            if ok:
+                ARROW_PRODUCERS.give(key, producer)
+            else:  # what was sent may or may not be appended: the task is retried anyway
+                producer.close()
+
+
+def _produce_librdkafka(sink: so.SinkOptions, batches: Iterator[pa.RecordBatch]) -> Delivered:
     conf = _producer_conf(sink)
     key = config_key(conf)
     cached = PRODUCERS.take(key) or _Producer(conf)
