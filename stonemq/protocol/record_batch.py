@@ -12,7 +12,8 @@ and record rules, without the produce-only ones); record decoding (:func:`iter_r
 group log, tools, the tiering decoder's record-by-record path; its vectorized path reads the
 fields of records :func:`read_batch` validated, at the bounds the walk returns), and the one
 batch builder (:func:`encode_batch`, :func:`encode_records`: the group log, cold reads;
-:func:`wrap_records` around the records :mod:`stonemq.protocol.record_columns` wrote).
+:func:`wrap_records` and :func:`batch_parts` around the records
+:mod:`stonemq.protocol.arrow_records` wrote).
 
 Every reader refuses a bad batch the same way: :class:`CorruptRecordError` for a batch that
 is torn or fails its CRC (or does not decompress), :class:`InvalidRecordError` for one whose
@@ -964,6 +965,17 @@ def encode_batch(
 def wrap_records(
     records: bytes | bytearray | memoryview,
     count: int,
+    **fields: int,
+) -> bytes:
+    """The batch of ``count`` encoded ``records`` (offset deltas 0 .. count - 1) in one
+    piece: :func:`batch_parts` joined."""
+    head, body = batch_parts(records, count, **fields)
+    return head + body
+
+
+def batch_parts(
+    records: bytes | bytearray | memoryview,
+    count: int,
     *,
     base_offset: int = 0,
     base_timestamp: int,
@@ -975,9 +987,10 @@ def wrap_records(
     partition_leader_epoch: int = -1,
     codec: int = COMPRESSION_NONE,
     level: int = DEFAULT_LEVEL,
-) -> bytes:
-    """The batch of ``count`` encoded ``records`` (offset deltas 0 .. count - 1): the
-    header with its CRC, the records compressed with ``codec``."""
+) -> tuple[bytes, bytes | bytearray | memoryview]:
+    """The batch of ``count`` encoded ``records`` (offset deltas 0 .. count - 1) as its
+    61-byte header, CRC included, and its records (compressed with ``codec``; otherwise
+    ``records`` itself, not copied): a sender writes the two back to back."""
     if codec != COMPRESSION_NONE:
         records = compress(codec, records, level)
     attributes = (_ATTR_TIMESTAMP_TYPE if log_append_time else 0) | codec
@@ -998,6 +1011,6 @@ def wrap_records(
             count,
         )
     )
-    head += records
-    _U32.pack_into(head, 17, crc32c(memoryview(head)[CRC_START:]))
-    return bytes(head)
+    crc = crc32c(records, crc32c(memoryview(head)[CRC_START:]))
+    _U32.pack_into(head, 17, crc)
+    return bytes(head), records

@@ -10,8 +10,8 @@ fourth pass"). Here each Arrow batch Spark hands the writer is:
    null-keyed rows sticking to one partition (:mod:`stonemq.spark.partitioner`);
 2. cut per partition into batches of at most ``batch.size`` bytes of records (default
    :data:`DEFAULT_BATCH_BYTES`; a larger record goes alone), its records written by the
-   record codec's columnar encoder (:mod:`stonemq.protocol.record_columns`) and wrapped with
-   the producer id, epoch and base sequence (:func:`stonemq.protocol.record_batch.wrap_records`);
+   record codec's columnar encoder (:mod:`stonemq.protocol.arrow_records`) and wrapped with
+   the producer id, epoch and base sequence (:func:`stonemq.protocol.record_batch.batch_parts`);
 3. sent in Produce requests (v8, acks=all, one batch per partition a request, as Kafka
    requires) to each partition's leader, up to ``max.in.flight.requests.per.connection`` (5)
    pipelined on one connection a broker.
@@ -49,6 +49,7 @@ import pyarrow.compute as pc
 from kio.schema.errors import ErrorCode
 
 from stonemq.protocol import produce_client as pcodec
+from stonemq.protocol.arrow_records import encode_columns, record_sizes
 from stonemq.protocol.record_batch import (
     COMPRESSION_GZIP,
     COMPRESSION_LZ4,
@@ -56,9 +57,8 @@ from stonemq.protocol.record_batch import (
     COMPRESSION_SNAPPY,
     COMPRESSION_ZSTD,
     DEFAULT_LEVEL,
-    wrap_records,
+    batch_parts,
 )
-from stonemq.protocol.record_columns import encode_columns, record_sizes
 from stonemq.spark import options as so
 from stonemq.spark.partitioner import partitions_for
 
@@ -68,6 +68,8 @@ DEFAULT_BATCH_BYTES = (
 )  # records a batch (Kafka's batch.size is 16 KiB, librdkafka's 1 MB)
 REQUEST_BYTES = 8 * 1024 * 1024  # a request's batches, at most (one batch always goes)
 BUFFER_BYTES = 32 * 1024 * 1024  # batches not yet acknowledged (Kafka's buffer.memory)
+MIN_RUN_ROWS = 16  # rows a run of one partition holds on average, or the rows are sorted
+_IOV_MAX = 1024  # buffers a sendmsg takes (Linux's IOV_MAX)
 _I32 = struct.Struct(">i")
 
 _CODECS = {
@@ -184,7 +186,8 @@ class _Batch:
     partition: int
     sequence: int
     count: int
-    data: bytes
+    pieces: tuple[bytes, bytes | bytearray | memoryview]  # header, records (not copied)
+    size: int
     created: float
     acked: bool = False
     in_flight: bool = False
@@ -232,6 +235,22 @@ class _Connection:
             self.sock.close()
 
 
+def _send_pieces(sock: socket.socket, pieces: list[bytes | bytearray | memoryview]) -> None:
+    """Write ``pieces`` back to back (``sendmsg``, at most :data:`_IOV_MAX` a call)."""
+    views = [memoryview(p).cast("B") for p in pieces if len(p)]
+    first = 0
+    while first < len(views):
+        sent = sock.sendmsg(views[first : first + _IOV_MAX])
+        while sent:
+            size = views[first].nbytes
+            if sent >= size:
+                sent -= size
+                first += 1
+            else:
+                views[first] = views[first][sent:]
+                sent = 0
+
+
 def _increment(sequence: int, count: int) -> int:
     """Kafka's sequence after ``count`` records: int32, wrapping to 0."""
     if sequence > 0x7FFFFFFF - count:
@@ -262,6 +281,9 @@ class ArrowProducer:
         self.stale_metadata: set[str] = set()  # topics whose leaders are asked again
         self.metadata_at = 0.0  # no Metadata before this (monotonic): retry.backoff.ms apart
         self.selector = selectors.DefaultSelector()
+        # a run of null-keyed rows ends at the row that takes it to this many bytes: 15/16
+        # of batch.size, so a run of records up to a 16th of it fills one batch, not two
+        self._sticky_bytes = max(1, settings.batch_bytes * 15 // 16)
         self.producer_id, self.epoch = self._init_producer_id()
 
     # -- control requests (metadata, producer id): one request, one answer -----------------
@@ -364,7 +386,7 @@ class ArrowProducer:
         count = self._partition_count(topic)
         sizes = record_sizes(keys, values, headers)
         chosen, self.sticky[topic] = partitions_for(
-            keys, explicit, count, sizes, self.settings.batch_bytes, self.sticky.get(topic, 0)
+            keys, explicit, count, sizes, self._sticky_bytes, self.sticky.get(topic, 0)
         )
         chosen = np.asarray(chosen, dtype=np.int64)
         bad = (chosen < 0) | (chosen >= count)
@@ -374,8 +396,9 @@ class ArrowProducer:
                 f"partition {p} of topic {topic} with {count} partitions is not in the range "
                 f"[0...{count - 1}]"
             )
-        order = np.argsort(chosen, kind="stable")
-        if not (order[1:] > order[:-1]).all():
+        runs = int(np.count_nonzero(np.diff(chosen))) + 1
+        if runs > n // MIN_RUN_ROWS:  # rows of a partition scattered: gather them (a copy)
+            order = np.argsort(chosen, kind="stable")
             take = pa.array(order)
             keys = keys.take(take) if keys is not None else None
             values = values.take(take)
@@ -402,7 +425,7 @@ class ArrowProducer:
             state = self.partitions.get((topic, partition))
             if state is None:
                 state = self.partitions[(topic, partition)] = _Partition()
-            data = wrap_records(
+            head, body = batch_parts(
                 encoded.section(i, j),
                 j - i,
                 base_timestamp=now_ms,
@@ -413,9 +436,11 @@ class ArrowProducer:
                 codec=self.settings.codec,
                 level=self.settings.level,
             )
-            state.unacked.append(_Batch(topic, partition, state.next_sequence, j - i, data, now))
+            size = len(head) + len(body)
+            batch = _Batch(topic, partition, state.next_sequence, j - i, (head, body), size, now)
+            state.unacked.append(batch)
             state.next_sequence = _increment(state.next_sequence, j - i)
-            self.buffered += len(data)
+            self.buffered += size
         return n
 
     # -- sending and answers ----------------------------------------------------------------
@@ -519,10 +544,8 @@ class ArrowProducer:
             start = 0
             while start < len(wave) and len(conn.requests) < self.settings.in_flight:
                 size, end = 0, start
-                while end < len(wave) and (
-                    end == start or size + len(wave[end].data) <= REQUEST_BYTES
-                ):
-                    size += len(wave[end].data)
+                while end < len(wave) and (end == start or size + wave[end].size <= REQUEST_BYTES):
+                    size += wave[end].size
                     end += 1
                 request = wave[start:end]
                 cid = next(conn.ids)
@@ -531,10 +554,10 @@ class ArrowProducer:
                     self.settings.client_id,
                     -1,
                     int(self.settings.request_timeout_s * 1000),
-                    {(b.topic, b.partition): b.data for b in request},
+                    {(b.topic, b.partition): b.pieces for b in request},
                 )
                 try:
-                    conn.sock.sendall(frame)
+                    _send_pieces(conn.sock, frame)
                 except OSError as exc:
                     self._drop(conn, f"sending to broker {node}: {exc}")
                     return
@@ -577,7 +600,7 @@ class ArrowProducer:
             batch.acked = True
             state.in_flight -= 1
             while state.unacked and state.unacked[0].acked:
-                self.buffered -= len(state.unacked.popleft().data)
+                self.buffered -= state.unacked.popleft().size
             if not state.in_flight and state.stalled:
                 self._resume(state)
             return

@@ -137,8 +137,35 @@ def test_rows_are_read_back_once_in_the_java_producers_partitions(broker: Any, c
 
     tombstones = sorted((m.key() for m in got if m.value() is None), key=nulls_first)
     assert tombstones == sorted((r[0] for r in rows if r[1] is None), key=nulls_first)
+    # each partition holds its rows in the order they were written
+    for p in range(3):
+        written = [int(m.value().split(b":")[0]) for m in got if m.partition() == p and m.value()]
+        assert written == sorted(written)
     # null-keyed rows go in runs to every partition in turn, not all to one
     assert {m.partition() for m in got if m.key() is None and m.value() is not None} == {0, 1, 2}
+
+
+def test_null_keyed_rows_go_in_runs_of_the_batch_size_in_order(broker: Any) -> None:
+    bootstrap = broker.bootstrap
+    _create(bootstrap, "t", 3)
+    rows = [(None, b"%d:" % i + bytes(1000), None, []) for i in range(3000)]
+    sink = _sink(bootstrap, **{"batch.size": "20000"})
+    assert source.produce_batches(sink, iter(_arrow(rows, 1000))).records == 3000
+    got = _read(bootstrap, "t", 3, 3000)
+    assert sorted(int(m.value().split(b":")[0]) for m in got) == list(range(3000))
+    runs: list[tuple[int, int]] = []  # (partition, rows) in the order written
+    for m in sorted(got, key=lambda m: int(m.value().split(b":")[0])):
+        if runs and runs[-1][0] == m.partition():
+            runs[-1] = (m.partition(), runs[-1][1] + 1)
+        else:
+            runs.append((m.partition(), 1))
+    assert [p for p, _ in runs[:6]] == [0, 1, 2, 0, 1, 2]  # turn by turn
+    # runs end at 15/16 of batch.size (18,750 bytes): 19 records of 1,003-1,004 bytes and
+    # their overhead, one batch each
+    assert all(n == 19 for _, n in runs[:-1])
+    for p in range(3):
+        written = [int(m.value().split(b":")[0]) for m in got if m.partition() == p]
+        assert written == sorted(written)
 
 
 def test_batches_are_idempotent_and_cut_at_the_batch_size(broker: Any) -> None:

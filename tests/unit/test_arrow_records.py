@@ -1,4 +1,4 @@
-"""The columnar record encoder (stonemq/protocol/record_columns.py) writes the bytes the record
+"""The columnar record encoder (stonemq/protocol/arrow_records.py) writes the bytes the record
 codec's :func:`encode_records` writes for the same records, for any keys, values, headers
 (nulls, empty, long enough for multi-byte varints), offset deltas and sliced or string
 columns; and a batch wrapped around them is accepted by the validator and read back by
@@ -10,12 +10,14 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from kafka.record.default_records import DefaultRecordBatch
 
+from stonemq.protocol import arrow_records
 from stonemq.protocol import record_batch as rb
-from stonemq.protocol.record_columns import encode_columns, record_sizes
+from stonemq.protocol.arrow_records import encode_columns, encode_columns_numpy, record_sizes
 
 _HEADER_TYPE = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
 _bytes = st.one_of(st.none(), st.binary(max_size=20), st.binary(min_size=60, max_size=300))
@@ -67,14 +69,18 @@ def test_columns_encode_as_the_codec_does(
         else None
     )
     deltas = [first_delta + i for i in range(len(rows))]
-    encoded = encode_columns(
+    args = (
         keys.slice(skip),
         values.slice(skip),
         headers.slice(skip) if headers is not None else None,
         np.array(deltas),
     )
+    encoded = encode_columns(*args)
     want = _codec_records(rows, deltas)
     assert bytes(encoded.section(0, len(rows))) == want
+    by_numpy = encode_columns_numpy(*args)  # the path without the C extension
+    assert bytes(by_numpy.section(0, len(rows))) == want
+    assert list(by_numpy.starts) == list(encoded.starts)
     # every record on its own too: the starts are each record's bounds
     for i in range(len(rows)):
         assert bytes(encoded.section(i, i + 1)) == _codec_records(
@@ -89,6 +95,24 @@ def test_columns_encode_as_the_codec_does(
             assert real <= sizes[i] <= real + 3
         else:
             assert real - 2 <= sizes[i] < real
+
+
+def test_the_c_encoder_is_built_here() -> None:
+    """The fast path is what the suite measures (CI builds the extension)."""
+    assert arrow_records._native_encode is not None
+
+
+def test_the_c_encoder_refuses_a_field_outside_its_buffer() -> None:
+    starts = np.empty(2, dtype=np.int64)
+    one = np.array([0], dtype=np.int64)
+    with pytest.raises(ValueError, match="outside its buffer"):
+        arrow_records._native_encode(
+            starts, one, None, None, None, b"abc", one, np.array([4]), None, None, None
+        )
+    with pytest.raises(ValueError, match="outside its buffer"):
+        arrow_records._native_encode(
+            starts, one, None, None, None, b"abc", np.array([-1]), np.array([2]), None, None, None
+        )
 
 
 @settings(max_examples=50, deadline=None)

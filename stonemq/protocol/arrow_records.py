@@ -2,13 +2,15 @@
 records of RecordBatch v2 without a Python object per record.
 
 It writes the bytes :func:`stonemq.protocol.record_batch.encode_records` writes for the same
-records (tests/unit/test_record_columns.py holds the two to each other), with every
-record's timestamp delta 0 (a producer's batch stamped once, as Kafka's Java client stamps a
-record when ``send`` is called). Every variable-length integer of every record is computed at
-once with numpy (zigzag, then seven bits a byte) and the record's fixed part is laid out as
-one byte matrix; Arrow's ``binary_join_element_wise`` then joins each record's pieces (length
-and offset delta, key, value length, value, headers) into one buffer in which the records of
-a batch are consecutive bytes. Headers are joined the same way, one level down.
+records (tests/unit/test_arrow_records.py holds both paths below to it), with every record's
+timestamp delta 0 (a producer's batch stamped once, as Kafka's Java client stamps a record
+when ``send`` is called). Where the C extension is built (``_recordscan.encode``) one pass
+writes each record's varints and copies its key, value and header section out of the Arrow
+buffers (bounds checked against them first). Without it, :func:`encode_columns_numpy` writes
+the same bytes: every variable-length integer computed at once with numpy (zigzag, then seven
+bits a byte), the records' fixed parts laid out as one byte matrix, and Arrow's
+``binary_join_element_wise`` joining each record's pieces. Header sections (the count, then
+each header's lengths and bytes) are joined with Arrow in both.
 
 Used by the Spark sink's producer (:mod:`stonemq.spark.produce_write`).
 """
@@ -16,6 +18,7 @@ Used by the Spark sink's producer (:mod:`stonemq.spark.produce_write`).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -154,7 +157,66 @@ def record_sizes(keys: pa.Array | None, values: pa.Array, headers: pa.Array | No
     return body + varint_sizes(zigzag(body))
 
 
+def _field_buffers(column: pa.Array | None) -> tuple[Any, Any, Any]:
+    """(data, starts, lengths) of a binary or string column for the C encoder: the data
+    buffer as it is, each row's start in it and length (-1 null) as int64; all None for no
+    column."""
+    if column is None:
+        return None, None, None
+    if not (
+        pa.types.is_binary(column.type)
+        or pa.types.is_string(column.type)
+        or pa.types.is_large_binary(column.type)
+        or pa.types.is_large_string(column.type)
+    ):
+        column = column.cast(pa.large_binary())
+    buffers = column.buffers()
+    wide = pa.types.is_large_binary(column.type) or pa.types.is_large_string(column.type)
+    offsets = np.frombuffer(buffers[1], dtype=np.int64 if wide else np.int32)
+    starts = offsets[column.offset : column.offset + len(column)].astype(np.int64)
+    data = buffers[2] if buffers[2] is not None else b""
+    return data, starts, _lengths(column)
+
+
 def encode_columns(
+    keys: pa.Array | None,
+    values: pa.Array,
+    headers: pa.Array | None,
+    offset_deltas: np.ndarray,
+) -> EncodedRecords:
+    """Records of the rows (keys and values binary or string, nullable; ``headers`` a list
+    of struct<key: string, value: binary>, or None) with attributes 0, timestamp delta 0
+    and ``offset_deltas[i]`` (each row's place in its batch). Written by the C extension's
+    ``encode`` (one pass, a copy of each field) where it is built, else with numpy and
+    Arrow (:func:`encode_columns_numpy`): the same bytes."""
+    if _native_encode is None:
+        return encode_columns_numpy(keys, values, headers, offset_deltas)
+    n = len(values)
+    deltas = np.ascontiguousarray(offset_deltas, dtype=np.int64)
+    if len(deltas) != n:
+        raise ValueError(f"{len(deltas)} offset deltas for {n} rows")
+    sections = None
+    if headers is not None and n and headers.null_count < n:
+        sections = header_sections(headers, n)[0]
+    starts = np.empty(n + 1, dtype=np.int64)
+    data = _native_encode(
+        starts, deltas, *_field_buffers(keys), *_field_buffers(values), *_field_buffers(sections)
+    )
+    return EncodedRecords(pa.py_buffer(data), starts)
+
+
+def _native() -> Any:
+    try:
+        from stonemq.protocol import _recordscan
+    except ImportError:  # built without a C compiler: the numpy path
+        return None
+    return _recordscan.encode if getattr(_recordscan, "VERSION", 1) >= 4 else None
+
+
+_native_encode = _native()
+
+
+def encode_columns_numpy(
     keys: pa.Array | None,
     values: pa.Array,
     headers: pa.Array | None,
