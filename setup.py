@@ -1,8 +1,9 @@
-"""The one compiled part: the batch validator's record walk (stonemq/protocol/_recordscan.c).
+"""The one compiled part: the batch validator's record walk and the columnar record encoder's
+pass (stonemq/protocol/_recordscan.c).
 
 Everything else is in pyproject.toml. The extension is optional: without a C compiler the
-package installs and stonemq.protocol.record_batch falls back to its pure-Python walk, which
-follows the same rules, only slower.
+package installs, stonemq.protocol.record_batch falls back to its pure-Python walk (the same
+rules) and stonemq.protocol.arrow_records to its numpy encoder (the same bytes), only slower.
 """
 
 from setuptools import Extension, setup

@@ -1,5 +1,6 @@
 /*
- * stonemq.protocol._recordscan: the record walk of the batch validator, in C.
+ * stonemq.protocol._recordscan: the record walk of the batch validator, and the columnar
+ * record encoder's pass (encode, below), in C.
  *
  * scan(buffer, start, end, count) checks that buffer[start:end] holds exactly `count` records
  * of a RecordBatch v2 (uncompressed records: the body of an uncompressed batch, or what a
@@ -402,7 +403,8 @@ static PyMethodDef methods[] = {
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "_recordscan", "The record walk of the batch validator, in C.", -1,
+    PyModuleDef_HEAD_INIT, "_recordscan",
+    "The record walk of the batch validator and the columnar record encoder, in C.", -1,
     methods,
 };
 

@@ -222,9 +222,7 @@ def encode_columns_numpy(
     headers: pa.Array | None,
     offset_deltas: np.ndarray,
 ) -> EncodedRecords:
-    """Records of the rows (keys and values binary or string, nullable; ``headers`` a list
-    of struct<key: string, value: binary>, or None) with attributes 0, timestamp delta 0
-    and ``offset_deltas[i]`` (each row's place in its batch)."""
+    """:func:`encode_columns`' records with numpy and Arrow alone (no C extension)."""
     n = len(values)
     if keys is None:
         keys = pa.nulls(n, pa.large_binary())

@@ -28,8 +28,6 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import socket
-import struct
 import threading
 import time
 from collections.abc import Iterator
@@ -47,6 +45,7 @@ from stonemq.protocol.fetch_client import (
     encode_fetch,
 )
 from stonemq.protocol.record_batch import HEADER_SIZE, RecordBatchError, parse_header
+from stonemq.spark import wire
 from stonemq.spark.kafka_io import RANGE_FETCH_BYTES, pooled_consumer
 from stonemq.spark.options import OffsetRange, SourceOptions
 from stonemq.spark.pool import ClientPool, close_quietly
@@ -70,7 +69,6 @@ _RETRIABLE = frozenset(
     }
 )
 _GONE = frozenset({ErrorCode.unknown_topic_or_partition, ErrorCode.unknown_topic_id})
-_I32 = struct.Struct(">i")
 
 
 class FetchFailed(Exception):
@@ -100,8 +98,7 @@ class Connection:
     """A blocking connection to one broker: one Fetch may be in flight."""
 
     def __init__(self, host: str, port: int, timeout_s: float) -> None:
-        self.sock = socket.create_connection((host, port), timeout=timeout_s)
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.sock = wire.connect((host, port), timeout_s)
         self.ids = itertools.count(1)
         self.in_flight: int | None = None  # the correlation id of the fetch sent
 
@@ -111,11 +108,12 @@ class Connection:
 
     def receive(self) -> Fetched:
         """The answer to the fetch in flight (its one partition)."""
-        (size,) = _I32.unpack(self._exactly(4))
-        if size < 4:
-            raise FetchFailed(f"a response frame of {size} bytes")
         try:
-            cid, error, parts = decode_fetch(self._exactly(size))
+            frame = wire.read_frame(self.sock)
+        except OSError as exc:
+            raise FetchFailed(str(exc)) from exc
+        try:
+            cid, error, parts = decode_fetch(frame)
         except MalformedFetch as exc:
             raise FetchFailed(str(exc)) from exc
         if cid != self.in_flight:
@@ -124,17 +122,6 @@ class Connection:
         if error != ErrorCode.none or len(parts) != 1:
             raise FetchFailed(f"the Fetch answers {_name(error)} with {len(parts)} partitions")
         return parts[0]
-
-    def _exactly(self, n: int) -> bytearray:
-        buf = bytearray(n)
-        view = memoryview(buf)
-        got = 0
-        while got < n:
-            k = self.sock.recv_into(view[got:], n - got)
-            if not k:
-                raise FetchFailed("the broker closed the connection")
-            got += k
-        return buf
 
     def close(self) -> None:
         self.sock.close()

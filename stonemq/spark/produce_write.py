@@ -36,7 +36,6 @@ import contextlib
 import itertools
 import selectors
 import socket
-import struct
 import time
 from collections import deque
 from collections.abc import Iterator
@@ -60,6 +59,7 @@ from stonemq.protocol.record_batch import (
     batch_parts,
 )
 from stonemq.spark import options as so
+from stonemq.spark import wire
 from stonemq.spark.partitioner import partitions_for
 
 CLIENT_ID = "stonemq-spark"
@@ -70,7 +70,6 @@ REQUEST_BYTES = 8 * 1024 * 1024  # a request's batches, at most (one batch alway
 BUFFER_BYTES = 32 * 1024 * 1024  # batches not yet acknowledged (Kafka's buffer.memory)
 MIN_RUN_ROWS = 16  # rows a run of one partition holds on average, or the rows are sorted
 _IOV_MAX = 1024  # buffers a sendmsg takes (Linux's IOV_MAX)
-_I32 = struct.Struct(">i")
 
 _CODECS = {
     "none": COMPRESSION_NONE,
@@ -198,6 +197,7 @@ class _Partition:
     next_sequence: int = 0
     unacked: deque[_Batch] = field(default_factory=deque)  # in sequence order
     in_flight: int = 0
+    node: int = -1  # the broker its batches in flight were sent to
     stalled: bool = False  # a batch failed: wait for the rest in flight, then resend
     ready_at: float = 0.0
     last_error: str = ""
@@ -208,27 +208,12 @@ class _Connection:
 
     def __init__(self, node: int, address: tuple[str, int], timeout_s: float) -> None:
         self.node = node
-        self.sock = socket.create_connection(address, timeout=timeout_s)
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.sock = wire.connect(address, timeout_s)
         self.ids = itertools.count(1)
         self.requests: deque[tuple[int, list[_Batch], float]] = deque()
 
     def read_frame(self) -> bytearray:
-        (size,) = _I32.unpack(self._exactly(4))
-        if size < 4:
-            raise OSError(f"a response frame of {size} bytes")
-        return self._exactly(size)
-
-    def _exactly(self, n: int) -> bytearray:
-        buf = bytearray(n)
-        view = memoryview(buf)
-        got = 0
-        while got < n:
-            k = self.sock.recv_into(view[got:], n - got)
-            if not k:
-                raise OSError("the broker closed the connection")
-            got += k
-        return buf
+        return wire.read_frame(self.sock)
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
@@ -287,9 +272,10 @@ class ArrowProducer:
         self.producer_id, self.epoch = self._init_producer_id()
 
     # -- control requests (metadata, producer id): one request, one answer -----------------
-    def _control(self, frame_of: Any, decode: Any) -> Any:
+    def _control(self, frame_of: Any, decode: Any, once: bool = False) -> Any:
         """Send a control request to the brokers known (then the bootstrap servers) until
-        one answers; ProduceFailed after ``delivery.timeout.ms`` without an answer."""
+        one answers; ProduceFailed after ``delivery.timeout.ms`` without an answer, or
+        after one round of the brokers when ``once``."""
         deadline = time.monotonic() + self.settings.delivery_timeout_s
         backoff = self.settings.retry_backoff_s
         problem = "no broker tried"
@@ -312,7 +298,7 @@ class ArrowProducer:
                     problem = f"{address[0]}:{address[1]}: {exc}"
                 finally:
                     conn.close()
-            if time.monotonic() + backoff > deadline:
+            if once or time.monotonic() + backoff > deadline:
                 raise ProduceFailed(
                     f"no broker of {self._servers()} answered within "
                     f"{self.settings.delivery_timeout_s * 1000:.0f} ms (delivery.timeout.ms): "
@@ -337,10 +323,13 @@ class ArrowProducer:
                 raise ProduceFailed(f"InitProducerId answers {_code_name(error)}")
             time.sleep(self.settings.retry_backoff_s)
 
-    def _refresh(self, topics: list[str]) -> None:
+    def _refresh(self, topics: list[str], once: bool = False) -> None:
+        """New leaders for ``topics`` (raises ProduceFailed when no broker answers: at once
+        with ``once``, else after ``delivery.timeout.ms``)."""
         (layout,) = self._control(
             lambda cid: pcodec.encode_metadata(cid, self.settings.client_id, topics),
             pcodec.decode_metadata,
+            once,
         )
         self.brokers.update(layout.brokers)
         for name, topic in layout.topics.items():
@@ -487,11 +476,15 @@ class ArrowProducer:
         )
         if stale and now >= self.metadata_at:
             self.metadata_at = now + self.settings.retry_backoff_s
-            self._refresh(stale)
+            problem = None
+            try:  # one round: the answers in flight and delivery.timeout.ms keep running
+                self._refresh(stale, once=True)
+            except ProduceFailed as exc:
+                problem = str(exc)
             for key, state in self.partitions.items():
                 if state.unacked and key not in self.leaders:  # no leader yet: back off
                     state.ready_at = self.metadata_at
-                    state.last_error = f"{key[0]}-{key[1]} has no leader"
+                    state.last_error = problem or f"{key[0]}-{key[1]} has no leader"
         by_node: dict[int, list[_Batch]] = {}
         for key, state in self.partitions.items():
             if state.stalled or state.ready_at > now or state.in_flight >= self.settings.in_flight:
@@ -499,6 +492,8 @@ class ArrowProducer:
             node = self.leaders.get(key)
             if node is None or node not in self.brokers:
                 continue
+            if state.in_flight and state.node != node:
+                continue  # the leader moved: the batches on the old one are answered first
             sent = 0
             for batch in state.unacked:
                 if batch.in_flight or batch.acked:
@@ -563,7 +558,9 @@ class ArrowProducer:
                     return
                 for b in request:
                     b.in_flight = True
-                    self.partitions[(b.topic, b.partition)].in_flight += 1
+                    state = self.partitions[(b.topic, b.partition)]
+                    state.in_flight += 1
+                    state.node = node
                 conn.requests.append((cid, request, time.monotonic()))
                 start = end
             if start < len(wave):
@@ -606,7 +603,7 @@ class ArrowProducer:
             return
         why = _code_name(code) + (f" ({answer.error_message})" if answer.error_message else "")
         if code in _RETRIABLE or (
-            code == ErrorCode.out_of_order_sequence_number and self._earlier_failed(state, batch)
+            code == ErrorCode.out_of_order_sequence_number and self._earlier_unacked(state, batch)
         ):
             if code in (ErrorCode.not_leader_or_follower, ErrorCode.unknown_topic_or_partition):
                 self.leaders.pop(key, None)
@@ -616,10 +613,12 @@ class ArrowProducer:
         raise ProduceFailed(f"{batch.topic}-{batch.partition}: the broker answers {why}")
 
     @staticmethod
-    def _earlier_failed(state: _Partition, batch: _Batch) -> bool:
-        """Whether a batch before ``batch`` failed and is to be sent again (the broker then
-        refuses the ones after it as out of order)."""
-        return state.stalled and state.unacked[0] is not batch
+    def _earlier_unacked(state: _Partition, batch: _Batch) -> bool:
+        """Whether a batch before ``batch`` is not acknowledged (failed and to be sent again,
+        or still in flight): the broker then refuses the ones after it as out of order, and
+        they go again after it. Out of order with everything before acknowledged is fatal:
+        the broker lost this producer's sequence."""
+        return state.unacked[0] is not batch
 
     def _failed(self, batch: _Batch, why: str) -> None:
         state = self.partitions[(batch.topic, batch.partition)]

@@ -256,6 +256,36 @@ def test_an_unreachable_broker_fails_the_task_at_the_delivery_timeout() -> None:
         source.produce_batches(sink, iter(_arrow([(None, b"v", None, [])], 1)))
 
 
+def test_a_write_goes_on_after_the_broker_is_killed_and_restarted(broker: Any) -> None:
+    """SIGKILL of the only broker in the middle of a write, started again a second later:
+    the producer's connection fails, its batches go again with their sequence numbers once
+    the broker is back, and every row is stored exactly once."""
+    bootstrap = broker.bootstrap
+    _create(bootstrap, "t", 2)
+    total = 20_000
+
+    def batches() -> Any:
+        for start in range(0, total, 1000):
+            if start == total // 4:
+                broker.kill()
+            if start == total // 2:  # (started here: a broker started by another thread
+                time.sleep(1.0)  # dies with it, tests/conftest.py's _die_with_parent)
+                broker.start()
+            yield pa.RecordBatch.from_arrays(
+                [pa.array([b"%d:" % i + bytes(300) for i in range(start, start + 1000)])],
+                names=["value"],
+            )
+
+    sink = _sink(bootstrap, **{"batch.size": "16384"})
+    assert source.produce_batches(sink, batches()).records == total
+    key = (sink.bootstrap, source.config_key(sink.producer_config))
+    producer = source.ARROW_PRODUCERS.take(key)
+    assert producer is not None and producer.failed_sends > 0  # batches were sent again
+    producer.close()
+    got = _read(bootstrap, "t", 2, total)
+    assert sorted(int(m.value().split(b":")[0]) for m in got) == list(range(total))
+
+
 @pytest.mark.cluster
 @pytest.mark.timeout(240)
 def test_a_write_goes_on_at_the_new_leader_when_its_leader_is_killed(
