@@ -37,7 +37,7 @@ def _codec_records(rows: list[Any], deltas: list[int]) -> bytes:
     return bytes(out)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(
     rows=st.lists(_row, min_size=1, max_size=30),
     skip=st.integers(0, 3),
