@@ -255,7 +255,8 @@ class ArrowProducer:
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.brokers: dict[int, tuple[str, int]] = {}
+        self.brokers: dict[int, tuple[str, int]] = {}  # from the last metadata answer
+        self.answered: tuple[str, int] | None = None  # the last broker a control request reached
         self.leaders: dict[tuple[str, int], int] = {}
         self.partition_counts: dict[str, int] = {}
         self.partitions: dict[tuple[str, int], _Partition] = {}
@@ -280,7 +281,9 @@ class ArrowProducer:
         backoff = self.settings.retry_backoff_s
         problem = "no broker tried"
         while True:
-            for address in [*self.brokers.values(), *self.settings.bootstrap]:
+            candidates = [self.answered] if self.answered else []
+            candidates += [*self.brokers.values(), *self.settings.bootstrap]
+            for address in dict.fromkeys(candidates):  # the last broker that answered first
                 try:
                     conn = _Connection(-1, address, self.settings.request_timeout_s)
                 except OSError as exc:
@@ -293,12 +296,15 @@ class ArrowProducer:
                     got_cid, *answer = decode(frame)
                     if got_cid != cid:
                         raise OSError(f"correlation id {got_cid}, expected {cid}")
+                    self.answered = address
                     return answer
                 except (OSError, pcodec.MalformedResponse) as exc:
                     problem = f"{address[0]}:{address[1]}: {exc}"
                 finally:
                     conn.close()
-            if once or time.monotonic() + backoff > deadline:
+            if once:
+                raise ProduceFailed(f"no broker answered: {problem}")
+            if time.monotonic() + backoff > deadline:
                 raise ProduceFailed(
                     f"no broker of {self._servers()} answered within "
                     f"{self.settings.delivery_timeout_s * 1000:.0f} ms (delivery.timeout.ms): "
@@ -331,7 +337,8 @@ class ArrowProducer:
             pcodec.decode_metadata,
             once,
         )
-        self.brokers.update(layout.brokers)
+        if layout.brokers:  # the live ones: a broker gone from the cluster is not tried
+            self.brokers = dict(layout.brokers)
         for name, topic in layout.topics.items():
             if topic.error_code != ErrorCode.none or not topic.partitions:
                 continue
