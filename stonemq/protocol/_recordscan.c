@@ -349,41 +349,59 @@ static PyObject *encode(PyObject *self, PyObject *args) {
     result = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)total);
     if (!result)
         goto done;
-    uint8_t *p = (uint8_t *)PyBytes_AS_STRING(result);
+    uint8_t *base = (uint8_t *)PyBytes_AS_STRING(result), *p = base;
     const uint8_t *kdata = keys.present ? keys.data.buf : NULL;
     const uint8_t *vdata = values.present ? values.data.buf : NULL;
     const uint8_t *hdata = headers.present ? headers.data.buf : NULL;
     const int64_t *kst = keys.present ? keys.starts.buf : NULL;
     const int64_t *vst = values.present ? values.starts.buf : NULL;
     const int64_t *hst = headers.present ? headers.starts.buf : NULL;
+    Py_ssize_t kcap = keys.present ? keys.data.len : 0, vcap = values.present ? values.data.len : 0;
+    Py_ssize_t hcap = headers.present ? headers.data.len : 0;
+    int bad = 0;
     Py_BEGIN_ALLOW_THREADS;
     for (Py_ssize_t i = 0; i < n; i++) {
-        int64_t k = klen ? klen[i] : -1, v = vlen ? vlen[i] : -1;
-        int64_t h = hlen ? (hlen[i] > 0 ? hlen[i] : 1) : 1;
-        int64_t body = 2 + varint_size(zigzag64(dl[i])) + varint_size(zigzag64(k)) +
+        /* each input read once into a local, and checked again before anything is written:
+         * the buffers are the caller's and could have changed (or overlap starts_out) since
+         * the first pass */
+        int64_t k = klen ? klen[i] : -1, v = vlen ? vlen[i] : -1, hl = hlen ? hlen[i] : 0;
+        int64_t ks0 = k > 0 ? kst[i] : 0, vs0 = v > 0 ? vst[i] : 0, hs0 = hl > 0 ? hst[i] : 0;
+        int64_t d = dl[i], at = starts[i], next = starts[i + 1];
+        int64_t h = hl > 0 ? hl : 1;
+        int64_t body = 2 + varint_size(zigzag64(d)) + varint_size(zigzag64(k)) +
                        (k > 0 ? k : 0) + varint_size(zigzag64(v)) + (v > 0 ? v : 0) + h;
+        if (p - base != at || next - at != varint_size(zigzag64(body)) + body || next > total ||
+            k < -1 || v < -1 || (k > 0 && (ks0 < 0 || ks0 > kcap - k)) ||
+            (v > 0 && (vs0 < 0 || vs0 > vcap - v)) || (hl > 0 && (hs0 < 0 || hs0 > hcap - hl))) {
+            bad = 1;
+            break;
+        }
         p = put_varint(p, zigzag64(body));
         *p++ = 0; /* attributes */
         *p++ = 0; /* timestamp delta */
-        p = put_varint(p, zigzag64(dl[i]));
+        p = put_varint(p, zigzag64(d));
         p = put_varint(p, zigzag64(k));
         if (k > 0) {
-            memcpy(p, kdata + kst[i], (size_t)k);
+            memcpy(p, kdata + ks0, (size_t)k);
             p += k;
         }
         p = put_varint(p, zigzag64(v));
         if (v > 0) {
-            memcpy(p, vdata + vst[i], (size_t)v);
+            memcpy(p, vdata + vs0, (size_t)v);
             p += v;
         }
-        if (hlen && hlen[i] > 0) {
-            memcpy(p, hdata + hst[i], (size_t)hlen[i]);
-            p += hlen[i];
+        if (hl > 0) {
+            memcpy(p, hdata + hs0, (size_t)hl);
+            p += hl;
         } else {
             *p++ = 0; /* no headers */
         }
     }
     Py_END_ALLOW_THREADS;
+    if (bad) {
+        Py_CLEAR(result);
+        PyErr_SetString(PyExc_ValueError, "encode: the columns changed while being encoded");
+    }
 done:
     release_column(&keys);
     release_column(&values);

@@ -3,7 +3,7 @@ requests the Spark sink's producer sends and the answers it reads.
 
 Non-flexible versions (request header v1, response header v0), encoded and decoded with
 kio's schemas: Produce v8, InitProducerId v1, Metadata v8 (which may auto-create a topic,
-as a producer's metadata request does); the Produce request itself is written with
+as a producer's metadata request does), DescribeConfigs v1 (a topic's settings); the Produce request itself is written with
 ``struct`` as pieces around the batches' own bytes, held byte for byte to kio's. An answer
 that does not decode whole is refused (:class:`MalformedResponse`).
 """
@@ -20,6 +20,8 @@ from typing import Any
 PRODUCE_KEY, PRODUCE_VERSION = 0, 8
 METADATA_KEY, METADATA_VERSION = 3, 8
 INIT_PRODUCER_ID_KEY, INIT_PRODUCER_ID_VERSION = 22, 1
+DESCRIBE_CONFIGS_KEY, DESCRIBE_CONFIGS_VERSION = 32, 1
+TOPIC_RESOURCE = 2  # DescribeConfigs' resource type of a topic
 
 _HEADER_V1 = struct.Struct(">hhih")
 _I32 = struct.Struct(">i")
@@ -122,6 +124,39 @@ def decode_metadata(frame: bytes | bytearray | memoryview) -> tuple[int, Layout]
         for t in body.topics
     }
     return cid, Layout(brokers, topics)
+
+
+# -- DescribeConfigs -------------------------------------------------------------------------
+def encode_describe_topic_configs(
+    correlation_id: int, client_id: str, topic: str, names: list[str]
+) -> bytes:
+    from kio.schema.describe_configs.v1 import request as req
+    from kio.static.primitive import i8
+
+    entity = req.DescribeConfigsRequest(
+        resources=(
+            req.DescribeConfigsResource(
+                resource_type=i8(TOPIC_RESOURCE),
+                resource_name=topic,
+                configuration_keys=tuple(names),
+            ),
+        ),
+        include_synonyms=False,
+    )
+    return _frame(DESCRIBE_CONFIGS_KEY, DESCRIBE_CONFIGS_VERSION, correlation_id, client_id, entity)
+
+
+def decode_describe_configs(
+    frame: bytes | bytearray | memoryview,
+) -> tuple[int, int, dict[str, str | None]]:
+    """(correlation id, the first resource's error code, its settings by name)."""
+    from kio.schema.describe_configs.v1 import response as resp
+
+    cid, body = _decode(resp.DescribeConfigsResponse, frame)
+    if not body.results:
+        raise MalformedResponse("a DescribeConfigs answer without results")
+    result = body.results[0]
+    return cid, int(result.error_code), {c.name: c.value for c in result.configs}
 
 
 # -- Produce ---------------------------------------------------------------------------------

@@ -56,6 +56,7 @@ from stonemq.protocol.record_batch import (
     COMPRESSION_SNAPPY,
     COMPRESSION_ZSTD,
     DEFAULT_LEVEL,
+    HEADER_SIZE,
     batch_parts,
 )
 from stonemq.spark import options as so
@@ -68,6 +69,8 @@ DEFAULT_BATCH_BYTES = (
 )  # records a batch (Kafka's batch.size is 16 KiB, librdkafka's 1 MB)
 REQUEST_BYTES = 8 * 1024 * 1024  # a request's batches, at most (one batch always goes)
 BUFFER_BYTES = 32 * 1024 * 1024  # batches not yet acknowledged (Kafka's buffer.memory)
+METADATA_MAX_AGE_S = 300.0  # a topic's partitions read again (Kafka's metadata.max.age.ms)
+MAX_IN_FLIGHT = 5  # requests a connection, at most: what a broker dedups (Kafka's limit)
 MIN_RUN_ROWS = 16  # rows a run of one partition holds on average, or the rows are sorted
 _IOV_MAX = 1024  # buffers a sendmsg takes (Linux's IOV_MAX)
 
@@ -155,6 +158,14 @@ class Settings:
                 f"the sink's producers are idempotent, which needs kafka.acks=all, not {acks}"
             )
         codec = conf.get("compression.type", conf.get("compression.codec", "none")).lower()
+        in_flight = int(
+            conf.get("max.in.flight.requests.per.connection", conf.get("max.in.flight", 5))
+        )
+        if not 1 <= in_flight <= MAX_IN_FLIGHT:
+            raise so.OptionError(  # the broker keeps the last 5 batches of a producer
+                "an idempotent producer needs kafka.max.in.flight.requests.per.connection "
+                f"between 1 and {MAX_IN_FLIGHT}, not {in_flight}"
+            )
         servers = []
         for entry in sink.bootstrap.split(","):
             host, _, port = entry.strip().rpartition(":")
@@ -166,14 +177,9 @@ class Settings:
             batch_bytes=max(1, int(conf.get("batch.size", DEFAULT_BATCH_BYTES))),
             codec=_CODECS[codec],
             level=int(conf.get("compression.level", DEFAULT_LEVEL)),
-            request_timeout_s=int(conf.get("request.timeout.ms", 30000)) / 1000,
+            request_timeout_s=max(1, int(conf.get("request.timeout.ms", 30000))) / 1000,
             delivery_timeout_s=int(timeout) / 1000,
-            in_flight=max(
-                1,
-                int(
-                    conf.get("max.in.flight.requests.per.connection", conf.get("max.in.flight", 5))
-                ),
-            ),
+            in_flight=in_flight,
             retry_backoff_s=int(conf.get("retry.backoff.ms", 100)) / 1000,
             buffer_bytes=max(1, int(conf.get("buffer.memory", BUFFER_BYTES))),
         )
@@ -267,9 +273,8 @@ class ArrowProducer:
         self.stale_metadata: set[str] = set()  # topics whose leaders are asked again
         self.metadata_at = 0.0  # no Metadata before this (monotonic): retry.backoff.ms apart
         self.selector = selectors.DefaultSelector()
-        # a run of null-keyed rows ends at the row that takes it to this many bytes: 15/16
-        # of batch.size, so a run of records up to a 16th of it fills one batch, not two
-        self._sticky_bytes = max(1, settings.batch_bytes * 15 // 16)
+        self.batch_limits: dict[str, int] = {}  # below batch.size for a topic that needs it
+        self.topic_checked: dict[str, float] = {}  # when each topic's metadata was read
         self.producer_id, self.epoch = self._init_producer_id()
 
     # -- control requests (metadata, producer id): one request, one answer -----------------
@@ -351,8 +356,15 @@ class ArrowProducer:
             self.stale_metadata.discard(name)
 
     def _partition_count(self, topic: str) -> int:
-        """The topic's partitions, from metadata (auto-creating it where the broker does);
-        ProduceFailed when it is not there within ``delivery.timeout.ms``."""
+        """The topic's partitions, from metadata (auto-creating it where the broker does)
+        at most ``METADATA_MAX_AGE_S`` old; ProduceFailed when it is not there within
+        ``delivery.timeout.ms``. Learns the topic's batch limit with it."""
+        known = self.topic_checked.get(topic)
+        if known is not None and time.monotonic() - known > METADATA_MAX_AGE_S:
+            with contextlib.suppress(ProduceFailed):  # partitions added since: new counts
+                self._refresh([topic], once=True)
+                self._learn_batch_limit(topic)
+            self.topic_checked[topic] = time.monotonic()
         deadline = time.monotonic() + self.settings.delivery_timeout_s
         while topic not in self.partition_counts:
             self._refresh([topic])
@@ -364,7 +376,33 @@ class ArrowProducer:
                     f"{self.settings.delivery_timeout_s * 1000:.0f} ms (UNKNOWN_TOPIC_OR_PARTITION)"
                 )
             time.sleep(self.settings.retry_backoff_s)
+        if known is None:
+            self._learn_batch_limit(topic)
+            self.topic_checked[topic] = time.monotonic()
         return self.partition_counts[topic]
+
+    def _learn_batch_limit(self, topic: str) -> None:
+        """Records a batch of ``topic`` may hold: ``batch.size``, or less when the topic's
+        ``max.message.bytes`` (the largest batch it takes) is smaller. Unknown (the broker
+        does not answer DescribeConfigs): ``batch.size``."""
+        try:
+            error, configs = self._control(
+                lambda cid: pcodec.encode_describe_topic_configs(
+                    cid, self.settings.client_id, topic, ["max.message.bytes"]
+                ),
+                pcodec.decode_describe_configs,
+                once=True,
+            )
+        except ProduceFailed:
+            return
+        value = configs.get("max.message.bytes")
+        if error != ErrorCode.none or value is None or not value.isdigit():
+            return
+        limit = max(1, min(self.settings.batch_bytes, int(value) - HEADER_SIZE))
+        if self.batch_limits.get(topic, self.settings.batch_bytes) != limit:
+            position = self.sticky.pop(topic, 0)  # runs restart at the new size
+            self.sticky[topic] = getattr(position, "partition", position)
+        self.batch_limits[topic] = limit
 
     # -- building batches -----------------------------------------------------------------
     def add(
@@ -381,8 +419,12 @@ class ArrowProducer:
             return 0
         count = self._partition_count(topic)
         sizes = record_sizes(keys, values, headers)
+        limit = self.batch_limits.get(topic, self.settings.batch_bytes)
+        # a run of null-keyed rows ends at the row that takes it to 15/16 of a batch, so a
+        # run of records up to a 16th of it fills one batch, not two
+        sticky_bytes = max(1, limit * 15 // 16)
         chosen, self.sticky[topic] = partitions_for(
-            keys, explicit, count, sizes, self._sticky_bytes, self.sticky.get(topic, 0)
+            keys, explicit, count, sizes, sticky_bytes, self.sticky.get(topic, 0)
         )
         chosen = np.asarray(chosen, dtype=np.int64)
         bad = (chosen < 0) | (chosen >= count)
@@ -403,7 +445,6 @@ class ArrowProducer:
         cuts = [0, *(np.flatnonzero(np.diff(chosen)) + 1).tolist(), n]
         bounds: list[tuple[int, int, int]] = []  # (partition, first row, end row)
         deltas = np.empty(n, dtype=np.int64)
-        limit = self.settings.batch_bytes
         for first, end in itertools.pairwise(cuts):
             cum = np.cumsum(sizes[first:end])
             i = first
@@ -497,7 +538,9 @@ class ArrowProducer:
             if state.stalled or state.ready_at > now or state.in_flight >= self.settings.in_flight:
                 continue
             node = self.leaders.get(key)
-            if node is None or node not in self.brokers:
+            if node is None or node not in self.brokers:  # asked again, after the back-off
+                self.stale_metadata.add(key[0])
+                state.ready_at = now + self.settings.retry_backoff_s
                 continue
             if state.in_flight and state.node != node:
                 continue  # the leader moved: the batches on the old one are answered first
@@ -617,6 +660,8 @@ class ArrowProducer:
             self.stale_metadata.add(batch.topic)
             self._failed(batch, why)
             return
+        if code == ErrorCode.message_too_large and batch.count > 1:
+            why += " (kafka.batch.size is above the topic's max.message.bytes)"
         raise ProduceFailed(f"{batch.topic}-{batch.partition}: the broker answers {why}")
 
     @staticmethod
@@ -678,6 +723,17 @@ class ArrowProducer:
         keys = cols.get("key")
         headers = cols.get("headers")
         explicit = cols.get("partition")
+        if keys is not None and pa.types.is_null(keys.type):
+            keys = None  # a column of nulls only (Spark's NullType)
+        if headers is not None and pa.types.is_null(headers.type):
+            headers = None
+        if pa.types.is_null(values.type):
+            values = pa.nulls(len(values), pa.binary())
+        if explicit is not None and explicit.type != pa.int32():
+            try:  # Spark's sink takes an int column; anything else must fit one exactly
+                explicit = explicit.cast(pa.int32())
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+                raise so.OptionError(f"partition attribute must be an int: {exc}") from None
         if sink.topic:
             return self.add(sink.topic, keys, values, headers, explicit)
         topics = cols.get("topic")

@@ -168,6 +168,53 @@ def test_null_keyed_rows_go_in_runs_of_the_batch_size_in_order(broker: Any) -> N
         assert written == sorted(written)
 
 
+def test_a_topic_with_a_small_max_message_bytes_gets_batches_it_takes(broker: Any) -> None:
+    """The default batch.size (512 KiB) is above this topic's max.message.bytes: the
+    producer reads it (DescribeConfigs) and cuts smaller batches instead of failing."""
+    bootstrap = broker.bootstrap
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    new = NewTopic("small", 2, 1, config={"max.message.bytes": "100000"})
+    admin.create_topics([new])["small"].result(timeout=30)
+    rows = [(None, b"%d:" % i + bytes(1000), None, []) for i in range(2000)]
+    assert (
+        source.produce_batches(_sink(bootstrap, "small"), iter(_arrow(rows, 500))).records == 2000
+    )
+    got = _read(bootstrap, "small", 2, 2000)
+    assert sorted(int(m.value().split(b":")[0]) for m in got) == list(range(2000))
+    # a single record above it is refused with the broker's error and a hint
+    big = [(None, bytes(200_000), None, [])]
+    with pytest.raises(SourceError, match="MESSAGE_TOO_LARGE"):
+        source.produce_batches(_sink(bootstrap, "small"), iter(_arrow(big, 1)))
+
+
+def test_columns_spark_may_hand_over(broker: Any) -> None:
+    """Null-typed key and headers columns are no keys and no headers; a partition column of
+    another integer type is taken when it fits an int, refused when it does not; more than
+    five requests in flight are refused (an idempotent producer's limit)."""
+    bootstrap = broker.bootstrap
+    _create(bootstrap, "t", 2)
+    batch = pa.RecordBatch.from_arrays(
+        [pa.nulls(3), pa.array([b"a", b"b", b"c"]), pa.array([1, 1, 0], pa.int64())],
+        names=["key", "value", "partition"],
+    )
+    assert source.produce_batches(_sink(bootstrap), iter([batch])).records == 3
+    got = _read(bootstrap, "t", 2, 3)
+    assert sorted((m.partition(), m.value(), m.key()) for m in got) == [
+        (0, b"c", None),
+        (1, b"a", None),
+        (1, b"b", None),
+    ]
+    wide = pa.RecordBatch.from_arrays(
+        [pa.array([b"a"]), pa.array([2**32 + 1], pa.int64())], names=["value", "partition"]
+    )
+    with pytest.raises(so.OptionError, match="partition attribute must be an int"):
+        source.produce_batches(_sink(bootstrap), iter([wide]))
+    with pytest.raises(so.OptionError, match="between 1 and 5"):
+        produce_write.Settings.of(
+            _sink(bootstrap, **{"max.in.flight.requests.per.connection": "6"})
+        )
+
+
 def test_batches_are_idempotent_and_cut_at_the_batch_size(broker: Any) -> None:
     """The stored batches carry one producer id, consecutive sequences per partition, and no
     batch's records exceed batch.size unless it holds one record."""

@@ -115,6 +115,19 @@ def test_the_c_encoder_refuses_a_field_outside_its_buffer() -> None:
         )
 
 
+def test_the_c_encoder_checks_again_what_changed_between_its_passes() -> None:
+    """starts_out overlapping the key lengths: the first pass's writes change the lengths
+    the second pass would copy by (a review's probe of this crashed the process)."""
+    n = 4
+    shared = np.zeros(2 * n + 2, dtype=np.int64)
+    shared[:n] = 3  # the key lengths, and the first n + 1 starts
+    kst = np.array([0, 3, 6, 9], dtype=np.int64)
+    with pytest.raises(ValueError, match="changed while being encoded"):
+        arrow_records._native_encode(
+            shared[: n + 1], np.arange(n), b"abcdefghijkl", kst, shared[:n], *[None] * 6
+        )
+
+
 @settings(max_examples=50, deadline=None)
 @given(
     rows=st.lists(_row, min_size=1, max_size=20),
