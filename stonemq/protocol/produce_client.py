@@ -3,9 +3,10 @@ requests the Spark sink's producer sends and the answers it reads.
 
 Non-flexible versions (request header v1, response header v0), encoded and decoded with
 kio's schemas: Produce v8, InitProducerId v1, Metadata v8 (which may auto-create a topic,
-as a producer's metadata request does), DescribeConfigs v1 (a topic's settings); the Produce request itself is written with
-``struct`` as pieces around the batches' own bytes, held byte for byte to kio's. An answer
-that does not decode whole is refused (:class:`MalformedResponse`).
+as a producer's metadata request does), DescribeConfigs v1 (a topic's settings); the
+Produce request itself is written with ``struct`` as pieces around the batches' own bytes,
+held byte for byte to kio's. An answer that does not decode whole is refused
+(:class:`MalformedResponse`).
 """
 
 from __future__ import annotations
