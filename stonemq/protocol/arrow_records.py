@@ -140,10 +140,16 @@ class EncodedRecords:
 OFFSET_DELTA_BYTES = 3  # a varint of an offset delta below 2**20 (records a batch)
 
 
-def record_sizes(keys: pa.Array | None, values: pa.Array, headers: pa.Array | None) -> np.ndarray:
+def record_sizes(
+    keys: pa.Array | None,
+    values: pa.Array,
+    headers: pa.Array | None,
+    sections: pa.Array | None = None,
+) -> np.ndarray:
     """The bytes each record takes at most in a batch of fewer than 2**20 records (its
     offset delta's varint counted at :data:`OFFSET_DELTA_BYTES`): what a producer cuts
-    batches by before the offset deltas are known."""
+    batches by before the offset deltas are known. ``sections``: the rows' header
+    sections already written (:func:`header_sections`), used instead of ``headers``."""
     n = len(values)
     value_lengths = _lengths(values)
     body = 2 + OFFSET_DELTA_BYTES + varint_sizes(zigzag(value_lengths))
@@ -153,7 +159,9 @@ def record_sizes(keys: pa.Array | None, values: pa.Array, headers: pa.Array | No
     else:
         key_lengths = _lengths(keys)
         body += varint_sizes(zigzag(key_lengths)) + np.maximum(key_lengths, 0)
-    body += header_sections(headers, n)[1] if headers is not None else 1
+    if sections is None and headers is not None:
+        sections = header_sections(headers, n)[0]
+    body += _lengths(sections) if sections is not None else 1
     return body + varint_sizes(zigzag(body))
 
 
@@ -183,20 +191,21 @@ def encode_columns(
     values: pa.Array,
     headers: pa.Array | None,
     offset_deltas: np.ndarray,
+    sections: pa.Array | None = None,
 ) -> EncodedRecords:
     """Records of the rows (keys and values binary or string, nullable; ``headers`` a list
-    of struct<key: string, value: binary>, or None) with attributes 0, timestamp delta 0
-    and ``offset_deltas[i]`` (each row's place in its batch). Written by the C extension's
-    ``encode`` (one pass, a copy of each field) where it is built, else with numpy and
-    Arrow (:func:`encode_columns_numpy`): the same bytes."""
+    of struct<key: string, value: binary>, or None; or ``sections``, their header sections
+    already written) with attributes 0, timestamp delta 0 and ``offset_deltas[i]`` (each
+    row's place in its batch). Written by the C extension's ``encode`` (one pass, a copy of
+    each field) where it is built, else with numpy and Arrow (:func:`encode_columns_numpy`):
+    the same bytes."""
     if _native_encode is None:
-        return encode_columns_numpy(keys, values, headers, offset_deltas)
+        return encode_columns_numpy(keys, values, headers, offset_deltas, sections)
     n = len(values)
     deltas = np.ascontiguousarray(offset_deltas, dtype=np.int64)
     if len(deltas) != n:
         raise ValueError(f"{len(deltas)} offset deltas for {n} rows")
-    sections = None
-    if headers is not None and n and headers.null_count < n:
+    if sections is None and headers is not None and n and headers.null_count < n:
         sections = header_sections(headers, n)[0]
     starts = np.empty(n + 1, dtype=np.int64)
     data = _native_encode(
@@ -221,6 +230,7 @@ def encode_columns_numpy(
     values: pa.Array,
     headers: pa.Array | None,
     offset_deltas: np.ndarray,
+    sections: pa.Array | None = None,
 ) -> EncodedRecords:
     """:func:`encode_columns`' records with numpy and Arrow alone (no C extension)."""
     n = len(values)
@@ -228,7 +238,10 @@ def encode_columns_numpy(
         keys = pa.nulls(n, pa.large_binary())
     key_lengths = _lengths(keys)
     value_lengths = _lengths(values)
-    sections, section_sizes = header_sections(headers, n)
+    if sections is None:
+        sections, section_sizes = header_sections(headers, n)
+    else:
+        section_sizes = _lengths(sections)
     kz = zigzag(key_lengths)
     vz = zigzag(value_lengths)
     oz = zigzag(np.asarray(offset_deltas, dtype=np.int64))

@@ -48,7 +48,7 @@ import pyarrow.compute as pc
 from kio.schema.errors import ErrorCode
 
 from stonemq.protocol import produce_client as pcodec
-from stonemq.protocol.arrow_records import encode_columns, record_sizes
+from stonemq.protocol.arrow_records import encode_columns, header_sections, record_sizes
 from stonemq.protocol.record_batch import (
     COMPRESSION_GZIP,
     COMPRESSION_LZ4,
@@ -418,7 +418,9 @@ class ArrowProducer:
         if n == 0:
             return 0
         count = self._partition_count(topic)
-        sizes = record_sizes(keys, values, headers)
+        # the header sections are written once, for the sizes and for the records
+        sections = header_sections(headers, n)[0] if headers is not None else None
+        sizes = record_sizes(keys, values, None, sections)
         limit = self.batch_limits.get(topic, self.settings.batch_bytes)
         # a run of null-keyed rows ends at the row that takes it to 15/16 of a batch, so a
         # run of records up to a 16th of it fills one batch, not two
@@ -440,7 +442,7 @@ class ArrowProducer:
             take = pa.array(order)
             keys = keys.take(take) if keys is not None else None
             values = values.take(take)
-            headers = headers.take(take) if headers is not None else None
+            sections = sections.take(take) if sections is not None else None
             chosen, sizes = chosen[order], sizes[order]
         cuts = [0, *(np.flatnonzero(np.diff(chosen)) + 1).tolist(), n]
         bounds: list[tuple[int, int, int]] = []  # (partition, first row, end row)
@@ -455,7 +457,7 @@ class ArrowProducer:
                 bounds.append((int(chosen[first]), i, j))
                 deltas[i:j] = np.arange(j - i)
                 i = j
-        encoded = encode_columns(keys, values, headers, deltas)
+        encoded = encode_columns(keys, values, None, deltas, sections)
         now_ms = int(time.time() * 1000)
         now = time.monotonic()
         for partition, i, j in bounds:

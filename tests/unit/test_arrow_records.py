@@ -78,6 +78,12 @@ def test_columns_encode_as_the_codec_does(
     encoded = encode_columns(*args)
     want = _codec_records(rows, deltas)
     assert bytes(encoded.section(0, len(rows))) == want
+    if headers is not None:  # header sections written beforehand, as the producer does
+        sections = arrow_records.header_sections(args[2], len(rows))[0]
+        for encode in (encode_columns, encode_columns_numpy):
+            pre = encode(args[0], args[1], None, args[3], sections)
+            assert bytes(pre.section(0, len(rows))) == want
+        assert list(record_sizes(args[0], args[1], None, sections)) == list(record_sizes(*args[:3]))
     by_numpy = encode_columns_numpy(*args)  # the path without the C extension
     assert bytes(by_numpy.section(0, len(rows))) == want
     assert list(by_numpy.starts) == list(encoded.starts)
