@@ -211,7 +211,7 @@ async def handle_produce(ctx: RequestContext, request: Any) -> Any:
         return None
     await _settle(ctx, topics)
     if replicas is not None and acks == -1:
-        await _wait_for_isr(ctx, topics, request.timeout.total_seconds())
+        await _wait_for_isr(ctx, topics, request.timeout_ms / 1000)
     if ctx.api_version < LEADER_HINTS_VERSION or not any(
         r.error == ErrorCode.not_leader_or_follower for _, results in topics for r in results
     ):  # no KIP-951 leader hints: the common shape, encoded here; kio's entity is built
@@ -359,7 +359,7 @@ def _append_one(
     ctx: RequestContext,
     topic: str,
     result: _PartitionResult,
-    records: bytes | None,
+    records: bytes | memoryview | None,
     config: ProduceConfig,
     now_ms: int,
 ) -> None:
@@ -418,7 +418,7 @@ async def _append_later(
     ctx: RequestContext,
     topic: str,
     result: _PartitionResult,
-    records: bytes,
+    records: bytes | memoryview,
     header: BatchHeader,
     config: ProduceConfig,
     waiting: asyncio.Future[None] | None,
@@ -472,7 +472,7 @@ def _store(
     ctx: RequestContext,
     topic: str,
     result: _PartitionResult,
-    records: bytes,
+    records: bytes | memoryview,
     header: BatchHeader,
     config: ProduceConfig,
     max_timestamp: int,

@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 from kio.index import load_request_schema, load_response_schema
 from kio.serial import entity_reader, entity_writer
 
-from stonemq.protocol import guard
+from stonemq.protocol import guard, produce_request
 
 API_VERSIONS_KEY = 18
 
@@ -42,7 +42,7 @@ class RequestHeader(NamedTuple):
 _HEADER_WITH_CLIENT_ID = struct.Struct(">hhih")
 
 
-def parse_header_prefix(frame: bytes) -> tuple[RequestHeader, int]:
+def parse_header_prefix(frame: bytes | memoryview) -> tuple[RequestHeader, int]:
     """Parse api key, version, correlation id and client id (the part common to v1 and v2).
 
     Returns the header and the position after the client id. Tagged fields of header v2 are
@@ -60,10 +60,16 @@ def parse_header_prefix(frame: bytes) -> tuple[RequestHeader, int]:
     if end > size:
         raise RequestDecodeError("client id runs past the end of the request")
     try:
-        client_id = frame[10:end].decode("utf-8")
+        client_id = str(frame[10:end], "utf-8")  # a frame may be a memoryview
     except UnicodeDecodeError as exc:
         raise RequestDecodeError("client id is not UTF-8") from exc
     return RequestHeader(api_key, api_version, correlation_id, client_id), end
+
+
+NATIVE_DECODERS: dict[int, Callable[[bytes | memoryview, int, int], Any]] = {
+    0: produce_request.decode,  # record batches kept as views of the frame
+}
+"""Requests read by the project's own decoders instead of kio's reader, by API key."""
 
 
 @functools.cache
@@ -78,7 +84,7 @@ def _response_codec(api_key: int, api_version: int) -> tuple[Any, bool]:
     return entity_writer(cls), bool(cls.__flexible__)
 
 
-def decode_request(header: RequestHeader, frame: bytes, pos: int) -> Any:
+def decode_request(header: RequestHeader, frame: bytes | memoryview, pos: int) -> Any:
     """Decode the request body of a version the caller has checked is supported.
 
     A body that is truncated or malformed raises :class:`RequestDecodeError`.
@@ -89,9 +95,12 @@ def decode_request(header: RequestHeader, frame: bytes, pos: int) -> Any:
         raise RequestDecodeError(
             f"no schema for api {header.api_key} v{header.api_version}"
         ) from exc
+    native = NATIVE_DECODERS.get(header.api_key)
     try:
         if flexible:
             pos = guard.check(guard.skip_tagged_fields, frame, pos)  # header v2's tags
+        if native is not None:  # checks every length itself
+            return native(frame, pos, header.api_version)
         # No length is trusted beyond the frame, nor null where the schema forbids it, before
         # kio's native reader runs: it reserves an array's announced count first, and the
         # 20-byte Metadata v12 frame 0003000c00000001ffff00ffffffff0f00000000 (topics: a

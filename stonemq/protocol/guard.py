@@ -271,11 +271,11 @@ def _as_step(plan: Plan) -> Step:
     return fixed
 
 
-def _null_error(what: str, name: str) -> MalformedRequest:
+def null_error(what: str, name: str) -> MalformedRequest:
     return MalformedRequest(f"null {what} for non-nullable field {name}")
 
 
-def _length_error(what: str, name: str, length: int) -> MalformedRequest:
+def length_error(what: str, name: str, length: int) -> MalformedRequest:
     return MalformedRequest(f"{what} {name} of length {length} does not fit in the frame")
 
 
@@ -291,10 +291,10 @@ def _compact_sized(name: str, nullable: bool) -> Step:
         if not n:
             if nullable:
                 return pos
-            raise _null_error("value", name)
+            raise null_error("value", name)
         pos += n - 1
         if pos > len(buf):
-            raise _length_error("value", name, n - 1)
+            raise length_error("value", name, n - 1)
         return pos
 
     return compact
@@ -310,10 +310,10 @@ def _legacy_sized(name: str, prefix: int, nullable: bool) -> Step:
         if n < 0:
             if n == -1 and nullable:
                 return pos
-            raise _null_error("value", name) if n == -1 else _length_error("value", name, n)
+            raise null_error("value", name) if n == -1 else length_error("value", name, n)
         pos += n
         if pos > len(buf):
-            raise _length_error("value", name, n)
+            raise length_error("value", name, n)
         return pos
 
     return legacy
@@ -339,9 +339,9 @@ def _array(name: str, item: Plan, item_min: int, compact: bool, nullable: bool) 
         if count < 0:
             if count == -1 and nullable:
                 return pos
-            raise _null_error("array", name) if count == -1 else _length_error("array", name, count)
+            raise null_error("array", name) if count == -1 else length_error("array", name, count)
         if count * least > len(buf) - pos:
-            raise _length_error("array", name, count)
+            raise length_error("array", name, count)
         if walk is None:
             return pos + count * size
         for _ in range(count):
@@ -379,13 +379,13 @@ def _tag_section(known: dict[int, Step]) -> Step:
         else:
             count, pos = read_uvarint(buf, pos)
         if 2 * count > len(buf) - pos:
-            raise _length_error("tagged fields", "section", count)
+            raise length_error("tagged fields", "section", count)
         for _ in range(count):
             tag, pos = read_uvarint(buf, pos)
             size, pos = read_uvarint(buf, pos)
             end = pos + size
             if end > len(buf):
-                raise _length_error("tagged field", str(tag), size)
+                raise length_error("tagged field", str(tag), size)
             walk = known.get(tag)
             if walk is not None and walk(buf, pos) != end:
                 raise MalformedRequest(f"tagged field {tag} does not fill its size {size}")

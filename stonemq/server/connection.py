@@ -315,7 +315,7 @@ class Connection(asyncio.BufferedProtocol):
         if self._ready and not self._closing:
             self._dispatcher.ready(self)
 
-    def _accept(self, frame: bytes) -> None:
+    def _accept(self, frame: bytes | memoryview) -> None:
         try:
             header, pos = parse_header_prefix(frame)
         except RequestDecodeError as exc:
@@ -348,7 +348,7 @@ class Connection(asyncio.BufferedProtocol):
             return
         self._queue(header, len(frame), spec.handler, request)
 
-    def _accept_internal(self, header: Any, frame: bytes, pos: int) -> None:
+    def _accept_internal(self, header: Any, frame: bytes | memoryview, pos: int) -> None:
         """StoneMQ's internal APIs between brokers (handlers/replica_fetch.py: ReplicaFetch),
         beside Kafka's keys; their handlers answer with the encoded response's buffers."""
         internal = INTERNAL.get(header.api_key)
