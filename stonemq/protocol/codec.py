@@ -1,5 +1,8 @@
 """Request and response codecs, sans-IO: request headers v0-v2, kio bodies, response headers.
 
+Produce bodies are read by :mod:`stonemq.protocol.produce_request` instead of kio
+(:data:`NATIVE_DECODERS`): its record batches stay views of the frame.
+
 Which header version a message uses follows Kafka: flexible API versions use request header
 v2 and response header v1; others use request header v1 and response header v0; an
 ApiVersions response always uses response header v0 so that a client can read it before it

@@ -14,6 +14,9 @@ announces (so the guard and kio always agree on where each field starts). Its wo
 in the frame: an array's count is checked against the bytes left before an element is
 walked, and a run of fixed-size fields (or an array of fixed-size entities) is one add.
 
+Produce is not read by kio (stonemq.protocol.produce_request keeps its record batches as views
+of the frame) and checks the same rules itself.
+
 :func:`describe` gives a schema's layout as plain data (the fuzzing harness walks it too);
 :func:`compile_walker` turns it into the guard's steps.
 """
