@@ -479,7 +479,7 @@ def _store(
 ) -> None:
     """Append a validated batch (as received unless a timestamp must be set, as Kafka
     rewrites a LogAppendTime topic's batches or a wrong max timestamp)."""
-    batch: bytes | bytearray = records  # written as received: no copy
+    batch: bytes | bytearray | memoryview = records  # written as received: no copy
     if config.log_append_time:
         batch = bytearray(records)
         result.append_time = _now_ms()

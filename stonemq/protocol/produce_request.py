@@ -6,8 +6,9 @@ batch lived twice in memory until its journal write (the frame, then the copy), 
 was left with holes the size of both (docs/benchmarks/analysis.md, "Process size, sixth
 pass"). Here a partition's ``records`` is a read-only ``memoryview`` of the frame, which
 stonemq.protocol.framing hands out without a copy when it is large: the request is one
-allocation, freed whole once its batches are written. Nothing may hold a batch past its
-journal write (``StorageEngine.append`` says the same of its ``batch``).
+allocation, freed whole once it is answered (the connection counts it in
+``queued.max.request.bytes`` until then). Nothing may hold a batch past that: a stored
+exception's traceback did (``JournalHealth.check_append``).
 
 The decoder checks what stonemq.protocol.guard checks before kio's reader (which this module
 replaces for Produce): no array count or length beyond the bytes left in the frame, no null
@@ -40,6 +41,8 @@ _I16 = struct.Struct(">h").unpack_from
 _I32 = struct.Struct(">i").unpack_from
 _ACKS_TIMEOUT_COUNT = struct.Struct(">hii").unpack_from
 _ACKS_TIMEOUT = struct.Struct(">hi").unpack_from
+_PARTITION_HEAD = struct.Struct(">ii").unpack_from  # index, records length
+_PARTITION_HEAD_FLEXIBLE = struct.Struct(">iB").unpack_from  # index, the length's first byte
 _NULL_UUID = bytes(16)
 
 # the fewest bytes an array element can take: a topic (a name or id, the partition array's
@@ -51,7 +54,11 @@ _PARTITION_MIN = {False: 4 + 4, True: 4 + 1 + 1}
 
 class PartitionProduceData(NamedTuple):
     index: int
-    records: memoryview | None
+    records: memoryview | bytes | None  # a view of the frame; b"" when empty (a view costs
+    # 184 bytes: a hostile request of many empty partitions would hold 4-5 times its size)
+
+
+_new = tuple.__new__  # a NamedTuple's own __new__ is a Python function: a frame per partition
 
 
 class TopicProduceData(NamedTuple):
@@ -108,24 +115,22 @@ def _decode_legacy(view: memoryview, pos: int) -> ProduceRequest:
         pos += 4
         _check_count(parts, _PARTITION_MIN[False], size - pos, "partition_data")
         partitions = []
+        add = partitions.append
         for _ in range(parts):
             index, n = _PARTITION_HEAD(view, pos)
             pos += 8
-            if n >= 0:
+            if n > 0:
                 end = pos + n
                 if end > size:
                     raise _length("records", n)
-                partitions.append(PartitionProduceData(index, view[pos:end]))
+                add(_new(PartitionProduceData, (index, view[pos:end])))
                 pos = end
-            elif n == -1:
-                partitions.append(PartitionProduceData(index, None))
+            elif n == 0 or n == -1:
+                add(_new(PartitionProduceData, (index, b"" if n == 0 else None)))
             else:
                 raise _length("records", n)
         topics.append(TopicProduceData(name, None, tuple(partitions)))
     return ProduceRequest(transactional_id, acks, timeout_ms, tuple(topics))
-
-
-_PARTITION_HEAD = struct.Struct(">ii").unpack_from
 
 
 def _decode_flexible(view: memoryview, pos: int, version: int) -> ProduceRequest:
@@ -159,18 +164,27 @@ def _decode_flexible(view: memoryview, pos: int, version: int) -> ProduceRequest
         parts, pos = _uvarint(view, pos)
         _check_count(parts - 1, _PARTITION_MIN[True], size - pos, "partition_data")
         partitions = []
+        add = partitions.append
         for _ in range(parts - 1):
-            (index,) = _I32(view, pos)
-            n, pos = _uvarint(view, pos + 4)
-            records = None
-            if n:
+            index, n = _PARTITION_HEAD_FLEXIBLE(view, pos)  # n: the length's first byte
+            if n < 0x80:
+                pos += 5
+            else:
+                n, pos = read_uvarint(view, pos + 4)  # type: ignore[arg-type]
+            records: memoryview | bytes | None = None
+            if n > 1:
                 end = pos + n - 1
                 if end > size:
                     raise _length("records", n - 1)
                 records = view[pos:end]
                 pos = end
-            partitions.append(PartitionProduceData(index, records))
-            pos = _tags(view, pos)
+            elif n == 1:
+                records = b""
+            add(_new(PartitionProduceData, (index, records)))
+            if view[pos]:  # tagged fields: Produce defines none, each is skipped by its size
+                pos = skip_tagged_fields(view, pos)  # type: ignore[arg-type]
+            else:
+                pos += 1
         topics.append(TopicProduceData(name, topic_id, tuple(partitions)))
         pos = _tags(view, pos)
     _tags(view, pos)

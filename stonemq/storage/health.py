@@ -165,4 +165,7 @@ class JournalHealth:
         """Raise the StorageError an append gets while appends are refused."""
         if self.state not in ACCEPTS_APPENDS:
             assert self.error is not None
-            raise self.error
+            # a new exception each time: raising the stored one again would chain every
+            # caller's frames onto its traceback, and with them every refused request's
+            # batches (views of whole request frames) for as long as the journal is down
+            raise StorageError(*self.error.args)

@@ -69,6 +69,29 @@ def encode(entity: Any) -> bytes:
     return out.getvalue()
 
 
+def produce_plain(version: int, request: Any) -> tuple[Any, ...]:
+    """A Produce request as plain values, from kio's entity or from the broker's own decoder
+    (stonemq.protocol.produce_request, whose timeout is in ms and records are views)."""
+    timeout = getattr(request, "timeout_ms", None)
+    if timeout is None:
+        timeout = round(request.timeout.total_seconds() * 1000)
+    return (
+        request.transactional_id,
+        request.acks,
+        timeout,
+        tuple(
+            (
+                t.topic_id if version >= 13 else t.name,
+                tuple(
+                    (p.index, None if p.records is None else bytes(p.records))
+                    for p in t.partition_data
+                ),
+            )
+            for t in request.topic_data
+        ),
+    )
+
+
 def request_header(api_key: int, version: int, correlation_id: int, client_id: str | None) -> bytes:
     """Header v1, or v2 (an empty tag section after the client id) for flexible versions."""
     flexible = load_request_schema(api_key, version).__flexible__

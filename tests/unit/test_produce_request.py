@@ -8,6 +8,7 @@ import io
 from typing import Any
 
 import pytest
+from fuzz.values import produce_plain
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from kio.index import load_request_schema
@@ -49,29 +50,6 @@ class _UnknownTag(Exception):
     """kio refuses a tagged field it does not know; Kafka skips it (KIP-482), and so do we."""
 
 
-def _plain(version: int, request: Any) -> tuple[Any, ...]:
-    """Either decoder's answer as plain values (kio's timeout is a timedelta)."""
-    if isinstance(request, produce_request.ProduceRequest):
-        timeout = request.timeout_ms
-    else:
-        timeout = round(request.timeout.total_seconds() * 1000)
-    return (
-        request.transactional_id,
-        request.acks,
-        timeout,
-        tuple(
-            (
-                t.topic_id if version >= 13 else t.name,
-                tuple(
-                    (p.index, None if p.records is None else bytes(p.records))
-                    for p in t.partition_data
-                ),
-            )
-            for t in request.topic_data
-        ),
-    )
-
-
 @st.composite
 def _requests(draw: st.DrawFn) -> tuple[int, Any]:
     version = draw(st.sampled_from(VERSIONS))
@@ -106,10 +84,10 @@ def test_a_valid_request_decodes_as_kio_decodes_it(case: tuple[int, Any]) -> Non
     version, request = case
     body = _encode(version, request)
     ours = produce_request.decode(body, 0, version)
-    assert _plain(version, ours) == _plain(version, _reference(version, body))
+    assert produce_plain(version, ours) == produce_plain(version, _reference(version, body))
     for topic in ours.topic_data:
         for partition in topic.partition_data:
-            if partition.records is not None:  # a view of the frame, not a copy
+            if partition.records:  # a view of the frame, not a copy (b"" when empty)
                 assert isinstance(partition.records, memoryview)
                 assert partition.records.readonly and partition.records.obj is body
 
@@ -144,13 +122,13 @@ def test_a_mutated_request_is_refused_or_decoded_as_kio_decodes_it(
     version, body = case
     unknown_tag = False
     try:
-        expected = _plain(version, _reference(version, body))
+        expected = produce_plain(version, _reference(version, body))
     except (guard.MalformedRequest, UnicodeDecodeError):
         expected = None
     except _UnknownTag:
         expected, unknown_tag = None, True
     try:
-        ours = _plain(version, produce_request.decode(body, 0, version))
+        ours = produce_plain(version, produce_request.decode(body, 0, version))
     except guard.MalformedRequest:
         ours = None
     if unknown_tag:  # Kafka skips a tag it does not know (KIP-482); kio refuses it

@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import errno
+import gc
+import weakref
 from pathlib import Path
 
 import pytest
@@ -92,6 +94,31 @@ def test_space_errors_heal_when_writes_succeed_again() -> None:
         health.check_append()  # the unsplit journal must not pile up
     assert health.on(Event.JOURNAL_WRITE_OK) is Health.SPLIT_FULL
     assert health.on(Event.SPLIT_OK) is Health.ONLINE
+
+
+def test_a_refused_append_keeps_nothing_of_its_caller() -> None:
+    """Each refusal is a new exception: raising the stored one again chained every caller's
+    frames onto its traceback, and with them every refused request (its batches are views of
+    the whole request frame) until the journal came back, or for good when offline."""
+
+    class Batch:
+        pass
+
+    def append(batch: Batch, health: JournalHealth) -> None:
+        health.check_append()
+
+    for event in (Event.SPLIT_FULL, Event.JOURNAL_WRITE_ERROR):
+        health = JournalHealth(0)
+        health.on(event, "injected")
+        refs = []
+        for _ in range(3):
+            batch = Batch()
+            refs.append(weakref.ref(batch))
+            with pytest.raises(StorageError, match=event.value):
+                append(batch, health)
+            del batch
+        gc.collect()
+        assert [r() for r in refs] == [None, None, None]
 
 
 # -- reproduced defect 1 ----------------------------------------------------------------------
