@@ -43,12 +43,15 @@ Resolver = Callable[[bytes, int], "QueueLog | None"]
 _RETRY_AFTER_ERROR_S = 1.0
 _BUSY_RETRY_S = 0.01
 """How long a step skipped for a queue log another writer writes waits (``_stage``)."""
-# a step of ``run`` behind by more than ``batch_bytes`` reads up to this many times it. 4
-# against 8 (paired, 3 runs, 1 KiB records, librdkafka): peak PSS with 1,000 partitions under
-# load 45-50 against 53-54 MB (the read is the largest live buffer), and at 1 partition
-# 316-375 against 168-218 MB/s and 2.24-2.44 against 2.43-2.87 CPU s/GB (docs/benchmarks/
-# analysis.md, "Process size, fourth pass")
-CATCH_UP_STEPS = 4
+# a step of ``run`` behind by more than ``batch_bytes`` reads up to this many times it (the
+# read buffer's size). 4 against 8 (paired, 3 runs, 1 KiB records, librdkafka): peak PSS with
+# 1,000 partitions under load 45-50 against 53-54 MB (the read is the largest live buffer),
+# and at 1 partition 316-375 against 168-218 MB/s and 2.24-2.44 against 2.43-2.87 CPU s/GB
+# ("Process size, fourth pass"). 2 against 4 (6 pairs): PSS peak at 1,000 partitions lower in
+# every pair (44.0-47.8 against 48.6-51.6 MB), CPU per GB at 1 partition within noise (twice
+# the steps: user time up, kernel time down); 1 against 2 cost CPU at 1 partition (3 pairs)
+# (docs/benchmarks/analysis.md, "Produce requests without copies")
+CATCH_UP_STEPS = 2
 
 
 class SplitError(StorageError):
