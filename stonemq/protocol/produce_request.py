@@ -58,9 +58,6 @@ class PartitionProduceData(NamedTuple):
     # 184 bytes: a hostile request of many empty partitions would hold 4-5 times its size)
 
 
-_new = tuple.__new__  # a NamedTuple's own __new__ is a Python function: a frame per partition
-
-
 class TopicProduceData(NamedTuple):
     name: str  # "" from v13, where the topic is named by ``topic_id``
     topic_id: uuid.UUID | None  # None before v13, and for the all-zero id
@@ -72,6 +69,9 @@ class ProduceRequest(NamedTuple):
     acks: int
     timeout_ms: int
     topic_data: tuple[TopicProduceData, ...]
+
+
+_new = tuple.__new__  # a NamedTuple's own __new__ is a Python function: a frame per partition
 
 
 def decode(frame: bytes | memoryview, pos: int, version: int) -> ProduceRequest:
