@@ -8,15 +8,24 @@ connection receives into, counts as that connection's reservation (``FrameDecode
 reserved_bytes``): a peer that announces 100 MiB and sends slowly is charged for what it
 has sent, not for what it announced.
 
-A connection reads into the buffer it has while the requests in flight are under the limit
-(with nothing in flight one request is always let in). To grow its buffer for a frame still
-arriving, the reservations count too: past the limit only the connection whose partial frame
-started first (the owner) may read on, and the others wait until it has its whole frame or
-the total falls back under the limit. The owner always may read, so nothing deadlocks, and
-small requests (consumers, heartbeats, admin) are never held back by partial frames alone.
-An owner whose peer stops sending would still hold the others' large requests back: one that
-has received nothing for ``PARTIAL_STALL_S`` since it last could read, while others wait, is
-closed (:meth:`RequestBudget.stalled_owner`; the listener checks every second).
+A connection with requests of its own in flight reads on while the requests in flight over
+every connection are under the limit; one with none in flight always may read into the buffer
+it has, so one client's backlog (say a throttled producer's pipelined requests) never stops the
+others. Past the limit that lets in at most one request of up to 64 KiB per connection with
+nothing in flight (Kafka's network threads read one request per connection at a time).
+
+To grow its buffer for a frame still arriving, the reservations count too: past the limit only
+the owner may grow, the connection whose partial frame started first among those the broker has
+not paused for a while of its own (throttled for a quota, held for split lag, at
+``queued.max.requests``: each ``yields`` until then, so the next in line grows meanwhile). The
+others wait until the owner has its whole frame (it then goes to the back of the line) or the
+total falls back under the limit. An owner may always grow, unless requests of its own are in
+flight past the limit (those are answered without any read), so nothing deadlocks, and small
+requests (consumers, heartbeats, admin) are never held back by partial frames alone. An owner
+whose peer stops sending, or stops reading its responses so that the broker stops reading it,
+would still hold the others' large requests back: one that has received nothing for
+``PARTIAL_STALL_S`` while others wait, and is not waiting for the budget itself, is closed
+(:meth:`RequestBudget.stalled_owner`; the listener checks every second).
 """
 
 from __future__ import annotations
@@ -33,8 +42,9 @@ class Reader(Protocol):
     receiving_since: float
 
     @property
-    def reading(self) -> bool:
-        """Not paused by the broker (for any reason): silence is then the peer's."""
+    def yields(self) -> bool:
+        """Paused by the broker for a while the broker bounds (a quota's throttle, a split-lag
+        hold, queued.max.requests): it gives up owning the growth past the limit meanwhile."""
         ...
 
     def update_reading(self) -> None: ...
@@ -58,32 +68,44 @@ class RequestBudget:
 
     @property
     def exhausted(self) -> bool:
-        """Requests in flight are at the limit: connections stop reading (one always may)."""
+        """Requests in flight are at the limit: connections with some of their own stop reading."""
         used = self.in_flight_bytes
         return used > 0 and 0 <= self.limit_bytes <= used
 
     @property
     def owner(self) -> Reader | None:
-        return next(iter(self.partials), None)
+        """The first partial frame's connection that does not yield."""
+        for conn in self.partials:
+            if not conn.yields:
+                return conn
+        return None
 
-    def may_read(self, conn: Reader, growing: bool) -> bool:
+    def may_read(self, conn: Reader, growing: bool, busy: bool) -> bool:
         """Whether ``conn`` may read on; ``growing``: its buffer is full of a frame still
         arriving, so its next receive grows the buffer (the frame counts as started from the
-        first time it asks). The owner always may."""
+        first time it asks); ``busy``: it has requests of its own in flight."""
         if growing:
             self.partials.setdefault(conn, 0)
-        if self.owner is conn:
-            return True
-        if self.exhausted:
+        if busy and self.exhausted:
             return False
         limit = self.limit_bytes
-        return not growing or limit < 0 or self.used_bytes < limit
+        if not growing or limit < 0 or self.used_bytes < limit:
+            return True
+        return self.owner is conn
+
+    def frame_taken(self, conn: Reader) -> None:
+        """``conn``'s frame at the head arrived whole: if it still holds buffer for the next
+        one, that frame goes to the back of the line."""
+        held = self.partials.pop(conn, None)
+        if held is not None:
+            self.partials[conn] = held
+            self.recheck()  # the next in line may own now
 
     def stalled_owner(self, now: float, stall_s: float = PARTIAL_STALL_S) -> Reader | None:
-        """The owner, if others wait and it has been free to read for ``stall_s`` but has
-        received nothing."""
+        """The owner, if others wait, it does not wait for the budget itself, and it has
+        received nothing for ``stall_s``."""
         owner = self.owner
-        if owner is None or not self.waiting or not owner.reading:
+        if owner is None or not self.waiting or owner in self.waiting:
             return None
         return owner if now - owner.receiving_since >= stall_s else None
 

@@ -301,16 +301,20 @@ class Connection(asyncio.BufferedProtocol):
         if self._taking:
             return
         self._taking = True
+        taken = False
         try:
             while not self._closing and len(self._pending) < self._max_requests:
                 frame = self._decoder.next_frame()
                 if frame is None:
                     break
+                taken = True
                 self._accept(frame)
         except FrameError as exc:
             self.abort(f"bad frame: {exc}")
         finally:
             self._taking = False
+        if taken:
+            self._budget.frame_taken(self)
         self._sync_reservation()
         if self._ready and not self._closing:
             self._dispatcher.ready(self)
@@ -751,31 +755,30 @@ class Connection(asyncio.BufferedProtocol):
         if self._transport is None or self._closing:
             return
         budget = self._budget
-        should_pause = (
-            self._writing_paused
-            or self._out_bytes > _OUT_PAUSE_BYTES
-            or self._held
-            or self._throttled
-            or len(self._pending) >= self._max_requests
-        )
+        yields = self.yields
+        should_pause = yields or self._writing_paused or self._out_bytes > _OUT_PAUSE_BYTES
         if (
             not should_pause
             and not self._replica_link
-            and not budget.may_read(self, self._decoder.needs_growth)
+            and not budget.may_read(self, self._decoder.needs_growth, bool(self._pending))
         ):
             should_pause = True
             budget.waiting.add(self)
         if should_pause and not self._reading_paused:
             self._transport.pause_reading()
             self._reading_paused = True
+            if yields and self in budget.partials:
+                budget.recheck()  # it gives up owning the growth past the limit meanwhile
         elif not should_pause and self._reading_paused:
             self._transport.resume_reading()
             self._reading_paused = False
             self.receiving_since = time.monotonic()
 
     @property
-    def reading(self) -> bool:
-        return not self._reading_paused
+    def yields(self) -> bool:
+        """Paused by the broker for a while it bounds: throttled for a quota, its produce held
+        for split lag, or at queued.max.requests (budget.py: it does not own growth then)."""
+        return self._held or self._throttled or len(self._pending) >= self._max_requests
 
     # -- closing ----------------------------------------------------------------------------
     @property

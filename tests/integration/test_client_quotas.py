@@ -34,8 +34,11 @@ from .helpers import create_topic
 from .rawclient import (
     RawConnection,
     build_batch,
+    encode,
     fetch_request,
+    frame,
     produce_request,
+    request_header,
     schema,
     wait_visible,
 )
@@ -324,6 +327,45 @@ def test_a_producer_over_its_byte_rate_is_held_to_it_and_others_are_not(
     assert flood_b.rate > 5 * QUOTA, flood_b.rate
     assert flood_a.throttles and max(flood_a.throttles) > 0  # throttle_time_ms, as librdkafka saw
     assert not flood_b.throttles
+
+
+def test_a_throttled_backlog_does_not_stop_another_client(broker_factory: Any) -> None:
+    """A producer far over its quota pipelines 20 KB produces, several to a receive, without
+    reading: one of the first mutes it for seconds, and the broker had already read some of
+    the others, which wait in flight past queued.max.request.bytes (16 KiB here). A client with
+    nothing in flight still reads and is answered at once, a request that needs its buffer
+    grown included. Before, past the limit the budget stopped every connection but the owner
+    of the growth past it until the throttle ended."""
+    broker = broker_factory(queued_max_request_bytes=16 * 1024)
+    admin = QuotaAdmin(broker.bootstrap)
+    a, b = _id("A"), _id("B")
+    admin.alter([({"client-id": a}, {"producer_byte_rate": 10_000.0})])
+    admin.close()
+    topic = _id("backlog")
+    create_topic(broker.bootstrap, topic, 1)
+    response_type = schema("produce", 7, "response").ProduceResponse
+    piece = produce_request(topic, 0, build_batch([(None, b"x" * 20_000)]), acks=1)
+    large = produce_request(topic, 0, build_batch([(None, b"x" * 100_000)]), acks=1)
+    small = produce_request(topic, 0, build_batch([(None, b"y")]), acks=1)
+    with RawConnection(broker.host, broker.port, client_id=a) as flood:
+        cids = [flood.next_correlation_id() for _ in range(10)]
+        flood.send_raw(  # one send: the broker decodes several per receive before one is handled
+            b"".join(frame(request_header(0, 7, cid, a, False) + encode(piece)) for cid in cids)
+        )
+        took: list[float] = []
+        with RawConnection(broker.host, broker.port, client_id=b) as other:
+            end = time.monotonic() + 6.0  # A is muted for 2 s, then 4 s, ... in this time
+            while time.monotonic() < end:
+                for request in (small, large):
+                    began = time.monotonic()
+                    response = other.request(request, response_type)
+                    took.append(time.monotonic() - began)
+                    assert response.responses[0].partition_responses[0].error_code == 0
+                time.sleep(0.05)
+        assert max(took) < 1.0, f"answered after {max(took):.1f} s behind the throttled backlog"
+        first = flood.recv_response(response_type, cids[0])
+        second = flood.recv_response(response_type, cids[1])
+    assert max(first.throttle_time, second.throttle_time).total_seconds() > 1  # A was throttled
 
 
 def test_a_default_client_quota_applies_to_each_client_on_its_own(

@@ -18,7 +18,7 @@ class _Reader:
     def __init__(self) -> None:
         self.woken = 0
         self.receiving_since = 0.0
-        self.reading = True
+        self.yields = False
 
     def update_reading(self) -> None:
         self.woken += 1
@@ -39,53 +39,98 @@ def test_request_budget_lets_one_in_and_wakes_waiters_below_the_limit() -> None:
     unlimited = RequestBudget(-1)
     unlimited.take(1 << 40)
     assert not unlimited.exhausted
-    assert unlimited.may_read(a, growing=True)
+    assert unlimited.may_read(a, growing=True, busy=True)
 
 
 def test_past_the_limit_only_the_first_partial_frame_grows() -> None:
     budget = RequestBudget(1000)
     first, second, small = _Reader(), _Reader(), _Reader()
-    assert budget.may_read(first, growing=True)  # under the limit: anyone grows
+    assert budget.may_read(first, growing=True, busy=False)  # under the limit: anyone grows
     budget.reserve(first, 800)
-    assert budget.may_read(second, growing=True)
+    assert budget.may_read(second, growing=True, busy=False)
     budget.reserve(second, 400)  # 1200 reserved: past the limit
     assert budget.owner is first
-    assert budget.may_read(first, growing=True)
-    assert not budget.may_read(second, growing=True)
-    assert budget.may_read(small, growing=False)  # nothing in flight: small reads go on
+    assert budget.may_read(first, growing=True, busy=False)
+    assert not budget.may_read(second, growing=True, busy=False)
+    assert budget.may_read(small, growing=False, busy=True)  # nothing in flight: reads go on
     budget.waiting.add(second)
     budget.reserve(first, 0)  # its frame arrived whole: the next partial frame owns
     assert budget.owner is second and second.woken == 1
-    assert budget.may_read(second, growing=True)
+    assert budget.may_read(second, growing=True, busy=False)
     budget.forget(second)
     assert budget.used_bytes == 0 and budget.owner is None
 
 
-def test_requests_in_flight_past_the_limit_stop_all_but_the_owner() -> None:
+def test_an_owner_whose_frame_arrived_goes_to_the_back_of_the_line() -> None:
+    """A buffer that still holds part of the next frame keeps its reservation, but not its
+    place: the frame that started next owns (before, the first connection stayed the owner
+    for as long as its buffer held more than 64 KiB, and read on past the limit)."""
     budget = RequestBudget(1000)
-    owner, other = _Reader(), _Reader()
-    budget.may_read(owner, growing=True)
+    first, second = _Reader(), _Reader()
+    budget.may_read(first, growing=True, busy=False)
+    budget.reserve(first, 900)
+    budget.may_read(second, growing=True, busy=False)
+    budget.reserve(second, 300)
+    budget.waiting.add(second)
+    budget.frame_taken(first)
+    assert budget.owner is second and second.woken == 1
+    assert budget.reserved_bytes == 1200  # still held, still counted
+    assert not budget.may_read(first, growing=True, busy=False)
+    budget.frame_taken(second)
+    assert budget.owner is first
+
+
+def test_an_owner_the_broker_pauses_yields_to_the_next() -> None:
+    """A throttled (or held) connection's partial frame cannot finish until the broker lets it
+    read again: meanwhile the next partial frame owns, and the first gets its place back."""
+    budget = RequestBudget(1000)
+    throttled, other = _Reader(), _Reader()
+    budget.may_read(throttled, growing=True, busy=False)
+    budget.reserve(throttled, 1500)
+    assert not budget.may_read(other, growing=True, busy=False)
+    budget.waiting.add(other)
+    throttled.yields = True
+    budget.recheck()
+    assert other.woken == 1 and budget.owner is other
+    assert budget.may_read(other, growing=True, busy=False)
+    throttled.yields = False
+    assert budget.owner is throttled
+
+
+def test_requests_in_flight_past_the_limit_stop_only_connections_with_their_own() -> None:
+    """A client's backlog (a throttled producer's pipelined requests) holding the whole budget
+    stops that client, not a connection with nothing in flight: it reads its next request."""
+    budget = RequestBudget(1000)
+    owner, busy, idle = _Reader(), _Reader(), _Reader()
+    budget.may_read(owner, growing=True, busy=False)
     budget.reserve(owner, 100)
     budget.take(2000)
-    assert budget.may_read(owner, growing=False)  # its frame must be able to finish
-    assert not budget.may_read(other, growing=False)
-    budget.waiting |= {owner, other}
+    assert budget.may_read(owner, growing=True, busy=False)  # its frame can finish
+    assert not budget.may_read(owner, growing=True, busy=True)  # its own drain first
+    assert not budget.may_read(busy, growing=False, busy=True)
+    assert budget.may_read(idle, growing=False, busy=False)
+    assert not budget.may_read(idle, growing=True, busy=False)  # but not grow: not the owner
+    budget.waiting |= {owner, busy, idle}
     budget.recheck()
-    assert (owner.woken, other.woken) == (1, 0)
+    assert (owner.woken, busy.woken, idle.woken) == (1, 0, 0)
 
 
 def test_an_owner_silent_while_others_wait_is_the_stalled_one() -> None:
     budget = RequestBudget(1000)
     owner, other = _Reader(), _Reader()
-    budget.may_read(owner, growing=True)
+    budget.may_read(owner, growing=True, busy=False)
     budget.reserve(owner, 2000)
     owner.receiving_since = 100.0
     assert budget.stalled_owner(now=200.0, stall_s=5) is None  # nobody waits for it
-    assert not budget.may_read(other, growing=True)
+    assert not budget.may_read(other, growing=True, busy=False)
     budget.waiting.add(other)
     assert budget.stalled_owner(now=104.0, stall_s=5) is None  # silent for 4 s only
+    # silent: its peer sends nothing, or reads none of its responses (the broker paused it)
     assert budget.stalled_owner(now=105.0, stall_s=5) is owner
-    owner.reading = False  # paused by the broker (say its client reads no responses)
+    budget.waiting.add(owner)  # paused by the budget itself: its silence is not its peer's
+    assert budget.stalled_owner(now=300.0, stall_s=5) is None
+    budget.waiting.discard(owner)
+    owner.yields = True  # throttled: the next partial frame owns; nobody is stalled by it
     assert budget.stalled_owner(now=300.0, stall_s=5) is None
 
 
