@@ -45,7 +45,7 @@ class RequestHeader(NamedTuple):
 _HEADER_WITH_CLIENT_ID = struct.Struct(">hhih")
 
 
-def parse_header_prefix(frame: bytes) -> tuple[RequestHeader, int]:
+def parse_header_prefix(frame: bytes | memoryview) -> tuple[RequestHeader, int]:
     """Parse api key, version, correlation id and client id (the part common to v1 and v2).
 
     Returns the header and the position after the client id. Tagged fields of header v2 are
@@ -63,7 +63,7 @@ def parse_header_prefix(frame: bytes) -> tuple[RequestHeader, int]:
     if end > size:
         raise RequestDecodeError("client id runs past the end of the request")
     try:
-        client_id = frame[10:end].decode("utf-8")
+        client_id = str(frame[10:end], "utf-8")  # a frame may be a memoryview
     except UnicodeDecodeError as exc:
         raise RequestDecodeError("client id is not UTF-8") from exc
     return RequestHeader(api_key, api_version, correlation_id, client_id), end

@@ -79,8 +79,16 @@ class FrameDecoder:
             self.buffer_updated(n)
             view = view[n:]
 
-    def next_frame(self) -> bytes | None:
+    def next_frame(self) -> bytes | memoryview | None:
         """The next complete frame, or None if more bytes are needed.
+
+        A frame that starts at the buffer's head and fills at least half of it (a frame the
+        buffer grew for, or one of 32 KiB or more) is handed out without a copy: a read-only
+        view of the buffer, which the decoder then gives up for a new one (the bytes after the
+        frame are copied into it). Nothing writes into a given-up buffer again, so the view
+        is immutable; a request's record batches can stay views of it until they are written
+        (stonemq.protocol.produce_request), and the request is one allocation, freed whole.
+        Smaller frames are copied out as ``bytes``.
 
         Raises :class:`FrameTooLargeError` or :class:`FrameError` for a length that cannot be
         valid; the decoder is unusable afterwards.
@@ -93,8 +101,17 @@ class FrameDecoder:
         if available < 4 + length:
             return None
         begin = self._start + 4
-        frame = bytes(memoryview(self._buf)[begin : begin + length])
-        self._start = begin + length
+        end = begin + length
+        buf = self._buf
+        if begin == 4 and 2 * end >= len(buf):
+            rest = self._end - end
+            self._buf = bytearray(max(_MIN_BUFFER, rest + GROWTH_STEP) if rest else _MIN_BUFFER)
+            if rest:
+                self._buf[:rest] = memoryview(buf)[end : self._end]
+            self._start, self._end = 0, rest
+            return memoryview(buf)[4:end].toreadonly()
+        frame = bytes(memoryview(buf)[begin:end])
+        self._start = end
         self._release()
         return frame
 

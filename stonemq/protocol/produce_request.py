@@ -4,8 +4,9 @@ of the frame.
 kio's reader copies every partition's records out of the frame into new bytes, so a produced
 batch lived twice in memory until its journal write (the frame, then the copy), and the heap
 was left with holes the size of both (docs/benchmarks/analysis.md, "Process size, sixth
-pass"). Here a partition's ``records`` is a read-only ``memoryview`` of the frame: the request
-is one allocation, freed whole once it is answered (the connection counts it in
+pass"). Here a partition's ``records`` is a read-only ``memoryview`` of the frame, which
+stonemq.protocol.framing hands out without a copy when it is large: the request is one
+allocation, freed whole once it is answered (the connection counts it in
 ``queued.max.request.bytes`` until then). Nothing may hold a batch past that: a stored
 exception's traceback did (``JournalHealth.check_append``).
 

@@ -81,7 +81,8 @@ log = logging.getLogger("stonemq.server")
 
 
 class _Pending:
-    """A request in flight: its header, its size and, once handled, its encoded response and
+    """A request in flight: its header, its size (and the memory it holds, ``held``: a frame
+    handed out as a view holds its whole receive buffer) and, once handled, its encoded response and
     the bytes its handler already charged to the connection's turns (a fetch's records).
     Until the dispatcher starts it (it waits in the ready queue since ``queued_ns``), it also
     holds its handler, context and decoded request: one object per request, not two."""
@@ -92,6 +93,7 @@ class _Pending:
         "done",
         "handler",
         "header",
+        "held",
         "queued_ns",
         "request",
         "response",
@@ -105,9 +107,11 @@ class _Pending:
         handler: Handler | None = None,
         ctx: RequestContext | None = None,
         request: Any = None,
+        held: int = 0,
     ) -> None:
         self.header = header
         self.size = size
+        self.held = held
         self.response: list[bytes | bytearray | memoryview] | None = None
         self.done = False
         self.charged = 0
@@ -264,7 +268,7 @@ class Connection(asyncio.BufferedProtocol):
         self._drop_out()
         budget = self._budget
         budget.forget(self)
-        held = sum(p.size for p in self._pending)
+        held = sum(p.held for p in self._pending)
         self._pending.clear()
         self._ready.clear()
         if held:
@@ -319,7 +323,7 @@ class Connection(asyncio.BufferedProtocol):
         if self._ready and not self._closing:
             self._dispatcher.ready(self)
 
-    def _accept(self, frame: bytes) -> None:
+    def _accept(self, frame: bytes | memoryview) -> None:
         try:
             header, pos = parse_header_prefix(frame)
         except RequestDecodeError as exc:
@@ -350,9 +354,9 @@ class Connection(asyncio.BufferedProtocol):
         except RequestDecodeError as exc:
             self.abort(str(exc))
             return
-        self._queue(header, len(frame), spec.handler, request)
+        self._queue(header, frame, spec.handler, request)
 
-    def _accept_internal(self, header: Any, frame: bytes, pos: int) -> None:
+    def _accept_internal(self, header: Any, frame: bytes | memoryview, pos: int) -> None:
         """StoneMQ's internal APIs between brokers (handlers/replica_fetch.py: ReplicaFetch),
         beside Kafka's keys; their handlers answer with the encoded response's buffers."""
         internal = INTERNAL.get(header.api_key)
@@ -369,9 +373,9 @@ class Connection(asyncio.BufferedProtocol):
             self.abort(f"malformed internal api {header.api_key} body: {exc}")
             return
         self._replica_link = True
-        self._queue(header, len(frame), handler, request)
+        self._queue(header, frame, handler, request)
 
-    def _queue(self, header: Any, size: int, handler: Any, request: Any) -> None:
+    def _queue(self, header: Any, frame: bytes | memoryview, handler: Any, request: Any) -> None:
         """A decoded request joins the connection's queue, its bytes counted in the budget."""
         ctx = RequestContext(
             api_key=header.api_key,
@@ -385,11 +389,13 @@ class Connection(asyncio.BufferedProtocol):
             turns=self,
             file_ranges=self._sendfile_ok,
         )
-        pending = _Pending(header, size, handler, ctx, request)
+        # a view holds the buffer it was handed out of (up to twice the frame: framing.py)
+        held = len(frame.obj) if isinstance(frame, memoryview) else len(frame)  # type: ignore[arg-type]
+        pending = _Pending(header, len(frame), handler, ctx, request, held)
         pending.queued_ns = time.monotonic_ns()
         self._pending.append(pending)
         self._ready.append(pending)
-        self._budget.take(size)
+        self._budget.take(held)
 
     def _sync_reservation(self) -> None:
         """Tell the budget what the receive buffer holds beyond its first 64 KiB."""
@@ -604,7 +610,7 @@ class Connection(asyncio.BufferedProtocol):
         answered = 0
         while self._pending and self._pending[0].done:
             pending = self._pending.popleft()
-            answered += pending.size
+            answered += pending.held
             if pending.response is not None and transport is not None and not self._closing:
                 self._write(transport, pending.response)
                 if not self._replica_link:  # a follower's fetch never waits out a debt:

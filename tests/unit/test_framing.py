@@ -123,3 +123,45 @@ def test_a_full_buffer_of_one_frame_needs_growth_and_grows_geometrically() -> No
     distinct = sorted(set(sizes))
     assert distinct[-1] == size  # never past the frame's end
     assert len(distinct) <= 8  # doubling: 64 KiB .. 5 MiB in a few steps
+
+
+@given(
+    lengths=st.lists(st.integers(0, 300_000), min_size=2, max_size=6),
+    cuts=st.lists(st.integers(1, 150_000), max_size=60),
+)
+def test_a_frame_handed_out_without_a_copy_never_changes(
+    lengths: list[int], cuts: list[int]
+) -> None:
+    """A frame filling at least half the buffer from its head comes out as a read-only view of
+    a buffer the decoder gives up: receiving the frames after it never writes into it."""
+    bodies = [bytes([(i * 37 + 1) % 251]) * n for i, n in enumerate(lengths)]
+    stream = b"".join(_frame(b) for b in bodies)
+    decoder = FrameDecoder(max_frame_bytes=1 << 20)
+    out: list[bytes | memoryview] = []
+    pos = 0
+    for cut in [*cuts, len(stream)]:
+        view = decoder.get_buffer()
+        chunk = stream[pos : pos + min(cut, len(view))]
+        view[: len(chunk)] = chunk
+        decoder.buffer_updated(len(chunk))
+        pos += len(chunk)
+        while (frame := decoder.next_frame()) is not None:
+            out.append(frame)
+        if pos >= len(stream):
+            if decoder.buffered_bytes:
+                continue
+            break
+    while pos < len(stream):  # the cuts ran out: the rest in buffer-sized receives
+        view = decoder.get_buffer()
+        chunk = stream[pos : pos + len(view)]
+        view[: len(chunk)] = chunk
+        decoder.buffer_updated(len(chunk))
+        pos += len(chunk)
+        while (frame := decoder.next_frame()) is not None:
+            out.append(frame)
+    assert out == bodies
+    views = [f for f in out if isinstance(f, memoryview)]
+    assert all(v.readonly for v in views)
+    assert len({id(v.obj) for v in views}) == len(views)  # each its own buffer
+    if any(n > 64 * 1024 for n in lengths):
+        assert views  # a frame larger than the first buffer is never copied out
