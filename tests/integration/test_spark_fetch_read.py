@@ -17,6 +17,9 @@ from stonemq.spark import fetch_read, kafka_io
 from stonemq.spark import options as so
 from stonemq.spark.options import OffsetRange
 
+# slow: about 19 s of the fast set, which must stay under a minute (CI runs every marker)
+pytestmark = pytest.mark.slow
+
 
 def _opts(bootstrap: str, **extra: str) -> so.SourceOptions:
     return so.parse(

@@ -31,6 +31,9 @@ from stonemq.spark.kafka_io import SourceError
 
 _HEADERS = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
 
+# slow: about 25 s of the fast set, which must stay under a minute (CI runs every marker)
+pytestmark = pytest.mark.slow
+
 
 def _create(bootstrap: str, topic: str, partitions: int, replicas: int = 1) -> None:
     admin = AdminClient({"bootstrap.servers": bootstrap})

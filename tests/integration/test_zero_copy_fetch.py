@@ -219,6 +219,7 @@ def _wait_range_open(metrics_port: int, timeout: float = 20.0) -> None:
         time.sleep(0.02)
 
 
+@pytest.mark.slow  # 2-4.5 s each: kept out of the fast set
 def test_a_client_gone_mid_send_leaves_nothing_open(broker_factory) -> None:
     """A consumer asks for 24 MB, reads a few bytes of the answer and resets its
     connection while the broker is still sending it: the broker logs no error, every
@@ -246,6 +247,7 @@ def test_a_client_gone_mid_send_leaves_nothing_open(broker_factory) -> None:
     assert "Traceback" not in log and " ERROR " not in log
 
 
+@pytest.mark.slow  # 2-4.5 s each: kept out of the fast set
 def test_a_segment_deleted_while_sent_arrives_whole(broker_factory) -> None:
     """A 16 MiB answer from the first segment is held half sent by a client that does not
     read; DeleteRecords then moves the log start past that segment and the broker deletes
@@ -338,6 +340,7 @@ def test_a_failing_sendfile_closes_only_that_connection(broker_factory) -> None:
     assert_broker_healthy(broker, "after-failed-sendfile")
 
 
+@pytest.mark.slow  # 2-4.5 s each: kept out of the fast set
 def test_a_socket_that_cannot_take_sendfile_gets_the_bytes_copied(broker_factory) -> None:
     """``sendfile`` refused with EINVAL (injected, as a socket type without it answers) on
     a connection's first range: the connection copies that range and every later one
