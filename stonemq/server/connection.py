@@ -215,6 +215,7 @@ class Connection(asyncio.BufferedProtocol):
         self._held = False
         self._reading_paused = False
         self._writing_paused = False
+        self._yielding = False  # as update_reading last saw it (budget.py: Reader.yields)
         self._quotas = broker.quotas
         # each request's loop time is measured (about 1.3 µs a request) only when someone can
         # read it: the metrics endpoint is served, or request quotas charge it
@@ -770,11 +771,13 @@ class Connection(asyncio.BufferedProtocol):
         ):
             should_pause = True
             budget.waiting.add(self)
+        if yields != self._yielding:
+            self._yielding = yields
+            if yields and self in budget.partials:
+                budget.recheck()  # it gives up owning the growth past the limit meanwhile
         if should_pause and not self._reading_paused:
             self._transport.pause_reading()
             self._reading_paused = True
-            if yields and self in budget.partials:
-                budget.recheck()  # it gives up owning the growth past the limit meanwhile
         elif not should_pause and self._reading_paused:
             self._transport.resume_reading()
             self._reading_paused = False
