@@ -11,21 +11,26 @@ has sent, not for what it announced.
 A connection with requests of its own in flight reads on while the requests in flight over
 every connection are under the limit; one with none in flight always may read into the buffer
 it has, so one client's backlog (say a throttled producer's pipelined requests) never stops the
-others. Past the limit that lets in at most one request of up to 64 KiB per connection with
-nothing in flight (Kafka's network threads read one request per connection at a time).
+others. Past the limit that lets in one receive (into 64 KiB, or what its buffer already
+counts as reserved) and one request decoded from it per connection with nothing in flight
+(Kafka's network threads read one request per connection at a time); the rest waits in the
+buffer.
 
 To grow its buffer for a frame still arriving, the reservations count too: past the limit only
-the owner may grow, the connection whose partial frame started first among those the broker has
-not paused for a while of its own (throttled for a quota, held for split lag, at
-``queued.max.requests``: each ``yields`` until then, so the next in line grows meanwhile). The
-others wait until the owner has its whole frame (it then goes to the back of the line) or the
-total falls back under the limit. An owner may always grow, unless requests of its own are in
-flight past the limit (those are answered without any read), so nothing deadlocks, and small
-requests (consumers, heartbeats, admin) are never held back by partial frames alone. An owner
-whose peer stops sending, or stops reading its responses so that the broker stops reading it,
-would still hold the others' large requests back: one that has received nothing for
-``PARTIAL_STALL_S`` while others wait, and is not waiting for the budget itself, is closed
-(:meth:`RequestBudget.stalled_owner`; the listener checks every second).
+the owner may grow. The owner is the connection whose partial frame started first, passing
+over those the broker has paused for a while it bounds (throttled for a quota, held for split
+lag, at ``queued.max.requests``: each ``yields`` meanwhile) as long as what they hold stays
+under the limit; so the reservations past the limit stay under about twice the limit and one
+frame. The others wait until the owner has its whole frame (it then goes to the back of the
+line), or is closed, or the total falls back under the limit. An owner may always grow, unless
+requests of its own are in flight past the limit (those are answered without any read), so
+nothing deadlocks, and small requests (consumers, heartbeats, admin) are never held back by
+partial frames alone. An owner whose peer stops sending, or stops reading its responses so that
+the broker stops reading it, would still hold the others' large requests back: one that has
+received nothing for ``PARTIAL_STALL_S`` while others wait, and neither waits for the budget
+nor yields, is closed (:meth:`RequestBudget.stalled_owner`; the listener checks every second).
+The clock restarts when the connection may read again and when its client takes responses (a
+slow reader of large responses is not silent).
 """
 
 from __future__ import annotations
@@ -74,9 +79,17 @@ class RequestBudget:
 
     @property
     def owner(self) -> Reader | None:
-        """The first partial frame's connection that does not yield."""
-        for conn in self.partials:
+        """The first partial frame's connection that does not yield, passing over yielding ones
+        only while what they hold stays under the limit (else connections that grow, then
+        yield, could each hold a whole frame past it): then the yielding one stays the owner
+        and the others wait until it reads again."""
+        limit = self.limit_bytes
+        passed = 0
+        for conn, held in self.partials.items():
             if not conn.yields:
+                return conn
+            passed += held
+            if 0 <= limit <= passed:
                 return conn
         return None
 
@@ -102,10 +115,10 @@ class RequestBudget:
             self.recheck()  # the next in line may own now
 
     def stalled_owner(self, now: float, stall_s: float = PARTIAL_STALL_S) -> Reader | None:
-        """The owner, if others wait, it does not wait for the budget itself, and it has
-        received nothing for ``stall_s``."""
+        """The owner, if others wait, neither the budget nor a while of the broker's pauses it
+        (it does not wait, nor yield), and it has received nothing for ``stall_s``."""
         owner = self.owner
-        if owner is None or not self.waiting or owner in self.waiting:
+        if owner is None or not self.waiting or owner in self.waiting or owner.yields:
             return None
         return owner if now - owner.receiving_since >= stall_s else None
 
@@ -121,10 +134,13 @@ class RequestBudget:
             self.recheck()
 
     def forget(self, conn: Reader) -> None:
-        """``conn`` is gone: drop its reservation and stop waking it."""
+        """``conn`` is gone: drop its reservation and its place in line (the next may own now,
+        even if ``conn`` held nothing yet past its first 64 KiB) and stop waking it."""
         self.waiting.discard(conn)
-        if conn in self.partials:
-            self.reserve(conn, 0)
+        held = self.partials.pop(conn, None)
+        if held is not None:
+            self.reserved_bytes -= held
+            self.recheck()
 
     def take(self, nbytes: int) -> None:
         self.in_flight_bytes += nbytes

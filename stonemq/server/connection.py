@@ -295,6 +295,7 @@ class Connection(asyncio.BufferedProtocol):
 
     def resume_writing(self) -> None:
         self._writing_paused = False
+        self.receiving_since = time.monotonic()  # its client takes responses: not silent
         self.update_reading()
         if self._ready:
             self._dispatcher.ready(self)
@@ -307,8 +308,11 @@ class Connection(asyncio.BufferedProtocol):
             return
         self._taking = True
         taken = False
+        budget = self._budget
         try:
             while not self._closing and len(self._pending) < self._max_requests:
+                if self._pending and budget.exhausted and not self._replica_link:
+                    break  # past queued.max.request.bytes: one at a time (budget.py)
                 frame = self._decoder.next_frame()
                 if frame is None:
                     break
@@ -319,7 +323,7 @@ class Connection(asyncio.BufferedProtocol):
         finally:
             self._taking = False
         if taken:
-            self._budget.frame_taken(self)
+            budget.frame_taken(self)
         self._sync_reservation()
         if self._ready and not self._closing:
             self._dispatcher.ready(self)
@@ -713,6 +717,7 @@ class Connection(asyncio.BufferedProtocol):
         """The socket can take more of a range being sent (the loop's writability callback):
         send on, its time counted as the fetch's."""
         started = time.perf_counter_ns()
+        self.receiving_since = time.monotonic()  # its client takes responses: not silent
         self._send_out()
         by_api = METRICS.request_loop_ns
         by_api[_FETCH_KEY] = by_api.get(_FETCH_KEY, 0) + time.perf_counter_ns() - started
@@ -771,6 +776,9 @@ class Connection(asyncio.BufferedProtocol):
         ):
             should_pause = True
             budget.waiting.add(self)
+        elif self in budget.waiting:  # no longer waits for the budget: its silence is its own
+            budget.waiting.discard(self)  # from now (budget.stalled_owner)
+            self.receiving_since = time.monotonic()
         if yields != self._yielding:
             self._yielding = yields
             if yields and self in budget.partials:

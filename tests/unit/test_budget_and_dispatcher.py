@@ -86,7 +86,8 @@ def test_an_owner_the_broker_pauses_yields_to_the_next() -> None:
     budget = RequestBudget(1000)
     throttled, other = _Reader(), _Reader()
     budget.may_read(throttled, growing=True, busy=False)
-    budget.reserve(throttled, 1500)
+    budget.reserve(throttled, 600)
+    budget.take(500)  # 1100 used: past the limit
     assert not budget.may_read(other, growing=True, busy=False)
     budget.waiting.add(other)
     throttled.yields = True
@@ -95,6 +96,41 @@ def test_an_owner_the_broker_pauses_yields_to_the_next() -> None:
     assert budget.may_read(other, growing=True, busy=False)
     throttled.yields = False
     assert budget.owner is throttled
+
+
+def test_yielding_owners_are_passed_over_only_while_they_hold_less_than_the_limit() -> None:
+    """Connections that grow a frame as owner, then yield, must not each leave a whole frame
+    held past the limit: once those passed over hold the limit, the yielding one stays the
+    owner and the rest wait until it reads again (it is not closed as stalled meanwhile)."""
+    budget = RequestBudget(1000)
+    first, second, third = _Reader(), _Reader(), _Reader()
+    for conn, held in ((first, 700), (second, 400), (third, 0)):
+        budget.may_read(conn, growing=True, busy=False)
+        budget.reserve(conn, held)
+    first.yields = True
+    assert budget.owner is second  # 700 passed over: under the limit
+    second.yields = True
+    assert budget.owner is second  # 1100 would be passed over: it stays the owner
+    assert not budget.may_read(third, growing=True, busy=False)
+    budget.waiting.add(third)
+    assert budget.stalled_owner(now=1e9, stall_s=5) is None  # its silence is the broker's
+    second.yields = False
+    budget.reserve(second, 0)  # its frame arrived whole
+    assert third.woken == 1 and budget.owner is third
+
+
+def test_a_closed_owner_hands_over_even_with_nothing_reserved() -> None:
+    """An owner whose buffer is full but not grown yet holds 0 bytes: closing it still wakes
+    the next in line (before, only a reservation that shrank woke anyone)."""
+    budget = RequestBudget(1000)
+    owner, next_in_line = _Reader(), _Reader()
+    budget.take(1500)  # past the limit, none of it theirs
+    budget.may_read(owner, growing=True, busy=False)
+    assert not budget.may_read(next_in_line, growing=True, busy=False)
+    budget.waiting.add(next_in_line)
+    budget.forget(owner)
+    assert budget.owner is next_in_line and next_in_line.woken == 1
+    assert budget.reserved_bytes == 0
 
 
 def test_requests_in_flight_past_the_limit_stop_only_connections_with_their_own() -> None:
