@@ -126,21 +126,19 @@ class RequestBudget:
         """``conn`` now holds ``nbytes`` of buffer beyond its first 64 KiB (0: none)."""
         before = self.partials.get(conn, 0)
         self.reserved_bytes += nbytes - before
+        left = False
         if nbytes:
             self.partials[conn] = nbytes  # an existing key keeps its place
-        else:
-            self.partials.pop(conn, None)
-        if nbytes < before:
+        else:  # it leaves the line, whatever it held (maybe 0): the next may own now
+            left = self.partials.pop(conn, None) is not None
+        if left or nbytes < before:
             self.recheck()
 
     def forget(self, conn: Reader) -> None:
         """``conn`` is gone: drop its reservation and its place in line (the next may own now,
         even if ``conn`` held nothing yet past its first 64 KiB) and stop waking it."""
         self.waiting.discard(conn)
-        held = self.partials.pop(conn, None)
-        if held is not None:
-            self.reserved_bytes -= held
-            self.recheck()
+        self.reserve(conn, 0)
 
     def take(self, nbytes: int) -> None:
         self.in_flight_bytes += nbytes
