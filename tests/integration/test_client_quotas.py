@@ -368,6 +368,58 @@ def test_a_throttled_backlog_does_not_stop_another_client(broker_factory: Any) -
     assert max(first.throttle_time, second.throttle_time).total_seconds() > 1  # A was throttled
 
 
+def test_a_throttled_client_midway_through_a_large_frame_does_not_hold_back_another(
+    broker_factory: Any,
+) -> None:
+    """A consumer over its quota long-polls a Fetch and, in the same send, starts a 300 KB
+    produce: its first 150 KB. While the Fetch waits the broker reads that part into a grown
+    buffer, so this connection's partial frame started first and owns the growth past
+    queued.max.request.bytes (256 KiB here). Records then arrive, the Fetch answers them and
+    the quota mutes the connection for seconds. Muted, it yields the growth to the next in
+    line: another client's 300 KB requests (which need the same growth) are answered at once.
+    Nor is the muted client closed as stalled: when the throttle ends it sends the rest of its
+    frame and is answered. Before, the others' large requests waited the throttle out, or until
+    the silent owner was closed."""
+    broker = broker_factory(queued_max_request_bytes=256 * 1024)
+    admin = QuotaAdmin(broker.bootstrap)
+    a, b = _id("A"), _id("B")
+    admin.alter([({"client-id": a}, {"consumer_byte_rate": 10_000.0})])
+    admin.close()
+    topic = _id("midway")
+    create_topic(broker.bootstrap, topic, 1)
+    produce_response = schema("produce", 7, "response").ProduceResponse
+    fetch_response = schema("fetch", 12, "response").FetchResponse
+    records = produce_request(topic, 0, build_batch([(None, b"x" * 100_000)]), acks=1)
+    large = produce_request(topic, 0, build_batch([(None, b"z" * 300_000)]), acks=1)
+    with RawConnection(broker.host, broker.port, client_id=a, timeout=60) as muted:
+        fetch_cid, produce_cid = muted.next_correlation_id(), muted.next_correlation_id()
+        poll = fetch_request(topic, 0, 0, max_wait_ms=5_000)
+        produce = frame(request_header(0, 7, produce_cid, a, False) + encode(large))
+        muted.send_raw(
+            frame(request_header(1, 12, fetch_cid, a, True) + encode(poll)) + produce[:150_000]
+        )
+        time.sleep(0.5)  # the Fetch waits; the broker reads the 150 KB meanwhile
+        with RawConnection(broker.host, broker.port, client_id=_id("C")) as feeder:
+            fed = feeder.request(records, produce_response)
+            assert fed.responses[0].partition_responses[0].error_code == 0
+        fetched = muted.recv_response(fetch_response, fetch_cid)
+        # the 100 KB put it over its quota: answered empty, with the throttle (as in Kafka)
+        assert fetched.error_code == 0 and not fetched.responses
+        assert fetched.throttle_time.total_seconds() > 1, fetched.throttle_time
+        took: list[float] = []
+        with RawConnection(broker.host, broker.port, client_id=b) as other:
+            for _ in range(5):
+                began = time.monotonic()
+                response = other.request(large, produce_response)
+                took.append(time.monotonic() - began)
+                assert response.responses[0].partition_responses[0].error_code == 0
+        assert max(took) < 1.0, f"answered after {max(took):.1f} s behind the muted partial frame"
+        muted.send_raw(produce[150_000:])
+        rest = muted.recv_response(produce_response, produce_cid)
+    assert rest.responses[0].partition_responses[0].error_code == 0
+    assert "nothing received for" not in broker.log(since_start=True)
+
+
 def test_a_default_client_quota_applies_to_each_client_on_its_own(
     module_broker: Any, quota_admin: QuotaAdmin
 ) -> None:
