@@ -5,17 +5,21 @@ an offset of -1 means the high watermark; an offset above the high watermark (or
 OFFSET_OUT_OF_RANGE; an internal topic is INVALID_TOPIC_EXCEPTION (its coordinator trims it);
 otherwise the log start offset becomes max(current, offset), whole
 queue-log segments below it are deleted, and ``low_watermark`` is the new log start offset.
-A storage failure is KAFKA_STORAGE_ERROR. The work is synchronous, so ``timeout`` never
-expires.
+A storage failure is KAFKA_STORAGE_ERROR. Before it checks the offset the request waits for
+the split to reach what was acknowledged (``FetchWaiters.until_split``, at most a second for
+the whole request), so a delete up to a record acknowledged just before, or to -1, covers it
+as on a single Kafka broker; the deletion itself is synchronous, so ``timeout`` never expires.
 """
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from kio.schema.errors import ErrorCode
 
 from stonemq.handlers.context import RequestContext
+from stonemq.handlers.fetch_waiters import ACKNOWLEDGED_WAIT_S
 from stonemq.handlers.registry import api
 from stonemq.storage.engine import OffsetOutOfRangeError, StorageError, UnknownPartitionError
 from stonemq.topics import is_internal
@@ -23,6 +27,8 @@ from stonemq.topics import is_internal
 
 @api(21, 0, 2)
 async def handle_delete_records(ctx: RequestContext, request: Any) -> Any:
+    deadline = asyncio.get_running_loop().time() + ACKNOWLEDGED_WAIT_S  # for the whole request
+    storage, waiters = ctx.broker.storage, ctx.broker.fetch_waiters
     topics = []
     for topic in request.topics:
         record = ctx.broker.topics.get(topic.name)
@@ -35,9 +41,8 @@ async def handle_delete_records(ctx: RequestContext, request: Any) -> Any:
                 error = ErrorCode.invalid_topic_exception
             else:
                 try:
-                    low_watermark = ctx.broker.storage.delete_records(
-                        topic.name, p.partition_index, p.offset
-                    )
+                    await waiters.until_split(storage, topic.name, p.partition_index, deadline)
+                    low_watermark = storage.delete_records(topic.name, p.partition_index, p.offset)
                 except UnknownPartitionError:  # not hosted here: led by another broker?
                     error = ctx.not_here(topic.name, p.partition_index)
                 except OffsetOutOfRangeError:

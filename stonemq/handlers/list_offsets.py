@@ -6,12 +6,11 @@ asynchronous remote lookup, and StoneMQ's archive lookup answers within the requ
 topic that does not tier, -4 is the log start and -5 / -6 answer offset -1, as Kafka does
 for a topic without remote storage.
 
-Latest is the high watermark (what consumers can read). A single Kafka broker's high watermark
-is its log end as soon as a produce is acknowledged; here the splitter trails the journal by
-milliseconds, so latest, max-timestamp and by-timestamp lookups first wait (at most
-``SPLIT_WAIT_S``) until the split reaches what was acknowledged when the request arrived:
-a client that produces and then asks for the end (seek-to-end, consumer lag, offsets by time)
-sees its own records, as it would against Kafka. By timestamp, the answer is the
+Latest is the high watermark (what consumers can read). Latest, max-timestamp and
+by-timestamp lookups first wait for the split to reach what was acknowledged when the request
+arrived (``FetchWaiters.until_split``): a client that produces and then asks for the end
+(seek-to-end, consumer lag, offsets by time) sees its own records, as it would against a
+single Kafka broker. By timestamp, the answer is the
 first offset whose record timestamp is >= the target: for a tiered topic the archive below
 the local log start is searched first (off the event loop, stonemq/tiering/service.py), then
 the local time index; when there is none, offset and timestamp are -1, as Kafka answers.
@@ -28,6 +27,7 @@ from typing import Any
 from kio.schema.errors import ErrorCode
 
 from stonemq.handlers.context import RequestContext
+from stonemq.handlers.fetch_waiters import ACKNOWLEDGED_WAIT_S
 from stonemq.handlers.registry import api
 from stonemq.storage.engine import StorageError, UnknownPartitionError
 
@@ -37,11 +37,11 @@ MAX_TIMESTAMP = -3
 EARLIEST_LOCAL = -4
 LATEST_TIERED = -5
 EARLIEST_PENDING_UPLOAD = -6
-SPLIT_WAIT_S = 1.0  # bound on the wait for the split to reach what was acknowledged
 
 
 @api(2, 1, 11)
 async def handle_list_offsets(ctx: RequestContext, request: Any) -> Any:
+    deadline = asyncio.get_running_loop().time() + ACKNOWLEDGED_WAIT_S  # for the whole request
     topics = []
     for topic in request.topics:
         record = ctx.broker.topics.get(topic.name)
@@ -61,7 +61,7 @@ async def handle_list_offsets(ctx: RequestContext, request: Any) -> Any:
                 try:
                     error = ErrorCode.none
                     offset, timestamp = await _lookup(
-                        ctx, topic.name, p.partition_index, p.timestamp
+                        ctx, topic.name, p.partition_index, p.timestamp, deadline
                     )
                 except UnknownPartitionError:  # not hosted here: led by another broker?
                     error, offset, timestamp = ctx.not_here(topic.name, p.partition_index), -1, -1
@@ -89,11 +89,13 @@ async def handle_list_offsets(ctx: RequestContext, request: Any) -> Any:
     return ctx.build("ListOffsetsResponse", throttle_time=0, topics=tuple(topics))
 
 
-async def _lookup(ctx: RequestContext, topic: str, partition: int, target: int) -> tuple[int, int]:
+async def _lookup(
+    ctx: RequestContext, topic: str, partition: int, target: int, deadline: float
+) -> tuple[int, int]:
     storage = ctx.broker.storage
     tier = getattr(ctx.broker, "tier", None)
     if target in (LATEST, MAX_TIMESTAMP) or target >= 0:
-        await _split_reaches_acknowledged(ctx, topic, partition)
+        await ctx.broker.fetch_waiters.until_split(storage, topic, partition, deadline)
     if target == LATEST:
         return storage.high_watermark(topic, partition), -1
     if target == EARLIEST:
@@ -123,18 +125,3 @@ async def _lookup(ctx: RequestContext, topic: str, partition: int, target: int) 
         return -1, -1
     offset, timestamp = found
     return offset, timestamp
-
-
-async def _split_reaches_acknowledged(ctx: RequestContext, topic: str, partition: int) -> None:
-    """Wait until the partition's split reaches its log end as of now (what was acknowledged),
-    at most ``SPLIT_WAIT_S``: a stalled splitter delays the answer, never withholds it."""
-    storage = ctx.broker.storage
-    acknowledged = storage.log_end_offset(topic, partition)
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + SPLIT_WAIT_S
-    waiters = ctx.broker.fetch_waiters
-    while storage.high_watermark(topic, partition) < acknowledged and not waiters.closed:
-        remaining = deadline - loop.time()
-        if remaining <= 0:
-            return
-        await waiters.wait([(topic, partition)], remaining)

@@ -16,9 +16,9 @@ from .helpers import (
     sample_messages,
     wait_high_watermark,
 )
-from .rawclient import RawConnection, build, ms, schema
+from .rawclient import RawConnection, build, build_batch, ms, produce_request, schema
 
-pytestmark = [pytest.mark.timeout(90), pytest.mark.slow]  # restarts a broker
+pytestmark = [pytest.mark.timeout(90)]
 
 OFFSET_OUT_OF_RANGE = 1
 UNKNOWN_TOPIC_OR_PARTITION = 3
@@ -46,6 +46,7 @@ def raw_delete(port: int, version: int, topic: str, partition: int, offset: int)
     return int(part.error_code), part.low_watermark
 
 
+@pytest.mark.slow  # restarts a broker
 def test_delete_records_with_admin_client_and_raw(broker) -> None:
     b = broker.bootstrap
     topic = create_topic(b, config={"segment.bytes": "2048"})
@@ -76,3 +77,48 @@ def test_delete_records_with_admin_client_and_raw(broker) -> None:
     assert low_watermark(b, topic) == 200
     more = sample_messages(3, tag="after")
     assert produce(b, topic, more, acks="all") == [200, 201, 202]
+
+
+def test_a_delete_up_to_what_was_just_acknowledged_covers_it(module_broker) -> None:
+    """A produce is acknowledged once it is in the journal, before the splitter has moved it
+    into its queue log; a DeleteRecords sent right after the acknowledgement checked its offset
+    against the split end and answered OFFSET_OUT_OF_RANGE for the records just acknowledged
+    (seen from Spark's tests), and -1 stopped short of them. As on a single Kafka broker, whose
+    high watermark is its log end once a produce is acknowledged, both cover every record
+    acknowledged before the request."""
+    topic = create_topic(module_broker.bootstrap, partitions=8)
+    batch = bytes(build_batch([(None, b"v" * 1000)] * 200))  # 200 records, ~200 KB
+    rounds = 6
+    req = schema("delete_records", 2, "request")
+    response_type = schema("delete_records", 2, "response").DeleteRecordsResponse
+    produced = schema("produce", 7, "response").ProduceResponse
+    with RawConnection(module_broker.host, module_broker.port) as conn:
+        ids = [
+            conn.send_request(produce_request(topic, p, batch, acks=1))
+            for _ in range(rounds)
+            for p in range(8)
+        ]
+        for correlation_id in ids:
+            answer = conn.recv_response(produced, correlation_id)
+            assert answer.responses[0].partition_responses[0].error_code == 0
+        # the moment the last acknowledgement arrived: the odd partitions to -1 (the high
+        # watermark), the even ones to their last offset acknowledged, each its own request
+        answers = {}
+        for p in reversed(range(8)):
+            offset = -1 if p % 2 else rounds * 200
+            request = build(
+                req.DeleteRecordsRequest,
+                topics=(
+                    build(
+                        req.DeleteRecordsTopic,
+                        name=topic,
+                        partitions=(
+                            build(req.DeleteRecordsPartition, partition_index=p, offset=offset),
+                        ),
+                    ),
+                ),
+                timeout=ms(5000),
+            )
+            (part,) = conn.request(request, response_type).topics[0].partitions
+            answers[p] = (int(part.error_code), part.low_watermark)
+    assert answers == {p: (0, rounds * 200) for p in range(8)}
