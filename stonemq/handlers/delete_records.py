@@ -1,6 +1,8 @@
 """DeleteRecords (21): advance partitions' log start offsets on request.
 
 Per partition, as Kafka answers: an unknown topic or partition is UNKNOWN_TOPIC_OR_PARTITION;
+in a cluster, a partition not led here is NOT_LEADER_OR_FOLLOWER (a follower holds its own
+copy of the partition, which only the leader's deletes may move);
 an offset of -1 means the high watermark; an offset above the high watermark (or below -1) is
 OFFSET_OUT_OF_RANGE; an internal topic is INVALID_TOPIC_EXCEPTION (its coordinator trims it);
 otherwise the log start offset becomes max(current, offset), whole
@@ -39,6 +41,8 @@ async def handle_delete_records(ctx: RequestContext, request: Any) -> Any:
                 error = ErrorCode.unknown_topic_or_partition
             elif is_internal(topic.name):  # Kafka: "Cannot delete records of internal topic"
                 error = ErrorCode.invalid_topic_exception
+            elif ctx.not_led_here(record, p.partition_index):  # a follower holds it too
+                error = ErrorCode.not_leader_or_follower
             else:
                 try:
                     await waiters.until_split(storage, topic.name, p.partition_index, deadline)

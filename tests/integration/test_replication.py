@@ -24,6 +24,7 @@ from stonemq.storage.checkpoint import CheckpointFile
 from stonemq.storage.leader_epoch import LEADER_EPOCH_FILE
 
 from .rawclient import RawConnection, build_batch, fetch_raw, leader_epochs_of, produce_raw
+from .test_delete_records import raw_delete
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(240)]
 
@@ -320,6 +321,27 @@ def _watermarks(bootstrap: str, topic: str) -> list[tuple[int, int]]:
         ]
     finally:
         consumer.close()
+
+
+def test_delete_records_is_answered_by_the_leader_only(replicated) -> None:
+    """Every replica holds its own copy of a partition, which only the leader's deletes may
+    move: a DeleteRecords sent to a follower advanced the follower's copy alone and answered
+    success. As in Kafka, a follower answers NOT_LEADER_OR_FOLLOWER (clients go to the
+    leader), and the leader deletes."""
+    brokers, _ = replicated
+    admin = AdminClient({"bootstrap.servers": brokers[0].bootstrap})
+    admin.create_topics([NewTopic("dr", 1, 3)])["dr"].result(30)
+    _wait(lambda: _leaders(brokers[0].bootstrap, "dr")[0] in (1, 2, 3), 30, "a leader")
+    producer = Producer({"bootstrap.servers": brokers[0].bootstrap, "acks": "all"})
+    for i in range(10):
+        producer.produce("dr", value=b"%d" % i, partition=0)
+    assert producer.flush(30) == 0
+    leader = _leaders(brokers[0].bootstrap, "dr")[0]
+    by_id = dict(zip((1, 2, 3), brokers, strict=True))
+    for broker_id, broker in by_id.items():
+        if broker_id != leader:
+            assert raw_delete(broker.port, 2, "dr", 0, 4) == (ErrorCode.not_leader_or_follower, -1)
+    assert raw_delete(by_id[leader].port, 2, "dr", 0, 4) == (0, 4)
 
 
 def test_acks_all_waits_for_the_isr_and_min_insync_replicas_refuses(replicated) -> None:
