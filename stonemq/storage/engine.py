@@ -1384,7 +1384,10 @@ class StorageEngine:
 
     async def _fsync_journal(self, journal: JournalLog, end: int) -> bool:
         """fsync ``journal`` up to ``end`` (off the loop); False when it is or goes offline.
-        A failed fsync is never retried: it takes the journal partition offline."""
+        A failed fsync is never retried: it takes the journal partition offline. Nor does an
+        fsync that succeeds once another of the same journal has failed (the interval flush,
+        a checkpoint round and a topic's flush.ms may overlap) make anything durable: the
+        pages whose writeback failed may have been dropped, so its success proves nothing."""
         if journal.health.offline:
             return False
         paths = journal.sync_paths(end)
@@ -1393,6 +1396,8 @@ class StorageEngine:
                 await asyncio.get_running_loop().run_in_executor(None, fsync_paths, paths)
             except OSError as exc:
                 journal.mark_fsync_failed(exc)
+                return False
+            if journal.health.offline:  # an overlapping fsync failed meanwhile
                 return False
         journal.mark_durable(end)
         return True

@@ -12,6 +12,9 @@ import asyncio
 import ctypes
 import errno
 import gc
+import os
+import threading
+import time
 import weakref
 from pathlib import Path
 
@@ -269,6 +272,52 @@ def test_an_fsync_error_on_a_rolled_journal_segment_takes_it_offline(
         add_topic(engine)
         engine.recover()
         assert stored(engine) == dict(acked)
+        await engine.close()
+
+    run(main())
+
+
+def test_an_fsync_overlapping_a_failed_one_marks_nothing_durable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two fsyncs of one journal in flight together (the interval flush and a checkpoint
+    round, say): the first fails, the second succeeds after it. The second's success proves
+    nothing (the pages whose writeback failed may be gone), so the journal is not marked
+    durable. Before, it was: the test above failed that way when a loaded machine let its
+    interval fsync and a checkpoint round overlap."""
+    second_started, first_failed = threading.Event(), threading.Event()
+    calls: list[str] = []
+    real = os.fsync
+
+    def fsync(fd: int) -> None:
+        if "journal-0" not in fd_path(fd):
+            return real(fd)
+        calls.append(fd_path(fd))
+        if len(calls) == 1:  # the first: fails once the second is under way
+            assert second_started.wait(10)
+            first_failed.set()
+            raise OSError(errno.EIO, "injected fsync: EIO")
+        second_started.set()
+        assert first_failed.wait(10)
+        time.sleep(0.2)  # its success reaches the loop after the first's failure
+        return real(fd)
+
+    async def main() -> None:
+        engine = new_engine(tmp_path, flush_policy="never")  # no interval fsync of its own
+        add_topic(engine)
+        engine.start(lambda *a: None)
+        await engine.append("t", 0, build_batch([b"x" * 300]), 1).written
+        journal = engine._journals[0]
+        assert journal.durable_end == 0
+        monkeypatch.setattr(os, "fsync", fsync)
+        end = journal.written_end
+        both = await asyncio.gather(
+            engine._fsync_journal(journal, end), engine._fsync_journal(journal, end)
+        )
+        assert len(calls) == 2
+        assert both == [False, False]
+        assert engine.journal_health()[0] == "offline"
+        assert journal.durable_end == 0
         await engine.close()
 
     run(main())
