@@ -57,7 +57,8 @@ def test_the_leaders_hw_reaches_the_follower_splitter_within_the_split_delay(
             fetcher._advance_split(0, ends[1])
             assert follower.split_limit(0) == 0
             await asyncio.sleep(SPLIT_DELAY_S / 4)
-            assert follower.split_limit(0) == 0 and follower.high_watermark("t", 0) == 0
+            if time.monotonic() - held_at < SPLIT_DELAY_S:  # a loaded machine may oversleep it
+                assert follower.split_limit(0) == 0 and follower.high_watermark("t", 0) == 0
             await wait_hw(follower, 2)
             assert time.monotonic() - held_at >= SPLIT_DELAY_S * 0.9
             assert follower.split_limit(0) == ends[1]
