@@ -575,6 +575,16 @@ class TopicManager:
                 self._forget(name)
                 await self.storage.remove_topic(name)
                 return
+            held = self.storage.topic_id_of(name)
+            if held is not None and held != current.topic_id.bytes:
+                # deleted and created again before this broker saw the deletion (a lost
+                # ZooKeeper session): the old topic's queue logs go first, or the new topic
+                # would take them for its own
+                for topic_id in [t for t, n in self._ids.items() if n == name]:
+                    if topic_id != current.topic_id:
+                        del self._ids[topic_id]
+                self._forget(name)
+                await self.storage.remove_topic(name)
             self._forget(name)  # configs may have changed
             config = self.effective_config(name)
             self.storage.update_config(name, config.log_config)
@@ -604,7 +614,7 @@ class TopicManager:
 
     def partition_count(self) -> int:
         """Partitions of every topic, plus those of creates in progress."""
-        return sum(record.partitions for record in self.store.list_topics()) + self._in_flight
+        return self.store.partition_total() + self._in_flight
 
     def check_partition_limits(self, adding: int) -> None:
         """POLICY_VIOLATION when ``adding`` partitions would pass ``max.partitions`` (the

@@ -93,9 +93,11 @@ from stonemq.storage.queue_log import (
     epoch_search,
     max_time_search,
     queue_log_dir,
+    read_partition_metadata,
     read_range_views,
     read_views,
     time_search,
+    topic_id_text,
 )
 from stonemq.storage.segment import Segment
 from stonemq.storage.space import SplitHeadroom
@@ -532,7 +534,7 @@ class StorageEngine:
         self._tasks: list[asyncio.Task[None]] = []
         # queue-log directories of new partitions, created ahead of their first batch by one
         # background thread (see _precreate)
-        self._to_create: collections.deque[str] = collections.deque()
+        self._to_create: collections.deque[tuple[str, bytes]] = collections.deque()
         self._create_pending: set[str] = set()
         self._create_lock = threading.Lock()
         self._creator: ThreadPoolExecutor | None = None
@@ -629,9 +631,9 @@ class StorageEngine:
             # a partition added while serving is new: no directory of its name exists (a
             # deleted topic's name stays taken until its directories are gone, and recovery
             # sets aside those a crash left behind), so nothing is looked up on the loop
-            self._precreate(self._queue_path(topic, partition))
+            self._precreate(self._queue_path(topic, partition), tid)
 
-    def _precreate(self, directory: str) -> None:
+    def _precreate(self, directory: str, topic_id: bytes) -> None:
         """Create a new partition's directory and empty first segment files in a background
         thread, as Kafka does when a partition is created: directory and file creation waits
         on the filesystem's journal while fsyncs run, and must not stall the splitter on the
@@ -639,7 +641,7 @@ class StorageEngine:
         creates whatever is missing when it gets there first (both sides are idempotent)."""
         with self._create_lock:
             self._create_pending.add(directory)
-            self._to_create.append(directory)
+            self._to_create.append((directory, topic_id))
             if len(self._to_create) == 1:
                 self._directory_thread().submit(self._create_queued)
 
@@ -666,11 +668,11 @@ class StorageEngine:
             with lock:
                 if not self._to_create:
                     return
-                directory = self._to_create.popleft()
+                directory, topic_id = self._to_create.popleft()
                 if directory not in self._create_pending:
                     continue  # its topic was deleted meanwhile
             try:  # not under the lock: the event loop must never wait for a mkdir
-                create_queue_log_dir(directory)
+                create_queue_log_dir(directory, topic_id)
             except OSError as exc:  # the splitter retries and reports it at the first batch
                 log.debug("could not create %s ahead of its first batch: %s", directory, exc)
             with lock:
@@ -752,34 +754,47 @@ class StorageEngine:
     def _queue_path(self, topic: str, partition: int) -> str:
         return queue_log_dir(self._queue_dir, topic, partition)
 
-    def _set_aside_strays(self) -> None:
+    def _set_aside_strays(self) -> set[tuple[str, int]]:
         """Recovery: a queue-log directory of no registered partition (a topic whose deletion
-        a crash interrupted) is renamed ``<name>-<ms>.stray`` and logged, as Kafka sets stray
-        logs aside, so that a topic created later under its name never finds its segments."""
+        a crash interrupted), or of a registered name whose ``partition.metadata`` names
+        another topic id (the topic was deleted and created again while this broker was
+        down), is renamed ``<name>-<ms>.stray`` and logged, as Kafka sets stray logs aside,
+        so that the topic holding the name now never finds the old one's segments. Returns
+        the registered partitions whose directory went: their checkpointed recovery points
+        and log starts were the old topic's."""
         try:
             names = os.listdir(self._queue_dir)
         except FileNotFoundError:
-            return
+            return set()
         known = {
-            os.path.basename(self._queue_path(s.topic, s.partition)) for s in self._by_name.values()
+            os.path.basename(self._queue_path(s.topic, s.partition)): s
+            for s in self._by_name.values()
         }
         now_ms = int(time.time() * 1000)
+        aside_keys: set[tuple[str, int]] = set()
         for name in names:
             _, dash, partition = name.rpartition("-")
             path = os.path.join(self._queue_dir, name)
-            if not dash or not partition.isdigit() or name in known or not os.path.isdir(path):
+            if not dash or not partition.isdigit() or not os.path.isdir(path):
                 continue
+            state = known.get(name)
+            why = "belongs to no topic partition (a deletion cut short)"
+            if state is not None:
+                held = read_partition_metadata(path)
+                if held is None or held == state.topic_id:
+                    continue
+                why = (
+                    f"holds topic id {topic_id_text(held)}, not {topic_id_text(state.topic_id)} "
+                    "of the topic of that name now (deleted and created again meanwhile)"
+                )
+                aside_keys.add((state.topic, state.partition))
             aside = f"{path}-{now_ms}.stray"
             try:
                 fileio.replace(path, aside)
             except OSError as exc:
                 raise StorageError(f"cannot set aside stray queue log {path}: {exc}") from exc
-            log.warning(
-                "queue log %s belongs to no topic partition (a deletion cut short): set aside "
-                "as %s",
-                path,
-                aside,
-            )
+            log.warning("queue log %s %s: set aside as %s", path, why, aside)
+        return aside_keys
 
     def _open_queue(self, state: _Partition) -> QueueLog:
         queue = state.queue
@@ -792,6 +807,7 @@ class StorageEngine:
                 state.config,
                 self._files,
                 self._written_pages,
+                state.topic_id,
             )
         return queue
 
@@ -852,7 +868,10 @@ class StorageEngine:
                 cache = self._epoch_caches[j]
                 cache.truncate_from_end(journal.written_end)
                 cache.truncate_from_start(journal.start_position)
-        self._set_aside_strays()
+        for key in self._set_aside_strays():  # the old topic's, not this one's
+            queue_rps.pop(key, None)
+            if self._log_starts.pop(key, None) is not None:
+                self._log_starts_changed = True
         queue_cut = 0
         for state in self._by_name.values():
             key = (state.topic, state.partition)

@@ -16,6 +16,7 @@ splitter stages, one step at a time, so a staged write always starts at the publ
 
 from __future__ import annotations
 
+import base64
 import bisect
 import contextlib
 import logging
@@ -284,6 +285,8 @@ class SplitWrite:
         try:
             if self.make_dir and not os.path.isdir(self.queue.directory):
                 fileio.makedirs(self.queue.directory)
+                if self.queue.topic_id is not None:
+                    write_partition_metadata(self.queue.directory, self.queue.topic_id)
             for run in self.runs:
                 run.segment.write(files, run.buffers, run.pos)
                 self.done_runs += 1
@@ -299,14 +302,60 @@ def queue_log_dir(queue_dir: str, topic: str, partition: int) -> str:
 
 _CREATE_FLAGS = os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
 
+_METADATA_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0)
+PARTITION_METADATA_FILE = "partition.metadata"
+"""Kafka's file of that name: the id of the topic whose data the directory holds, written when
+the directory is made. A topic deleted and created again under the same name while a broker
+was down has a new id: that broker's recovery then sets the old data aside instead of taking
+it for the new topic's (``StorageEngine._set_aside_strays``)."""
 
-def create_queue_log_dir(directory: str) -> None:
-    """Make a new partition's directory with an empty first segment file (base offset 0)
-    ahead of the first batch; its indexes come with their first entry. Idempotent; never
-    truncates. Not fsynced: an empty directory lost to a crash costs nothing, and the first
-    flush after the first batch fsyncs the directory entries (``QueueLog.new_files``)."""
+
+def topic_id_text(topic_id: bytes) -> str:
+    """A topic id as Kafka writes it (``Uuid.toString``: URL-safe base64, no padding)."""
+    return base64.urlsafe_b64encode(topic_id).rstrip(b"=").decode()
+
+
+def write_partition_metadata(directory: str, topic_id: bytes) -> None:
+    """Write ``partition.metadata`` in a directory just made (not fsynced: lost to a crash,
+    the directory reads as one made before the file existed, which is kept)."""
+    text = f"version: 0\ntopic_id: {topic_id_text(topic_id)}\n".encode()
+    path = os.path.join(directory, PARTITION_METADATA_FILE)
+    fd = fileio.open(path, _METADATA_FLAGS, 0o644)
+    try:
+        fileio.pwrite_all(fd, [text], 0)
+    finally:
+        fileio.close(fd)
+
+
+def read_partition_metadata(directory: str) -> bytes | None:
+    """The topic id a directory's ``partition.metadata`` names; None when it has none (made
+    by a StoneMQ before this file, or cut short by a crash) or it cannot be read as one."""
+    try:
+        with open(os.path.join(directory, PARTITION_METADATA_FILE), "rb") as f:
+            text = f.read(256)
+    except FileNotFoundError:
+        return None
+    for line in text.decode(errors="replace").splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "topic_id":
+            value = value.strip()
+            try:
+                raw = base64.urlsafe_b64decode(value + "=" * (-len(value) % 4))
+            except ValueError:
+                return None
+            return raw if len(raw) == 16 else None
+    return None
+
+
+def create_queue_log_dir(directory: str, topic_id: bytes) -> None:
+    """Make a new partition's directory, its ``partition.metadata`` and an empty first
+    segment file (base offset 0) ahead of the first batch; its indexes come with their first
+    entry. Idempotent; never truncates. Not fsynced: an empty directory lost to a crash costs
+    nothing, and the first flush after the first batch fsyncs the directory entries
+    (``QueueLog.new_files``)."""
     if not os.path.isdir(directory):
         fileio.makedirs(directory)
+        write_partition_metadata(directory, topic_id)
     fileio.close(fileio.open(segment_file(directory, 0, LOG_SUFFIX), _CREATE_FLAGS, 0o644))
 
 
@@ -334,6 +383,7 @@ class QueueLog:
         "snapshot_due",
         "to_create",
         "topic",
+        "topic_id",
         "unflushed",
         "writing",
     )
@@ -347,11 +397,14 @@ class QueueLog:
         config: LogConfig,
         files: OpenFiles,
         pages: WrittenPages | None = None,
+        topic_id: bytes | None = None,
     ) -> None:
         # the read directory (one string shared by every queue log): its own directory's
         # path is made when needed (``directory``), not held by each of 100,000 queue logs
         self.root = queue_dir
         self.topic = topic
+        # written in partition.metadata when its directory is made (None: no such file)
+        self.topic_id = topic_id
         self.partition = partition
         self.journal_partition = journal_partition
         self.config = config  # a LogConfig: segment_bytes, segment_ms, index_interval_bytes...

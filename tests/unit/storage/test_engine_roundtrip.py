@@ -35,6 +35,7 @@ from stonemq.storage.engine import (
     StorageError,
     UnknownPartitionError,
 )
+from stonemq.storage.queue_log import read_partition_metadata
 from stonemq.storage.splitter import CATCH_UP_STEPS
 
 
@@ -482,6 +483,53 @@ def test_a_deletion_is_not_held_behind_a_creation_backlog(tmp_path: Path) -> Non
     run(main())
 
 
+def test_a_queue_log_of_a_name_taken_by_a_new_topic_is_set_aside(tmp_path: Path) -> None:
+    """A broker down while a topic was deleted and created again under the same name finds,
+    at its next start, the name registered with the new topic's id and a directory of that
+    name holding the old topic's batches. It opened them as the new topic's: its queue log
+    served the deleted topic's records and numbered the new ones after them, apart from the
+    other replicas (found by an independent cluster check). Each directory now names its
+    topic id (``partition.metadata``, as in Kafka); recovery sets aside one that names
+    another, and the new topic starts empty. A directory without the file (made before it
+    existed) is kept as it is."""
+
+    async def main() -> None:
+        old_id, new_id = uuid.uuid4(), uuid.uuid4()
+        engine = new_engine(tmp_path)
+        add_topic(engine, "x", 2, topic_id=old_id)
+        engine.start(lambda *a: None)
+        for p in (0, 1):
+            await produce(engine, "x", p, [build_batch([b"old"] * 3)])
+        await wait_split(engine)
+        await engine.close()
+        meta = (tmp_path / "queues" / "x-0" / "partition.metadata").read_text()
+        assert meta.splitlines()[0] == "version: 0" and meta.splitlines()[1].startswith("topic_id:")
+        (tmp_path / "queues" / "x-1" / "partition.metadata").unlink()  # as an older broker made it
+
+        engine = new_engine(tmp_path)
+        add_topic(engine, "x", 2, topic_id=new_id)  # the name's topic now
+        engine.recover()
+        engine.start(lambda *a: None)
+        stray = [p.name for p in (tmp_path / "queues").iterdir() if p.name.endswith(".stray")]
+        assert len(stray) == 1 and stray[0].startswith("x-0-")
+        assert engine.high_watermark("x", 0) == 0
+        assert engine.high_watermark("x", 1) == 3  # no file: kept
+        (base,) = await produce(engine, "x", 0, [build_batch([b"new"])])
+        assert base == 0
+        await wait_split(engine)
+        assert [r.value for r in iter_records(read_all(engine, "x", 0))] == [b"new"]
+        await engine.close()
+
+        engine = new_engine(tmp_path)  # and the new directory names the new topic
+        add_topic(engine, "x", 2, topic_id=new_id)
+        engine.recover()
+        assert engine.high_watermark("x", 0) == 1
+        assert len([p for p in (tmp_path / "queues").iterdir() if p.name.endswith(".stray")]) == 1
+        await engine.close()
+
+    run(main())
+
+
 def test_a_queue_log_left_by_a_cut_short_deletion_is_set_aside(tmp_path: Path) -> None:
     """A crash between a topic's deletion and the removal of its directories leaves them
     behind; recovery sets them aside (``<name>-<ms>.stray``, as Kafka does with stray logs),
@@ -500,7 +548,10 @@ def test_a_queue_log_left_by_a_cut_short_deletion_is_set_aside(tmp_path: Path) -
         engine.start(lambda *a: None)
         stray = [p.name for p in (tmp_path / "queues").iterdir() if p.name.endswith(".stray")]
         assert len(stray) == 1 and stray[0].startswith("gone-0-")
-        add_topic(engine, "gone", 1, topic_id=uuid.uuid4())  # created again
+        again = uuid.uuid4()
+        add_topic(engine, "gone", 1, topic_id=again)  # created again
+        assert await engine.wait_precreated(10)  # made ahead of its first batch, id and all
+        assert read_partition_metadata(str(tmp_path / "queues" / "gone-0")) == again.bytes
         assert engine.high_watermark("gone", 0) == 0
         (base,) = await produce(engine, "gone", 0, [build_batch([b"new"])])
         assert base == 0
