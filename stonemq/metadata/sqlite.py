@@ -26,6 +26,7 @@ from stonemq.metadata.store import (
     MetadataStore,
     TopicExistsError,
     TopicRecord,
+    TopicTable,
     UnknownTopicError,
 )
 from stonemq.quotas.entity import Entity, apply_ops, entity_of
@@ -115,7 +116,7 @@ class SqliteMetadataStore(MetadataStore):
             self._migrate()
             self._seed_cluster_id = cluster_id
             self._cluster_id: str | None = None
-            self._topics: dict[str, TopicRecord] = self._load_topics()
+            self._topics = TopicTable(self._load_topics())
         except BaseException:
             self._conn.close()
             raise
@@ -211,6 +212,9 @@ class SqliteMetadataStore(MetadataStore):
     # -- topics -----------------------------------------------------------------------------------
     def list_topics(self) -> list[TopicRecord]:
         return list(self._topics.values())
+
+    def partition_total(self) -> int:
+        return self._topics.partitions
 
     def get_topic(self, name: str) -> TopicRecord | None:
         return self._topics.get(name)

@@ -47,8 +47,41 @@ class TopicRecord:
         return len(self.journal_partitions)
 
 
+class TopicTable(dict[str, TopicRecord]):
+    """A store's topics by name, with the sum of their partitions kept as they change
+    (``partitions``): the max.partitions check reads it for every topic created, and summing
+    every topic's each time made creating many topics quadratic (auto-creating 20,000 topics
+    beside 40,000 held the event loop for minutes)."""
+
+    def __init__(self, records: Mapping[str, TopicRecord] | None = None) -> None:
+        super().__init__()
+        self.partitions = 0
+        for name, record in (records or {}).items():
+            self[name] = record
+
+    def __setitem__(self, name: str, record: TopicRecord) -> None:
+        old = self.get(name)
+        if old is not None:
+            self.partitions -= old.partitions
+        self.partitions += record.partitions
+        super().__setitem__(name, record)
+
+    def __delitem__(self, name: str) -> None:
+        self.partitions -= self[name].partitions
+        super().__delitem__(name)
+
+    def pop(self, name: str, *default: TopicRecord | None) -> TopicRecord | None:  # type: ignore[override]
+        if name in self:
+            self.partitions -= self[name].partitions
+        return super().pop(name, *default)
+
+
 class MetadataStore(ABC):
     """Durable metadata. Every mutating call is atomic and durable when it returns."""
+
+    def partition_total(self) -> int:
+        """Partitions of every topic (kept up to date by the store's :class:`TopicTable`)."""
+        return sum(record.partitions for record in self.list_topics())
 
     @abstractmethod
     def cluster_id(self) -> str:

@@ -54,6 +54,7 @@ from stonemq.metadata.store import (
     MetadataStore,
     TopicExistsError,
     TopicRecord,
+    TopicTable,
     UnknownTopicError,
 )
 from stonemq.quotas.entity import Entity, apply_ops, entity_of
@@ -134,7 +135,7 @@ class ZooKeeperMetadataStore(MetadataStore):
         # never holds the cache's readers (a Metadata request's list_topics on the event loop)
         self._pid_lock = threading.Lock()
         self._cluster_id: str | None = None
-        self._topics: dict[str, TopicRecord] = {}
+        self._topics = TopicTable()
         self._versions: dict[str, tuple[int, int]] = {}  # name: (topic node, config node)
         # topics with armed watches: name -> the token their watch callbacks carry (a watch
         # whose token is no longer the name's stops itself)
@@ -280,6 +281,9 @@ class ZooKeeperMetadataStore(MetadataStore):
     def list_topics(self) -> list[TopicRecord]:
         with self._lock:
             return list(self._topics.values())
+
+    def partition_total(self) -> int:
+        return self._topics.partitions
 
     def get_topic(self, name: str) -> TopicRecord | None:
         return self._topics.get(name)

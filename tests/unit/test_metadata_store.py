@@ -24,6 +24,8 @@ from stonemq.metadata.store import (
     ConcurrentChangeError,
     MetadataStore,
     TopicExistsError,
+    TopicRecord,
+    TopicTable,
     UnknownTopicError,
 )
 from stonemq.metadata.zookeeper import (
@@ -86,6 +88,44 @@ def test_topics_survive_reopen(opener: Opener) -> None:
     assert dict(got_a.configs) == {"segment.bytes": "2048"}
     assert got_b.topic_id == b.topic_id and got_b.journal_partitions == (3, 0, 1)
     assert sorted(t.name for t in store.list_topics()) == ["a", "b"]
+
+
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["create", "grow", "delete"]), st.sampled_from("abc")),
+        max_size=30,
+    )
+)
+def test_the_partition_total_follows_every_change(ops: list[tuple[str, str]]) -> None:
+    """What max.partitions is checked against: the store keeps the sum of its topics'
+    partitions as topics come, grow and go (it was summed over every topic for each topic
+    created: quadratic when thousands are auto-created)."""
+    table = TopicTable()
+    for op, name in ops:
+        held = table.get(name)
+        if op == "create" and held is None:
+            table[name] = TopicRecord(name, uuid.uuid4(), (0, 1))
+        elif op == "grow" and held is not None:
+            table[name] = TopicRecord(name, held.topic_id, (*held.journal_partitions, 0))
+        elif op == "delete" and held is not None:
+            if len(name) % 2:
+                del table[name]
+            else:
+                table.pop(name)
+        assert table.partitions == sum(r.partitions for r in table.values())
+    assert TopicTable(dict(table)).partitions == table.partitions
+
+
+def test_the_stores_partition_total(opener: Opener) -> None:
+    store = opener()
+    store.create_topic("a", [0, 1, 2], {})
+    store.create_topic("b", [0], {})
+    store.add_partitions("b", [1, 2])
+    assert store.partition_total() == 6
+    store.delete_topic("a")
+    assert store.partition_total() == 3
+    store.close()
+    assert opener().partition_total() == 3  # loaded
 
 
 def test_create_twice_and_unknown(opener: Opener) -> None:
