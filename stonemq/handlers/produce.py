@@ -45,6 +45,7 @@ from stonemq.handlers.context import RequestContext, field_names
 from stonemq.handlers.registry import api
 from stonemq.protocol.produce_response import LOG_START_VERSION, EncodedProduce, encode_body
 from stonemq.protocol.record_batch import (
+    ATTR_TRANSACTIONAL,
     COMPRESSION_NONE,
     BatchHeader,
     CorruptRecordError,
@@ -380,6 +381,15 @@ def _append_one(
         header = check_batch(records)
     except RecordBatchError as exc:
         _refuse(ctx, topic, result, exc)
+        return
+    if header.attributes & ATTR_TRANSACTIONAL:  # only a transactional producer's (Kafka:
+        # without a transactional id in the request, TRANSACTIONAL_ID_AUTHORIZATION_FAILED);
+        # transactions are not offered, and a request with an id is refused before this
+        result.fail(
+            ErrorCode.transactional_id_authorization_failed,
+            "a transactional batch needs a transactional producer (transactions are not "
+            "supported yet)",
+        )
         return
     gates = ctx.broker.produce_gates
     key = (topic, partition)

@@ -27,6 +27,7 @@ CORRUPT_MESSAGE = 2
 MESSAGE_TOO_LARGE = 10
 INVALID_TIMESTAMP = 32
 INVALID_RECORD = 87
+TRANSACTIONAL_ID_AUTHORIZATION_FAILED = 53
 HEADER = 61
 
 
@@ -92,6 +93,14 @@ def test_crc_valid_garbage_records_are_refused_and_never_stored(module_broker, c
         ),
         pytest.param(
             lambda b: struct.pack_into(">ii", b, 53, -1, 3), INVALID_RECORD, id="count-not-records"
+        ),
+        pytest.param(  # Kafka: TRANSACTIONAL_ID_AUTHORIZATION_FAILED without a transactional id
+            lambda b: (
+                struct.pack_into(">h", b, 21, 0x10),
+                struct.pack_into(">qhi", b, 43, 7, 0, 0),
+            ),
+            TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+            id="transactional-without-a-transaction",
         ),
     ],
 )
