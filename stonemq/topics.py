@@ -101,6 +101,10 @@ def is_internal(name: str) -> bool:
     return name in INTERNAL_TOPICS
 
 
+AUTO_CREATE_SLOTS = 4
+"""Auto-creations planning at once (``TopicManager.ensure_async``): each plans on the loop."""
+
+
 class InvalidTopicError(AdminError):
     error_code = ErrorCode.invalid_topic_exception
 
@@ -260,6 +264,8 @@ class TopicManager:
         # store's thread and storage steps, so two could otherwise interleave)
         self._changing: dict[str, asyncio.Lock] = {}
         self._auto_creating: dict[str, asyncio.Future[TopicRecord]] = {}
+        # auto-creations planning at once (see ensure_async)
+        self._auto_create_slots = asyncio.Semaphore(AUTO_CREATE_SLOTS)
         self._in_flight = 0  # partitions of creates in progress (against max.partitions)
         self._changes: set[asyncio.Future[Any]] = set()  # changes running to their end
         self._store_thread: ThreadPoolExecutor | None = None
@@ -688,14 +694,22 @@ class TopicManager:
             log.warning("auto-creating topic %s failed: %s", name, task.exception())
 
     async def ensure_async(self, name: str) -> TopicRecord:
-        """:meth:`ensure` without holding the event loop (:meth:`create_async`)."""
+        """:meth:`ensure` without holding the event loop (:meth:`create_async`), a few
+        auto-creations at a time: a request naming thousands of new topics starts a task for
+        each, all ready in the same turn of the loop, and each plans its topic (its configs
+        resolved) before it first waits, so together they held the loop for seconds before
+        any other client was read (5,000 topics in one Produce: 4-6 s)."""
         record = self._may_create(name)
         if record is not None:
             return record
-        try:
-            return (await self.create_async(name)).record
-        except TopicAlreadyExistsError:
-            return self.require(name)
+        async with self._auto_create_slots:
+            record = self.store.get_topic(name)  # made while this one waited for a slot
+            if record is not None:
+                return record
+            try:
+                return (await self.create_async(name)).record
+            except TopicAlreadyExistsError:
+                return self.require(name)
 
     def _may_create(self, name: str) -> TopicRecord | None:
         """The topic if it exists; None if it may be auto-created; else the error."""
