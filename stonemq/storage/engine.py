@@ -751,6 +751,11 @@ class StorageEngine:
             state.queue.close_files()
             state.queue = None
 
+    def topic_id_of(self, topic: str) -> bytes | None:
+        """The id of the topic whose partitions are registered under the name ``topic``
+        (None: none is)."""
+        return self._by_name.topic_id_of(topic)
+
     def _queue_path(self, topic: str, partition: int) -> str:
         return queue_log_dir(self._queue_dir, topic, partition)
 
