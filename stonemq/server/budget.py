@@ -25,10 +25,11 @@ frame. The others wait until the owner has its whole frame (it then goes to the 
 line), or is closed, or the total falls back under the limit. An owner may always grow, unless
 requests of its own are in flight past the limit (those are answered without any read), so
 nothing deadlocks, and small requests (consumers, heartbeats, admin) are never held back by
-partial frames alone. An owner whose peer stops sending, or stops reading its responses so that
-the broker stops reading it, would still hold the others' large requests back: one that has
-received nothing for ``PARTIAL_STALL_S`` while others wait, and neither waits for the budget
-nor yields, is closed (:meth:`RequestBudget.stalled_owner`; the listener checks every second).
+partial frames alone. An owner whose peer stops sending (or sends a byte now and then), or
+stops reading its responses so that the broker stops reading it, would still hold the others'
+large requests back: one that has received less than ``OWNER_PROGRESS_BYTES`` in
+``PARTIAL_STALL_S`` while others wait, and neither waits for the budget nor yields, is closed
+(:meth:`RequestBudget.stalled_owner`; the listener checks every second).
 The clock restarts when the connection may read again and when its client takes responses (a
 slow reader of large responses is not silent).
 """
@@ -38,12 +39,18 @@ from __future__ import annotations
 from typing import Protocol
 
 PARTIAL_STALL_S = 5.0
+OWNER_PROGRESS_BYTES = 64 * 1024
+"""What a connection must receive for its clock to restart (``Reader.receiving_since``): a
+peer that trickles a byte now and then into a frame past the limit holds the others' large
+requests back as surely as a silent one (an independent campaign: 6 MiB of a 90 MiB frame,
+then a byte every 2 s, stopped every other large produce for good)."""
 
 
 class Reader(Protocol):
     """What the budget wakes: a connection that re-evaluates whether it may read."""
 
-    # monotonic time of its last receive, or of when it last resumed reading if later
+    # monotonic time its last OWNER_PROGRESS_BYTES were received by, or of when it last
+    # resumed reading if later
     receiving_since: float
 
     @property
@@ -116,7 +123,8 @@ class RequestBudget:
 
     def stalled_owner(self, now: float, stall_s: float = PARTIAL_STALL_S) -> Reader | None:
         """The owner, if others wait, neither the budget nor a while of the broker's pauses it
-        (it does not wait, nor yield), and it has received nothing for ``stall_s``."""
+        (it does not wait, nor yield), and it has received less than ``OWNER_PROGRESS_BYTES``
+        in ``stall_s``."""
         owner = self.owner
         if owner is None or not self.waiting or owner in self.waiting or owner.yields:
             return None

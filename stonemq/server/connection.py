@@ -68,7 +68,7 @@ from stonemq.protocol.codec import (
 )
 from stonemq.protocol.framing import FrameDecoder, FrameError
 from stonemq.quotas.entity import ANONYMOUS_USER, PRODUCER_BYTE_RATE, REQUEST_PERCENTAGE
-from stonemq.server.budget import RequestBudget
+from stonemq.server.budget import OWNER_PROGRESS_BYTES, RequestBudget
 from stonemq.server.dispatcher import PRODUCE_KEY, Dispatcher
 from stonemq.server.metrics import METRICS
 from stonemq.storage.file_range import FileRange
@@ -229,6 +229,7 @@ class Connection(asyncio.BufferedProtocol):
         self._throttled_until = 0.0
         self._unmute: asyncio.TimerHandle | None = None
         self.last_active = self.receiving_since = time.monotonic()
+        self._progress_bytes = 0  # received since receiving_since last moved on receipt
         # the dispatcher's share by bytes (dispatcher.py): what this connection may still move
         # in its turn (negative: its debt), and its handler steps waiting for a turn
         self.allowance = 0
@@ -282,7 +283,12 @@ class Connection(asyncio.BufferedProtocol):
 
     def buffer_updated(self, nbytes: int) -> None:
         self._decoder.buffer_updated(nbytes)
-        self.last_active = self.receiving_since = time.monotonic()
+        self.last_active = now = time.monotonic()
+        progress = self._progress_bytes + nbytes
+        if progress >= OWNER_PROGRESS_BYTES:  # a trickle is no progress (budget.py)
+            progress = 0
+            self.receiving_since = now
+        self._progress_bytes = progress
         self._take_frames()
         self.update_reading()
 

@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 from stonemq.broker import Broker
-from stonemq.server.budget import PARTIAL_STALL_S, RequestBudget
+from stonemq.server.budget import OWNER_PROGRESS_BYTES, PARTIAL_STALL_S, RequestBudget
 from stonemq.server.collector import tune_collector
 from stonemq.server.connection import Connection
 from stonemq.server.dispatcher import TURN_BYTES, Dispatcher
@@ -194,12 +194,14 @@ async def _probe_loop_lag() -> None:
 
 async def _close_stalled_owner(budget: RequestBudget) -> None:
     """Close a connection whose partly received frame holds queued.max.request.bytes while
-    others wait, and whose peer has sent nothing for PARTIAL_STALL_S (see budget.py)."""
+    others wait, and whose peer has sent less than OWNER_PROGRESS_BYTES in PARTIAL_STALL_S
+    (see budget.py)."""
     while True:
         await asyncio.sleep(1.0)
         owner = budget.stalled_owner(time.monotonic())
         if isinstance(owner, Connection):
             owner.abort(
                 f"partial request holding queued.max.request.bytes, nothing received for "
-                f"{PARTIAL_STALL_S:.0f} s while other connections wait"
+                f"{PARTIAL_STALL_S:.0f} s (or less than {OWNER_PROGRESS_BYTES // 1024} KiB) while "
+                "other connections wait"
             )

@@ -211,14 +211,29 @@ def test_announced_frames_cost_what_arrives_within_the_budget(broker_factory, se
 
 
 @pytest.mark.slow
-def test_a_stalled_partial_frame_does_not_hold_back_a_large_request(broker_factory) -> None:
-    """A peer sends 6 MiB of a 100 MiB frame and stops: its buffer holds the whole budget, so
-    a 5 MiB request on another connection must wait to grow its buffer. The stalled peer is
-    closed once it has sent nothing for PARTIAL_STALL_S, and the large request is answered;
-    small requests never wait."""
+@pytest.mark.parametrize("trickle", [False, True], ids=["silent", "trickle"])
+def test_a_stalled_partial_frame_does_not_hold_back_a_large_request(
+    broker_factory, trickle: bool
+) -> None:
+    """A peer sends 6 MiB of a 100 MiB frame and stops (or, ``trickle``, then sends a byte
+    every half second, which kept the silence rule from ever seeing it stalled: every other
+    large request waited for good): its buffer holds the whole budget, so a 5 MiB request on
+    another connection must wait to grow its buffer. The stalled peer is closed once it has
+    sent less than OWNER_PROGRESS_BYTES in PARTIAL_STALL_S, and the large request is
+    answered; small requests never wait."""
     broker = broker_factory()
     topic = create_topic(broker.bootstrap)
     (stalled,) = open_partial_frames(broker, 1, 6 << 20)
+    done = threading.Event()
+
+    def drip() -> None:
+        with contextlib.suppress(OSError):
+            while not done.wait(0.5):
+                stalled.sendall(b"\x00")
+
+    dripper = threading.Thread(target=drip, daemon=True)
+    if trickle:
+        dripper.start()
     try:
         time.sleep(0.5)
         records = batches.simple_batch(random.Random(1), 1)[:-1] + bytes(5 << 20)
@@ -240,6 +255,7 @@ def test_a_stalled_partial_frame_does_not_hold_back_a_large_request(broker_facto
         assert answered[0] < PARTIAL_STALL_S + 10, f"answered after {answered[0]:.1f} s"
         assert "nothing received for" in broker.log(since_start=True)
     finally:
+        done.set()
         stalled.close()
 
 
