@@ -85,6 +85,10 @@ def _store(opts: Mapping[str, str]) -> Any:
 
 
 # -- the driver -----------------------------------------------------------------------------
+_INTERNAL_TOPICS = frozenset({"__consumer_offsets", "__transaction_state"})
+"""What a Kafka consumer's subscription by pattern never matches."""
+
+
 class Broker:
     """The driver's view of the cluster through one confluent-kafka consumer (metadata,
     watermarks, offsets by time); never joins a group."""
@@ -130,7 +134,9 @@ class Broker:
                 wanted += [(name, p) for p in topics[name].partitions]
         elif self.opts.pattern is not None:
             for name, t in topics.items():
-                if self.opts.topic_matches(name) and not name.startswith("__"):
+                # internal topics are left out, as a Kafka consumer's pattern leaves them
+                # (exclude.internal.topics); other topics whose names start with __ match
+                if self.opts.topic_matches(name) and name not in _INTERNAL_TOPICS:
                     wanted += [(name, p) for p in t.partitions]
         else:
             for name, p in self.opts.assign:
@@ -190,9 +196,9 @@ class Broker:
         starting: bool,
     ) -> dict[TopicPartitionKey, int]:
         """Concrete offsets for a starting or ending bound (Spark's Kafka semantics: JSON
-        offsets name every partition read; by timestamp, a partition not named starts at
-        earliest / ends at latest, and a timestamp with no offset at or after it ends at
-        latest and as a start fails unless startingOffsetsByTimestampStrategy=latest)."""
+        offsets, and offsets by timestamp per partition, name every partition read; a
+        timestamp with no offset at or after it ends at latest and as a start fails unless
+        startingOffsetsByTimestampStrategy=latest)."""
         if bound.kind == "earliest":
             return {tp: marks[tp][0] for tp in tps}
         if bound.kind == "latest":
@@ -220,18 +226,17 @@ class Broker:
             assert bound.timestamp_ms is not None
             query = {tp: bound.timestamp_ms for tp in tps}
         else:
-            unknown = set(bound.offsets) - set(tps)
-            if unknown:
+            if set(bound.offsets) != set(tps):  # as Spark's KafkaOffsetReader asserts
+                name = "startingOffsetsByTimestamp" if starting else "endingOffsetsByTimestamp"
                 raise SourceError(
-                    f"offsets by timestamp name partitions not read: {sorted(unknown)}"
+                    f"{name} names {sorted(bound.offsets)} but the query reads {sorted(tps)}: "
+                    f"if {name} contains specific offsets, you must specify all topic "
+                    "partitions"
                 )
-            query = {tp: bound.offsets[tp] for tp in tps if tp in bound.offsets}
+            query = {tp: bound.offsets[tp] for tp in tps}
         found = self.offsets_for_times(query)
         out = {}
         for tp in tps:
-            if tp not in query:
-                out[tp] = marks[tp][0] if starting else marks[tp][1]
-                continue
             offset = found.get(tp, -1)
             if offset < 0:
                 if starting and self.opts.timestamp_strategy == "error":

@@ -9,6 +9,7 @@ Nothing here does I/O or imports pyspark: the driver resolves offsets through th
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
@@ -416,30 +417,24 @@ def rate_limit(
     latest: Mapping[TopicPartitionKey, int],
     max_offsets: int,
 ) -> dict[TopicPartitionKey, int]:
-    """The end offsets of a micro-batch of at most ``max_offsets`` offsets, shared among
-    the partitions in proportion to what each has waiting (Spark's Kafka source's rule);
-    what rounding leaves goes to the partitions in order, never past the limit. ``start``
-    holds every partition of ``latest`` (new ones at their earliest offset)."""
+    """The end offsets of a micro-batch under ``maxOffsetsPerTrigger``, by Spark's Kafka
+    source's rule: each partition takes ``max_offsets`` times its share of what waits in
+    all, rounded down, but a share under one offset is rounded up so that a partition with
+    little waiting beside a large backlog is never starved; never past ``latest``. So a
+    micro-batch may take up to one offset per such partition more than ``max_offsets``, or a
+    few less, as Spark's does. ``start`` holds every partition of ``latest`` (new ones at
+    their earliest offset)."""
     waiting = {tp: max(0, latest[tp] - start.get(tp, latest[tp])) for tp in latest}
     total = sum(waiting.values())
     if total <= max_offsets:
         return dict(latest)
     out = {}
     for tp, end in latest.items():
-        begin = start.get(tp, end)
         n = waiting[tp]
         if n == 0:
             out[tp] = end
             continue
-        share = int(n / total * max_offsets)
-        out[tp] = begin + min(n, max(share, 0))
-    # hand out what rounding left, partition by partition, never past the limit
-    left = max_offsets - sum(out[tp] - start.get(tp, latest[tp]) for tp in latest)
-    for tp in sorted(latest):
-        if left <= 0:
-            break
-        room = latest[tp] - out[tp]
-        take = min(room, left)
-        out[tp] += take
-        left -= take
+        share = max_offsets * n / total
+        take = math.ceil(share) if share < 1 else math.floor(share)
+        out[tp] = min(end, start.get(tp, end) + take)
     return out

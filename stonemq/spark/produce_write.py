@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import random
 import selectors
 import socket
 import time
@@ -400,8 +401,9 @@ class ArrowProducer:
             return
         limit = max(1, min(self.settings.batch_bytes, int(value) - HEADER_SIZE))
         if self.batch_limits.get(topic, self.settings.batch_bytes) != limit:
-            position = self.sticky.pop(topic, 0)  # runs restart at the new size
-            self.sticky[topic] = getattr(position, "partition", position)
+            position = self.sticky.pop(topic, None)  # runs restart at the new size
+            if position is not None:
+                self.sticky[topic] = getattr(position, "partition", position)
         self.batch_limits[topic] = limit
 
     # -- building batches -----------------------------------------------------------------
@@ -425,8 +427,12 @@ class ArrowProducer:
         # a run of null-keyed rows ends at the row that takes it to 15/16 of a batch, so a
         # run of records up to a 16th of it fills one batch, not two
         sticky_bytes = max(1, limit * 15 // 16)
+        first = self.sticky.get(topic)
+        if first is None:  # the first run starts at a random partition, as with Kafka's
+            first = random.randrange(count)  # producer (every producer starting at 0 put
+            # the null-keyed rows of small writes all in partition 0)
         chosen, self.sticky[topic] = partitions_for(
-            keys, explicit, count, sizes, sticky_bytes, self.sticky.get(topic, 0)
+            keys, explicit, count, sizes, sticky_bytes, first
         )
         chosen = np.asarray(chosen, dtype=np.int64)
         bad = (chosen < 0) | (chosen >= count)

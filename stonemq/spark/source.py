@@ -74,9 +74,20 @@ class StoneMQDataSource(DataSource):
         return FilteringBatchReader(opts) if _pushdown_enabled() else BatchReader(opts)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
-        return StreamReader(so.parse(dict(self.options), streaming=True))
+        try:
+            return StreamReader(so.parse(dict(self.options), streaming=True))
+        except so.OptionError as exc:
+            # PySpark 4's stream runner calls the reader's stop() in a finally even when
+            # streamReader raised, so the user saw "UnboundLocalError: ... 'reader'" instead
+            # of this: a reader that raises it from its first call reaches them as it is
+            return _RefusedStreamReader(exc)
 
     def writer(self, schema: StructType, overwrite: bool) -> BatchWriter:
+        if overwrite:  # Spark's Kafka sink refuses it too: records are only ever appended
+            raise so.OptionError(
+                "save mode Overwrite is not allowed for stonemq (nor for Spark's Kafka "
+                'sink): a topic is only appended to; use mode("append")'
+            )
         return BatchWriter(so.parse_sink(dict(self.options)), _check_sink_schema(schema))
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> StreamWriter:
@@ -230,7 +241,9 @@ class FilteringBatchReader(BatchReader):
         is older, so Spark still evaluates them."""
         p = self.pushed
         for f in filters:
-            column = f.attribute[0] if len(f.attribute) == 1 else None  # type: ignore[attr-defined]
+            # Not, And and Or have no attribute of their own: Spark evaluates them
+            attribute = getattr(f, "attribute", None)
+            column = attribute[0] if attribute is not None and len(attribute) == 1 else None
             value = getattr(f, "value", None)
             if column == "partition" and isinstance(f, EqualTo) and isinstance(value, int):
                 p.partitions = {value} & p.partitions if p.partitions is not None else {value}
@@ -396,6 +409,45 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._close_client()
 
 
+class _RefusedStreamReader(StreamReader):
+    """The stream reader of options that are not valid: every call raises their error."""
+
+    def __init__(self, error: so.OptionError) -> None:
+        super().__init__(None)  # type: ignore[arg-type]
+        self.error = error
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"opts": None, "target": None, "error": self.error}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        self.error = state["error"]
+
+    def initialOffset(self) -> dict:
+        raise self.error
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        raise self.error
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        raise self.error
+
+    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        raise self.error
+
+    def reportLatestOffset(self) -> dict | None:
+        raise self.error
+
+    def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
+        raise self.error
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        raise self.error
+
+    def commit(self, end: dict) -> None:
+        raise self.error
+
+
 # -- writes ---------------------------------------------------------------------------------
 SINK_TYPES = {
     "value": ("string", "binary"),
@@ -458,6 +510,9 @@ def _producer_conf(sink: so.SinkOptions) -> dict[str, Any]:
         "enable.idempotence": True,
         "acks": "all",
         "linger.ms": 5,
+        # keyed records where Kafka's Java producer (Spark's sink) puts them: murmur2 of
+        # the key (librdkafka's default hashes with CRC32); null keys spread at random
+        "partitioner": "murmur2_random",
     }
     conf.update(sink.producer_config)
     return conf

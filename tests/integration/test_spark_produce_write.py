@@ -162,13 +162,38 @@ def test_null_keyed_rows_go_in_runs_of_the_batch_size_in_order(broker: Any) -> N
             runs[-1] = (m.partition(), runs[-1][1] + 1)
         else:
             runs.append((m.partition(), 1))
-    assert [p for p, _ in runs[:6]] == [0, 1, 2, 0, 1, 2]  # turn by turn
+    first = runs[0][0]  # a random partition starts the first run
+    assert [(p - first) % 3 for p, _ in runs[:6]] == [0, 1, 2, 0, 1, 2]  # turn by turn
     # runs end at 15/16 of batch.size (18,750 bytes): 19 records of 1,003-1,004 bytes and
     # their overhead, one batch each
     assert all(n == 19 for _, n in runs[:-1])
     for p in range(3):
         written = [int(m.value().split(b":")[0]) for m in got if m.partition() == p]
         assert written == sorted(written)
+
+
+def test_each_producer_starts_its_null_keyed_run_at_a_random_partition(broker: Any) -> None:
+    """Twelve producers (Spark's tasks on as many executors) write five null-keyed rows each,
+    far from a full run: each starts its run at a random partition, as Kafka's producer does.
+    Every producer started at partition 0, so small writes and micro-batches all went there
+    (4,000 rows to partition 0 of 4, none elsewhere, in a Spark check). That all twelve pick
+    the same of four partitions has a chance of 4 in 4**12 (about 2.4e-7)."""
+    bootstrap = broker.bootstrap
+    _create(bootstrap, "spread", 4)
+    sink = _sink(bootstrap, "spread")
+    for w in range(12):
+        producer = produce_write.ArrowProducer(produce_write.Settings.of(sink))
+        try:
+            rows = [(None, b"%d-%d" % (w, i), None, []) for i in range(5)]
+            assert producer.write(sink, iter(_arrow(rows, 5))) == 5
+        finally:
+            producer.close()
+    got = _read(bootstrap, "spread", 4, 60)
+    assert len(got) == 60
+    firsts = {m.partition() for m in got if m.value().endswith(b"-0")}
+    assert len(firsts) > 1, firsts
+    for w in range(12):  # one run each: a producer's five rows together
+        assert len({m.partition() for m in got if m.value().startswith(b"%d-" % w)}) == 1
 
 
 def test_a_topic_with_a_small_max_message_bytes_gets_batches_it_takes(broker: Any) -> None:
@@ -264,7 +289,15 @@ def test_what_only_librdkafka_does_still_goes_through_it(broker: Any) -> None:
     rows = _rows(seed=3, count=200, partitions=2)
     sink = _sink(bootstrap, **{"queue.buffering.max.kbytes": "100000"})
     assert source.produce_batches(sink, iter(_arrow(rows, 50))).records == 200
-    assert len(_read(bootstrap, "t", 2, 200)) == 200
+    got = _read(bootstrap, "t", 2, 200)
+    assert len(got) == 200
+    # keyed rows where Kafka's Java producer puts them (murmur2), as on the other path: with
+    # librdkafka's default partitioner (CRC32) only some of them were
+    by_value = {m.value(): m for m in got if m.value() is not None}
+    for row in rows:
+        want = _expected_partition(row, 2)
+        if row[1] is not None and want is not None:
+            assert by_value[row[1]].partition() == want, row
 
 
 def test_a_partition_out_of_range_and_a_missing_topic_fail_the_task(broker: Any) -> None:

@@ -37,7 +37,7 @@ from integration.helpers import (
 )
 from kafka import KafkaConsumer
 from kafka import TopicPartition as KpTopicPartition
-from pyspark.sql.datasource import EqualTo, GreaterThanOrEqual, LessThan
+from pyspark.sql.datasource import EqualTo, GreaterThanOrEqual, LessThan, Not
 
 from stonemq.cli.tier import _cycle
 from stonemq.config import load_settings
@@ -241,6 +241,12 @@ def test_batch_read_archived_local_and_mixed_ranges(spark, tiered) -> None:  # t
     _assert_rows(_rows(sub), everything[lo:hi])
     assert df.where("partition = 1").count() == 0
     assert df.where(f"offset > {RECORDS - 4}").count() == 3
+    # Not, And and Or have no attribute of their own: left to Spark (pushing a Not raised
+    # AttributeError, so "partition != 0" failed with pushdown on)
+    not_zero = Not(EqualTo(("partition",), 0))
+    assert list(reader.pushFilters([not_zero])) == [not_zero]
+    assert df.where("partition != 0").count() == 0
+    assert df.where("NOT (offset IN (1, 2))").count() == RECORDS - 2
 
     # a timestamp floor starts the Kafka range at ListOffsets by time (records before that
     # offset are all older); Spark still applies the filter, the result stays exact
@@ -315,6 +321,17 @@ def test_clear_errors(spark, tiered) -> None:  # type: ignore[no-untyped-def]
     extra = json.dumps({topic: {"0": 20, "1": 0}})  # the topic has one partition
     with pytest.raises(Exception, match="must specify all topic partitions"):
         t.reader(spark, subscribe=topic, startingOffsets=extra).load().count()
+    # by timestamp too (Spark's KafkaOffsetReader asserts it; the partitions not named were
+    # read from earliest)
+    two = create_topic(t.broker.bootstrap, unique_topic("two"), partitions=2)
+    named = json.dumps({two: {"0": 0}})
+    with pytest.raises(Exception, match="must specify all topic partitions"):
+        t.reader(spark, subscribe=two, startingOffsetsByTimestamp=named).load().count()
+    # a pattern leaves out internal topics only, as a Kafka consumer's does (it left out every
+    # topic whose name starts with __)
+    under = create_topic(t.broker.bootstrap, "__" + unique_topic("under"))
+    produce(t.broker.bootstrap, under, sample_messages(3, tag="under"))
+    assert t.reader(spark, subscribePattern="__.*").load().count() == 3
     with pytest.raises(Exception, match="exactly one of"):
         t.reader(spark).load().count()
 
@@ -395,6 +412,17 @@ def test_batch_write_read_back_by_kafka_python_and_kafkajs(spark, tiered) -> Non
         spark.createDataFrame([("a",)], "key string").write.format("stonemq").option(
             "kafka.bootstrap.servers", t.broker.bootstrap
         ).option("topic", topic).mode("append").save()
+    # Overwrite is refused, as by Spark's Kafka sink (it appended)
+    with pytest.raises(Exception, match="Overwrite is not allowed"):
+        spark.createDataFrame([("a",)], "value string").write.format("stonemq").option(
+            "kafka.bootstrap.servers", t.broker.bootstrap
+        ).option("topic", topic).mode("overwrite").save()
+    c = consumer(t.broker.bootstrap)
+    try:
+        ends = [c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in range(3)]
+    finally:
+        c.close()
+    assert sum(ends) == len(rows)  # nothing appended
 
 
 STREAM_SCRIPT = textwrap.dedent(
@@ -564,3 +592,8 @@ def test_streaming_new_partitions_rate_limit_and_data_loss(spark, tiered, tmp_pa
     with pytest.raises(Exception, match=r"offsets 12\.\.14 are gone"):
         run("grow3")
     assert run("grow4", failOnDataLoss="false") == sorted([*first, *new, (0, 15), (0, 16)])
+    # an option not valid in streaming fails the query with its own message (PySpark's runner
+    # put "UnboundLocalError: ... 'reader'" in its place when streamReader raised it)
+    with pytest.raises(Exception, match="not valid in streaming") as refused:
+        run("refused", endingOffsets="latest")
+    assert "UnboundLocalError" not in str(refused.value)

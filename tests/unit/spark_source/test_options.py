@@ -5,6 +5,7 @@ maxOffsetsPerTrigger rate limit; property tests that ranges cover every offset o
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 from hypothesis import given
@@ -202,14 +203,35 @@ def test_two_halves_of_a_read_get_equal_tasks() -> None:
     ),
     st.integers(1, 3000),
 )
-def test_rate_limit_never_exceeds_the_limit_nor_the_latest(
+def test_rate_limit_shares_the_limit_as_spark_does(
     marks: dict[tuple[str, int], tuple[int, int]], limit: int
 ) -> None:
+    """Spark's KafkaMicroBatchStream.rateLimit: each partition takes the limit times its
+    share of what waits, rounded down, a share under one rounded up (no partition with
+    something waiting is starved), never past the latest offset; nothing is handed out
+    again, so the total is off the limit by at most one offset per partition."""
     start = {tp: min(a, b) for tp, (a, b) in marks.items()}
     latest = {tp: max(a, b) for tp, (a, b) in marks.items()}
     ends = so.rate_limit(start, latest, limit)
-    taken = sum(ends[tp] - start[tp] for tp in latest)
-    waiting = sum(latest[tp] - start[tp] for tp in latest)
-    assert taken == min(limit, waiting)  # as much as allowed, never more
+    waiting = {tp: latest[tp] - start[tp] for tp in latest}
+    total = sum(waiting.values())
+    assert set(ends) == set(latest)
+    if total <= limit:
+        assert ends == latest
+        return
     for tp in latest:
         assert start[tp] <= ends[tp] <= latest[tp]
+        if waiting[tp]:
+            share = limit * waiting[tp] / total
+            want = math.ceil(share) if share < 1 else math.floor(share)
+            assert ends[tp] - start[tp] == min(waiting[tp], want)
+    taken = sum(ends[tp] - start[tp] for tp in latest)
+    assert limit - len(latest) <= taken <= limit + len(latest)
+
+
+def test_a_small_partition_beside_a_backlog_is_not_starved() -> None:
+    """2,000 offsets wait on one partition and 1 on another, 100 per micro-batch: the small
+    one's offset is in the first micro-batch, as with Spark's source (it was read in the
+    twentieth, once the backlog was gone)."""
+    ends = so.rate_limit({("t", 0): 0, ("t", 1): 0}, {("t", 0): 2000, ("t", 1): 1}, 100)
+    assert ends == {("t", 0): 99, ("t", 1): 1}
