@@ -329,6 +329,21 @@ def test_a_producer_over_its_byte_rate_is_held_to_it_and_others_are_not(
     assert not flood_b.throttles
 
 
+def _a_limited_client(
+    broker_factory: Any, budget_bytes: int, quota: str
+) -> tuple[Any, str, str, str]:
+    """A broker with ``queued.max.request.bytes`` of ``budget_bytes``, a client id held to
+    10,000 bytes/s of ``quota``, another client id with no quota, and a one-partition topic."""
+    broker = broker_factory(queued_max_request_bytes=budget_bytes)
+    admin = QuotaAdmin(broker.bootstrap)
+    a, b = _id("A"), _id("B")
+    admin.alter([({"client-id": a}, {quota: 10_000.0})])
+    admin.close()
+    topic = _id("limited")
+    create_topic(broker.bootstrap, topic, 1)
+    return broker, a, b, topic
+
+
 def test_a_throttled_backlog_does_not_stop_another_client(broker_factory: Any) -> None:
     """A producer far over its quota pipelines 20 KB produces, several to a receive, without
     reading: one of the first mutes it for seconds, and the broker had already read some of
@@ -336,13 +351,7 @@ def test_a_throttled_backlog_does_not_stop_another_client(broker_factory: Any) -
     nothing in flight still reads and is answered at once, a request that needs its buffer
     grown included. Before, past the limit the budget stopped every connection but the owner
     of the growth past it until the throttle ended."""
-    broker = broker_factory(queued_max_request_bytes=16 * 1024)
-    admin = QuotaAdmin(broker.bootstrap)
-    a, b = _id("A"), _id("B")
-    admin.alter([({"client-id": a}, {"producer_byte_rate": 10_000.0})])
-    admin.close()
-    topic = _id("backlog")
-    create_topic(broker.bootstrap, topic, 1)
+    broker, a, b, topic = _a_limited_client(broker_factory, 16 * 1024, "producer_byte_rate")
     response_type = schema("produce", 7, "response").ProduceResponse
     piece = produce_request(topic, 0, build_batch([(None, b"x" * 20_000)]), acks=1)
     large = produce_request(topic, 0, build_batch([(None, b"x" * 100_000)]), acks=1)
@@ -380,13 +389,7 @@ def test_a_throttled_client_midway_through_a_large_frame_does_not_hold_back_anot
     Nor is the muted client closed as stalled: when the throttle ends it sends the rest of its
     frame and is answered. Before, the others' large requests waited the throttle out, or until
     the silent owner was closed."""
-    broker = broker_factory(queued_max_request_bytes=256 * 1024)
-    admin = QuotaAdmin(broker.bootstrap)
-    a, b = _id("A"), _id("B")
-    admin.alter([({"client-id": a}, {"consumer_byte_rate": 10_000.0})])
-    admin.close()
-    topic = _id("midway")
-    create_topic(broker.bootstrap, topic, 1)
+    broker, a, b, topic = _a_limited_client(broker_factory, 256 * 1024, "consumer_byte_rate")
     produce_response = schema("produce", 7, "response").ProduceResponse
     fetch_response = schema("fetch", 12, "response").FetchResponse
     records = produce_request(topic, 0, build_batch([(None, b"x" * 100_000)]), acks=1)

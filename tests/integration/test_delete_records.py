@@ -24,7 +24,10 @@ OFFSET_OUT_OF_RANGE = 1
 UNKNOWN_TOPIC_OR_PARTITION = 3
 
 
-def raw_delete(port: int, version: int, topic: str, partition: int, offset: int) -> tuple[int, int]:
+def delete_on(
+    conn: RawConnection, version: int, topic: str, partition: int, offset: int
+) -> tuple[int, int]:
+    """One partition's DeleteRecords on ``conn``: (error code, low watermark)."""
     req = schema("delete_records", version, "request")
     resp = schema("delete_records", version, "response")
     request = build(
@@ -40,10 +43,13 @@ def raw_delete(port: int, version: int, topic: str, partition: int, offset: int)
         ),
         timeout=ms(5000),
     )
-    with RawConnection("127.0.0.1", port) as conn:
-        response = conn.request(request, resp.DeleteRecordsResponse)
-    part = response.topics[0].partitions[0]
+    part = conn.request(request, resp.DeleteRecordsResponse).topics[0].partitions[0]
     return int(part.error_code), part.low_watermark
+
+
+def raw_delete(port: int, version: int, topic: str, partition: int, offset: int) -> tuple[int, int]:
+    with RawConnection("127.0.0.1", port) as conn:
+        return delete_on(conn, version, topic, partition, offset)
 
 
 @pytest.mark.slow  # restarts a broker
@@ -89,8 +95,6 @@ def test_a_delete_up_to_what_was_just_acknowledged_covers_it(module_broker) -> N
     topic = create_topic(module_broker.bootstrap, partitions=8)
     batch = bytes(build_batch([(None, b"v" * 1000)] * 200))  # 200 records, ~200 KB
     rounds = 6
-    req = schema("delete_records", 2, "request")
-    response_type = schema("delete_records", 2, "response").DeleteRecordsResponse
     produced = schema("produce", 7, "response").ProduceResponse
     with RawConnection(module_broker.host, module_broker.port) as conn:
         ids = [
@@ -103,22 +107,8 @@ def test_a_delete_up_to_what_was_just_acknowledged_covers_it(module_broker) -> N
             assert answer.responses[0].partition_responses[0].error_code == 0
         # the moment the last acknowledgement arrived: the odd partitions to -1 (the high
         # watermark), the even ones to their last offset acknowledged, each its own request
-        answers = {}
-        for p in reversed(range(8)):
-            offset = -1 if p % 2 else rounds * 200
-            request = build(
-                req.DeleteRecordsRequest,
-                topics=(
-                    build(
-                        req.DeleteRecordsTopic,
-                        name=topic,
-                        partitions=(
-                            build(req.DeleteRecordsPartition, partition_index=p, offset=offset),
-                        ),
-                    ),
-                ),
-                timeout=ms(5000),
-            )
-            (part,) = conn.request(request, response_type).topics[0].partitions
-            answers[p] = (int(part.error_code), part.low_watermark)
+        answers = {
+            p: delete_on(conn, 2, topic, p, -1 if p % 2 else rounds * 200)
+            for p in reversed(range(8))
+        }
     assert answers == {p: (0, rounds * 200) for p in range(8)}
