@@ -264,6 +264,9 @@ class TopicManager:
         # store's thread and storage steps, so two could otherwise interleave)
         self._changing: dict[str, asyncio.Lock] = {}
         self._auto_creating: dict[str, asyncio.Future[TopicRecord]] = {}
+        # called on the loop with a topic's name once it is deleted (here or, in a cluster,
+        # through another broker): the group coordinator drops its committed offsets
+        self.on_deleted: list[Callable[[str], object]] = []
         # auto-creations planning at once (see ensure_async)
         self._auto_create_slots = asyncio.Semaphore(AUTO_CREATE_SLOTS)
         self._in_flight = 0  # partitions of creates in progress (against max.partitions)
@@ -579,6 +582,7 @@ class TopicManager:
                 if self._collisions.get(collision_key(name)) == name:
                     del self._collisions[collision_key(name)]
                 self._forget(name)
+                self._deleted(name)
                 await self.storage.remove_topic(name)
                 return
             held = self.storage.topic_id_of(name)
@@ -590,6 +594,7 @@ class TopicManager:
                     if topic_id != current.topic_id:
                         del self._ids[topic_id]
                 self._forget(name)
+                self._deleted(name)
                 await self.storage.remove_topic(name)
             self._forget(name)  # configs may have changed
             config = self.effective_config(name)
@@ -765,8 +770,16 @@ class TopicManager:
             del self._collisions[collision_key(name)]
         self._ids.pop(record.topic_id, None)
         self._forget(name)
+        self._deleted(name)
         await self.storage.remove_topic(name)
         return record
+
+    def _deleted(self, name: str) -> None:
+        for listener in self.on_deleted:
+            try:
+                listener(name)
+            except Exception:
+                log.exception("a listener of the deletion of topic %s failed", name)
 
     def _forget(self, name: str) -> None:
         self._configs.pop(name, None)

@@ -927,6 +927,27 @@ class GroupCoordinator:
                 self._remove_group(group, _ignore)
         return expired
 
+    def remove_topic_offsets(self, topic: str) -> int:
+        """``topic`` was deleted: every group's committed offsets of it go (tombstones in the
+        group log), and a group left empty without offsets with them, as Kafka's coordinator
+        does when partitions are deleted; a topic created again under the name starts without
+        the old one's commits. Returns the number of offsets removed."""
+        removed = 0
+        for group in list(self.groups.values()):
+            gone = [tp for tp in group.offsets if tp[0] == topic]
+            if not gone:
+                continue
+            removed += len(gone)
+            for tp in gone:
+                group.offsets.pop(tp)
+            tombstones: list[tuple[glog.Key, glog.Value]] = [
+                (OffsetKey(group.group_id, t, p), None) for t, p in gone
+            ]
+            self.sink.write(group.group_id, tombstones, _ignore_error)
+            if group.state == GroupState.EMPTY and not group.offsets and not group.pending_members:
+                self._remove_group(group, _ignore)
+        return removed
+
     # -- durability ----------------------------------------------------------------------------
     def _persist_group(self, group: Group) -> None:
         self.sink.write(

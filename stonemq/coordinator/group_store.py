@@ -355,6 +355,7 @@ class GroupRuntime:
         self.coordinator = GroupCoordinator(
             self.clock, self.timers, self.log, config, partitions_of
         )
+        topics.on_deleted.append(self.coordinator.remove_topic_offsets)
 
     def _on_earlier(self) -> None:
         if self.driver is not None:

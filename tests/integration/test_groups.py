@@ -121,6 +121,43 @@ def assert_all_committed(bootstrap: str, group: str) -> None:
 
 
 # -- one client at a time --------------------------------------------------------------------
+def test_a_deleted_topics_committed_offsets_go_with_it(broker) -> None:
+    """A group's committed offsets of a topic that is deleted go with it, as Kafka's
+    coordinator removes them: the same group reading a topic created again under the name
+    starts from auto.offset.reset, not at the old topic's positions (found by an independent
+    cluster check: the commits of the deleted topic survived its re-creation). The group's
+    offsets of other topics stay."""
+    from confluent_kafka.admin import NewTopic
+
+    bootstrap = broker.bootstrap
+    topic, other = create_topic(bootstrap, partitions=2), create_topic(bootstrap)
+    group = unique_topic("g-deleted")
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group})
+    wanted = [TopicPartition(topic, 0), TopicPartition(topic, 1), TopicPartition(other, 0)]
+    try:
+        consumer.commit(
+            offsets=[
+                TopicPartition(topic, 0, 5),
+                TopicPartition(topic, 1, 7),
+                TopicPartition(other, 0, 3),
+            ],
+            asynchronous=False,
+        )
+        assert [tp.offset for tp in consumer.committed(wanted, timeout=10)] == [5, 7, 3]
+        client = admin(bootstrap)
+        client.delete_topics([topic])[topic].result(30)
+        client.create_topics([NewTopic(topic, 2)])[topic].result(30)
+        assert [tp.offset for tp in consumer.committed(wanted, timeout=10)] == [-1001, -1001, 3]
+    finally:
+        consumer.close()
+    broker.restart()  # the removal is in the group log, not only in memory
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group})
+    try:
+        assert [tp.offset for tp in consumer.committed(wanted, timeout=30)] == [-1001, -1001, 3]
+    finally:
+        consumer.close()
+
+
 def test_confluent_consumes_in_a_group_and_commits(module_broker) -> None:
     b = module_broker.bootstrap
     topic, group = filled_topic(b), group_id()
