@@ -7,12 +7,15 @@ buffer is compacted only when it is full and has a consumed head, and it grows g
 A frame larger than ``max_frame_bytes`` (``socket.request.max.bytes``) is refused before any of
 it is buffered.
 
-Memory follows the bytes that arrive, not the length a peer announces: the buffer starts at
-64 KiB and, full of one partly received frame, grows to at most twice what it holds (or by one
-64 KiB step), never past that frame's end. A length prefix announcing 100 MiB followed by a few
-bytes holds 64 KiB. What the buffer has grown beyond its first 64 KiB is
-:attr:`FrameDecoder.reserved_bytes`, which the server counts against
+Memory follows the bytes that arrive, not the length a peer announces: the buffer is made at
+the first receive, at 64 KiB, and, full of one partly received frame, grows to at most twice
+what it holds (or by one 64 KiB step), never past that frame's end. A length prefix announcing
+100 MiB followed by a few bytes holds 64 KiB. What the buffer has grown beyond its first 64 KiB
+is :attr:`FrameDecoder.reserved_bytes`, which the server counts against
 ``queued.max.request.bytes``; :attr:`FrameDecoder.needs_growth` says the next receive would grow.
+A connection that has sent nothing holds no buffer, and :meth:`FrameDecoder.release_idle` gives
+up an empty one (the server does so for connections quiet for a while): 20,000 idle
+connections held 64 KiB each, 1.3 GB.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import struct
 _LENGTH = struct.Struct(">i")
 _MIN_BUFFER = 64 * 1024
 GROWTH_STEP = _MIN_BUFFER
+_NO_BUFFER = bytearray()  # shared, never written: len 0, so get_buffer makes a real one
 
 
 class FrameError(Exception):
@@ -39,7 +43,7 @@ class FrameDecoder:
 
     def __init__(self, max_frame_bytes: int) -> None:
         self._max_frame_bytes = max_frame_bytes
-        self._buf = bytearray(_MIN_BUFFER)
+        self._buf = _NO_BUFFER  # made at the first receive (get_buffer)
         self._start = 0  # first unconsumed byte
         self._end = 0  # one past the last received byte
 
@@ -50,12 +54,25 @@ class FrameDecoder:
     @property
     def reserved_bytes(self) -> int:
         """Bytes of buffer beyond the first 64 KiB (held for a frame larger than that)."""
-        return len(self._buf) - _MIN_BUFFER
+        return max(0, len(self._buf) - _MIN_BUFFER)
+
+    @property
+    def holds_buffer(self) -> bool:
+        return bool(self._buf)
+
+    def release_idle(self) -> bool:
+        """Give up the buffer if it holds nothing (the next receive makes a new one); True if
+        one was given up."""
+        if not self._buf or self._end != self._start:
+            return False
+        self._buf = _NO_BUFFER
+        self._start = self._end = 0
+        return True
 
     @property
     def needs_growth(self) -> bool:
         """The buffer is full of one frame still arriving: the next receive grows it."""
-        if self._start or self._end < len(self._buf):
+        if self._start or self._end < len(self._buf) or not self._buf:
             return False
         (length,) = _LENGTH.unpack_from(self._buf, 0)
         return 4 + length > self._end
@@ -105,7 +122,8 @@ class FrameDecoder:
         buf = self._buf
         if begin == 4 and 2 * end >= len(buf):
             rest = self._end - end
-            self._buf = bytearray(max(_MIN_BUFFER, rest + GROWTH_STEP) if rest else _MIN_BUFFER)
+            # the next receive makes a new buffer when nothing follows the frame
+            self._buf = bytearray(max(_MIN_BUFFER, rest + GROWTH_STEP)) if rest else _NO_BUFFER
             if rest:
                 self._buf[:rest] = memoryview(buf)[end : self._end]
             self._start, self._end = 0, rest
@@ -147,6 +165,10 @@ class FrameDecoder:
         more), and never past the end of the frame at the head once its length is known.
         """
         pending = self._end - self._start
+        if not self._buf:  # the first receive, or the first since release_idle
+            self._buf = bytearray(_MIN_BUFFER)
+            self._start = self._end = 0
+            return
         if self._start:
             self._buf[:pending] = memoryview(self._buf)[self._start : self._end]
             self._start, self._end = 0, pending

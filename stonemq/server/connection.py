@@ -808,6 +808,12 @@ class Connection(asyncio.BufferedProtocol):
     def idle(self) -> bool:
         return not self._pending
 
+    def release_buffer(self) -> None:
+        """Give up the receive buffer if it holds nothing (a quiet connection: the listener's
+        sweep); the next receive makes a new one."""
+        if self._decoder.release_idle():
+            self._sync_reservation()
+
     def abort(self, reason: str) -> None:
         if self._closing:
             return

@@ -170,14 +170,23 @@ async def _serve_locked(settings: Settings, stop: asyncio.Event) -> None:
     log.info("stopped cleanly in %.2f s", time.monotonic() - started)
 
 
+QUIET_BUFFER_RELEASE_S = 10.0
+"""A connection that has received nothing for this long gives up its empty receive buffer
+(``FrameDecoder.release_idle``; the next receive makes one again)."""
+
+
 async def _close_idle(connections: set[Connection], max_idle_ms: int) -> None:
-    """Kafka's connections.max.idle.ms: one sweep for all connections, not a timer each."""
+    """Kafka's connections.max.idle.ms: one sweep for all connections, not a timer each; the
+    same sweep takes the receive buffers of connections quiet for QUIET_BUFFER_RELEASE_S."""
     while True:
-        await asyncio.sleep(min(max_idle_ms / 1000, 30.0))
-        deadline = time.monotonic() - max_idle_ms / 1000
+        await asyncio.sleep(min(max_idle_ms / 1000, QUIET_BUFFER_RELEASE_S))
+        now = time.monotonic()
+        deadline, quiet = now - max_idle_ms / 1000, now - QUIET_BUFFER_RELEASE_S
         for conn in list(connections):
             if conn.idle and conn.last_active < deadline:
                 conn.close()
+            elif conn.last_active < quiet:
+                conn.release_buffer()
 
 
 async def _probe_loop_lag() -> None:

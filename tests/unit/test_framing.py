@@ -165,3 +165,27 @@ def test_a_frame_handed_out_without_a_copy_never_changes(
     assert len({id(v.obj) for v in views}) == len(views)  # each its own buffer
     if any(n > 64 * 1024 for n in lengths):
         assert views  # a frame larger than the first buffer is never copied out
+
+
+def test_a_buffer_is_made_at_the_first_receive_and_an_empty_one_can_be_given_up() -> None:
+    """A decoder holds no buffer until it receives; release_idle gives up an empty buffer (not
+    one holding part of a frame), and decoding goes on as before with a new one."""
+    dec = FrameDecoder(1 << 20)
+    assert not dec.holds_buffer and dec.reserved_bytes == 0 and not dec.needs_growth
+    assert dec.next_frame() is None
+    dec.feed(_frame(b"one") + _frame(b"tw"))
+    assert dec.holds_buffer
+    assert dec.release_idle() is False  # holds two frames
+    assert bytes(dec.next_frame() or b"") == b"one"
+    assert bytes(dec.next_frame() or b"") == b"tw"
+    assert dec.release_idle() is True and not dec.holds_buffer
+    dec.feed(_frame(b"x" * 100)[:50])  # part of a frame: kept
+    assert dec.release_idle() is False and dec.holds_buffer
+    dec.feed(_frame(b"x" * 100)[50:])
+    assert bytes(dec.next_frame() or b"") == b"x" * 100
+    big = _frame(b"y" * 200_000)  # handed out as a view: nothing left, no buffer kept
+    dec.feed(big)
+    assert bytes(dec.next_frame() or b"") == b"y" * 200_000
+    assert not dec.holds_buffer
+    dec.feed(_frame(b"after"))
+    assert bytes(dec.next_frame() or b"") == b"after"
