@@ -916,15 +916,7 @@ class GroupCoordinator:
                     if tp[0] not in subscribed and c.commit_timestamp_ms + retention <= now
                 ]
             expired += len(gone)
-            for tp in gone:
-                group.offsets.pop(tp)
-            if gone:
-                tombstones: list[tuple[glog.Key, glog.Value]] = [
-                    (OffsetKey(group.group_id, t, p), None) for t, p in gone
-                ]
-                self.sink.write(group.group_id, tombstones, _ignore_error)
-            if group.state == GroupState.EMPTY and not group.offsets and not group.pending_members:
-                self._remove_group(group, _ignore)
+            self._drop_offsets(group, gone)
         return expired
 
     def remove_topic_offsets(self, topic: str) -> int:
@@ -938,15 +930,22 @@ class GroupCoordinator:
             if not gone:
                 continue
             removed += len(gone)
-            for tp in gone:
-                group.offsets.pop(tp)
+            self._drop_offsets(group, gone)
+        return removed
+
+    def _drop_offsets(self, group: Group, gone: list[TopicPartition]) -> None:
+        """Remove ``gone`` from the group's offsets, tombstones in the group log; a group
+        left empty without offsets or pending members goes too (Kafka's
+        ``cleanupGroupMetadata``)."""
+        for tp in gone:
+            group.offsets.pop(tp)
+        if gone:
             tombstones: list[tuple[glog.Key, glog.Value]] = [
                 (OffsetKey(group.group_id, t, p), None) for t, p in gone
             ]
             self.sink.write(group.group_id, tombstones, _ignore_error)
-            if group.state == GroupState.EMPTY and not group.offsets and not group.pending_members:
-                self._remove_group(group, _ignore)
-        return removed
+        if group.state == GroupState.EMPTY and not group.offsets and not group.pending_members:
+            self._remove_group(group, _ignore)
 
     # -- durability ----------------------------------------------------------------------------
     def _persist_group(self, group: Group) -> None:
