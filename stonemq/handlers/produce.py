@@ -45,7 +45,6 @@ from stonemq.handlers.context import RequestContext, field_names
 from stonemq.handlers.registry import api
 from stonemq.protocol.produce_response import LOG_START_VERSION, EncodedProduce, encode_body
 from stonemq.protocol.record_batch import (
-    ATTR_TRANSACTIONAL,
     COMPRESSION_NONE,
     BatchHeader,
     CorruptRecordError,
@@ -53,6 +52,7 @@ from stonemq.protocol.record_batch import (
     InvalidTimestampError,
     RecordBatchError,
     RecordsTooLargeError,
+    TransactionalBatchError,
     UnsupportedMagicError,
     check_batch,
     check_records,
@@ -382,15 +382,6 @@ def _append_one(
     except RecordBatchError as exc:
         _refuse(ctx, topic, result, exc)
         return
-    if header.attributes & ATTR_TRANSACTIONAL:  # only a transactional producer's (Kafka:
-        # without a transactional id in the request, TRANSACTIONAL_ID_AUTHORIZATION_FAILED);
-        # transactions are not offered, and a request with an id is refused before this
-        result.fail(
-            ErrorCode.transactional_id_authorization_failed,
-            "a transactional batch needs a transactional producer (transactions are not "
-            "supported yet)",
-        )
-        return
     gates = ctx.broker.produce_gates
     key = (topic, partition)
     waiting = gates.get(key)
@@ -583,6 +574,7 @@ _BATCH_ERRORS = {
     InvalidRecordError: ErrorCode.invalid_record,
     InvalidTimestampError: ErrorCode.invalid_timestamp,
     RecordsTooLargeError: ErrorCode.message_too_large,
+    TransactionalBatchError: ErrorCode.transactional_id_authorization_failed,
 }
 
 INLINE_COMPRESSED_BYTES = 64 * 1024

@@ -74,8 +74,7 @@ TIMESTAMP_LOG_APPEND_TIME = 1
 
 _ATTR_COMPRESSION = 0x07
 _ATTR_TIMESTAMP_TYPE = 0x08
-ATTR_TRANSACTIONAL = 0x10
-_ATTR_TRANSACTIONAL = ATTR_TRANSACTIONAL
+_ATTR_TRANSACTIONAL = 0x10
 _ATTR_CONTROL = 0x20
 
 
@@ -89,6 +88,11 @@ class CorruptRecordError(RecordBatchError):
 
 class InvalidRecordError(RecordBatchError):
     """A well-formed batch that breaks a rule (e.g. count vs. last offset delta): INVALID_RECORD."""
+
+
+class TransactionalBatchError(RecordBatchError):
+    """A transactional batch produced without a transaction (none is offered): Kafka answers
+    TRANSACTIONAL_ID_AUTHORIZATION_FAILED to one sent without a transactional id."""
 
 
 class UnsupportedMagicError(RecordBatchError):
@@ -627,7 +631,7 @@ def check_batch(buf: bytes | bytearray | memoryview) -> BatchHeader:
             and count > 0
             and count == last_delta + 1
             and attributes & _ATTR_COMPRESSION <= COMPRESSION_ZSTD
-            and not attributes & (_ATTR_CONTROL | _ATTR_TIMESTAMP_TYPE)
+            and not attributes & (_ATTR_CONTROL | _ATTR_TIMESTAMP_TYPE | _ATTR_TRANSACTIONAL)
             and (producer_id < 0 or sequence >= 0)
             and crc32c(memoryview(buf)[CRC_START:]) == crc
         ):
@@ -651,6 +655,11 @@ def check_batch_reference(buf: bytes | bytearray | memoryview) -> BatchHeader:
         )
     if header.timestamp_type == TIMESTAMP_LOG_APPEND_TIME:
         raise InvalidTimestampError("producers may not set the timestamp type to LogAppendTime")
+    if header.is_transactional:
+        raise TransactionalBatchError(
+            "a transactional batch needs a transactional producer (transactions are not "
+            "supported yet)"
+        )
     return header
 
 
