@@ -18,7 +18,7 @@ from .helpers import (
 )
 from .rawclient import RawConnection, build, build_batch, ms, produce_request, schema
 
-pytestmark = [pytest.mark.timeout(90)]
+pytestmark = [pytest.mark.timeout(90), pytest.mark.slow]  # a broker per test or module
 
 OFFSET_OUT_OF_RANGE = 1
 UNKNOWN_TOPIC_OR_PARTITION = 3
@@ -52,7 +52,6 @@ def raw_delete(port: int, version: int, topic: str, partition: int, offset: int)
         return delete_on(conn, version, topic, partition, offset)
 
 
-@pytest.mark.slow  # restarts a broker
 def test_delete_records_with_admin_client_and_raw(broker) -> None:
     b = broker.bootstrap
     topic = create_topic(b, config={"segment.bytes": "2048"})

@@ -121,6 +121,7 @@ def assert_all_committed(bootstrap: str, group: str) -> None:
 
 
 # -- one client at a time --------------------------------------------------------------------
+@pytest.mark.slow  # its own broker, restarted
 def test_a_deleted_topics_committed_offsets_go_with_it(broker) -> None:
     """A group's committed offsets of a topic that is deleted go with it, as Kafka's
     coordinator removes them: the same group reading a topic created again under the name
