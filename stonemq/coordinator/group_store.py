@@ -11,7 +11,8 @@ The log does not grow without bound: when a partition has taken more records sin
 snapshot than it has live ones (and at least ``offsets.snapshot.min.records``), and no write
 to it is in flight, the live state of its groups is appended again as a snapshot, and once
 that is written and split the log start is advanced to the snapshot's first offset with
-``StorageEngine.delete_records``. Replaying from the log start therefore always rebuilds the
+``StorageEngine.delete_records`` (a log-start entry in the journal: the partition's followers
+trim their copies too). Replaying from the log start therefore always rebuilds the
 full state. On start, :meth:`OffsetsLog.load` replays every partition through
 ``StorageEngine.read`` before the broker reports ready.
 
@@ -220,7 +221,12 @@ class OffsetsLog:
                 self.timers.after(TRUNCATE_RETRY_MS, lambda: self._try_truncate(partition))
                 return
             if self.storage.log_start_offset(OFFSETS_TOPIC, partition) < offset:
-                delete_records(OFFSETS_TOPIC, partition, offset)
+                # a log-start entry: every replica of the partition trims its copy too
+                queued = delete_records(OFFSETS_TOPIC, partition, offset)
+                if queued is not None:
+                    queued.written.add_done_callback(
+                        lambda done: _trim_written(done, partition, offset)
+                    )
         except (StorageError, UnknownPartitionError, OffsetOutOfRangeError) as exc:
             log.warning("truncating %s-%d failed: %s", OFFSETS_TOPIC, partition, exc)
         self._truncate_to.pop(partition, None)
@@ -425,3 +431,12 @@ class GroupRuntime:
     def stop(self) -> None:
         if self.driver is not None:
             self.driver.stop()
+
+
+def _trim_written(done: asyncio.Future[None], partition: int, offset: int) -> None:
+    """The log-start entry trimming an ``__consumer_offsets`` partition is written (the
+    splitter applies it), or failed: the next snapshot tries again."""
+    if not done.cancelled() and done.exception() is not None:
+        log.warning(
+            "truncating %s-%d to %d failed: %s", OFFSETS_TOPIC, partition, offset, done.exception()
+        )

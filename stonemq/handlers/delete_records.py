@@ -1,16 +1,24 @@
-"""DeleteRecords (21): advance partitions' log start offsets on request.
+"""DeleteRecords (21): advance partitions' log start offsets on request, on every replica.
 
 Per partition, as Kafka answers: an unknown topic or partition is UNKNOWN_TOPIC_OR_PARTITION;
-in a cluster, a partition not led here is NOT_LEADER_OR_FOLLOWER (a follower holds its own
-copy of the partition, which only the leader's deletes may move);
-an offset of -1 means the high watermark; an offset above the high watermark (or below -1) is
-OFFSET_OUT_OF_RANGE; an internal topic is INVALID_TOPIC_EXCEPTION (its coordinator trims it);
-otherwise the log start offset becomes max(current, offset), whole
-queue-log segments below it are deleted, and ``low_watermark`` is the new log start offset.
-A storage failure is KAFKA_STORAGE_ERROR. Before it checks the offset the request waits for
-the split to reach what was acknowledged (``FetchWaiters.until_split``, at most a second for
-the whole request), so a delete up to a record acknowledged just before, or to -1, covers it
-as on a single Kafka broker; the deletion itself is synchronous, so ``timeout`` never expires.
+in a cluster, a partition not led here is NOT_LEADER_OR_FOLLOWER; an offset of -1 means the
+high watermark; an offset above the high watermark (or below -1) is OFFSET_OUT_OF_RANGE; an
+internal topic is INVALID_TOPIC_EXCEPTION (its coordinator trims it); otherwise the log start
+offset becomes max(current, offset) and ``low_watermark`` is the new log start offset. A
+storage failure is KAFKA_STORAGE_ERROR.
+
+Before it checks the offset the request waits for the split to reach what was acknowledged
+(``FetchWaiters.until_split``, at most a second for the whole request), so a delete up to a
+record acknowledged just before, or to -1, covers it as on a single Kafka broker.
+
+The deletion is a log-start entry in the partition's journal partition
+(``StorageEngine.delete_records``), so every replica applies it, in order with the batches,
+and a new leader keeps it. The answer waits, as Kafka's delayed DeleteRecords waits for the
+low watermark, until the entry is written, below the journal high watermark in a cluster (every
+replica in the ISR holds it) and split here (the log start has moved: a fetch below it is
+OFFSET_OUT_OF_RANGE); REQUEST_TIMED_OUT when that takes longer than the request's
+``timeout_ms`` (at least ``ACKNOWLEDGED_WAIT_S``), NOT_LEADER_OR_FOLLOWER when leadership
+goes first. The entry stays: it is applied later.
 """
 
 from __future__ import annotations
@@ -23,45 +31,126 @@ from kio.schema.errors import ErrorCode
 from stonemq.handlers.context import RequestContext
 from stonemq.handlers.fetch_waiters import ACKNOWLEDGED_WAIT_S
 from stonemq.handlers.registry import api
-from stonemq.storage.engine import OffsetOutOfRangeError, StorageError, UnknownPartitionError
+from stonemq.storage.engine import (
+    LogStartAppend,
+    OffsetOutOfRangeError,
+    StorageError,
+    UnknownPartitionError,
+)
 from stonemq.topics import is_internal
+
+
+class _Result:
+    """One partition's answer, and its queued log-start entry while the answer waits."""
+
+    __slots__ = ("error", "index", "journal", "low_watermark", "queued", "topic")
+
+    def __init__(self, topic: str, index: int) -> None:
+        self.topic = topic
+        self.index = index
+        self.error = ErrorCode.none
+        self.low_watermark = -1
+        self.queued: LogStartAppend | None = None
+        self.journal = -1  # the journal partition (a cluster's id) the entry went to
 
 
 @api(21, 0, 2)
 async def handle_delete_records(ctx: RequestContext, request: Any) -> Any:
-    deadline = asyncio.get_running_loop().time() + ACKNOWLEDGED_WAIT_S  # for the whole request
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + ACKNOWLEDGED_WAIT_S  # for the whole request
     storage, waiters = ctx.broker.storage, ctx.broker.fetch_waiters
-    topics = []
+    answers: list[tuple[str, list[_Result]]] = []
     for topic in request.topics:
         record = ctx.broker.topics.get(topic.name)
-        partitions = []
+        results = []
         for p in topic.partitions:
-            low_watermark, error = -1, ErrorCode.none
+            result = _Result(topic.name, p.partition_index)
+            results.append(result)
             if record is None or not 0 <= p.partition_index < record.partitions:
-                error = ErrorCode.unknown_topic_or_partition
+                result.error = ErrorCode.unknown_topic_or_partition
             elif is_internal(topic.name):  # Kafka: "Cannot delete records of internal topic"
-                error = ErrorCode.invalid_topic_exception
+                result.error = ErrorCode.invalid_topic_exception
             elif ctx.not_led_here(record, p.partition_index):  # a follower holds it too
-                error = ErrorCode.not_leader_or_follower
+                result.error = ErrorCode.not_leader_or_follower
             else:
+                result.journal = record.journal_partitions[p.partition_index]
                 try:
                     await waiters.until_split(storage, topic.name, p.partition_index, deadline)
-                    low_watermark = storage.delete_records(topic.name, p.partition_index, p.offset)
+                    result.queued = storage.delete_records(topic.name, p.partition_index, p.offset)
                 except UnknownPartitionError:  # not hosted here: led by another broker?
-                    error = ctx.not_here(topic.name, p.partition_index)
+                    result.error = ctx.not_here(topic.name, p.partition_index)
                 except OffsetOutOfRangeError:
-                    error = ErrorCode.offset_out_of_range
+                    result.error = ErrorCode.offset_out_of_range
                 except (StorageError, OSError):
-                    error = ErrorCode.kafka_storage_error
-            partitions.append(
-                ctx.build(
-                    "DeleteRecordsPartitionResult",
-                    partition_index=p.partition_index,
-                    low_watermark=low_watermark,
-                    error_code=error,
-                )
+                    result.error = ErrorCode.kafka_storage_error
+        answers.append((topic.name, results))
+    await _until_applied(ctx, answers, max(request.timeout.total_seconds(), ACKNOWLEDGED_WAIT_S))
+    for name, results in answers:
+        for r in results:
+            if r.error == ErrorCode.none:
+                try:
+                    r.low_watermark = storage.log_start_offset(name, r.index)
+                except UnknownPartitionError:  # deleted meanwhile
+                    r.error = ErrorCode.unknown_topic_or_partition
+    return ctx.build(
+        "DeleteRecordsResponse",
+        throttle_time=0,
+        topics=tuple(
+            ctx.build(
+                "DeleteRecordsTopicResult",
+                name=name,
+                partitions=tuple(
+                    ctx.build(
+                        "DeleteRecordsPartitionResult",
+                        partition_index=r.index,
+                        low_watermark=r.low_watermark,
+                        error_code=r.error,
+                    )
+                    for r in results
+                ),
             )
-        topics.append(
-            ctx.build("DeleteRecordsTopicResult", name=topic.name, partitions=tuple(partitions))
-        )
-    return ctx.build("DeleteRecordsResponse", throttle_time=0, topics=tuple(topics))
+            for name, results in answers
+        ),
+    )
+
+
+async def _until_applied(
+    ctx: RequestContext, answers: list[tuple[str, list[_Result]]], timeout_s: float
+) -> None:
+    """Wait for every queued log-start entry to be written, replicated (a cluster: below
+    the journal HW) and split here, all within ``timeout_s``; set each result's error."""
+    waits = {
+        asyncio.ensure_future(_applied(ctx, r)): r
+        for _, results in answers
+        for r in results
+        if r.queued is not None and r.error == ErrorCode.none
+    }
+    if not waits:
+        return
+    done, pending = await asyncio.wait(waits, timeout=timeout_s)
+    for task in pending:
+        task.cancel()
+        waits[task].error = ErrorCode.request_timed_out
+    for task in done:
+        error = task.result()
+        if error != ErrorCode.none:
+            waits[task].error = error
+
+
+async def _applied(ctx: RequestContext, result: _Result) -> ErrorCode:
+    from stonemq.replication.manager import NotLeaderError
+
+    queued = result.queued
+    assert queued is not None
+    try:
+        await asyncio.shield(queued.written)  # a timeout leaves the entry to be written
+    except (StorageError, OSError):
+        return ErrorCode.kafka_storage_error
+    replicas = ctx.broker.replicas
+    if replicas is not None:
+        try:
+            await replicas.wait_for_hw(result.journal, queued.end)
+        except NotLeaderError:
+            return ErrorCode.not_leader_or_follower
+    await ctx.broker.storage.split_past(queued.journal, queued.end)
+    return ErrorCode.none

@@ -376,6 +376,12 @@ def _dump_journal(path: str, records: bool) -> Iterator[str]:
                 yield f"DEFECT {end - pos} bytes of a partial entry at {pos}"
                 return
             for e in entries:
+                if e.is_log_start:
+                    yield (
+                        f"position: {e.position} size: {e.size} topicId: {e.topic_id.hex()} "
+                        f"partition: {e.partition} logStartOffset: {e.base_offset}"
+                    )
+                    continue
                 header = parse_header(e.batch)
                 yield (
                     f"position: {e.position} size: {e.size} topicId: {e.topic_id.hex()} "

@@ -72,6 +72,7 @@ from stonemq.storage.journal import (
     JournalReader,
     decode_entries,
     encode_entry_prefix,
+    encode_log_start_entry,
     list_segments,
     segment_name,
     unlink_segments,
@@ -161,6 +162,15 @@ class AppendResult(NamedTuple):
 
 
 _new_tuple = tuple.__new__
+
+
+class LogStartAppend(NamedTuple):
+    """A queued log-start entry (:meth:`StorageEngine.delete_records`): its journal
+    partition, the journal position after it, and the future resolved once it is written."""
+
+    journal: int
+    end: int
+    written: asyncio.Future[None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -528,6 +538,8 @@ class StorageEngine:
         self._listener: SplitListener | None = None
         # called after every splitter step (the request budget re-checks the split lag)
         self.split_watchers: list[Callable[[], None]] = []
+        # (journal partition, position, future) of split_past
+        self._split_waiters: list[tuple[int, int, asyncio.Future[None]]] = []
         self._split_wake: asyncio.Event | None = None
         self._checkpoint_wake: asyncio.Event | None = None
         self._checkpoint_lock: asyncio.Lock | None = None
@@ -826,6 +838,8 @@ class StorageEngine:
         if not self._recompressing:
             return
         for entry in entries:
+            if entry.record_count < 0:
+                continue  # a log-start entry: no batch
             state = self._by_name.by_id(entry.topic_id, entry.partition)
             if state is None:
                 continue
@@ -902,6 +916,7 @@ class StorageEngine:
             self._splitter_batch_bytes,
             [j.health for j in self._journals],
             convert=self._to_topic_codec,
+            on_log_start=self._apply_log_start,
         )
         replayed = 0
         limits = self._split_limits
@@ -942,6 +957,8 @@ class StorageEngine:
                     if nxt == pos:
                         break
                     for entry in entries:
+                        if entry.record_count < 0:
+                            continue  # a log-start entry
                         state = self._by_name.by_id(entry.topic_id, entry.partition)
                         end = entry.base_offset + entry.record_count
                         if state is not None and end > state.next_offset:
@@ -1327,6 +1344,8 @@ class StorageEngine:
     def _on_split(self, advanced: set[QueueLog]) -> None:
         for watcher in self.split_watchers:
             watcher()
+        if self._split_waiters:
+            self._wake_split_waiters()
         self._release_pages()
         self._dirty |= advanced
         listener = self._listener
@@ -1614,14 +1633,17 @@ class StorageEngine:
         write_positions(os.path.join(self._journal_dir, JOURNAL_RECOVERY_POINT_FILE), journal_rps)
 
     # -- retention and DeleteRecords -----------------------------------------------------------
-    def delete_records(self, topic: str, partition: int, offset: int) -> int:
-        """Advance the log start offset to ``offset`` (-1: the high watermark), deleting the
-        queue-log segments wholly below it; returns the new log start offset. A lower offset
-        than the current log start changes nothing. Raises OffsetOutOfRangeError when
-        ``offset`` is above the high watermark (or below -1), UnknownPartitionError.
+    def delete_records(self, topic: str, partition: int, offset: int) -> LogStartAppend | None:
+        """DeleteRecords: queue a log-start entry moving the partition's log start offset to
+        ``offset`` (-1: the high watermark) on its journal partition. Every replica's
+        splitter applies it (``_apply_log_start``: the segments wholly below it are
+        deleted), this broker's too, once it is below the journal's high watermark: the
+        log start offset has moved here once :meth:`split_past` the returned ``end``
+        resolves. None when the log start is already there (nothing is written).
 
-        The new log start is checkpointed by the next checkpoint round (as Kafka does); a
-        crash before it can only bring back records, never lose any."""
+        Raises OffsetOutOfRangeError when ``offset`` is above the high watermark (what is
+        split here) or below -1, UnknownPartitionError, NotLeaderError when the journal
+        partition is not led here, StorageError when it takes no appends."""
         state = self._state(topic, partition)
         queue = state.queue
         hw = queue.next_offset if queue is not None else 0
@@ -1631,10 +1653,54 @@ class StorageEngine:
             raise OffsetOutOfRangeError(
                 f"{topic}-{partition}: delete-records offset {offset} outside [0, {hw}]"
             )
-        if queue is None:
-            return 0
-        self._advance_log_start(queue, offset, "DeleteRecords")
-        return queue.log_start_offset
+        if queue is None or offset <= queue.log_start_offset:
+            return None
+        if self._closed:
+            raise StorageError("storage is closed")
+        j = state.journal
+        if not self._leading[j]:
+            raise NotLeaderError(f"{topic}-{partition}: journal-{j} not led here")
+        journal = self._journals[j]
+        journal.health.check_append()
+        entry = encode_log_start_entry(state.topic_id, partition, offset, self._leader_epochs[j])
+        self._headroom.check(len(entry))
+        written: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        journal.enqueue(entry, b"", (written, None, -1, len(entry)))  # no offsets to give back
+        return LogStartAppend(j, self.journal_end(j), written)
+
+    def _apply_log_start(self, queue: QueueLog, offset: int) -> None:
+        """The splitter met a log-start entry of ``queue`` (this broker's DeleteRecords or its
+        leader's, or a re-split at recovery: a log start only moves forward)."""
+        try:
+            self._advance_log_start(queue, offset, "DeleteRecords")
+        except OSError as exc:  # the log start moved; a segment file may be left behind
+            log.error("%s-%d: log start offset %d: %s", queue.topic, queue.partition, offset, exc)
+
+    def split_past(self, j: int, position: int) -> asyncio.Future[None]:
+        """A future resolved once the splitter's position in journal partition ``j`` is at or
+        past ``position`` (what the journal holds below it is in the queue logs, log-start
+        entries applied). It never fails: the caller bounds the wait."""
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        splitter = self._splitter
+        if splitter is not None and splitter.positions[j] >= position:
+            future.set_result(None)
+        else:
+            self._split_waiters.append((j, position, future))
+        return future
+
+    def _wake_split_waiters(self) -> None:
+        splitter = self._splitter
+        assert splitter is not None
+        positions = splitter.positions
+        waiting = []
+        for j, position, future in self._split_waiters:
+            if future.done():
+                continue  # the caller gave up
+            if positions[j] >= position:
+                future.set_result(None)
+            else:
+                waiting.append((j, position, future))
+        self._split_waiters = waiting
 
     def _advance_log_start(self, queue: QueueLog, offset: int, why: str) -> None:
         before = queue.log_start_offset
@@ -1948,6 +2014,8 @@ class StorageEngine:
             cache.assign(epoch, start)
             found: list[tuple[bytes, int, BatchHeader]] = []
             for e in _journal_entries(journal.directory, split, start):
+                if e.record_count < 0:
+                    continue  # a log-start entry
                 ends[(e.topic_id, e.partition)] = e.base_offset + e.record_count
                 header = parse_header(e.batch, 0)
                 if header.producer_id >= 0 and header.base_sequence >= 0:
@@ -2036,6 +2104,7 @@ class StorageEngine:
             return {
                 (e.topic_id, e.partition): e.base_offset + e.record_count
                 for e in _journal_entries(journal.directory, start, stop)
+                if e.record_count >= 0  # not a log-start entry
             }
 
         def cut() -> tuple[set[tuple[bytes, int]], dict[tuple[bytes, int], int], int]:
@@ -2159,7 +2228,8 @@ class StorageEngine:
         for entry in entries:
             if entry.position + entry.size > written_end:
                 break
-            ends[(entry.topic_id, entry.partition)] = entry.base_offset + entry.record_count
+            if entry.record_count >= 0:  # not a log-start entry
+                ends[(entry.topic_id, entry.partition)] = entry.base_offset + entry.record_count
         by_id = self._by_name.by_id
         for key, end in ends.items():
             state = by_id(*key)

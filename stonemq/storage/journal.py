@@ -19,6 +19,13 @@ Entry format, version 1 (big-endian; the one place that defines it)::
     29 base offset   i64   equals the RecordBatch's own base offset
     37 record count  i32
     41 batch         RecordBatch v2 bytes
+
+A **log-start entry** (DeleteRecords, and the group coordinator's trim of its log) has record
+count -1 and, in place of a batch, 16 bytes laid out as a batch's first three fields: the new
+log start offset (also in the base offset field), a length of 0 and the journal partition's
+leader epoch. Every replica's splitter applies it to its queue log in journal order, so a log
+start offset moved by a request is replicated, survives a failover and is truncated with the
+journal like the batches around it (cluster.md invariant 6).
 """
 
 from __future__ import annotations
@@ -49,6 +56,8 @@ _ENTRY_TAIL = struct.Struct(">B16siqi")  # the part of the header the CRC covers
 ENTRY_HEADER_SIZE = _ENTRY_HEADER.size  # 41
 _LENGTH_MIN = ENTRY_HEADER_SIZE - 4  # an entry with an empty batch
 ENTRY_MAX_BYTES = 1 << 30  # a larger length field can only be garbage
+_LOG_START_BODY = struct.Struct(">qii")  # log start offset, length 0, leader epoch
+_LOG_START_LENGTH = _LENGTH_MIN + _LOG_START_BODY.size  # a log-start entry's length field
 
 SEGMENT_SUFFIX = ".journal"
 
@@ -62,6 +71,10 @@ _OPEN_FLAGS = os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
 INLINE_WRITE_BYTES = 1024 * 1024
 # journal pages that are split and durable are dropped from the page cache in steps of this
 PAGE_RELEASE_MIN_BYTES = 8 * 1024 * 1024
+
+
+LOG_START_COUNT = -1
+"""The record count field of a log-start entry."""
 
 
 class CorruptEntryError(Exception):
@@ -137,6 +150,14 @@ def encode_entry(
     return encode_entry_header(topic_id, partition, base_offset, record_count, batch) + bytes(batch)
 
 
+def encode_log_start_entry(
+    topic_id: bytes, partition: int, log_start_offset: int, leader_epoch: int
+) -> bytes:
+    """A whole log-start entry: ``partition`` of ``topic_id`` starts at ``log_start_offset``."""
+    body = _LOG_START_BODY.pack(log_start_offset, 0, leader_epoch)
+    return encode_entry(topic_id, partition, log_start_offset, LOG_START_COUNT, body)
+
+
 class JournalEntry:
     """One decoded entry; ``batch`` is a view into the buffer it was read from."""
 
@@ -172,6 +193,11 @@ class JournalEntry:
     def end(self) -> int:
         return self.position + self.size
 
+    @property
+    def is_log_start(self) -> bool:
+        """A log-start entry (no batch: ``base_offset`` is the new log start offset)."""
+        return self.record_count < 0
+
 
 def entry_size_at(buf: memoryview, pos: int) -> int:
     """Total size of the entry starting at ``pos`` (needs 4 bytes); checks the length field."""
@@ -203,6 +229,8 @@ def decode_entries(
             problem = f"entry version {version}"
         elif verify and crc32c(buf[pos + 8 : end]) != crc:
             problem = "entry CRC mismatch"
+        elif count < 0 and (count != LOG_START_COUNT or length != _LOG_START_LENGTH):
+            problem = f"entry record count {count} (length {length})"
         if problem:
             if entries:
                 break  # hand back the good ones; the next call starts at the bad one

@@ -14,7 +14,9 @@ loop only stages and publishes (bookkeeping in memory), so a disk that stalls a 
 the split, never the clients. One step is in flight at a time.
 
 Splitting is idempotent: an entry whose offsets the QueueLog already holds is skipped, so the
-journal can be re-split from any earlier position after a crash.
+journal can be re-split from any earlier position after a crash. A log-start entry (journal.py)
+is applied (``on_log_start``) once the batches staged before it in its step are published; a
+log start only moves forward, so applying one again changes nothing.
 """
 
 from __future__ import annotations
@@ -39,6 +41,8 @@ from stonemq.storage.queue_log import QueueLog, SplitWrite
 log = logging.getLogger(__name__)
 
 Resolver = Callable[[bytes, int], "QueueLog | None"]
+LogStarts = list[tuple[QueueLog, int]]
+"""The log-start entries of a step: (queue log, new log start offset), in journal order."""
 
 _RETRY_AFTER_ERROR_S = 1.0
 _BUSY_RETRY_S = 0.01
@@ -83,11 +87,15 @@ class Splitter:
         batch_bytes: int,
         healths: list[JournalHealth] | None = None,
         convert: Callable[[list[JournalEntry]], None] | None = None,
+        on_log_start: Callable[[QueueLog, int], None] | None = None,
     ) -> None:
         self.readers = [JournalReader(d) for d in journal_dirs]
         # called on each read's entries in the reading thread, before staging (the topics'
         # compression.type: the engine recompresses batches there, off the event loop)
         self.convert = convert
+        # applies a log-start entry to its queue log (on the loop, or in the calling thread
+        # of :meth:`step`), after the step's writes are published
+        self.on_log_start = on_log_start
         self.positions = list(positions)  # split position per journal partition
         self.resolve = resolve
         self.batch_bytes = batch_bytes
@@ -122,11 +130,12 @@ class Splitter:
             return 0
         want = self.batch_bytes if batch_bytes is None else batch_bytes
         entries, end = self._read(j, pos, limit, want)
-        writes = self._stage(j, entries)
-        if writes is None:
+        staged = self._stage(j, entries)
+        if staged is None:
             return 0
+        writes, starts = staged
         _write_all(writes)
-        self._publish(j, writes, pos, end, advanced)
+        self._publish(j, writes, starts, pos, end, advanced)
         return end - pos
 
     def step_bytes(self, unsplit: int) -> int:
@@ -157,11 +166,12 @@ class Splitter:
         )
         on_loop = clock()
         METRICS.splitter_loop_wait_ns += on_loop - done_ns
-        writes = self._stage(j, entries)
-        if writes is None:  # never with the catch-up's guard (StorageEngine.catch_up_prepare)
+        staged = self._stage(j, entries)
+        if staged is None:  # never with the catch-up's guard (StorageEngine.catch_up_prepare)
             self._busy = True  # :meth:`run` tries again without waiting for a journal write
             await asyncio.sleep(_BUSY_RETRY_S)
             return 0
+        writes, starts = staged
         if writes:
             METRICS.splitter_loop_ns += clock() - on_loop
             written = loop.run_in_executor(thread, _timed, _write_all, writes)
@@ -170,13 +180,13 @@ class Splitter:
                 done_ns = (await asyncio.shield(written))[1]
             except asyncio.CancelledError:
                 await asyncio.wait([written])  # the files are being written: finish, publish
-                self._publish(j, writes, pos, end, advanced)
+                self._publish(j, writes, starts, pos, end, advanced)
                 raise
             finally:
                 self._in_flight = None
             on_loop = clock()
             METRICS.splitter_loop_wait_ns += on_loop - done_ns
-        self._publish(j, writes, pos, end, advanced)
+        self._publish(j, writes, starts, pos, end, advanced)
         METRICS.splitter_loop_ns += clock() - on_loop
         if end > pos:
             METRICS.splitter_steps += 1
@@ -218,17 +228,26 @@ class Splitter:
         if written is not None:
             await asyncio.wait([written])
 
-    def _stage(self, j: int, entries: list[JournalEntry]) -> list[SplitWrite] | None:
+    def _stage(
+        self, j: int, entries: list[JournalEntry]
+    ) -> tuple[list[SplitWrite], LogStarts] | None:
         """Stage the entries' batches into their queue logs (on the loop): one
-        :class:`SplitWrite` per queue log, in the order of its first entry. None (nothing
-        staged, logged) when one of those queue logs has another writer's write in flight:
-        the step is skipped, the split position unchanged."""
+        :class:`SplitWrite` per queue log, in the order of its first entry, and the step's
+        log-start entries. None (nothing staged, logged) when one of those queue logs has
+        another writer's write in flight: the step is skipped, the split position unchanged."""
         writes: dict[QueueLog, SplitWrite] = {}
+        starts: LogStarts = []
         resolve = self.resolve
         for entry in entries:
             queue = resolve(entry.topic_id, entry.partition)
             if queue is None:
                 continue  # its topic was deleted
+            if entry.record_count < 0:  # a log-start entry: applied once published
+                if queue.writing and queue not in writes:
+                    self._skipped(j, queue, entry.position)
+                    return None
+                starts.append((queue, entry.base_offset))
+                continue
             write = writes.get(queue)
             if write is None:
                 if queue.writing:  # another writer's write in flight (a catch-up's copy):
@@ -250,7 +269,7 @@ class Splitter:
                 write.take_index_writes()
                 queue.writing = True
                 staged.append(write)
-        return staged
+        return staged, starts
 
     def _skipped(self, j: int, queue: QueueLog, position: int) -> None:
         """Log a step skipped for ``queue`` (once per journal position, not every retry)."""
@@ -267,10 +286,17 @@ class Splitter:
             )
 
     def _publish(
-        self, j: int, writes: list[SplitWrite], pos: int, end: int, advanced: set[QueueLog]
+        self,
+        j: int,
+        writes: list[SplitWrite],
+        starts: LogStarts,
+        pos: int,
+        end: int,
+        advanced: set[QueueLog],
     ) -> None:
-        """Publish what was written; on a failed write raise :class:`SplitError` with the
-        split position unchanged (the step is retried: what was published is skipped then)."""
+        """Publish what was written, then apply the log-start entries; on a failed write
+        raise :class:`SplitError` with the split position unchanged and no log start moved
+        (the step is retried: what was published is skipped then)."""
         failed: SplitWrite | None = None
         for write in writes:
             queue = write.queue
@@ -281,6 +307,11 @@ class Splitter:
         if failed is not None:
             assert failed.error is not None
             raise SplitError(j, failed.queue, failed.error)
+        on_log_start = self.on_log_start
+        if on_log_start is not None:
+            for queue, offset in starts:
+                if not queue.removed and queue.failed is None:
+                    on_log_start(queue, offset)
         self.positions[j] = end
         self.bytes_split += end - pos
 

@@ -323,11 +323,13 @@ def _watermarks(bootstrap: str, topic: str) -> list[tuple[int, int]]:
         consumer.close()
 
 
-def test_delete_records_is_answered_by_the_leader_only(replicated) -> None:
+def test_delete_records_is_answered_by_the_leader_and_kept_by_the_next_one(replicated) -> None:
     """Every replica holds its own copy of a partition, which only the leader's deletes may
     move: a DeleteRecords sent to a follower advanced the follower's copy alone and answered
     success. As in Kafka, a follower answers NOT_LEADER_OR_FOLLOWER (clients go to the
-    leader), and the leader deletes."""
+    leader), and the leader deletes. The deletion reaches every replica (a log-start entry in
+    the journal partition): after the leader's SIGKILL the new leader starts the partition
+    at the deleted offset too (it served the deleted records again before)."""
     brokers, _ = replicated
     admin = AdminClient({"bootstrap.servers": brokers[0].bootstrap})
     admin.create_topics([NewTopic("dr", 1, 3)])["dr"].result(30)
@@ -342,6 +344,17 @@ def test_delete_records_is_answered_by_the_leader_only(replicated) -> None:
         if broker_id != leader:
             assert raw_delete(broker.port, 2, "dr", 0, 4) == (ErrorCode.not_leader_or_follower, -1)
     assert raw_delete(by_id[leader].port, 2, "dr", 0, 4) == (0, 4)
+    by_id[leader].kill()
+    survivors = [b for broker_id, b in by_id.items() if broker_id != leader]
+    _wait(lambda: _leaders(survivors[0].bootstrap, "dr")[0] not in (leader, -1), 60, "failover")
+    consumer = Consumer({"bootstrap.servers": survivors[0].bootstrap, "group.id": "dr-check"})
+    try:
+        assert consumer.get_watermark_offsets(TopicPartition("dr", 0), timeout=10) == (4, 10)
+    finally:
+        consumer.close()
+    for b in survivors:
+        b.stop()
+        _storage_check(b.data_dir)
 
 
 def test_acks_all_waits_for_the_isr_and_min_insync_replicas_refuses(replicated) -> None:

@@ -144,6 +144,23 @@ async def wait_split(engine: StorageEngine, timeout_s: float = 5.0) -> None:
         await asyncio.sleep(0.001)
 
 
+async def delete_records(
+    engine: StorageEngine, topic: str, partition: int, offset: int, timeout_s: float = 5.0
+) -> int:
+    """DeleteRecords as the handler does it: the engine queues a log-start entry; wait until
+    it is written and split (a replicated engine's HW is moved past it here, as its ISR
+    would); the new log start offset. TimeoutError when the split does not get there."""
+    import asyncio
+
+    queued = engine.delete_records(topic, partition, offset)
+    if queued is not None:
+        await queued.written
+        if engine._split_limits is not None:  # no followers here: the test is the ISR
+            engine.set_split_limit(queued.journal, queued.end)
+        await asyncio.wait_for(engine.split_past(queued.journal, queued.end), timeout_s)
+    return engine.log_start_offset(topic, partition)
+
+
 async def started_leader(root: Path) -> StorageEngine:
     """A started replicated engine leading journal partition 0 at epoch 1, with topic ``t``
     of two partitions (t-0 on journal partition 0)."""

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import CODECS, abandon, add_topic, build_batch, new_engine, read_all
+from conftest import CODECS, abandon, add_topic, build_batch, delete_records, new_engine, read_all
 from crc32c import crc32c
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -191,7 +191,7 @@ def test_a_queue_log_whose_end_the_leaders_log_start_passed_starts_again_there(
     async def scenario() -> None:
         leader, follower, _ = await behind(tmp_path)
         try:
-            assert leader.delete_records("t", 0, 40) == 40
+            assert await delete_records(leader, "t", 0, 40) == 40
             point, epochs, parts = leader.catch_up_point(0)
             assert parts == [("t", 0, 40, 125)]
             await copy(leader, follower, point, parts)
@@ -568,7 +568,7 @@ def test_an_emptied_queue_log_stays_empty_after_a_power_loss(tmp_path: Path) -> 
     async def scenario() -> None:
         leader, follower, _ = await behind(tmp_path)
         try:
-            assert leader.delete_records("t", 0, 40) == 40
+            assert await delete_records(leader, "t", 0, 40) == 40
             await follower.close()  # a clean stop: a producer snapshot, all durable
             follower = start(follower_root)
             assert any(n.endswith(".snapshot") for n in os.listdir(queue_dir))

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from conftest import abandon, build_batch, new_engine, read_all, wait_split
+from conftest import abandon, build_batch, delete_records, new_engine, read_all, wait_split
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -287,8 +287,8 @@ def test_faults_never_lose_or_repeat_an_acknowledged_batch(
                 elif name == "delete_records":
                     p = int(b)  # type: ignore[call-overload]
                     try:
-                        new_start = engine.delete_records("t", p, -1)
-                    except (OffsetOutOfRangeError, OSError, StorageError):
+                        new_start = await delete_records(engine, "t", p, -1, timeout_s=2.0)
+                    except (OffsetOutOfRangeError, OSError, StorageError, TimeoutError):
                         continue
                     model.log_start[p] = new_start
                 elif name == "heal":

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import struct
+
 import pytest
 from crc32c import crc32c
 from hypothesis import given
@@ -15,6 +17,7 @@ from stonemq.storage.journal import (
     decode_entries,
     encode_entry,
     encode_entry_prefix,
+    encode_log_start_entry,
 )
 
 entry_fields = st.tuples(
@@ -127,3 +130,37 @@ def test_a_batch_whose_crc_field_lies_gets_an_entry_that_fails_its_check() -> No
     checked = encode_entry_prefix(b"t" * 16, 0, 5, 1, raw, 0, True)
     with pytest.raises(CorruptEntryError):
         decode_entries(memoryview(checked + raw[ENTRY_PREFIX_COVERED_BYTES:]), 0, verify=True)
+
+
+@given(
+    st.binary(min_size=16, max_size=16),
+    st.integers(0, 2**31 - 1),
+    st.integers(0, 2**63 - 1),
+    st.integers(0, 2**31 - 1),
+)
+def test_a_log_start_entry_round_trips_beside_batches(
+    topic_id: bytes, partition: int, offset: int, epoch: int
+) -> None:
+    batch = encode_entry(topic_id, partition, 0, 1, b"b" * 70)
+    buf = batch + encode_log_start_entry(topic_id, partition, offset, epoch) + batch
+    entries, used = decode_entries(memoryview(buf), 0)
+    assert used == len(buf)
+    assert [e.is_log_start for e in entries] == [False, True, False]
+    mark = entries[1]
+    assert (mark.topic_id, mark.partition, mark.base_offset) == (topic_id, partition, offset)
+    # laid out as a batch head, so a follower reads the leader epoch where a batch has it
+    assert struct.unpack_from(">qii", mark.batch) == (offset, 0, epoch)
+
+
+@pytest.mark.parametrize(("count", "body"), [(-2, 16), (-1, 15), (-1, 17), (-1, 0), (-(2**31), 16)])
+def test_a_negative_record_count_other_than_a_log_start_entry_is_corrupt(
+    count: int, body: int
+) -> None:
+    """Record count -1 is a log-start entry, with its 16 bytes; any other negative count, or
+    another length, is garbage even under a valid CRC (never applied as a log start)."""
+    good = encode_entry(b"t" * 16, 0, 0, 1, b"x" * 70)
+    bad = encode_entry(b"t" * 16, 0, 5, count, b"\0" * body)
+    with pytest.raises(CorruptEntryError, match="record count"):
+        decode_entries(memoryview(bad), 0, verify=False)
+    entries, used = decode_entries(memoryview(good + bad), 0)
+    assert len(entries) == 1 and used == len(good)  # the good one before it is kept

@@ -10,7 +10,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from conftest import add_topic, build_batch, new_engine, wait_split
+from conftest import add_topic, build_batch, delete_records, new_engine, wait_split
 
 from stonemq.storage import fileio
 from stonemq.storage.engine import LogConfig, OffsetOutOfRangeError
@@ -59,14 +59,14 @@ def test_offsets_by_timestamp_start_at_the_log_start(tmp_path: Path) -> None:
             batch = build_batch([b"x"] * 3, [100 * i + 1000 + j for j in range(3)])
             await engine.append("t", 0, batch, 3).written
         await wait_split(engine)
-        engine.delete_records("t", 0, 4)  # inside the second batch
+        await delete_records(engine, "t", 0, 4)  # inside the second batch
         assert await engine.offset_for_timestamp("t", 0, 0) == (4, 1101)
         assert await engine.offset_for_timestamp("t", 0, 1101) == (4, 1101)
         assert await engine.offset_for_timestamp("t", 0, 1102) == (5, 1102)
         assert await engine.offset_for_timestamp("t", 0, 1301) == (10, 1301)
         assert await engine.offset_for_timestamp("t", 0, 1303) is None
         assert await engine.max_timestamp("t", 0) == (11, 1302)
-        engine.delete_records("t", 0, 12)
+        await delete_records(engine, "t", 0, 12)
         assert await engine.offset_for_timestamp("t", 0, 0) is None
         assert await engine.max_timestamp("t", 0) is None
         await engine.close()
@@ -134,7 +134,7 @@ def test_a_read_in_a_thread_never_answers_below_a_log_start_moved_under_it(
             while not disk.held.is_set():  # the thread waits at its first open
                 assert not task.done(), "answered without a read in a disk-read thread"
                 await asyncio.sleep(0.01)
-            assert engine.delete_records("t", 0, 31) == 31  # inside the batch at 30
+            assert await delete_records(engine, "t", 0, 31) == 31  # inside the batch at 30
             assert await engine.wait_directory_work()  # the segments below it are gone
             disk.go.set()
             if query == "fetch":
@@ -171,7 +171,7 @@ def test_a_search_by_time_is_taken_again_when_the_log_start_moves_within_a_segme
             task = asyncio.create_task(engine.offset_for_timestamp("t", 0, 0))
             while not disk.held.is_set():
                 await asyncio.sleep(0.01)
-            assert engine.delete_records("t", 0, 2) == 2
+            assert await delete_records(engine, "t", 0, 2) == 2
             disk.go.set()
             assert await task == (2, 1002)
         finally:

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from conftest import SMALL_LOG, abandon, add_topic, build_batch, new_engine, started_leader
 
-from stonemq.storage.engine import NotLeaderError, StorageError
+from stonemq.storage.engine import LogConfig, NotLeaderError, OffsetOutOfRangeError, StorageError
 from stonemq.storage.journal import CorruptEntryError, JournalReader
 
 
@@ -459,6 +459,105 @@ def test_a_replica_read_smaller_than_an_entry_still_returns_the_first_whole_entr
                 assert first + second == whole
             finally:
                 reader.close()
+        finally:
+            await engine.close()
+
+    run(scenario())
+
+
+def test_a_log_start_entry_moves_the_log_start_on_every_replica(tmp_path: Path) -> None:
+    """DeleteRecords is a log-start entry in the journal partition: the leader applies it
+    only once its HW passes it; a follower appending the leader's bytes applies it when it
+    splits them, also after it became the leader itself with the entry not split yet; and
+    the log start stays after a restart of either. Before, DeleteRecords moved only the
+    leader's queue log: a new leader served the deleted records again."""
+    leader_root, follower_root = tmp_path / "leader", tmp_path / "follower"
+    small = LogConfig(segment_bytes=1024, index_interval_bytes=256)
+
+    async def scenario() -> None:
+        leader = new_engine(leader_root, replicated=True)
+        follower = new_engine(follower_root, replicated=True)
+        for engine in (leader, follower):
+            add_topic(engine, partitions=2, config=small)
+            engine.recover()
+            engine.start(lambda *a: None)
+        try:
+            await leader.become_leader(0, 1)
+            for i in range(20):
+                await leader.append("t", 0, build_batch([b"v%02d" % i * 30]), 1).written
+            leader.set_split_limit(0, leader.journal_written_end(0))
+            await settle(leader)
+            assert leader.high_watermark("t", 0) == 20
+            queued = leader.delete_records("t", 0, 12)
+            assert queued is not None
+            await queued.written
+            await settle(leader)
+            assert leader.log_start_offset("t", 0) == 0  # not below the HW yet
+            leader.set_split_limit(0, queued.end)
+            await asyncio.wait_for(leader.split_past(0, queued.end), 5)
+            assert leader.log_start_offset("t", 0) == 12
+            assert leader.delete_records("t", 0, 5) is None  # below it: nothing to write
+            after = leader.append("t", 0, build_batch([b"after"]), 1)
+            await after.written
+            assert after.base_offset == 20
+            end = leader.journal_written_end(0)
+            data = JournalReader(str(leader_root / "journal" / "journal-0")).read_raw(
+                0, end, 1 << 20
+            )
+            assert await follower.append_replica(0, 0, memoryview(data)) == end
+            assert follower.log_end_offset("t", 0) == 21  # the entry carries no offsets
+            # failover: the follower leads with the entry not split yet
+            await follower.become_leader(0, 2)
+            assert follower.log_start_offset("t", 0) == 0
+            follower.set_split_limit(0, end)
+            await asyncio.wait_for(follower.split_past(0, end), 5)
+            assert follower.log_start_offset("t", 0) == 12
+            with pytest.raises(OffsetOutOfRangeError):
+                follower.read("t", 0, 11, 1 << 20)
+            await follower.wait_directory_work()
+            first = min(
+                int(n[:-4])
+                for n in os.listdir(follower_root / "queues" / "t-0")
+                if n.endswith(".log")
+            )
+            assert 0 < first <= 12  # the segments wholly below went
+            appended = follower.append("t", 0, build_batch([b"new"]), 1)
+            await appended.written
+            assert appended.base_offset == 21
+        finally:
+            await leader.close()
+            await follower.close()
+        for root in (leader_root, follower_root):
+            again = new_engine(root, replicated=True)
+            add_topic(again, partitions=2, config=small)
+            again.recover()
+            assert again.log_start_offset("t", 0) == 12
+            await again.close()
+
+    run(scenario())
+
+
+def test_a_truncated_log_start_entry_is_never_applied(tmp_path: Path) -> None:
+    """A follower's journal suffix holding a log-start entry it has not split (its leader
+    died before the HW passed it) is cut like any other: its log start stays."""
+
+    async def scenario() -> None:
+        engine = await started_leader(tmp_path)
+        try:
+            for i in range(3):
+                await engine.append("t", 0, build_batch([b"x%d" % i]), 1).written
+            split_to = engine.journal_written_end(0)
+            engine.set_split_limit(0, split_to)
+            await settle(engine)
+            queued = engine.delete_records("t", 0, 2)
+            assert queued is not None
+            await queued.written
+            await engine.become_leader(0, 2)  # deposed and back: the entry is not split
+            assert await engine.truncate_replica(0, split_to) > 0
+            engine.set_split_limit(0, engine.journal_end(0) + 1000)
+            await settle(engine)
+            assert engine.log_start_offset("t", 0) == 0
+            assert engine.log_end_offset("t", 0) == 3
         finally:
             await engine.close()
 

@@ -15,6 +15,7 @@ from conftest import (
     abandon,
     add_topic,
     build_batch,
+    delete_records,
     new_engine,
     read_all,
     wait_split,
@@ -58,21 +59,21 @@ def test_delete_records_advances_log_start_and_survives_restart(tmp_path: Path) 
         engine = new_engine(tmp_path)
         add_topic(engine, config=SMALL)
         engine.start(lambda *a: None)
-        assert engine.delete_records("t", 0, -1) == 0  # empty log
+        assert await delete_records(engine, "t", 0, -1) == 0  # empty log
         with pytest.raises(OffsetOutOfRangeError):
-            engine.delete_records("t", 0, 1)
+            await delete_records(engine, "t", 0, 1)
         await fill(engine, 60)
         hw = engine.high_watermark("t", 0)
         assert hw == 120
         before = len(segment_files(tmp_path))
         assert before > 3
-        assert engine.delete_records("t", 0, 51) == 51
+        assert await delete_records(engine, "t", 0, 51) == 51
         assert engine.log_start_offset("t", 0) == 51
         await engine.wait_directory_work()  # files are unlinked off the event loop
         assert len(segment_files(tmp_path)) < before  # whole segments below 51 are gone
-        assert engine.delete_records("t", 0, 10) == 51  # lower: no change
+        assert await delete_records(engine, "t", 0, 10) == 51  # lower: no change
         with pytest.raises(OffsetOutOfRangeError):
-            engine.delete_records("t", 0, hw + 1)
+            await delete_records(engine, "t", 0, hw + 1)
         with pytest.raises(OffsetOutOfRangeError):
             engine.read("t", 0, 50, 1000)
         first = parse_first(engine.read("t", 0, 51, 1000).data)
@@ -83,7 +84,7 @@ def test_delete_records_advances_log_start_and_survives_restart(tmp_path: Path) 
         assert engine.log_start_offset("t", 0) == 51
         assert engine.high_watermark("t", 0) == 120
         engine.start(lambda *a: None)
-        assert engine.delete_records("t", 0, -1) == 120  # everything, the active segment too
+        assert await delete_records(engine, "t", 0, -1) == 120  # everything, the active segment too
         assert engine.high_watermark("t", 0) == 120
         await fill(engine, 1)  # appends continue at the log end
         assert offsets(engine) == [120]
@@ -109,7 +110,7 @@ def test_delete_records_then_crash_before_checkpoint_keeps_offsets(tmp_path: Pat
         add_topic(engine, config=SMALL)
         engine.start(lambda *a: None)
         await fill(engine, 30)
-        engine.delete_records("t", 0, -1)
+        await delete_records(engine, "t", 0, -1)
         abandon(engine)  # no checkpoint: the journal is re-split from the start
 
         engine = reopened(tmp_path)
@@ -186,7 +187,7 @@ def test_a_clean_close_during_a_checkpoint_round_keeps_the_new_log_start(tmp_pat
         await fill(engine, 30)
         await engine.flush()
         engine.writing.clear()
-        assert engine.delete_records("t", 0, 40) == 40
+        assert await delete_records(engine, "t", 0, 40) == 40
         loop = asyncio.get_running_loop()
         assert await loop.run_in_executor(None, engine.writing.wait, 5)
         await engine.close()
