@@ -9,6 +9,13 @@ value. Every write the controller makes afterwards is a transaction that also ch
 never write once another was elected: its writes fail and it resigns. A lost session makes it
 stop acting at once, before any new election.
 
+A broker whose copy of a journal partition goes offline (fail-stop: a write, fsync or
+read error, ``storage/health.py``) says so with an ephemeral node under
+``/brokers/offline_journal_replicas``: to the controller that broker is then not live for that
+journal partition only (another ISR member leads it, and it leaves the ISR), as Kafka's
+controller treats the replicas of a failed log directory. The node goes with the broker's
+session; the restarted broker recovers its copy and rejoins the ISR by catching up.
+
 State, per journal partition only (never per topic partition):
 
 - ``/journal_partitions/<j>``: the assignment ``{"version": 1, "replicas": [...]}``
@@ -68,8 +75,10 @@ from stonemq.cluster.liveness import Reachability, Registration
 from stonemq.cluster.membership import (
     BROKER_IDS_PATH,
     CLOSE_TIMEOUT_S,
+    OFFLINE_REPLICAS_PATH,
     SHUTTING_DOWN_PATH,
     read_brokers,
+    read_offline_replicas,
 )
 
 log = logging.getLogger(__name__)
@@ -189,6 +198,7 @@ class Controller:
         self.client.retry(self.client.ensure_path, JOURNAL_PATH)
         self.client.retry(self.client.ensure_path, BROKER_IDS_PATH)
         self.client.retry(self.client.ensure_path, SHUTTING_DOWN_PATH)
+        self.client.retry(self.client.ensure_path, OFFLINE_REPLICAS_PATH)
         with contextlib.suppress(NodeExistsError):
             self.client.retry(self.client.create, CONTROLLER_EPOCH_PATH, b"0")
         self._thread.start()
@@ -197,6 +207,7 @@ class Controller:
         self.client.DataWatch(CONTROLLER_PATH, self._on_controller_node)
         self.client.ChildrenWatch(BROKER_IDS_PATH, self._on_brokers)
         self.client.ChildrenWatch(SHUTTING_DOWN_PATH, self._on_brokers)
+        self.client.ChildrenWatch(OFFLINE_REPLICAS_PATH, self._on_brokers)
 
     def _on_session(self, state: KazooState) -> None:
         if state == KazooState.LOST:
@@ -359,8 +370,9 @@ class Controller:
 
     def _brokers_changed(self) -> None:
         """Place the journal partitions of brokers that have none, elect a leader for every
-        journal partition whose leader is not live (or is stopping), and take brokers that are
-        gone or stopping out of the ISR of the partitions they follow."""
+        journal partition whose leader is not live (or is stopping, or has its copy offline),
+        and take brokers that are gone or stopping out of the ISR of the partitions they
+        follow, and out of the ISR of those whose copy they have offline."""
         live = self._live_brokers()
         partitions = read_journal_partitions(self.client)
         homed: dict[int, int] = {}
@@ -382,10 +394,13 @@ class Controller:
                     broker,
                 )
         shutting = self._shutting_down() & set(live)
-        serving = {b: r for b, r in live.items() if b not in shutting}
+        offline = read_offline_replicas(self.client)
         changes: list[tuple[JournalPartition, PartitionState]] = []
         for p in partitions.values():
-            new = elect(p.assignment, p.state, live, self.epoch, self.unclean)
+            down = offline.get(p.id, set())  # brokers whose copy of it failed
+            up = {b: r for b, r in live.items() if b not in down} if down else live
+            serving = {b: r for b, r in up.items() if b not in shutting}
+            new = elect(p.assignment, p.state, up, self.epoch, self.unclean)
             if new is None and p.state.leader in shutting:  # a controlled shutdown: another
                 new = elect(p.assignment, p.state, serving, self.epoch)  # ISR member leads
                 if new is not None and new.leader == NO_LEADER:

@@ -34,6 +34,44 @@ BROKER_IDS_PATH = "/brokers/ids"
 # brokers in a controlled shutdown (ephemeral nodes, one per broker id): the controller moves
 # their leaderships to other ISR members before they stop
 SHUTTING_DOWN_PATH = "/brokers/shutting_down"
+# journal partitions whose copy on a broker went offline (fail-stop: storage/health.py): one
+# ephemeral node ``<journal>-<broker>`` each, gone with the broker's session (a restart
+# recovers the copy). The controller elects another ISR member for one it leads and takes it
+# out of the ISR, as Kafka's controller does for the replicas of a failed log directory.
+OFFLINE_REPLICAS_PATH = "/brokers/offline_journal_replicas"
+
+
+def report_offline_journals(client: KazooClient, broker_id: int, journals: list[int]) -> None:
+    """Create the offline nodes of ``journals`` for this broker's session (blocking: a
+    thread). A node left by an earlier session of this broker id is replaced."""
+    for journal in journals:
+        path = f"{OFFLINE_REPLICAS_PATH}/{journal}-{broker_id}"
+        while True:
+            try:
+                client.retry(client.create, path, b"", ephemeral=True, makepath=True)
+                break
+            except NodeExistsError:
+                try:
+                    _, stat = client.retry(client.get, path)
+                    if stat.ephemeralOwner == client.client_id[0]:
+                        break
+                    client.retry(client.delete, path, version=stat.version)
+                except NoNodeError:
+                    pass  # gone meanwhile: create it
+
+
+def read_offline_replicas(client: KazooClient) -> dict[int, set[int]]:
+    """The brokers whose copy of each journal partition is offline, by journal partition."""
+    try:
+        children = client.retry(client.get_children, OFFLINE_REPLICAS_PATH)
+    except NoNodeError:
+        return {}
+    out: dict[int, set[int]] = {}
+    for child in children:
+        journal, _, broker = child.partition("-")
+        if journal.isdigit() and broker.isdigit():
+            out.setdefault(int(journal), set()).add(int(broker))
+    return out
 
 
 def read_brokers(client: KazooClient, ids: list[str] | None = None) -> dict[int, dict[str, Any]]:

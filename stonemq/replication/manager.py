@@ -43,6 +43,7 @@ from kazoo.exceptions import BadVersionError, NoNodeError
 
 from stonemq.cluster.controller import JOURNAL_PATH
 from stonemq.cluster.journal_state import PartitionState
+from stonemq.cluster.membership import report_offline_journals
 from stonemq.replication.tail import JournalTail
 
 if TYPE_CHECKING:
@@ -142,12 +143,20 @@ class ReplicaManager:
         # (see LEADER_SPLIT_DELAY_S), and the timer that hands them over
         self._split_pending: dict[int, int] = {}
         self._split_timer: asyncio.TimerHandle | None = None
+        # hosted journal partitions whose copy here is offline (fail-stop until a restart),
+        # and the ZooKeeper session their offline nodes were written in (cluster/membership.py)
+        self._offline: set[int] = set()
+        self._offline_reported: Any = None
+        self._offline_reporting = False
 
     # -- life -------------------------------------------------------------------------------
     def start(self) -> None:
         loop = self._loop = asyncio.get_running_loop()
         self.storage.on_journal_written = self._on_written
         self.storage.on_journal_bytes = self._on_bytes
+        self.storage.on_journal_offline = lambda local: loop.call_soon_threadsafe(
+            self._journal_offline, local
+        )
         self.routing.on_change = lambda: loop.call_soon_threadsafe(self.reconcile)
         self._spawn(self._isr_loop())
         self.reconcile()
@@ -197,6 +206,12 @@ class ReplicaManager:
             return
         from stonemq.replication.fetcher import LeaderFetcher
 
+        if (
+            self._offline
+            and not self._offline_reporting
+            and self._offline_reported != self.client.client_id
+        ):
+            self._spawn(self._report_offline())  # a new session: its nodes went with the old
         wanted: dict[int, int] = {}
         for journal in self.routing.hosted():
             lead = self.routing.leadership(journal)
@@ -219,7 +234,7 @@ class ReplicaManager:
                 local = self.routing.local_index(journal)
                 if local is not None:
                     self.storage.stop_leading(local)
-            if lead.leader >= 0:
+            if lead.leader >= 0 and journal not in self._offline:  # nothing to append to
                 wanted[journal] = lead.leader
         self._following = wanted
         by_leader: dict[int, list[int]] = {}
@@ -235,6 +250,40 @@ class ReplicaManager:
                 fetcher = self._fetchers[leader] = LeaderFetcher(self, leader)
                 fetcher.start()
             fetcher.set_partitions(journals)
+
+    def _journal_offline(self, local: int) -> None:
+        """The copy here of a hosted journal partition went offline: have the controller
+        move its leadership and take this broker out of its ISR, and stop fetching it."""
+        journal = self.routing.journal_of(local)
+        if journal in self._offline or self._closed:
+            return
+        self._offline.add(journal)
+        self._offline_reported = None
+        log.error(
+            "journal partition %d is offline on this broker until it restarts: the controller "
+            "moves its leadership to another ISR member and takes this broker out of its ISR",
+            journal,
+        )
+        self._spawn(self._report_offline())
+        self.reconcile()
+
+    async def _report_offline(self) -> None:
+        session = self.client.client_id
+        journals = sorted(self._offline)
+        self._offline_reporting = True
+        try:
+            await asyncio.get_running_loop().run_in_executor(
+                None, report_offline_journals, self.client, self.broker_id, journals
+            )
+        except Exception as exc:  # ZooKeeper unreachable: the next reconcile tries again
+            log.warning("offline journal partitions %s not reported: %s", journals, exc)
+            return
+        finally:
+            self._offline_reporting = False
+        if journals == sorted(self._offline):
+            self._offline_reported = session
+        else:  # another went offline meanwhile
+            self._spawn(self._report_offline())
 
     async def _become_leader(self, journal: int, epoch: int) -> None:
         try:

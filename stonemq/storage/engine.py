@@ -517,6 +517,11 @@ class StorageEngine:
         # and the bytes of each group of entries written (JournalLog.on_written), with the
         # local journal partition first: the leader's in-memory tail (replication/tail.py)
         self.on_journal_bytes: Callable[[int, int, list[Any], list[int]], None] | None = None
+        # and a journal partition went offline (fail-stop, health.py): called with its local
+        # index, on the thread that saw the failure
+        self.on_journal_offline: Callable[[int], None] | None = None
+        for journal in self._journals:
+            journal.health.on_offline = self._on_journal_offline
         if replicated:
             for journal in self._journals:
                 journal.on_visible = functools.partial(self._on_replicated_visible, journal.index)
@@ -573,6 +578,7 @@ class StorageEngine:
             on_failed=self._on_journal_failed,
         )
         journal.on_written = functools.partial(self._on_journal_bytes, j)
+        journal.health.on_offline = self._on_journal_offline
         journal.recover(None)
         if journal.written_end > 0:
             journal.close()
@@ -1320,6 +1326,11 @@ class StorageEngine:
     def _on_journal_visible(self) -> None:
         if self._split_wake is not None:
             self._split_wake.set()
+
+    def _on_journal_offline(self, j: int) -> None:
+        hook = self.on_journal_offline
+        if hook is not None:
+            hook(j)
 
     def _on_journal_bytes(self, j: int, position: int, pieces: list[Any], sizes: list[int]) -> None:
         hook = self.on_journal_bytes

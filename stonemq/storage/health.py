@@ -36,6 +36,7 @@ from __future__ import annotations
 import enum
 import errno
 import logging
+from collections.abc import Callable
 
 from stonemq.storage.errors import StorageError
 
@@ -116,12 +117,15 @@ def is_space_error(exc: BaseException) -> bool:
 class JournalHealth:
     """The health of one journal partition, and of the queue logs it feeds."""
 
-    __slots__ = ("error", "index", "state")
+    __slots__ = ("error", "index", "on_offline", "state")
 
     def __init__(self, index: int) -> None:
         self.index = index
         self.state = Health.ONLINE
         self.error: StorageError | None = None  # why it is not ONLINE
+        # called with ``index`` once, when the partition goes OFFLINE (a cluster broker
+        # asks its controller to move the partition's leadership: replication/manager.py)
+        self.on_offline: Callable[[int], None] | None = None
 
     def on(self, event: Event, detail: object = "") -> Health:
         """Apply ``event``; returns the new state (logged when it changes)."""
@@ -147,6 +151,8 @@ class JournalHealth:
                 event.value,
                 detail,
             )
+            if after is Health.OFFLINE and self.on_offline is not None:
+                self.on_offline(self.index)
         return after
 
     @property

@@ -792,3 +792,57 @@ def test_committed_offsets_survive_the_coordinators_sigkill(broker_factory, zook
     consumer.close()
     assert [tp.offset for tp in committed] == [3 + p for p in range(6)]
     assert "reloaded" in "".join(b.log(since_start=True) for b in others)
+
+
+def _immutable(paths: list[Path], on: bool) -> bool:
+    """``chattr +i`` / ``-i``: writes to an immutable file fail with EPERM even through a
+    descriptor opened before (root on ext4 or the like); False when that cannot be done."""
+    import subprocess
+
+    if not paths:
+        return False
+    done = subprocess.run(
+        ["chattr", "+i" if on else "-i", *map(str, paths)], capture_output=True, check=False
+    )
+    return done.returncode == 0
+
+
+def test_a_broker_whose_journal_copy_fails_hands_over_its_leadership(
+    broker_factory, zookeeper
+) -> None:
+    """A leader whose journal files stop taking writes (EPERM, as from a failing disk: the
+    journal partition goes offline, fail-stop) kept its leaderships before: every produce to
+    them failed until a restart. Now it reports its offline copies in ZooKeeper, and the
+    controller elects other ISR members and takes it out of the ISRs (Kafka's controller does
+    the same for a failed log directory): producers carry on by themselves, nothing is lost
+    or doubled. Restarted, it recovers its copies and rejoins every ISR."""
+    brokers, chroot = _start_cluster(broker_factory, zookeeper, zookeeper_session_timeout_ms=6000)
+    admin = AdminClient({"bootstrap.servers": brokers[1].bootstrap})
+    admin.create_topics([NewTopic("off", 6, 3)])["off"].result(30)
+    _wait(lambda: all(set(isr) == {1, 2, 3} for isr in _isrs(chroot).values()), 30, "ISR")
+    assert len(_produce_all(brokers[1].bootstrap, "off", 60, b"a")) == 60
+    old = brokers[0]
+    assert 1 in _leaders(brokers[1].bootstrap, "off").values()  # broker 1 leads some
+    files = sorted((old.data_dir / "journal").glob("journal-*/*.journal"))
+    if not _immutable(files, True):
+        pytest.skip("chattr +i is not possible here (needs root and a filesystem with it)")
+    try:
+        assert len(_produce_all(brokers[1].bootstrap, "off", 60, b"b")) == 60
+        assert 1 not in _leaders(brokers[1].bootstrap, "off").values()
+        assert all(1 not in isr for isr in _isrs(chroot).values()), _isrs(chroot)
+        assert "offline on this broker until it restarts" in old.log(since_start=True)
+    finally:
+        _immutable(files, False)
+    old.kill()
+    _restart(old, chroot)
+    _wait(lambda: all(set(isr) == {1, 2, 3} for isr in _isrs(chroot).values()), 60, "ISR grows")
+    assert len(_produce_all(brokers[1].bootstrap, "off", 60, b"c")) == 60
+    time.sleep(2)  # followers learn the last HW in their next fetch
+    for b in brokers:
+        b.stop()
+        _storage_check(b.data_dir)
+    queues = [_queue_bytes(b.data_dir, "off", 6) for b in brokers]
+    for p in range(6):
+        assert queues[0][p] == queues[1][p] == queues[2][p], f"off-{p}"
+    values = sorted(v for p in range(6) for _, v in _records(queues[0][p]))
+    assert values == sorted(t + b"%04d" % i for t in (b"a", b"b", b"c") for i in range(60))
