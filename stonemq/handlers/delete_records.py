@@ -19,11 +19,17 @@ replica in the ISR holds it) and split here (the log start has moved: a fetch be
 OFFSET_OUT_OF_RANGE); REQUEST_TIMED_OUT when that takes longer than the request's
 ``timeout_ms`` (at least ``ACKNOWLEDGED_WAIT_S``), NOT_LEADER_OR_FOLLOWER when leadership
 goes first. The entry stays: it is applied later.
+
+A tiered topic's log start covers its archive too (KIP-405): the cold log start moves to the
+offset as well (``TierService.delete_records``: the manifest first, then the files), also for
+an offset below the local log start (archived offsets only: no journal entry), and
+``low_watermark`` is the log start a client sees.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 from kio.schema.errors import ErrorCode
@@ -39,11 +45,13 @@ from stonemq.storage.engine import (
 )
 from stonemq.topics import is_internal
 
+log = logging.getLogger(__name__)
+
 
 class _Result:
     """One partition's answer, and its queued log-start entry while the answer waits."""
 
-    __slots__ = ("error", "index", "journal", "low_watermark", "queued", "topic")
+    __slots__ = ("cold", "error", "index", "journal", "low_watermark", "queued", "topic")
 
     def __init__(self, topic: str, index: int) -> None:
         self.topic = topic
@@ -52,6 +60,7 @@ class _Result:
         self.low_watermark = -1
         self.queued: LogStartAppend | None = None
         self.journal = -1  # the journal partition (a cluster's id) the entry went to
+        self.cold = -1  # a tiered partition: the offset its cold log start moves to
 
 
 @api(21, 0, 2)
@@ -59,6 +68,7 @@ async def handle_delete_records(ctx: RequestContext, request: Any) -> Any:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + ACKNOWLEDGED_WAIT_S  # for the whole request
     storage, waiters = ctx.broker.storage, ctx.broker.fetch_waiters
+    tier = getattr(ctx.broker, "tier", None)
     answers: list[tuple[str, list[_Result]]] = []
     for topic in request.topics:
         record = ctx.broker.topics.get(topic.name)
@@ -76,7 +86,17 @@ async def handle_delete_records(ctx: RequestContext, request: Any) -> Any:
                 result.journal = record.journal_partitions[p.partition_index]
                 try:
                     await waiters.until_split(storage, topic.name, p.partition_index, deadline)
-                    result.queued = storage.delete_records(topic.name, p.partition_index, p.offset)
+                    offset = p.offset
+                    if tier is not None and tier.tiered(topic.name):  # KIP-405: the archive too
+                        if offset == -1:
+                            offset = storage.high_watermark(topic.name, p.partition_index)
+                        if 0 <= offset < storage.log_start_offset(topic.name, p.partition_index):
+                            offset = -2  # archived offsets only: no local entry
+                        result.cold = max(offset, p.offset)
+                    if offset != -2:
+                        result.queued = storage.delete_records(
+                            topic.name, p.partition_index, offset
+                        )
                 except UnknownPartitionError:  # not hosted here: led by another broker?
                     result.error = ctx.not_here(topic.name, p.partition_index)
                 except OffsetOutOfRangeError:
@@ -90,6 +110,8 @@ async def handle_delete_records(ctx: RequestContext, request: Any) -> Any:
             if r.error == ErrorCode.none:
                 try:
                     r.low_watermark = storage.log_start_offset(name, r.index)
+                    if r.cold >= 0 and tier is not None:
+                        r.low_watermark = tier.log_start(name, r.index, r.low_watermark)
                 except UnknownPartitionError:  # deleted meanwhile
                     r.error = ErrorCode.unknown_topic_or_partition
     return ctx.build(
@@ -123,7 +145,7 @@ async def _until_applied(
         asyncio.ensure_future(_applied(ctx, r)): r
         for _, results in answers
         for r in results
-        if r.queued is not None and r.error == ErrorCode.none
+        if (r.queued is not None or r.cold >= 0) and r.error == ErrorCode.none
     }
     if not waits:
         return
@@ -141,16 +163,26 @@ async def _applied(ctx: RequestContext, result: _Result) -> ErrorCode:
     from stonemq.replication.manager import NotLeaderError
 
     queued = result.queued
-    assert queued is not None
-    try:
-        await asyncio.shield(queued.written)  # a timeout leaves the entry to be written
-    except (StorageError, OSError):
-        return ErrorCode.kafka_storage_error
-    replicas = ctx.broker.replicas
-    if replicas is not None:
+    if queued is not None:
         try:
-            await replicas.wait_for_hw(result.journal, queued.end)
-        except NotLeaderError:
-            return ErrorCode.not_leader_or_follower
-    await ctx.broker.storage.split_past(queued.journal, queued.end)
+            await asyncio.shield(queued.written)  # a timeout leaves the entry to be written
+        except (StorageError, OSError):
+            return ErrorCode.kafka_storage_error
+        replicas = ctx.broker.replicas
+        if replicas is not None:
+            try:
+                await replicas.wait_for_hw(result.journal, queued.end)
+            except NotLeaderError:
+                return ErrorCode.not_leader_or_follower
+        await ctx.broker.storage.split_past(queued.journal, queued.end)
+    if result.cold >= 0:
+        try:
+            await asyncio.shield(
+                ctx.broker.tier.delete_records(result.topic, result.index, result.cold)
+            )
+        except Exception as exc:  # the cold store failed: the next DeleteRecords tries again
+            log.warning(
+                "DeleteRecords of %s-%d in the archive failed: %s", result.topic, result.index, exc
+            )
+            return ErrorCode.kafka_storage_error
     return ErrorCode.none

@@ -15,6 +15,7 @@ import dataclasses
 import logging
 import os
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -144,6 +145,32 @@ class TierService:
         return min(cutoff, bound)
 
     # -- cold retention -------------------------------------------------------------------
+    def _tiered_topic(self, name: str, values: dict[str, Any]) -> Any:
+        from stonemq.tiering.status import TieredTopic
+
+        record = self.topics.get(name)
+        topic = TieredTopic(
+            name,
+            record.partitions if record is not None else 0,
+            int(values["retention.ms"]),
+            int(values["retention.bytes"]),
+            str(record.topic_id) if record is not None else "",
+        )
+        self._topic_ids[topic.name] = topic.topic_id
+        return topic
+
+    def delete_records(self, topic: str, partition: int, offset: int) -> asyncio.Future[None]:
+        """DeleteRecords on a tiered partition: the cold log start moves to ``offset`` (files
+        wholly below it leave the manifest, then the store), in the pool, as Kafka's remote
+        log manager moves the remote log start (KIP-405). With the local log-start entry
+        (``StorageEngine.delete_records``) this moves the log start a client sees."""
+        values = self.topics.effective_config(topic).values
+        tiered = self._tiered_topic(topic, values)
+        now_ms = int(time.time() * 1000)
+        return asyncio.get_running_loop().run_in_executor(
+            self.executor, self._cold_retention, tiered, partition, None, now_ms, offset
+        )
+
     def _schedule_cold_retention(self, queue: Any, values: dict[str, Any], now_ms: int) -> None:
         """Apply ``retention.ms`` / ``retention.bytes`` to the partition's cold tier in the
         pool, once this retention round has moved the local log start (at most one pass per
@@ -151,17 +178,7 @@ class TierService:
         key = (queue.topic, queue.partition)
         if key in self._retaining:
             return
-        from stonemq.tiering.status import TieredTopic
-
-        record = self.topics.get(queue.topic)
-        topic = TieredTopic(
-            queue.topic,
-            record.partitions if record is not None else 0,
-            int(values["retention.ms"]),
-            int(values["retention.bytes"]),
-            str(record.topic_id) if record is not None else "",
-        )
-        self._topic_ids[topic.name] = topic.topic_id
+        topic = self._tiered_topic(queue.topic, values)
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:  # called outside the broker's loop (tools): do it here
@@ -190,21 +207,36 @@ class TierService:
         if exc is not None:
             log.warning("tier: cold retention of %s-%d failed: %s", key[0], key[1], exc)
 
-    def _cold_retention(self, topic: Any, partition: int, local_start: int, now_ms: int) -> None:
+    def _cold_retention(
+        self,
+        topic: Any,
+        partition: int,
+        local_start: int | None,
+        now_ms: int,
+        delete_before: int = -1,
+    ) -> None:
         """One cold-retention pass (in the pool): manifest commit, then the deletes; the
-        cached manifest is re-read so ListOffsets and Fetch see the new cold log start."""
+        cached manifest is re-read so ListOffsets and Fetch see the new cold log start.
+        ``delete_before``: a DeleteRecords offset the cold log start moves to."""
         from stonemq.tiering.status import apply_cold_retention
         from stonemq.tiering.uploader import waiting_bytes
 
         current = self.reader.manifest(topic.name, partition, fresh=True)
-        if not current.files and local_start <= current.next_offset:
+        moved = max(local_start or 0, delete_before)
+        if not current.files and moved <= current.next_offset:
             self.cold_retention_runs += 1
             return  # nothing archived and nothing to skip: no store work
         local = waiting_bytes(
             str(self.settings.queue_path), topic.name, partition, current.next_offset
         )
         done = apply_cold_retention(
-            self.reader.store, topic, partition, local, now_ms, local_start=local_start
+            self.reader.store,
+            topic,
+            partition,
+            local,
+            now_ms,
+            local_start=local_start,
+            delete_before=delete_before,
         )
         self.reader.manifest(topic.name, partition, fresh=True)
         self.cold_retention_runs += 1

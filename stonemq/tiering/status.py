@@ -151,12 +151,15 @@ def apply_cold_retention(
     now_ms: int,
     *,
     local_start: int | None = None,
+    delete_before: int = -1,
 ) -> ColdRetention:
     """Apply ``retention.ms`` / ``retention.bytes`` (the whole log: cold plus the local bytes
     not yet archived) to the cold tier: whole Parquet files leave oldest first.
 
     ``local_start`` is the local log start: when retention (or DeleteRecords) moved it past
     the archive's end, the cold log start follows, so those offsets are never archived.
+    ``delete_before`` is a DeleteRecords offset: the cold log start moves to it (KIP-405: the
+    log start offset covers the remote log too), past the archive's end as ``local_start``.
 
     Crash-safe order: the manifest version that drops the files is committed first, then
     the files are deleted; a pass also removes what an earlier pass (or a killed run) left
@@ -183,6 +186,9 @@ def apply_cold_retention(
         past_end = local_start is not None and local_start > current.next_offset
         if past_end:
             offset = max(offset, int(local_start or 0))
+        if delete_before > offset:
+            offset = delete_before
+            past_end = past_end or delete_before > current.next_offset
         trimmed, gone = mf.truncate_before(current, offset, past_end=past_end)
         if trimmed is not current:
             try:

@@ -85,6 +85,42 @@ def test_not_in_local_serves_deleted_offsets_from_the_archive(broker_factory) ->
     assert _compressions(broker, topic, 0)[0] == 0  # re-encoded from Parquet, uncompressed
 
 
+def test_delete_records_moves_the_log_start_through_the_archive(broker_factory) -> None:  # type: ignore[no-untyped-def]
+    """KIP-405: a tiered partition's log start covers its archive. DeleteRecords below the
+    local log start answered the local start and left the archived records readable (the
+    low watermark stayed 0); now the cold log start moves to the offset (archived files
+    wholly below it leave the store), and above the local start both move."""
+    from confluent_kafka import OFFSET_BEGINNING, TopicPartition
+    from confluent_kafka.admin import AdminClient
+
+    broker = broker_factory(**BROKER)
+    topic, msgs, current = _setup(broker, {"local.retention.ms": "0"})
+    _wait_evicted(broker, topic, current.next_offset)
+    spec = StoreSpec((Path(broker.data_dir) / "tier").resolve().as_uri())
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+
+    def delete(offset: int) -> int:
+        done = admin.delete_records([TopicPartition(topic, 0, offset)])
+        return int(done[TopicPartition(topic, 0, offset)].result(30).low_watermark)
+
+    middle = current.next_offset // 2
+    assert middle < local_log_start(broker.data_dir, topic)
+    assert delete(middle) == middle
+    assert low_watermark(broker.bootstrap, topic) == middle
+    earliest = consume(broker.bootstrap, topic, N - middle, offset=OFFSET_BEGINNING)
+    assert_same(earliest, msgs[middle:])
+    cold = mf.load(spec.open(), topic, 0)
+    assert cold.start_offset == middle and all(f.last >= middle for f in cold.files)
+    assert delete(3) == middle  # below the log start: nothing moves
+    beyond = current.next_offset + 5  # past the archive, above the local log start
+    assert delete(beyond) == beyond
+    assert low_watermark(broker.bootstrap, topic) == beyond
+    assert_same(
+        consume(broker.bootstrap, topic, N - beyond, offset=OFFSET_BEGINNING), msgs[beyond:]
+    )
+    assert not mf.load(spec.open(), topic, 0).files
+
+
 def test_force_reads_archived_offsets_from_the_archive(broker_factory) -> None:  # type: ignore[no-untyped-def]
     broker = broker_factory(**BROKER, **{"tier.read.policy": "force"})
     topic, msgs, current = _setup(broker, {})
