@@ -67,7 +67,16 @@ class StoneMQDataSource(DataSource):
         return NAME
 
     def schema(self) -> str:
-        return so.schema(so._bool(dict(self.options), "includeheaders", False))
+        """Spark's Kafka columns. Spark asks for them at ``load()``, so the reader options
+        are checked here too: an option wrong for a batch and for a streaming read alike
+        fails at ``load()``, as Spark's Kafka source fails it (one wrong for only one of
+        them fails when that read plans, as this cannot tell which it is)."""
+        options = dict(self.options)
+        try:
+            so.parse(options, streaming=False)
+        except so.OptionError:
+            so.parse(options, streaming=True)  # valid for a stream: checked again there
+        return so.schema(so._bool(options, "includeheaders", False))
 
     def reader(self, schema: StructType) -> DataSourceReader:
         opts = so.parse(dict(self.options), streaming=False)

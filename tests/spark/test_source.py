@@ -332,8 +332,17 @@ def test_clear_errors(spark, tiered) -> None:  # type: ignore[no-untyped-def]
     under = create_topic(t.broker.bootstrap, "__" + unique_topic("under"))
     produce(t.broker.bootstrap, under, sample_messages(3, tag="under"))
     assert t.reader(spark, subscribePattern="__.*").load().count() == 3
+    # an option wrong for any read fails at load(), as with Spark's Kafka source (it failed
+    # only once the query ran); one wrong for batch reads only fails when the read plans
     with pytest.raises(Exception, match="exactly one of"):
-        t.reader(spark).load().count()
+        t.reader(spark).load()
+    with pytest.raises(Exception, match="assign: not JSON"):
+        spark.read.format("stonemq").option("kafka.bootstrap.servers", "x:1").option(
+            "assign", "{nope"
+        ).load()
+    latest = t.reader(spark, subscribe=t.topic, startingOffsets="latest").load()
+    with pytest.raises(Exception, match="latest"):
+        latest.count()
 
 
 def _kp_read(bootstrap: str, topic: str, partitions: int, count: int) -> list[Any]:
