@@ -121,6 +121,23 @@ def _queue_bytes(data_dir: Path, topic: str, partitions: int) -> dict[int, bytes
     return out
 
 
+def _same_queue_logs(brokers: list[Any], topic: str, partitions: int) -> dict[int, bytes]:
+    """Every stopped broker holds the same queue-log bytes of ``topic``: one replica's."""
+    queues = [_queue_bytes(b.data_dir, topic, partitions) for b in brokers]
+    for p in range(partitions):
+        assert queues[0][p] == queues[1][p] == queues[2][p], f"{topic}-{p}"
+    return queues[0]
+
+
+def _stop_checked(brokers: list[Any]) -> None:
+    """Stop every broker once followers learned the last HW (their next fetch), and check
+    each data directory with ``stonemq storage check``."""
+    time.sleep(2)
+    for b in brokers:
+        b.stop()
+        _storage_check(b.data_dir)
+
+
 def _batch_epochs(log: bytes) -> list[tuple[int, int]]:
     """(base offset, partition leader epoch) of each batch of a queue-log file's bytes."""
     out = []
@@ -430,12 +447,10 @@ def test_acks_all_waits_for_the_isr_and_min_insync_replicas_refuses(replicated) 
     journals = [_journal_bytes(b.data_dir) for b in brokers]
     for j in range(3):
         assert journals[0][j] == journals[1][j] == journals[2][j], f"journal partition {j}"
-    queues = [_queue_bytes(b.data_dir, "acks", 6) for b in brokers]
-    for p in range(6):
-        assert queues[0][p] == queues[1][p] == queues[2][p], f"acks-{p}"
+    queue = _same_queue_logs(brokers, "acks", 6)
     # batches carry the leader epoch that wrote them: the moved partition's first ten
     # records in epoch 0, every later one in a later epoch
-    epochs = _batch_epochs(queues[0][moved[0]])
+    epochs = _batch_epochs(queue[moved[0]])
     assert {e for base, e in epochs if base < 10} == {0}
     assert all(e >= 1 for base, e in epochs if base >= 10)
     # each journal partition's leader-epoch checkpoint agrees on every replica for the epochs
@@ -659,17 +674,12 @@ def test_a_returning_leader_truncates_the_tail_it_alone_had(broker_factory, zook
             seen.append(msg.value())
     consumer.close()
     assert len(seen) == 30 and not any(v.startswith(b"lost") for v in seen), seen
-    time.sleep(2)  # followers learn the last HW in their next fetch
-    for b in brokers:
-        b.stop()
-        _storage_check(b.data_dir)
+    _stop_checked(brokers)
     journals = [_journal_bytes(b.data_dir) for b in brokers]
     for j in range(3):
         assert journals[0][j] == journals[1][j] == journals[2][j], f"journal partition {j}"
-    queues = [_queue_bytes(b.data_dir, "trunc", 6) for b in brokers]
-    for p in range(6):
-        assert queues[0][p] == queues[1][p] == queues[2][p], f"trunc-{p}"
-    assert [v for _, v in _records(queues[0][mine[0]])] == seen
+    queue = _same_queue_logs(brokers, "trunc", 6)
+    assert [v for _, v in _records(queue[mine[0]])] == seen
 
 
 @pytest.mark.slow
@@ -737,16 +747,11 @@ def test_leader_sigkill_under_an_idempotent_producer_loses_and_doubles_nothing(
         thread.join(10)
     assert producer.flush(90) == 0
     assert not errors, errors[:5]
-    time.sleep(2)  # followers learn the last HW in their next fetch
-    for b in brokers:
-        b.stop()
-        _storage_check(b.data_dir)
-    queues = [_queue_bytes(b.data_dir, "fo", 6) for b in brokers]
-    for p in range(6):
-        assert queues[0][p] == queues[1][p] == queues[2][p], f"fo-{p}"
+    _stop_checked(brokers)
+    queue = _same_queue_logs(brokers, "fo", 6)
     stored: dict[tuple[int, int], bytes] = {}
     for p in range(6):
-        records = _records(queues[0][p])
+        records = _records(queue[p])
         values = [v for _, v in records]
         assert len(values) == len(set(values)), f"fo-{p}: a record stored twice"
         stored.update(((p, off), v) for off, v in records)
@@ -837,12 +842,7 @@ def test_a_broker_whose_journal_copy_fails_hands_over_its_leadership(
     _restart(old, chroot)
     _wait(lambda: all(set(isr) == {1, 2, 3} for isr in _isrs(chroot).values()), 60, "ISR grows")
     assert len(_produce_all(brokers[1].bootstrap, "off", 60, b"c")) == 60
-    time.sleep(2)  # followers learn the last HW in their next fetch
-    for b in brokers:
-        b.stop()
-        _storage_check(b.data_dir)
-    queues = [_queue_bytes(b.data_dir, "off", 6) for b in brokers]
-    for p in range(6):
-        assert queues[0][p] == queues[1][p] == queues[2][p], f"off-{p}"
-    values = sorted(v for p in range(6) for _, v in _records(queues[0][p]))
+    _stop_checked(brokers)
+    queue = _same_queue_logs(brokers, "off", 6)
+    values = sorted(v for p in range(6) for _, v in _records(queue[p]))
     assert values == sorted(t + b"%04d" % i for t in (b"a", b"b", b"c") for i in range(60))
