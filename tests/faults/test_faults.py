@@ -12,6 +12,11 @@ and a committing group consumer running throughout, and a seeded schedule of fau
 - ``disk_full``: fill the small tmpfs a follower's data directory lives on for a while, then
   give the space back (only where a tmpfs can be mounted: root; otherwise not scheduled).
 
+Beside them, topic ``trimmed`` (two partitions, written once at the start) takes a
+DeleteRecords after every fault (``Trimmer``: 100 offsets further each time), and after every
+fault its log start (ListOffsets earliest, from whichever broker leads it now) is at least every
+deletion acknowledged before: a deletion survives the faults that follow it.
+
 After each fault, once every journal partition has a leader and its full ISR again and both
 clients make progress, the checker (``check``) verifies: every acknowledged record is present
 exactly once, at its acknowledged offset, on every replica; every consumed record is the one
@@ -46,7 +51,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from kazoo.client import KazooClient
 
@@ -59,6 +64,9 @@ from .workload import ConsumerLoad, ProducerLoad
 FAULTS = int(os.environ.get("STONEMQ_CLUSTER_FAULTS", "7"))
 KINDS = ["leader_kill", "leader_pause", "follower_torn", "controller_kill", "zookeeper_restart"]
 TOPIC = "faults"
+TRIMMED = "trimmed"  # takes a DeleteRecords after every fault (Trimmer)
+TRIM_PARTITIONS = 2
+TRIM_STEP = 100
 PARTITIONS = 6
 GROUP = "fault-group"
 BROKERS = (1, 2, 3)
@@ -494,6 +502,69 @@ class Checker:
             self.committed_seen[p] = max(now, self.committed_seen.get(p, -1))
 
 
+class Trimmer:
+    """DeleteRecords on ``TRIMMED`` after each fault, and the check that no later fault
+    brought deleted offsets back (on a single broker it only moves forward; in a cluster a
+    new leader must keep every deletion its predecessor acknowledged)."""
+
+    def __init__(self, bootstrap: str, faults: int) -> None:
+        self.bootstrap = bootstrap
+        self.admin = AdminClient({"bootstrap.servers": bootstrap})
+        self.admin.create_topics([NewTopic(TRIMMED, TRIM_PARTITIONS, 3)])[TRIMMED].result(30)
+        producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 5})
+        for p in range(TRIM_PARTITIONS):
+            for i in range(TRIM_STEP * (faults + 1)):
+                producer.produce(TRIMMED, value=b"%d-%d" % (p, i), partition=p)
+                producer.poll(0)
+        assert producer.flush(60) == 0
+        self.floor = dict.fromkeys(range(TRIM_PARTITIONS), 0)  # deletions acknowledged
+
+    def trim(self, n: int) -> None:
+        """Delete below ``n * TRIM_STEP`` in every partition (retried while leaders move)."""
+        for p in range(TRIM_PARTITIONS):
+            tp = TopicPartition(TRIMMED, p, n * TRIM_STEP)
+            deadline = time.monotonic() + 60
+            admin = self.admin
+            while True:
+                try:
+                    done = admin.delete_records([tp], operation_timeout=30)
+                    low = done[tp].result(60).low_watermark
+                    break
+                except KafkaException as exc:
+                    assert time.monotonic() < deadline, f"DeleteRecords of {tp}: {exc}"
+                    time.sleep(0.5)
+                    # a long-lived librdkafka admin client got NOT_LEADER_OR_FOLLOWER for a
+                    # minute after a leader change (it does not refresh its metadata on that
+                    # answer); a new one asks the leader the brokers name now
+                    admin = AdminClient({"bootstrap.servers": self.bootstrap})
+            assert low >= n * TRIM_STEP, f"{TRIMMED}-{p}: DeleteRecords to {tp.offset}: {low}"
+            self.floor[p] = max(self.floor[p], low)
+
+    def verify(self) -> None:
+        consumer = Consumer({"bootstrap.servers": self.bootstrap, "group.id": "trim-check"})
+        try:
+            for p, floor in self.floor.items():
+                low, _ = _wait_value(
+                    lambda p=p: _watermarks_or_none(consumer, TopicPartition(TRIMMED, p)),
+                    60,
+                    f"{TRIMMED}-{p}'s watermarks",
+                )
+                assert low >= floor, (
+                    f"{TRIMMED}-{p}: log start {low} is below the deletion to {floor} "
+                    "acknowledged before the fault"
+                )
+        finally:
+            consumer.close()
+
+
+def _watermarks_or_none(consumer: Consumer, tp: TopicPartition) -> tuple[int, int] | None:
+    try:
+        low, high = consumer.get_watermark_offsets(tp, timeout=10)
+        return int(low), int(high)
+    except KafkaException:  # a leader moving: asked again
+        return None
+
+
 def committed_offsets(bootstrap: str) -> dict[int, int]:
     """The group's committed offsets, read by a consumer of the group that never joins it:
     librdkafka's AdminClient.list_consumer_group_offsets dereferences a null group handle on
@@ -581,6 +652,7 @@ def _run(rng: random.Random, plan: list[str], cluster: FaultCluster, tmp_path: P
     consumer.start()
     faults = Faults(cluster)
     checker = Checker(cluster, tmp_path)
+    trimmer = Trimmer(cluster.bootstrap, len(plan))
     _wait(lambda: len(producer.acked) > 200 and len(consumer.consumed) > 100, 60, "clients run")
     try:
         for n, kind in enumerate(plan, 1):
@@ -598,9 +670,12 @@ def _run(rng: random.Random, plan: list[str], cluster: FaultCluster, tmp_path: P
                 f"fault {n} ({kind}): producing and consuming again",
             )
             checker.check(producer, consumer)
+            trimmer.verify()  # the deletions acknowledged before this fault hold
+            trimmer.trim(n)
             print(
                 f"    healthy {took:.1f} s later; checked {len(producer.acked)} acknowledged, "
-                f"{len(consumer.consumed)} consumed ({time.monotonic() - started:.0f} s)",
+                f"{len(consumer.consumed)} consumed, {TRIMMED} from {trimmer.floor[0]} "
+                f"({time.monotonic() - started:.0f} s)",
                 flush=True,
             )
     finally:
@@ -624,6 +699,7 @@ def _run(rng: random.Random, plan: list[str], cluster: FaultCluster, tmp_path: P
     time.sleep(1.5)
     consumer.stop()
     checker.check(producer, consumer)
+    trimmer.verify()
     time.sleep(2)  # followers learn the last HW in their next fetch
     for b, broker in cluster.brokers.items():
         broker.stop()
