@@ -32,10 +32,10 @@ async def handle_delete_records(ctx: RequestContext, request: Any) -> Any:
     deadline = asyncio.get_running_loop().time() + ACKNOWLEDGED_WAIT_S  # for the whole request
     storage, waiters = ctx.broker.storage, ctx.broker.fetch_waiters
     topics = []
-    for topic in request.topics:
+    async for topic in ctx.paced(request.topics):
         record = ctx.broker.topics.get(topic.name)
         partitions = []
-        for p in topic.partitions:
+        async for p in ctx.paced(topic.partitions):
             low_watermark, error = -1, ErrorCode.none
             if record is None or not 0 <= p.partition_index < record.partitions:
                 error = ErrorCode.unknown_topic_or_partition

@@ -44,16 +44,18 @@ async def handle_describe_topic_partitions(ctx: RequestContext, request: Any) ->
             "DescribeTopicPartitionsResponse",
             throttle_time=0,
             topics=tuple(
-                ctx.build(
-                    "DescribeTopicPartitionsResponseTopic",
-                    error_code=ErrorCode.invalid_request,
-                    name=t.name,
-                    topic_id=None,
-                    is_internal=False,
-                    partitions=(),
-                    topic_authorized_operations=UNKNOWN_AUTHORIZED_OPERATIONS,
-                )
-                for t in request.topics
+                [
+                    ctx.build(
+                        "DescribeTopicPartitionsResponseTopic",
+                        error_code=ErrorCode.invalid_request,
+                        name=t.name,
+                        topic_id=None,
+                        is_internal=False,
+                        partitions=(),
+                        topic_authorized_operations=UNKNOWN_AUTHORIZED_OPERATIONS,
+                    )
+                    async for t in ctx.paced(request.topics)
+                ]
             ),
             next_cursor=None,
         )
@@ -66,7 +68,7 @@ async def handle_describe_topic_partitions(ctx: RequestContext, request: Any) ->
     topics = []
     next_cursor = None
     routing = ctx.broker.routing
-    for name in names:
+    async for name in ctx.paced(names):
         if remaining == 0:
             next_cursor = ctx.build("Cursor", topic_name=name, partition_index=0)
             break
