@@ -6,6 +6,7 @@ import asyncio
 import dataclasses
 import datetime
 import functools
+import heapq
 import time
 from collections.abc import AsyncIterator, Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -16,6 +17,7 @@ from kio.index import load_response_schema
 from kio.schema.errors import ErrorCode
 
 from stonemq.quotas.entity import ANONYMOUS_USER
+from stonemq.server.collector import defer_full_collections, resume_full_collections
 from stonemq.server.threads import name_os_thread
 
 if TYPE_CHECKING:
@@ -31,6 +33,8 @@ spends before it lets the other connections go first: one request naming 100,000
 held the loop for 1-3 s, and every other client waited that long (issue 17)."""
 _CLOCK_EVERY = 16
 """Entries between two looks at the clock in :meth:`RequestContext.paced`."""
+_SORT_RUN = 8192
+"""Entries sorted in one step by :meth:`RequestContext.paced_sorted` (about 4 ms of names)."""
 ENTRIES_OFF_LOOP = 512
 """A request whose handler went through at least this many entries gets its response encoded
 in the heavy-work thread: kio's encoder costs about 10 µs an entry, on the loop 1-2 s for
@@ -117,6 +121,8 @@ class RequestContext:
     slice_end_ns: int = 0
     # entries the handler went through with paced()
     entries: int = 0
+    # a large request: the collector's full collections wait until it ends (collector.py)
+    defers_collections: bool = False
 
     async def paced(self, items: Iterable[T]) -> AsyncIterator[T]:
         """``items`` one by one, letting the other connections go first whenever this request
@@ -134,11 +140,36 @@ class RequestContext:
             if n == _CLOCK_EVERY:
                 n = 0
                 self.entries += _CLOCK_EVERY
-                if self.entries >= ENTRIES_OFF_LOOP:
-                    self.encode_in_thread = True
+                if self.entries >= ENTRIES_OFF_LOOP and not self.encode_in_thread:
+                    self.mark_large()
                 if clock() >= self.slice_end_ns:
                     await self.give_way()
         self.entries += n
+
+    async def paced_sorted(self, items: Iterable[Any]) -> list[Any]:
+        """``sorted(items)``, in steps that let the other connections go first as
+        :meth:`paced` does: runs of ``_SORT_RUN`` sorted one at a time, then merged (one
+        ``sorted`` of 100,000 topic names held the loop 50 ms)."""
+        values = list(items)
+        if len(values) <= _SORT_RUN:
+            return sorted(values)
+        runs = [
+            sorted(values[i : i + _SORT_RUN])
+            async for i in self.paced(range(0, len(values), _SORT_RUN))
+        ]
+        return [value async for value in self.paced(heapq.merge(*runs))]
+
+    def mark_large(self) -> None:
+        """This request names many entries: its response is encoded in the heavy-work thread,
+        and full collections wait until its task ends."""
+        self.encode_in_thread = True
+        if self.defers_collections:
+            return
+        task = asyncio.current_task()
+        if task is not None:
+            self.defers_collections = True
+            defer_full_collections()
+            task.add_done_callback(resume_full_collections)
 
     async def give_way(self) -> None:
         """Let the other connections go first: wait for this connection's next turn in the

@@ -70,6 +70,7 @@ from stonemq.protocol.codec import (
 from stonemq.protocol.framing import FrameDecoder, FrameError
 from stonemq.quotas.entity import ANONYMOUS_USER, PRODUCER_BYTE_RATE, REQUEST_PERCENTAGE
 from stonemq.server.budget import OWNER_PROGRESS_BYTES, RequestBudget
+from stonemq.server.collector import defer_full_collections, resume_full_collections
 from stonemq.server.dispatcher import PRODUCE_KEY, Dispatcher
 from stonemq.server.metrics import METRICS
 from stonemq.storage.file_range import FileRange
@@ -278,6 +279,9 @@ class Connection(asyncio.BufferedProtocol):
         budget = self._budget
         budget.forget(self)
         held = sum(p.held for p in self._pending)
+        for item in self._ready:  # never started: their deferral ends here
+            if item.ctx is not None and item.ctx.defers_collections:
+                resume_full_collections()
         self._pending.clear()
         self._ready.clear()
         if held:
@@ -370,7 +374,9 @@ class Connection(asyncio.BufferedProtocol):
         if len(frame) >= DECODE_OFF_LOOP_BYTES and header.api_key not in NATIVE_DECODERS:
             loop = self._loop or asyncio.get_running_loop()
             decoding = loop.run_in_executor(heavy_work(), decode_request, header, frame, pos)
-            self._queue(header, frame, spec.handler, decoding)
+            ctx = self._queue(header, frame, spec.handler, decoding)
+            ctx.defers_collections = True  # until its task ends (start_next), or its connection
+            defer_full_collections()
             decoding.add_done_callback(self._decoded)
             return
         try:
@@ -404,7 +410,9 @@ class Connection(asyncio.BufferedProtocol):
         self._replica_link = True
         self._queue(header, frame, handler, request)
 
-    def _queue(self, header: Any, frame: bytes | memoryview, handler: Any, request: Any) -> None:
+    def _queue(
+        self, header: Any, frame: bytes | memoryview, handler: Any, request: Any
+    ) -> RequestContext:
         """A decoded request joins the connection's queue, its bytes counted in the budget."""
         ctx = RequestContext(
             api_key=header.api_key,
@@ -425,6 +433,7 @@ class Connection(asyncio.BufferedProtocol):
         self._pending.append(pending)
         self._ready.append(pending)
         self._budget.take(held)
+        return ctx
 
     def _sync_reservation(self) -> None:
         """Tell the budget what the receive buffer holds beyond its first 64 KiB."""
@@ -476,6 +485,8 @@ class Connection(asyncio.BufferedProtocol):
         item.handler = item.ctx = item.request = None  # the task holds them while it runs
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        if ctx.defers_collections:
+            task.add_done_callback(resume_full_collections)
         return api_key, item.size
 
     @property
