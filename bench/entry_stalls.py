@@ -14,6 +14,7 @@ a broker of its own on that port (data under ``--data-dir``) and stops it at the
 from __future__ import annotations
 
 import argparse
+import datetime
 import importlib
 import io
 import shutil
@@ -201,7 +202,34 @@ def elect_leaders(n: int) -> Any:
     return m.ElectLeadersRequest(
         election_type=i8(0),
         topic_partitions=(m.TopicPartitions(topic=TOPIC, partitions=tuple(map(i32, _ids(n)))),),
-        timeout=i32Timedelta.parse(__import__("datetime").timedelta(seconds=30)),
+        timeout=i32Timedelta.parse(datetime.timedelta(seconds=30)),
+    )
+
+
+def fetch(n: int) -> Any:
+    m = _mod("fetch", 12)
+    parts = tuple(
+        m.FetchPartition(
+            partition=i32(i),
+            current_leader_epoch=i32(-1),
+            fetch_offset=i64(0),
+            last_fetched_epoch=i32(-1),
+            log_start_offset=i64(-1),
+            partition_max_bytes=i32(1 << 20),
+        )
+        for i in _ids(n)
+    )
+    return m.FetchRequest(
+        replica_id=i32(-1),
+        max_wait=i32Timedelta.parse(datetime.timedelta(0)),
+        min_bytes=i32(1),
+        max_bytes=i32(1 << 26),
+        isolation_level=i8(0),
+        session_id=i32(0),
+        session_epoch=i32(-1),
+        topics=(m.FetchTopic(topic=TOPIC, partitions=parts),),
+        forgotten_topics_data=(),
+        rack_id="",
     )
 
 
@@ -234,6 +262,7 @@ REQUESTS: dict[str, Callable[[int], Any]] = {
     "OffsetForLeaderEpoch": offset_for_leader_epoch,
     "ElectLeaders": elect_leaders,
     "DescribeConfigsRepeated": describe_configs_repeated,
+    "Fetch": fetch,
 }
 
 
@@ -345,7 +374,7 @@ def create_topic(port: int) -> None:
                 configs=(),
             ),
         ),
-        timeout=i32Timedelta.parse(__import__("datetime").timedelta(seconds=30)),
+        timeout=i32Timedelta.parse(datetime.timedelta(seconds=30)),
         validate_only=False,
     )
     with socket.create_connection(("127.0.0.1", port)) as sock:

@@ -31,7 +31,7 @@ SLICE_NS = 5_000_000
 """Event-loop time a handler working through a request's entries (:meth:`RequestContext.paced`)
 spends before it lets the other connections go first: one request naming 100,000 entries
 held the loop for 1-3 s, and every other client waited that long (issue 17)."""
-_CLOCK_EVERY = 16
+PACE_EVERY = 16
 """Entries between two looks at the clock in :meth:`RequestContext.paced`."""
 _SORT_RUN = 8192
 """Entries sorted in one step by :meth:`RequestContext.paced_sorted` (about 4 ms of names)."""
@@ -130,21 +130,27 @@ class RequestContext:
         handler works through a request's entries (topics, partitions, groups, resources),
         however many a client names. A request of ``ENTRIES_OFF_LOOP`` entries or more also
         gets its response encoded off the loop."""
-        clock = time.perf_counter_ns
-        if not self.slice_end_ns:
-            self.slice_end_ns = clock() + SLICE_NS
         n = 0
         for item in items:
             yield item
             n += 1
-            if n == _CLOCK_EVERY:
+            if n == PACE_EVERY:
                 n = 0
-                self.entries += _CLOCK_EVERY
+                self.entries += PACE_EVERY
                 if self.entries >= ENTRIES_OFF_LOOP and not self.encode_in_thread:
                     self.mark_large()
-                if clock() >= self.slice_end_ns:
-                    await self.give_way()
+                await self.keep_pace()
         self.entries += n
+
+    async def keep_pace(self) -> None:
+        """:meth:`paced`'s look at the clock, for a hot loop that cannot take an async
+        iterator (Fetch's partitions, every ``PACE_EVERY``): let the other connections go
+        first if this request's slice of loop time is spent."""
+        now = time.perf_counter_ns()
+        if not self.slice_end_ns:
+            self.slice_end_ns = now + SLICE_NS
+        elif now >= self.slice_end_ns:
+            await self.give_way()
 
     async def paced_sorted(self, items: Iterable[Any]) -> list[Any]:
         """``sorted(items)``, in steps that let the other connections go first as

@@ -151,6 +151,13 @@ def check_describe_configs(response: Any) -> None:
     assert all(r.configs == first.configs for r in response.results)
 
 
+def check_fetch(response: Any) -> None:
+    (topic,) = response.responses
+    parts = [(p.partition_index, p.error_code) for p in topic.partitions]
+    _partitions_split(parts, ErrorCode.none, ErrorCode.unknown_topic_or_partition)
+    assert {(p.high_watermark, p.records) for p in topic.partitions[:PARTITIONS]} == {(0, b"")}
+
+
 CHECKS = {
     "OffsetFetch": check_offset_fetch,
     "DescribeGroups": check_describe_groups,
@@ -164,6 +171,7 @@ CHECKS = {
     "OffsetForLeaderEpoch": check_offset_for_leader_epoch,
     "ElectLeaders": check_elect_leaders,
     "DescribeConfigsRepeated": check_describe_configs,
+    "Fetch": check_fetch,
 }
 FAST = {"OffsetFetch"}  # in the fast set; the others run with the slow set
 
