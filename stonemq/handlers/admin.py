@@ -76,7 +76,7 @@ async def handle_create_topics(ctx: RequestContext, request: Any) -> Any:
     duplicates = _duplicates(t.name for t in request.topics)
     results = []
     requested = 0  # partitions this request creates (max.partitions.per.request)
-    for topic in request.topics:
+    async for topic in ctx.paced(request.topics):
         if topic.name in duplicates:
             results.append(
                 _create_result(
@@ -203,7 +203,7 @@ async def handle_delete_topics(ctx: RequestContext, request: Any) -> Any:
     duplicate_names = _duplicates(name for name, _ in wanted if name is not None)
     duplicate_ids = _duplicates(tid for name, tid in wanted if name is None and tid is not None)
     results = []
-    for name, topic_id in wanted:
+    async for name, topic_id in ctx.paced(wanted):
         if topic_id is not None and topic_id.int == 0:
             topic_id = None
         with _Outcome() as outcome:
@@ -242,7 +242,7 @@ async def handle_create_partitions(ctx: RequestContext, request: Any) -> Any:
     broker_id = ctx.broker.settings.broker_id
     duplicates = _duplicates(t.name for t in request.topics)
     results = []
-    for topic in request.topics:
+    async for topic in ctx.paced(request.topics):
         with _Outcome() as outcome:
             if topic.name in duplicates:
                 raise InvalidRequestError("Duplicate topic name.")
@@ -284,7 +284,7 @@ class _AssignmentError(AdminError):
 @api(32, 1, 4)
 async def handle_describe_configs(ctx: RequestContext, request: Any) -> Any:
     results = []
-    for resource in request.resources:
+    async for resource in ctx.paced(request.resources):
         configs: tuple[Any, ...] = ()
         with _Outcome() as outcome:
             entries = _describe_resource(ctx, resource.resource_type, resource.resource_name)
@@ -293,13 +293,15 @@ async def handle_describe_configs(ctx: RequestContext, request: Any) -> Any:
                 wanted = set(keys)
                 entries = [e for e in entries if e.name in wanted]
             configs = tuple(
-                _config_result(
-                    ctx,
-                    entry,
-                    synonyms=request.include_synonyms,
-                    documentation=getattr(request, "include_documentation", False),
-                )
-                for entry in entries
+                [
+                    _config_result(
+                        ctx,
+                        entry,
+                        synonyms=request.include_synonyms,
+                        documentation=getattr(request, "include_documentation", False),
+                    )
+                    async for entry in ctx.paced(entries)
+                ]
             )
         results.append(
             ctx.build(
@@ -406,7 +408,7 @@ async def _alter_each(
 ) -> tuple[Any, ...]:
     """Run ``apply`` for each topic or broker resource; one result (with its error) each."""
     results = []
-    for resource in request.resources:
+    async for resource in ctx.paced(request.resources):
         with _Outcome() as outcome:
             if resource.resource_type == RESOURCE_BROKER:
                 _check_broker_name(ctx, resource.resource_name)

@@ -45,19 +45,21 @@ async def handle_describe_client_quotas(ctx: RequestContext, request: Any) -> An
             entries=None,
         )
     entries = tuple(
-        ctx.build(
-            "EntryData",
-            entity=tuple(
-                ctx.build("EntityData", entity_type=entity_type, entity_name=name)
-                for entity_type, name in entity
-            ),
-            values=tuple(
-                ctx.build("ValueData", key=key, value=value)
-                for key, value in sorted(values.items())
-            ),
-        )
-        for entity, values in ctx.broker.quotas.quotas.items()
-        if quota_filter.matches(entity)
+        [
+            ctx.build(
+                "EntryData",
+                entity=tuple(
+                    ctx.build("EntityData", entity_type=entity_type, entity_name=name)
+                    for entity_type, name in entity
+                ),
+                values=tuple(
+                    ctx.build("ValueData", key=key, value=value)
+                    for key, value in sorted(values.items())
+                ),
+            )
+            async for entity, values in ctx.paced(list(ctx.broker.quotas.quotas.items()))
+            if quota_filter.matches(entity)
+        ]
     )
     return ctx.build(
         "DescribeClientQuotasResponse",
@@ -73,7 +75,7 @@ async def handle_alter_client_quotas(ctx: RequestContext, request: Any) -> Any:
     outcomes: list[tuple[Any, ErrorCode, str | None]] = []
     changes: dict[Entity, dict[str, float | None]] = {}
     seen: set[Entity] = set()
-    for entry in request.entries:
+    async for entry in ctx.paced(request.entries):
         try:
             entity = validate_entity([(e.entity_type, e.entity_name) for e in entry.entity])
             if entity in seen:
@@ -120,16 +122,20 @@ async def handle_alter_client_quotas(ctx: RequestContext, request: Any) -> Any:
         "AlterClientQuotasResponse",
         throttle_time=0,
         entries=tuple(
-            ctx.build(
-                "EntryData",
-                error_code=error,
-                error_message=message,
-                entity=tuple(
-                    ctx.build("EntityData", entity_type=e.entity_type, entity_name=e.entity_name)
-                    for e in entity
-                ),
-            )
-            for entity, error, message in outcomes
+            [
+                ctx.build(
+                    "EntryData",
+                    error_code=error,
+                    error_message=message,
+                    entity=tuple(
+                        ctx.build(
+                            "EntityData", entity_type=e.entity_type, entity_name=e.entity_name
+                        )
+                        for e in entity
+                    ),
+                )
+                async for entity, error, message in ctx.paced(outcomes)
+            ]
         ),
     )
 

@@ -70,10 +70,10 @@ async def handle_delete_records(ctx: RequestContext, request: Any) -> Any:
     storage, waiters = ctx.broker.storage, ctx.broker.fetch_waiters
     tier = getattr(ctx.broker, "tier", None)
     answers: list[tuple[str, list[_Result]]] = []
-    for topic in request.topics:
+    async for topic in ctx.paced(request.topics):
         record = ctx.broker.topics.get(topic.name)
         results = []
-        for p in topic.partitions:
+        async for p in ctx.paced(topic.partitions):
             result = _Result(topic.name, p.partition_index)
             results.append(result)
             if record is None or not 0 <= p.partition_index < record.partitions:
@@ -105,33 +105,30 @@ async def handle_delete_records(ctx: RequestContext, request: Any) -> Any:
                     result.error = ErrorCode.kafka_storage_error
         answers.append((topic.name, results))
     await _until_applied(ctx, answers, max(request.timeout.total_seconds(), ACKNOWLEDGED_WAIT_S))
-    for name, results in answers:
-        for r in results:
-            if r.error == ErrorCode.none:
-                try:
-                    r.low_watermark = storage.log_start_offset(name, r.index)
-                    if r.cold >= 0 and tier is not None:
-                        r.low_watermark = tier.log_start(name, r.index, r.low_watermark)
-                except UnknownPartitionError:  # deleted meanwhile
-                    r.error = ErrorCode.unknown_topic_or_partition
+    built: list[list[Any]] = [[] for _ in answers]
+    flat = ((i, r) for i, (_, results) in enumerate(answers) for r in results)
+    async for i, r in ctx.paced(flat):
+        if r.error == ErrorCode.none:
+            try:
+                r.low_watermark = storage.log_start_offset(r.topic, r.index)
+                if r.cold >= 0 and tier is not None:
+                    r.low_watermark = tier.log_start(r.topic, r.index, r.low_watermark)
+            except UnknownPartitionError:  # deleted meanwhile
+                r.error = ErrorCode.unknown_topic_or_partition
+        built[i].append(
+            ctx.build(
+                "DeleteRecordsPartitionResult",
+                partition_index=r.index,
+                low_watermark=r.low_watermark,
+                error_code=r.error,
+            )
+        )
     return ctx.build(
         "DeleteRecordsResponse",
         throttle_time=0,
         topics=tuple(
-            ctx.build(
-                "DeleteRecordsTopicResult",
-                name=name,
-                partitions=tuple(
-                    ctx.build(
-                        "DeleteRecordsPartitionResult",
-                        partition_index=r.index,
-                        low_watermark=r.low_watermark,
-                        error_code=r.error,
-                    )
-                    for r in results
-                ),
-            )
-            for name, results in answers
+            ctx.build("DeleteRecordsTopicResult", name=name, partitions=tuple(parts))
+            for (name, _), parts in zip(answers, built, strict=True)
         ),
     )
 

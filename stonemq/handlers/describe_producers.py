@@ -26,7 +26,7 @@ UNKNOWN_TOPIC_MESSAGE = "This server does not host this topic-partition."
 @api(61, 0, 0)
 async def handle_describe_producers(ctx: RequestContext, request: Any) -> Any:
     topics = []
-    for topic in request.topics:
+    async for topic in ctx.paced(request.topics):
         topic_error: tuple[ErrorCode, str] | None = None
         record = None
         try:
@@ -38,7 +38,7 @@ async def handle_describe_producers(ctx: RequestContext, request: Any) -> Any:
             if record is None:
                 topic_error = (ErrorCode.unknown_topic_or_partition, UNKNOWN_TOPIC_MESSAGE)
         partitions = []
-        for index in topic.partition_indexes:
+        async for index in ctx.paced(topic.partition_indexes):
             if topic_error is not None:
                 partitions.append(_partition(ctx, index, *topic_error))
             elif record is not None and not 0 <= index < record.partitions:

@@ -38,22 +38,24 @@ class _InvalidRequest(Exception):
 @api(75, 0, 0)
 async def handle_describe_topic_partitions(ctx: RequestContext, request: Any) -> Any:
     try:
-        names, fetch_all = _names(ctx, request)
+        names, fetch_all = await _names(ctx, request)
     except _InvalidRequest:
         return ctx.build(
             "DescribeTopicPartitionsResponse",
             throttle_time=0,
             topics=tuple(
-                ctx.build(
-                    "DescribeTopicPartitionsResponseTopic",
-                    error_code=ErrorCode.invalid_request,
-                    name=t.name,
-                    topic_id=None,
-                    is_internal=False,
-                    partitions=(),
-                    topic_authorized_operations=UNKNOWN_AUTHORIZED_OPERATIONS,
-                )
-                for t in request.topics
+                [
+                    ctx.build(
+                        "DescribeTopicPartitionsResponseTopic",
+                        error_code=ErrorCode.invalid_request,
+                        name=t.name,
+                        topic_id=None,
+                        is_internal=False,
+                        partitions=(),
+                        topic_authorized_operations=UNKNOWN_AUTHORIZED_OPERATIONS,
+                    )
+                    async for t in ctx.paced(request.topics)
+                ]
             ),
             next_cursor=None,
         )
@@ -66,7 +68,7 @@ async def handle_describe_topic_partitions(ctx: RequestContext, request: Any) ->
     topics = []
     next_cursor = None
     routing = ctx.broker.routing
-    for name in names:
+    async for name in ctx.paced(names):
         if remaining == 0:
             next_cursor = ctx.build("Cursor", topic_name=name, partition_index=0)
             break
@@ -103,20 +105,21 @@ async def handle_describe_topic_partitions(ctx: RequestContext, request: Any) ->
     )
 
 
-def _names(ctx: RequestContext, request: Any) -> tuple[list[str], bool]:
+async def _names(ctx: RequestContext, request: Any) -> tuple[list[str], bool]:
     """The topic names to answer, in order from the cursor's, and whether all were asked."""
     cursor = request.cursor
     after = cursor.topic_name if cursor is not None else ""
     fetch_all = not request.topics
     if fetch_all:
-        names = {r.name for r in ctx.broker.metadata.list_topics() if r.name >= after}
+        listed = ctx.broker.metadata.list_topics()
+        names = {r.name async for r in ctx.paced(listed) if r.name >= after}
     else:
-        names = {t.name for t in request.topics if t.name >= after}
+        names = {t.name async for t in ctx.paced(request.topics) if t.name >= after}
         if cursor is not None and cursor.topic_name not in names:
             raise _InvalidRequest
     if cursor is not None and cursor.partition_index < 0:
         raise _InvalidRequest
-    return sorted(names), fetch_all
+    return await ctx.paced_sorted(names), fetch_all
 
 
 def _partition(ctx: RequestContext, index: int, lead: Leadership) -> Any:

@@ -46,7 +46,7 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 
-from stonemq.handlers.context import RequestContext
+from stonemq.handlers.context import ENTRIES_OFF_LOOP, PACE_EVERY, RequestContext
 from stonemq.handlers.registry import api
 from stonemq.protocol.record_batch import COMPRESSION_ZSTD, iter_batches
 from stonemq.quotas.entity import CONSUMER_BYTE_RATE
@@ -136,6 +136,8 @@ async def handle_fetch(ctx: RequestContext, request: Any) -> Any:
     wanted = _resolve(ctx, request)
     named = [t for t in wanted if t.topic is not None]
     keys = [(t.topic, p.partition) for t in named for p in t.partitions]
+    if len(keys) >= ENTRIES_OFF_LOOP:
+        ctx.mark_large()  # its response is encoded in the heavy-work thread
     tier = getattr(broker, "tier", None)
     cold = (
         await tier.cold_reads(_Named(named), broker.storage, broker.settings.fetch_max_bytes)
@@ -169,34 +171,43 @@ async def handle_fetch(ctx: RequestContext, request: Any) -> Any:
             node_endpoints=(),
         )
     endpoints: dict[int, Any] = {}
+    responses = []
+    counted = 0
+    for topic, parts in topics:
+        partitions = []
+        for part in parts:
+            counted += 1
+            if counted == PACE_EVERY:  # a request of many partitions: others go first now
+                counted = 0  # and then (context.py RequestContext.paced)
+                await ctx.keep_pace()
+            partitions.append(
+                ctx.build(
+                    "PartitionData",
+                    partition_index=part.index,
+                    error_code=part.error,
+                    high_watermark=part.hw,
+                    last_stable_offset=part.hw,
+                    log_start_offset=part.log_start,
+                    aborted_transactions=() if part.error == ErrorCode.none else None,
+                    preferred_read_replica=-1,
+                    records=part.records,
+                    **_leader_hint(ctx, topic.topic, part, endpoints),
+                )
+            )
+        responses.append(
+            ctx.build(
+                "FetchableTopicResponse",
+                topic=topic.topic,
+                topic_id=topic.topic_id,
+                partitions=tuple(partitions),
+            )
+        )
     return ctx.build(
         "FetchResponse",
         throttle_time=0,
         error_code=ErrorCode.none,
         session_id=0,
-        responses=tuple(
-            ctx.build(
-                "FetchableTopicResponse",
-                topic=topic.topic,
-                topic_id=topic.topic_id,
-                partitions=tuple(
-                    ctx.build(
-                        "PartitionData",
-                        partition_index=part.index,
-                        error_code=part.error,
-                        high_watermark=part.hw,
-                        last_stable_offset=part.hw,
-                        log_start_offset=part.log_start,
-                        aborted_transactions=() if part.error == ErrorCode.none else None,
-                        preferred_read_replica=-1,
-                        records=part.records,
-                        **_leader_hint(ctx, topic.topic, part, endpoints),
-                    )
-                    for part in parts
-                ),
-            )
-            for topic, parts in topics
-        ),
+        responses=tuple(responses),
         node_endpoints=tuple(
             ctx.build("NodeEndpoint", node_id=e.broker_id, host=e.host, port=e.port, rack=e.rack)
             for e in endpoints.values()
@@ -261,12 +272,17 @@ async def _read_all(
     has_error = False
     zstd_allowed = ctx.api_version >= FIRST_ZSTD_FETCH_VERSION
     out: list[tuple[_Topic, list[_Part]]] = []
+    counted = 0
     for fetch_topic in wanted:
         name = fetch_topic.topic
         record = topics_mgr.get(name) if name is not None else None
         parts: list[_Part] = []
         out.append((fetch_topic, parts))
         for fp in fetch_topic.partitions:
+            counted += 1
+            if counted == PACE_EVERY:  # a request of many partitions: others go first now
+                counted = 0  # and then (context.py RequestContext.paced)
+                await ctx.keep_pace()
             part = _Part(fp.partition)
             parts.append(part)
             if name is None:  # v13+: a topic id this broker does not know

@@ -76,7 +76,7 @@ async def handle_find_coordinator(ctx: RequestContext, request: Any) -> Any:
     key_type = getattr(request, "key_type", KEY_TYPE_GROUP)
     if ctx.api_version >= 4:
         coordinators = []
-        for key in request.coordinator_keys:
+        async for key in ctx.paced(request.coordinator_keys):
             error, message = await _coordinator_error(ctx, key_type, key)
             coordinators.append(
                 ctx.build("Coordinator", key=key, **_node(ctx, error, message, key))
@@ -324,7 +324,7 @@ async def handle_describe_groups(ctx: RequestContext, request: Any) -> Any:
     coord = coordinator(ctx)
     operations = group_operations(getattr(request, "include_authorized_operations", False))
     groups = []
-    for group_id in request.groups:
+    async for group_id in ctx.paced(request.groups):
         summary = coord.describe(group_id)
         error = ErrorCode.none if group_id else ErrorCode.invalid_group_id
         if error == ErrorCode.none and not coordinates(ctx, group_id):
@@ -405,19 +405,21 @@ async def handle_list_groups(ctx: RequestContext, request: Any) -> Any:
 async def handle_delete_groups(ctx: RequestContext, request: Any) -> Any:
     coord = coordinator(ctx)
     pending = []
-    for group_id in request.groups_names:
+    async for group_id in ctx.paced(request.groups_names):
         future, respond = waiter()
         if group_id and not coordinates(ctx, group_id):
             respond(refusal(ctx, group_id))
         else:
             coord.delete_group(group_id, respond)
         pending.append((group_id, future))
-    results = [(group_id, await future) for group_id, future in pending]
+    results = [(group_id, await future) async for group_id, future in ctx.paced(pending)]
     return ctx.build(
         "DeleteGroupsResponse",
         throttle_time=0,
         results=tuple(
-            ctx.build("DeletableGroupResult", group_id=group_id, error_code=error)
-            for group_id, error in results
+            [
+                ctx.build("DeletableGroupResult", group_id=group_id, error_code=error)
+                async for group_id, error in ctx.paced(results)
+            ]
         ),
     )

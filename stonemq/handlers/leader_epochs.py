@@ -50,10 +50,10 @@ async def handle_offset_for_leader_epoch(ctx: RequestContext, request: Any) -> A
     storage = ctx.broker.storage
     routing = ctx.broker.routing
     topics = []
-    for topic in request.topics:
+    async for topic in ctx.paced(request.topics):
         record = ctx.broker.topics.get(topic.topic)
         partitions = []
-        for p in topic.partitions:
+        async for p in ctx.paced(topic.partitions):
             epoch, end_offset = UNDEFINED_EPOCH, UNDEFINED_EPOCH_OFFSET
             current = -1
             if record is None or not 0 <= p.partition < record.partitions:

@@ -43,10 +43,10 @@ EARLIEST_PENDING_UPLOAD = -6
 async def handle_list_offsets(ctx: RequestContext, request: Any) -> Any:
     deadline = asyncio.get_running_loop().time() + ACKNOWLEDGED_WAIT_S  # for the whole request
     topics = []
-    for topic in request.topics:
+    async for topic in ctx.paced(request.topics):
         record = ctx.broker.topics.get(topic.name)
         partitions = []
-        for p in topic.partitions:
+        async for p in ctx.paced(topic.partitions):
             if record is None or not 0 <= p.partition_index < record.partitions:
                 error, offset, timestamp = ErrorCode.unknown_topic_or_partition, -1, -1
             elif (

@@ -51,7 +51,7 @@ def disk_space(directory: str) -> tuple[int, int]:
 
 @api(35, 1, 5)
 async def handle_describe_log_dirs(ctx: RequestContext, request: Any) -> Any:
-    wanted = _wanted_partitions(ctx, request.topics)
+    wanted = await _wanted_partitions(ctx, request.topics)
     if len(wanted) < LARGE_RESPONSE_PARTITIONS:
         results = _results(ctx, wanted)
     else:
@@ -63,7 +63,7 @@ async def handle_describe_log_dirs(ctx: RequestContext, request: Any) -> Any:
     )
 
 
-def _wanted_partitions(ctx: RequestContext, topics: Any) -> list[tuple[str, int]]:
+async def _wanted_partitions(ctx: RequestContext, topics: Any) -> list[tuple[str, int]]:
     """The (topic, partition) pairs asked for that exist; every partition for null topics."""
     manager = ctx.broker.topics
     if topics is None:
@@ -73,11 +73,11 @@ def _wanted_partitions(ctx: RequestContext, topics: Any) -> list[tuple[str, int]
             for p in range(record.partitions)
         ]
     wanted: dict[tuple[str, int], None] = {}
-    for topic in topics:
+    async for topic in ctx.paced(topics):
         record = manager.get(topic.topic)
         if record is None:
             continue  # Kafka leaves out what it does not host
-        for p in topic.partitions:
+        async for p in ctx.paced(topic.partitions):
             if 0 <= p < record.partitions:
                 wanted[(topic.topic, p)] = None
     return list(wanted)
@@ -155,10 +155,10 @@ async def handle_alter_replica_log_dirs(ctx: RequestContext, request: Any) -> An
     manager = ctx.broker.topics
     # (topic, partition) -> error; a partition named twice gets the last one's answer
     outcome: dict[str, dict[int, ErrorCode]] = {}
-    for directory in request.dirs:
-        for topic in directory.topics:
+    async for directory in ctx.paced(request.dirs):
+        async for topic in ctx.paced(directory.topics):
             record = manager.get(topic.name)
-            for partition in topic.partitions:
+            async for partition in ctx.paced(topic.partitions):
                 if directory.path != queue_dir:
                     error = ErrorCode.log_dir_not_found
                 elif record is None or not 0 <= partition < record.partitions:
@@ -172,16 +172,22 @@ async def handle_alter_replica_log_dirs(ctx: RequestContext, request: Any) -> An
         "AlterReplicaLogDirsResponse",
         throttle_time=0,
         results=tuple(
-            ctx.build(
-                "AlterReplicaLogDirTopicResult",
-                topic_name=name,
-                partitions=tuple(
-                    ctx.build(
-                        "AlterReplicaLogDirPartitionResult", partition_index=p, error_code=error
-                    )
-                    for p, error in partitions.items()
-                ),
-            )
-            for name, partitions in outcome.items()
+            [
+                ctx.build(
+                    "AlterReplicaLogDirTopicResult",
+                    topic_name=name,
+                    partitions=tuple(
+                        [
+                            ctx.build(
+                                "AlterReplicaLogDirPartitionResult",
+                                partition_index=p,
+                                error_code=error,
+                            )
+                            async for p, error in ctx.paced(list(partitions.items()))
+                        ]
+                    ),
+                )
+                async for name, partitions in ctx.paced(list(outcome.items()))
+            ]
         ),
     )

@@ -73,7 +73,7 @@ async def _build_response(ctx: RequestContext, request: Any) -> Any:
         for record in broker.metadata.list_topics():
             wanted_topics.append((record, ErrorCode.none, record.name))
     else:
-        for wanted in request.topics:
+        async for wanted in ctx.paced(request.topics):
             name = wanted.name
             if name is None and getattr(wanted, "topic_id", None) is not None:
                 try:
@@ -339,7 +339,10 @@ async def _topics(
 
     partitions = sum(record.partitions for record, _, _ in wanted if record is not None)
     if partitions < LARGE_RESPONSE_PARTITIONS:
-        return build()
+        return [
+            _topic(ctx, record, error, name, include_operations)
+            async for record, error, name in ctx.paced(wanted)
+        ]
     ctx.encode_in_thread = True
     return await asyncio.get_running_loop().run_in_executor(heavy_work(), build)
 

@@ -81,6 +81,31 @@ def _topic_id(ctx: RequestContext, name: str) -> uuid.UUID | None:
 async def handle_offset_commit(ctx: RequestContext, request: Any) -> Any:
     coord = coordinator(ctx)
     by_id = ctx.api_version >= COMMIT_TOPIC_IDS_VERSION
+    # (topic name or None, topic id or None, partition, error), in the request's order
+    errors: list[tuple[str | None, uuid.UUID | None, int, ErrorCode]] = []
+    valid: list[OffsetCommit] = []  # the partitions that may be committed
+    async for topic in ctx.paced(request.topics):
+        topic_id = topic.topic_id if by_id else None
+        name = _topic_name(ctx, topic_id) if by_id else topic.name
+        async for p in ctx.paced(topic.partitions):
+            if name is None:  # an id this broker does not know, whatever the group's state
+                errors.append((None, topic_id, p.partition_index, ErrorCode.unknown_topic_id))
+                continue
+            error = coord.partition_error(name, p.partition_index, p.committed_metadata)
+            if error == ErrorCode.none:
+                valid.append(
+                    OffsetCommit(
+                        name,
+                        p.partition_index,
+                        p.committed_offset,
+                        getattr(p, "committed_leader_epoch", -1),
+                        p.committed_metadata,
+                    )
+                )
+            errors.append((name, topic_id, p.partition_index, error))
+    # the member is checked after the partitions (the loop above lets other connections go
+    # first now and then), so nothing comes between its check and the commit; its error
+    # stands before a partition's, as in Kafka
     group_error = (
         coord.validate_commit(
             request.group_id,
@@ -91,40 +116,20 @@ async def handle_offset_commit(ctx: RequestContext, request: Any) -> Any:
         if coordinates(ctx, request.group_id)
         else refusal(ctx, request.group_id)
     )
-    # (topic name or None, topic id or None, partition, error), in the request's order
-    errors: list[tuple[str | None, uuid.UUID | None, int, ErrorCode]] = []
-    commits: list[OffsetCommit] = []
-    for topic in request.topics:
-        topic_id = topic.topic_id if by_id else None
-        name = _topic_name(ctx, topic_id) if by_id else topic.name
-        for p in topic.partitions:
-            if name is None:  # an id this broker does not know, whatever the group's state
-                errors.append((None, topic_id, p.partition_index, ErrorCode.unknown_topic_id))
-                continue
-            error = group_error
-            if error == ErrorCode.none:
-                error = coord.partition_error(name, p.partition_index, p.committed_metadata)
-            if error == ErrorCode.none:
-                commits.append(
-                    OffsetCommit(
-                        name,
-                        p.partition_index,
-                        p.committed_offset,
-                        getattr(p, "committed_leader_epoch", -1),
-                        p.committed_metadata,
-                    )
-                )
-            errors.append((name, topic_id, p.partition_index, error))
+    commits = valid
+    if group_error != ErrorCode.none:
+        commits = []
+        errors = [(t, i, p, e if t is None else group_error) for t, i, p, e in errors]
     if commits:
         future, respond = waiter()
         coord.commit(request.group_id, commits, respond)
         written: ErrorCode = await future
         if written != ErrorCode.none:
             errors = [(t, i, p, written if e == ErrorCode.none else e) for t, i, p, e in errors]
-    entries = (
+    entries = [
         (t, i, ctx.build("OffsetCommitResponsePartition", partition_index=p, error_code=e))
-        for t, i, p, e in errors
-    )
+        async for t, i, p, e in ctx.paced(errors)
+    ]
     topics = (
         _by_topic_id(ctx, "OffsetCommitResponseTopic", ((i, entry) for _, i, entry in entries))
         if by_id
@@ -138,10 +143,10 @@ async def handle_offset_commit(ctx: RequestContext, request: Any) -> Any:
 async def handle_offset_fetch(ctx: RequestContext, request: Any) -> Any:
     if ctx.api_version >= 8:
         groups = []
-        for g in request.groups:
+        async for g in ctx.paced(request.groups):
             error = _fetch_error(ctx, g.group_id)
             topics = (
-                _fetch_topics(ctx, g.group_id, g.topics, "OffsetFetchResponseTopics")
+                await _fetch_topics(ctx, g.group_id, g.topics, "OffsetFetchResponseTopics")
                 if error != ErrorCode.not_coordinator
                 else ()
             )
@@ -157,7 +162,7 @@ async def handle_offset_fetch(ctx: RequestContext, request: Any) -> Any:
         throttle_time=0,
         error_code=error,
         topics=(
-            _fetch_topics(ctx, request.group_id, request.topics, "OffsetFetchResponseTopic")
+            await _fetch_topics(ctx, request.group_id, request.topics, "OffsetFetchResponseTopic")
             if error != ErrorCode.not_coordinator
             else ()
         ),
@@ -170,14 +175,15 @@ def _fetch_error(ctx: RequestContext, group_id: str) -> ErrorCode:
     return ErrorCode.none if coordinates(ctx, group_id) else refusal(ctx, group_id)
 
 
-def _fetch_topics(
+async def _fetch_topics(
     ctx: RequestContext, group_id: str, topics: tuple[Any, ...] | None, type_topic: str
 ) -> tuple[Any, ...]:
     type_partition = (
         "OffsetFetchResponsePartitions" if ctx.api_version >= 8 else "OffsetFetchResponsePartition"
     )
     if ctx.api_version >= FETCH_TOPIC_IDS_VERSION:
-        return _by_topic_id(ctx, type_topic, _fetch_by_id(ctx, group_id, topics, type_partition))
+        fetched = await _fetch_by_id(ctx, group_id, topics, type_partition)
+        return _by_topic_id(ctx, type_topic, fetched)
     wanted: list[TopicPartition] | None = None
     if topics is not None:
         wanted = [(t.name, p) for t in topics for p in t.partition_indexes]
@@ -185,11 +191,14 @@ def _fetch_topics(
     return _by_topic(
         ctx,
         type_topic,
-        ((tp[0], _fetched(ctx, type_partition, tp[1], c)) for tp, c in offsets.items()),
+        [
+            (tp[0], _fetched(ctx, type_partition, tp[1], c))
+            async for tp, c in ctx.paced(offsets.items())
+        ],
     )
 
 
-def _fetch_by_id(
+async def _fetch_by_id(
     ctx: RequestContext, group_id: str, topics: tuple[Any, ...] | None, type_partition: str
 ) -> list[tuple[uuid.UUID | None, Any]]:
     """v10: topics named by id; an unknown id is UNKNOWN_TOPIC_ID, and the offsets of a
@@ -197,22 +206,30 @@ def _fetch_by_id(
     coord = coordinator(ctx)
     if topics is None:
         out = []
-        for (name, partition), committed in coord.fetch_offsets(group_id, None).items():
+        async for (name, partition), committed in ctx.paced(
+            coord.fetch_offsets(group_id, None).items()
+        ):
             topic_id = _topic_id(ctx, name)
             if topic_id is not None:
                 out.append((topic_id, _fetched(ctx, type_partition, partition, committed)))
         return out
     out = []
-    for t in topics:
+    async for t in ctx.paced(topics):
         name = _topic_name(ctx, t.topic_id)
         if name is None:
             out.extend(
-                (t.topic_id, _unknown_id(ctx, type_partition, p)) for p in t.partition_indexes
+                [
+                    (t.topic_id, _unknown_id(ctx, type_partition, p))
+                    async for p in ctx.paced(t.partition_indexes)
+                ]
             )
             continue
         offsets = coord.fetch_offsets(group_id, [(name, p) for p in t.partition_indexes])
         out.extend(
-            (t.topic_id, _fetched(ctx, type_partition, p, c)) for (_, p), c in offsets.items()
+            [
+                (t.topic_id, _fetched(ctx, type_partition, p, c))
+                async for (_, p), c in ctx.paced(offsets.items())
+            ]
         )
     return out
 
@@ -266,7 +283,7 @@ async def handle_offset_delete(ctx: RequestContext, request: Any) -> Any:
         topics=_by_topic(
             ctx,
             "OffsetDeleteResponseTopic",
-            (
+            [
                 (
                     t,
                     ctx.build(
@@ -275,7 +292,7 @@ async def handle_offset_delete(ctx: RequestContext, request: Any) -> Any:
                         error_code=errors.get((t, p), error),
                     ),
                 )
-                for t, p in wanted
-            ),
+                async for t, p in ctx.paced(wanted)
+            ],
         ),
     )

@@ -97,44 +97,48 @@ async def handle_elect_leaders(ctx: RequestContext, request: Any) -> Any:
             ctx,
             ErrorCode.invalid_request,
             tuple(
-                _election_result(
-                    ctx,
-                    t.topic,
-                    [(p, ErrorCode.invalid_request, message) for p in t.partitions],
-                )
-                for t in request.topic_partitions or ()
+                [
+                    await _election_result(
+                        ctx,
+                        t.topic,
+                        [(p, ErrorCode.invalid_request, message) for p in t.partitions],
+                    )
+                    async for t in ctx.paced(request.topic_partitions or ())
+                ]
             ),
         )
     if request.topic_partitions is None:
         # every partition; those that already have the desired leader are left out
         results = []
-        for record in ctx.broker.metadata.list_topics():
+        async for record in ctx.paced(ctx.broker.metadata.list_topics()):
             outcomes = [
                 (p, *_election(ctx, record.name, p, election_type))
-                for p in range(record.partitions)
+                async for p in ctx.paced(range(record.partitions))
             ]
             kept = [o for o in outcomes if o[1] != ErrorCode.election_not_needed]
-            results.append(_election_result(ctx, record.name, kept))
+            results.append(await _election_result(ctx, record.name, kept))
         return _elect_response(ctx, ErrorCode.none, tuple(results))
     topic_results = []
-    for topic in request.topic_partitions:
+    async for topic in ctx.paced(request.topic_partitions):
         outcomes = [
             (partition, *_election(ctx, topic.topic, partition, election_type))
-            for partition in topic.partitions
+            async for partition in ctx.paced(topic.partitions)
         ]
-        topic_results.append(_election_result(ctx, topic.topic, outcomes))
+        topic_results.append(await _election_result(ctx, topic.topic, outcomes))
     return _elect_response(ctx, ErrorCode.none, tuple(topic_results))
 
 
-def _election_result(
+async def _election_result(
     ctx: RequestContext, topic: str, outcomes: list[tuple[int, ErrorCode, str | None]]
 ) -> Any:
     return ctx.build(
         "ReplicaElectionResult",
         topic=topic,
         partition_result=tuple(
-            ctx.build("PartitionResult", partition_id=p, error_code=code, error_message=message)
-            for p, code, message in outcomes
+            [
+                ctx.build("PartitionResult", partition_id=p, error_code=code, error_message=message)
+                async for p, code, message in ctx.paced(outcomes)
+            ]
         ),
     )
 
@@ -152,9 +156,9 @@ def _elect_response(ctx: RequestContext, error: ErrorCode, results: tuple[Any, .
 @api(45, 0, 1)
 async def handle_alter_partition_reassignments(ctx: RequestContext, request: Any) -> Any:
     responses = []
-    for topic in request.topics:
+    async for topic in ctx.paced(request.topics):
         partitions = []
-        for target in topic.partitions:
+        async for target in ctx.paced(topic.partitions):
             code, message = ErrorCode.none, None
             try:
                 lead = _leadership(ctx, topic.name, target.partition_index)

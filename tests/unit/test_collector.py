@@ -47,3 +47,46 @@ def test_startup_frozen_and_cycles_still_collected():
     assert seen["frozen"] >= seen["startup"]  # what existed at startup is never traversed
     # 280,000 cyclic objects made: each young collection finds the ones made since the last
     assert seen["peak"] <= 2 * seen["young"], seen
+
+
+DEFERRAL = """
+import gc, json, time
+from stonemq.server import collector
+
+collector.tune_collector()
+normal = gc.get_threshold()
+seen = {"normal": normal}
+collector.defer_full_collections()
+collector.defer_full_collections()  # a second large request
+seen["deferred"] = gc.get_threshold()
+collector.resume_full_collections()
+seen["one_left"] = gc.get_threshold()
+collector.resume_full_collections()
+seen["none_left"] = gc.get_threshold()
+# held past FULL_COLLECTION_DEFER_MAX_S: the next large request no longer defers them
+collector.FULL_COLLECTION_DEFER_MAX_S = 0.05
+collector.defer_full_collections()
+time.sleep(0.1)
+collector.defer_full_collections()
+seen["held_too_long"] = gc.get_threshold()
+collector.resume_full_collections()
+collector.resume_full_collections()
+seen["after"] = gc.get_threshold()
+print(json.dumps(seen))
+"""
+
+
+def test_full_collections_wait_for_large_requests_within_a_bound():
+    """Large requests in flight defer full collections (one over a million live objects held
+    the GIL 150-270 ms); the last one answered puts the thresholds back, and a deferral held
+    longer than FULL_COLLECTION_DEFER_MAX_S lets them run again."""
+    out = subprocess.run(
+        [sys.executable, "-c", DEFERRAL], capture_output=True, text=True, check=True
+    )
+    seen = json.loads(out.stdout)
+    normal = seen["normal"]
+    assert seen["deferred"][:2] == normal[:2] and seen["deferred"][2] > 1_000_000
+    assert seen["one_left"] == seen["deferred"]
+    assert seen["none_left"] == normal
+    assert seen["held_too_long"] == normal
+    assert seen["after"] == normal
