@@ -29,7 +29,7 @@ ConnectOpt = Annotated[
     typer.Option(
         "--zookeeper-connect",
         envvar="STONEMQ_ZOOKEEPER_CONNECT",
-        help="Kafka's zookeeper.connect: host:port[,host:port...][/chroot]",
+        help="Kafka's zookeeper.connect: host:port[,host:port...]\\[/chroot]",
     ),
 ]
 
