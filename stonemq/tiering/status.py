@@ -36,14 +36,30 @@ class TieredTopic:
 
 
 def tiered_topics(settings: Settings, names: list[str] | None = None) -> list[TieredTopic]:
-    """Topics with ``remote.storage.enable=true`` (of ``names`` when given)."""
-    from stonemq.metadata.sqlite import SqliteMetadataStore
+    """Topics with ``remote.storage.enable=true`` (of ``names`` when given), from the metadata
+    store the settings name: ZooKeeper with ``zookeeper.connect`` (a cluster broker has no
+    ``metadata.db``: ``tier run`` and ``tier status`` saw no topic there, so a cluster never
+    archived), else the data directory's SQLite file."""
+    from stonemq.metadata.store import MetadataStore
     from stonemq.topic_configs import DynamicBrokerConfigs, resolve_topic
 
-    db = Path(settings.data_dir) / "metadata.db"
-    if not db.exists():
-        return []
-    store = SqliteMetadataStore(db)
+    store: MetadataStore
+    if settings.zookeeper_connect:
+        from stonemq.metadata.zookeeper import ZooKeeperMetadataStore
+
+        store = ZooKeeperMetadataStore(
+            settings.zookeeper_connect,
+            broker_id=settings.broker_id,
+            session_timeout_ms=settings.zookeeper_session_timeout_ms,
+            connect_timeout_s=settings.zookeeper_connection_timeout_ms / 1000,
+        )
+    else:
+        from stonemq.metadata.sqlite import SqliteMetadataStore
+
+        db = Path(settings.data_dir) / "metadata.db"
+        if not db.exists():
+            return []
+        store = SqliteMetadataStore(db)
     try:
         dynamic = DynamicBrokerConfigs(
             own=store.broker_configs(str(settings.broker_id)), default=store.broker_configs()
