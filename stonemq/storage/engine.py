@@ -1006,6 +1006,14 @@ class StorageEngine:
             queue.mark_flushing()
             self._set_recovery_point(queue, queue.recovery_point())
         self._dirty.clear()
+        # the checkpoint says each queue log's log start as recovery found it: one that a
+        # crash left behind its first segment's base (segments deleted, the checkpoint not
+        # yet written; a log-start entry re-split then changes nothing) stayed stale for good
+        for state in self._by_name.values():
+            queue = state.queue
+            key = (state.topic, state.partition)
+            if queue is not None and queue.log_start_offset > self._log_starts.get(key, 0):
+                self._log_starts[key] = queue.log_start_offset
         assert self._splitter is not None
         replay = dict(enumerate(self._splitter.positions))
         journal_rps = {j.index: j.durable_end for j in self._journals}

@@ -196,3 +196,36 @@ def test_a_clean_close_during_a_checkpoint_round_keeps_the_new_log_start(tmp_pat
         assert engine.high_watermark("t", 0) == 60
 
     asyncio.run(asyncio.wait_for(run(), 20))
+
+
+def test_the_log_start_checkpoint_follows_a_deletion_a_crash_left_unwritten(
+    tmp_path: Path,
+) -> None:
+    """DeleteRecords to a segment's base deletes the segments below it at once; a crash
+    before the next checkpoint left the old log start in the checkpoint file, and recovery's
+    re-split of the log-start entry changed nothing (the first segment already starts
+    there), so the file stayed stale through every later stop (an independent cluster
+    check). Recovery's checkpoint now writes the log start it found."""
+    from stonemq.storage.checkpoint import LOG_START_OFFSET_FILE, read_offsets, write_offsets
+
+    async def run() -> None:
+        engine = new_engine(tmp_path)
+        add_topic(engine, config=SMALL)
+        engine.start(lambda *a: None)
+        await fill(engine, 60)
+        await engine.flush()
+        bases = [int(name.split(".")[0]) for name in segment_files(tmp_path)]
+        boundary = bases[len(bases) // 2]
+        assert await delete_records(engine, "t", 0, boundary) == boundary
+        await engine.wait_directory_work()
+        assert min(int(n.split(".")[0]) for n in segment_files(tmp_path)) == boundary
+        abandon(engine)
+        # the crash's window: the segments went, the checkpoint round had not run yet
+        checkpoint = tmp_path / "queues" / LOG_START_OFFSET_FILE
+        write_offsets(str(checkpoint), {("t", 0): 0})
+        engine = reopened(tmp_path)
+        assert engine.log_start_offset("t", 0) == boundary
+        assert read_offsets(str(checkpoint))[("t", 0)] == boundary
+        await engine.close()
+
+    asyncio.run(run())
