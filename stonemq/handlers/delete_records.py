@@ -86,14 +86,14 @@ async def handle_delete_records(ctx: RequestContext, request: Any) -> Any:
                 result.journal = record.journal_partitions[p.partition_index]
                 try:
                     await waiters.until_split(storage, topic.name, p.partition_index, deadline)
-                    offset = p.offset
+                    offset, archived_only = p.offset, False
                     if tier is not None and tier.tiered(topic.name):  # KIP-405: the archive too
                         if offset == -1:
                             offset = storage.high_watermark(topic.name, p.partition_index)
-                        if 0 <= offset < storage.log_start_offset(topic.name, p.partition_index):
-                            offset = -2  # archived offsets only: no local entry
-                        result.cold = max(offset, p.offset)
-                    if offset != -2:
+                        result.cold = offset  # below -1: refused by storage just below
+                        local_start = storage.log_start_offset(topic.name, p.partition_index)
+                        archived_only = 0 <= offset < local_start  # no local entry then
+                    if not archived_only:
                         result.queued = storage.delete_records(
                             topic.name, p.partition_index, offset
                         )

@@ -206,12 +206,7 @@ class ReplicaManager:
             return
         from stonemq.replication.fetcher import LeaderFetcher
 
-        if (
-            self._offline
-            and not self._offline_reporting
-            and self._offline_reported != self.client.client_id
-        ):
-            self._spawn(self._report_offline())  # a new session: its nodes went with the old
+        self._report_offline_once()  # again in a new session: its nodes went with the old
         wanted: dict[int, int] = {}
         for journal in self.routing.hosted():
             lead = self.routing.leadership(journal)
@@ -264,13 +259,21 @@ class ReplicaManager:
             "moves its leadership to another ISR member and takes this broker out of its ISR",
             journal,
         )
-        self._spawn(self._report_offline())
-        self.reconcile()
+        self.reconcile()  # reports it, and stops fetching it
+
+    def _report_offline_once(self) -> None:
+        """Write the offline nodes unless they are written in this session or being written."""
+        if (
+            self._offline
+            and not self._offline_reporting
+            and self._offline_reported != self.client.client_id
+        ):
+            self._offline_reporting = True
+            self._spawn(self._report_offline())
 
     async def _report_offline(self) -> None:
         session = self.client.client_id
         journals = sorted(self._offline)
-        self._offline_reporting = True
         try:
             await asyncio.get_running_loop().run_in_executor(
                 None, report_offline_journals, self.client, self.broker_id, journals
@@ -283,7 +286,7 @@ class ReplicaManager:
         if journals == sorted(self._offline):
             self._offline_reported = session
         else:  # another went offline meanwhile
-            self._spawn(self._report_offline())
+            self._report_offline_once()
 
     async def _become_leader(self, journal: int, epoch: int) -> None:
         try:
