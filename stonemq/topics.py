@@ -197,6 +197,7 @@ class ProduceConfig:
     log_append_time: bool  # message.timestamp.type == LogAppendTime
     limits: RecordLimits  # the validator's record rules
     min_insync_replicas: int = 1  # acks=all needs an ISR at least this large
+    segment_bytes: int = 1 << 30  # a larger batch is refused (RECORD_LIST_TOO_LARGE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -362,6 +363,7 @@ class TopicManager:
                     log_append_time=log_append_time,
                 ),
                 min_insync_replicas=int(config.values["min.insync.replicas"]),
+                segment_bytes=int(config.values["segment.bytes"]),
             )
             self._produce[name] = cached
         return cached

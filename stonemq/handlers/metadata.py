@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import uuid
 import weakref
 from typing import Any
 
@@ -38,6 +39,9 @@ from stonemq.topics import AdminError, UnknownTopicOrPartitionError, validate_to
 log = logging.getLogger(__name__)
 
 TOPIC_IDS_VERSION = 12
+
+# a requested topic: the record, its error, the name answered, the id answered when unknown
+Wanted = tuple[TopicRecord | None, ErrorCode, str | None, uuid.UUID | None]
 
 
 @api(3, 0, 13)
@@ -68,10 +72,10 @@ async def handle_metadata(ctx: RequestContext, request: Any) -> Any:
 async def _build_response(ctx: RequestContext, request: Any) -> Any:
     broker = ctx.broker
     allow_create = getattr(request, "allow_auto_topic_creation", True)
-    wanted_topics: list[tuple[TopicRecord | None, ErrorCode, str | None]] = []
+    wanted_topics: list[Wanted] = []
     if request.topics is None or (ctx.api_version == 0 and not request.topics):
         for record in broker.metadata.list_topics():
-            wanted_topics.append((record, ErrorCode.none, record.name))
+            wanted_topics.append((record, ErrorCode.none, record.name, None))
     else:
         async for wanted in ctx.paced(request.topics):
             name = wanted.name
@@ -79,16 +83,17 @@ async def _build_response(ctx: RequestContext, request: Any) -> Any:
                 try:
                     record = broker.topics.by_id(wanted.topic_id)
                 except AdminError as exc:
-                    wanted_topics.append((None, exc.error_code, None))
+                    # Kafka echoes the unknown id (UNKNOWN_TOPIC_ID, name null)
+                    wanted_topics.append((None, exc.error_code, None, wanted.topic_id))
                 else:
-                    wanted_topics.append((record, ErrorCode.none, record.name))
+                    wanted_topics.append((record, ErrorCode.none, record.name, None))
                 continue
             try:
                 record = await _lookup(ctx, name, allow_create)
             except AdminError as exc:
-                wanted_topics.append((None, exc.error_code, name))
+                wanted_topics.append((None, exc.error_code, name, None))
             else:
-                wanted_topics.append((record, ErrorCode.none, name))
+                wanted_topics.append((record, ErrorCode.none, name, None))
     include_operations = bool(getattr(request, "include_topic_authorized_operations", False))
     topics = await _topics(ctx, wanted_topics, include_operations)
     routing = broker.routing
@@ -159,6 +164,7 @@ def _topic(
     record: TopicRecord | None,
     error: ErrorCode,
     name: str | None,
+    unknown_id: uuid.UUID | None,
     include_operations: bool,
 ) -> Any:
     partitions = ()
@@ -171,7 +177,7 @@ def _topic(
         "MetadataResponseTopic",
         error_code=error,
         name=name,
-        topic_id=record.topic_id if record is not None else None,
+        topic_id=record.topic_id if record is not None else unknown_id,
         is_internal=record is not None and record.name == OFFSETS_TOPIC,
         partitions=partitions,
         # v8+: every topic operation when asked (no authorizer), as Kafka answers
@@ -327,21 +333,22 @@ thread gives the loop the GIL every few milliseconds, so other clients are still
 
 async def _topics(
     ctx: RequestContext,
-    wanted: list[tuple[TopicRecord | None, ErrorCode, str | None]],
+    wanted: list[Wanted],
     include_operations: bool,
 ) -> list[Any]:
     """The response's topic entries (built off the event loop when there are many)."""
 
     def build() -> list[Any]:
         return [
-            _topic(ctx, record, error, name, include_operations) for record, error, name in wanted
+            _topic(ctx, record, error, name, topic_id, include_operations)
+            for record, error, name, topic_id in wanted
         ]
 
-    partitions = sum(record.partitions for record, _, _ in wanted if record is not None)
+    partitions = sum(entry[0].partitions for entry in wanted if entry[0] is not None)
     if partitions < LARGE_RESPONSE_PARTITIONS:
         return [
-            _topic(ctx, record, error, name, include_operations)
-            async for record, error, name in ctx.paced(wanted)
+            _topic(ctx, record, error, name, topic_id, include_operations)
+            async for record, error, name, topic_id in ctx.paced(wanted)
         ]
     ctx.encode_in_thread = True
     return await asyncio.get_running_loop().run_in_executor(heavy_work(), build)

@@ -3,13 +3,14 @@
 Per partition, in order: the topic name (internal topics are the broker's own) and its
 existence (auto-create when allowed); exactly one RecordBatch v2 (magic 2 only:
 UNSUPPORTED_FOR_MESSAGE_FORMAT otherwise); its size against ``max.message.bytes``
-(MESSAGE_TOO_LARGE); CRC-32C (CORRUPT_MESSAGE); the idempotent producer's epoch and sequence,
-checked by storage against the partition's producer state (INVALID_PRODUCER_EPOCH,
-OUT_OF_ORDER_SEQUENCE_NUMBER; a duplicate is answered as success with the original's offset,
-once the original is known to be stored: stonemq/storage/producer_state.py);
-LogAppendTime when the topic asks for it. The batch is then handed to the journal as opaque
-bytes: no per-record work. All of that happens before the first await, so pipelined requests
-keep their order.
+(MESSAGE_TOO_LARGE) and the topic's ``segment.bytes`` (RECORD_LIST_TOO_LARGE, as Kafka's
+``UnifiedLog.append``: a segment must be able to hold it); CRC-32C (CORRUPT_MESSAGE); the
+idempotent producer's epoch and sequence, checked by storage against the partition's producer
+state (INVALID_PRODUCER_EPOCH, OUT_OF_ORDER_SEQUENCE_NUMBER; a duplicate is answered as success
+with the original's offset, once the original is known to be stored:
+stonemq/storage/producer_state.py); LogAppendTime when the topic asks for it. The batch is then
+handed to the journal as opaque bytes: no per-record work. All of that happens before the first
+await, so pipelined requests keep their order.
 
 acks=0 gets no response; acks=1 and acks=-1 are answered once every batch of the request is
 in its journal file (and fsynced when ``journal.flush.policy`` is ``always``). With one
@@ -375,6 +376,13 @@ def _append_one(
         result.fail(
             ErrorCode.message_too_large,
             f"batch of {len(records)} bytes exceeds max.message.bytes {config.max_message_bytes}",
+        )
+        return
+    if len(records) > config.segment_bytes:  # Kafka's UnifiedLog.append: a segment holds it
+        result.fail(
+            ErrorCode.record_list_too_large,
+            f"batch of {len(records)} bytes exceeds the topic's segment.bytes "
+            f"{config.segment_bytes}",
         )
         return
     try:

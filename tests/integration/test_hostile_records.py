@@ -25,6 +25,7 @@ pytestmark = pytest.mark.timeout(120)
 
 CORRUPT_MESSAGE = 2
 MESSAGE_TOO_LARGE = 10
+RECORD_LIST_TOO_LARGE = 18
 INVALID_TIMESTAMP = 32
 INVALID_RECORD = 87
 TRANSACTIONAL_ID_AUTHORIZATION_FAILED = 53
@@ -164,3 +165,18 @@ def test_a_decompression_bomb_is_refused_without_stalling_anyone(broker, codec) 
     assert grew < 256 << 20, f"RSS grew by {grew >> 20} MiB"
     assert probe_times and max(probe_times) < 1.0, f"slowest probe {max(probe_times):.2f} s"
     assert offsets_for_time_answered(broker.bootstrap, topic) == -1
+
+
+def test_a_batch_larger_than_the_topics_segment_bytes_is_refused(module_broker) -> None:
+    """Kafka's UnifiedLog.append refuses a batch a segment of the topic cannot hold
+    (RECORD_LIST_TOO_LARGE); it was stored as a segment of its own, 79-171 KB under
+    segment.bytes=20000 (an independent cluster check). A batch that fits is stored."""
+    topic = create_topic(module_broker.bootstrap, config={"segment.bytes": "20000"})
+    big = bytes(build_batch([(None, b"x" * 1000)] * 25))
+    small = bytes(build_batch([(None, b"y" * 1000)] * 5))
+    assert len(big) > 20000 > len(small)
+    with RawConnection(module_broker.host, module_broker.port) as conn:
+        refused = produce_raw(conn, topic, 0, big)
+        assert refused.error_code == RECORD_LIST_TOO_LARGE
+        stored = produce_raw(conn, topic, 0, small)
+        assert (stored.error_code, stored.base_offset) == (0, 0)

@@ -210,3 +210,43 @@ def test_default_replication_factor_is_honoured(broker) -> None:
     futures = client.create_topics([NewTopic("rf-one", num_partitions=1, replication_factor=1)])
     futures["rf-one"].result(timeout=20)
     assert "default.replication.factor=3 cannot be met" in broker.log()
+
+
+def test_metadata_by_topic_id_echoes_an_unknown_id(module_broker) -> None:
+    """Metadata v12+ by topic id: a known id answers its topic; an unknown one answers
+    UNKNOWN_TOPIC_ID with a null name and the id it asked for, as Kafka's KafkaApis does (the
+    id was answered null, so a client could not tell which of its ids was unknown)."""
+    topic = create_topic(module_broker.bootstrap, partitions=2)
+    known = topic_id_of(module_broker, topic)
+    unknown = uuid.uuid4()
+    mod = schema("metadata", 12, "request")
+    with RawConnection(module_broker.host, module_broker.port) as conn:
+        answer = conn.request(
+            build(
+                mod.MetadataRequest,
+                topics=tuple(
+                    build(mod.MetadataRequestTopic, topic_id=i, name=None) for i in (unknown, known)
+                ),
+                allow_auto_topic_creation=False,
+                include_topic_authorized_operations=False,
+            ),
+            schema("metadata", 12, "response").MetadataResponse,
+        )
+    got = [(t.error_code, t.name, t.topic_id, len(t.partitions)) for t in answer.topics]
+    assert got == [(100, None, unknown, 0), (0, topic, known, 2)]  # 100: UNKNOWN_TOPIC_ID
+
+
+def topic_id_of(broker, topic: str) -> uuid.UUID:  # type: ignore[no-untyped-def]
+    mod = schema("metadata", 12, "request")
+    with RawConnection(broker.host, broker.port) as conn:
+        answer = conn.request(
+            build(
+                mod.MetadataRequest,
+                topics=(build(mod.MetadataRequestTopic, topic_id=uuid.UUID(int=0), name=topic),),
+                allow_auto_topic_creation=False,
+                include_topic_authorized_operations=False,
+            ),
+            schema("metadata", 12, "response").MetadataResponse,
+        )
+    (entry,) = answer.topics
+    return entry.topic_id
