@@ -72,6 +72,7 @@ def produce_until_killed(
             "enable.idempotence": False,
             "linger.ms": rng.choice([0, 1, 5]),
             "batch.num.messages": rng.choice([1, 10, 200]),
+            "batch.size": 16384,  # under log.segment.bytes: a larger batch is refused
             "message.timeout.ms": 30000,
             "socket.timeout.ms": 5000,
             "reconnect.backoff.max.ms": 200,
@@ -383,6 +384,7 @@ def test_idempotent_producer_survives_sigkill_and_disk_full(broker_factory, tmp_
                     "enable.idempotence": True,
                     "max.in.flight.requests.per.connection": 5,
                     "linger.ms": 2,
+                    "batch.size": 16384,  # under log.segment.bytes: a larger batch is refused
                     "message.timeout.ms": 300_000,
                     "reconnect.backoff.max.ms": 200,
                     "error_cb": lambda err: errors.append(f"fatal: {err}") if err.fatal() else None,

@@ -56,7 +56,8 @@ def test_delete_records_with_admin_client_and_raw(broker) -> None:
     b = broker.bootstrap
     topic = create_topic(b, config={"segment.bytes": "2048"})
     msgs = sample_messages(200, tag="dr")
-    produce(b, topic, msgs, acks="all")
+    # batches under the topic's segment.bytes (a larger one is refused: RECORD_LIST_TOO_LARGE)
+    produce(b, topic, msgs, acks="all", **{"batch.size": 1024})
     wait_high_watermark(b, topic, 200)
 
     client = admin(b)

@@ -190,6 +190,7 @@ def test_filling_filesystem_under_pipelining_producers_loses_nothing(
                 "enable.idempotence": idempotent,
                 "max.in.flight.requests.per.connection": 5,
                 "linger.ms": 2,
+                "batch.size": 128 * 1024,  # under log.segment.bytes: a larger one is refused
                 "message.timeout.ms": 120_000,
                 "retry.backoff.ms": 100,
             }

@@ -26,7 +26,7 @@ def test_broker_uploads_sealed_segments_of_tiered_topics(broker) -> None:  # typ
     plain = create_topic(broker.bootstrap, unique_topic("plain"), config={"segment.bytes": "8192"})
     msgs = sample_messages(200)
     for topic in (tiered, plain):
-        produce(broker.bootstrap, topic, msgs, **{"batch.num.messages": 10, "linger.ms": 0})
+        produce(broker.bootstrap, topic, msgs, **{"batch.size": 4096, "linger.ms": 0})
         wait_high_watermark(broker.bootstrap, topic, len(msgs))
     queue = Path(broker.data_dir) / "queues" / f"{tiered}-0"
     sealed = sorted(int(p.stem) for p in queue.glob("*.log"))[:-1]

@@ -48,7 +48,8 @@ BROKER = {
 }
 TIERED = {"remote.storage.enable": "true", "segment.bytes": "16384", "local.retention.ms": "0"}
 RECORDS = 800
-SMALL_BATCHES = {"batch.num.messages": 20, "linger.ms": 0}
+# batches under the topics' 16 KiB segment.bytes (a larger one is refused: RECORD_LIST_TOO_LARGE)
+SMALL_BATCHES = {"batch.size": 8192, "linger.ms": 0}
 
 
 def _messages(n: int, tag: str) -> list[Msg]:

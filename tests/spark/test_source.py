@@ -110,7 +110,7 @@ def tiered(request, tmp_path_factory, spark) -> Any:  # type: ignore[no-untyped-
         topic = create_topic(broker.bootstrap, unique_topic("src"), config=TIERED)
         msgs = sample_messages(RECORDS, tag="src", null_headers=False)
         half = RECORDS // 2
-        small = {"batch.num.messages": 20, "linger.ms": 0}
+        small = {"batch.size": 8192, "linger.ms": 0}  # under segment.bytes (RECORD_LIST_TOO_LARGE)
         produce(broker.bootstrap, topic, msgs[:half], **small)
         assert wait_high_watermark(broker.bootstrap, topic, half)[1] == half
         flags = {k.replace(".", "_"): v for k, v in settings.items() if k.startswith("tier.")}
