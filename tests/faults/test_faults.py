@@ -9,8 +9,16 @@ and a committing group consumer running throughout, and a seeded schedule of fau
   journal partition it follows while it is down, restart it;
 - ``controller_kill``: SIGKILL a leader, then the controller while it is electing the next;
 - ``zookeeper_restart``: stop ZooKeeper for a while and start it again (same data);
-- ``disk_full``: fill the small tmpfs a follower's data directory lives on for a while, then
-  give the space back (only where a tmpfs can be mounted: root; otherwise not scheduled).
+- ``disk_full``: fill the small disk a follower's data directory lives on for a while, then
+  give the space back;
+- ``journal_fail``: the files of a journal partition its leader holds stop taking writes
+  (``chattr +i``: EPERM, as from a failing disk): the copy goes offline (fail-stop), another
+  ISR member leads it and the broker leaves its ISR; then the flag goes, the broker is
+  SIGKILLed and restarted, and its recovered copy rejoins.
+
+Each broker's data directory is on a small disk of its own: ext4 on a loop device over an
+image in RAM (both disk faults), else tmpfs (``disk_full`` only: tmpfs ignores ``chattr +i``
+for open files); mounting needs root, without it neither is scheduled.
 
 Beside them, topic ``trimmed`` (two partitions, written once at the start) takes a
 DeleteRecords after every fault (``Trimmer``: 100 offsets further each time), and after every
@@ -50,6 +58,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import diskfaults  # tests/ (on sys.path through the root conftest)
 import pytest
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
@@ -82,36 +91,28 @@ pytestmark = [
 ]
 
 
-def _tmpfs_possible() -> bool:
-    return hasattr(os, "geteuid") and os.geteuid() == 0 and shutil.which("mount") is not None
-
-
 class FaultCluster:
-    """ZooKeeper (its own, restartable) and three brokers, each optionally on its own small
-    tmpfs; queries ZooKeeper through short-lived clients (they survive its restarts)."""
+    """ZooKeeper (its own, restartable) and three brokers, each on a small disk of its own
+    where one can be mounted; queries ZooKeeper through short-lived clients (they survive its
+    restarts)."""
 
-    def __init__(self, base: Path, broker_factory: Any, disks: bool) -> None:
+    def __init__(self, base: Path, broker_factory: Any) -> None:
         import zkserver  # tests/ (on sys.path through the root conftest)
 
         self.base = base
         self.zk = zkserver.ZooKeeperServer(base / "zookeeper", free_port())
         self.zk.start()
         self.chroot = f"{self.zk.connect}/stonemq-faults-{uuid.uuid4().hex[:8]}"
-        self.mounts: list[Path] = []
+        self.disks: list[diskfaults.SmallDisk] = []
         self.brokers: dict[int, Any] = {}
         for b in BROKERS:
             data_dir = None
-            if disks:
-                mount = base / f"disk{b}"
-                mount.mkdir()
-                done = subprocess.run(
-                    ["mount", "-t", "tmpfs", "-o", f"size={DISK_BYTES}", "tmpfs", str(mount)],
-                    capture_output=True,
-                    text=True,
-                )
-                if done.returncode == 0:
-                    self.mounts.append(mount)
-                    data_dir = mount / "data"
+            mount = base / f"disk{b}"
+            mount.mkdir()
+            disk = diskfaults.mount_small_disk(mount, DISK_BYTES)
+            if disk is not None:
+                self.disks.append(disk)
+                data_dir = mount / "data"
             self.brokers[b] = broker_factory(
                 data_dir=data_dir,
                 zookeeper_connect=self.chroot,
@@ -124,7 +125,9 @@ class FaultCluster:
                 offsets_topic_num_partitions=6,
                 start=False,
             )
-        self.disks = len(self.mounts) == len(BROKERS)
+        kinds = {d.kind for d in self.disks} if len(self.disks) == len(BROKERS) else set()
+        self.fillable = bool(kinds)  # disk_full can be scheduled
+        self.immutable = kinds == {"ext4"}  # journal_fail can be scheduled
         for broker in self.brokers.values():  # placement waits for three live brokers
             broker.spawn()
         for broker in self.brokers.values():
@@ -196,8 +199,8 @@ class FaultCluster:
                 except AssertionError:
                     broker.kill()
         self.zk.stop()
-        for mount in self.mounts:
-            subprocess.run(["umount", "-l", str(mount)], check=False)
+        for disk in self.disks:
+            disk.close()
 
 
 def free_port() -> int:
@@ -225,7 +228,7 @@ def _wait(predicate: Callable[[], bool], timeout: float, what: str) -> float:
 
 @pytest.fixture
 def cluster(broker_factory: Any, tmp_path: Path) -> Iterator[FaultCluster]:
-    c = FaultCluster(tmp_path, broker_factory, disks=_tmpfs_possible())
+    c = FaultCluster(tmp_path, broker_factory)
     try:
         yield c
     finally:
@@ -361,6 +364,32 @@ class Faults:
         time.sleep(hold)
         filler.unlink()
         return f"disk of broker {victim} full for {hold:.1f} s"
+
+    def journal_fail(self, rng: random.Random) -> str:
+        j, victim = self._leader_of_some_journal(rng)
+        broker = self.c.brokers[victim]
+        directory = logs.hosted_journals(broker.data_dir)[j]
+        # the directory too: no segment can be added or removed either
+        paths = [directory, *sorted(directory.iterdir())]
+        assert diskfaults.immutable(paths, True), f"chattr +i {directory}"
+        try:
+            took = _wait(
+                lambda: (
+                    (s := self.c.states()[j]).leader not in (victim, -1) and victim not in s.isr
+                ),
+                60,
+                f"journal partition {j}: led by another ISR member, broker {victim} out of its ISR",
+            )
+            assert "offline on this broker until it restarts" in broker.log(since_start=True)
+            time.sleep(rng.uniform(0, 2))
+        finally:
+            diskfaults.immutable(paths, False)
+        broker.kill()
+        self.c.start(victim)
+        return (
+            f"journal {j} of broker {victim} (its leader) stopped taking writes; another leader "
+            f"and broker {victim} out of its ISR after {took:.1f} s; SIGKILL, restarted"
+        )
 
 
 def _fill(path: Path) -> None:
@@ -630,11 +659,19 @@ def test_replication_survives_a_seeded_fault_schedule(
 ) -> None:
     seed = _seed()
     rng = random.Random(seed)
-    kinds = KINDS + (["disk_full"] if cluster.disks else [])
+    kinds = (
+        KINDS
+        + (["disk_full"] if cluster.fillable else [])
+        + (["journal_fail"] if cluster.immutable else [])
+    )
     plan = schedule(rng, FAULTS, kinds)
     print(f"\ncluster fault suite seed {seed} ({FAULTS} faults: {' '.join(plan)})", flush=True)
-    if not cluster.disks:
-        print("disk_full not scheduled: no tmpfs could be mounted (needs root)", flush=True)
+    if not cluster.immutable:
+        print(
+            "not scheduled: journal_fail (needs ext4 on a loop device)"
+            + ("" if cluster.fillable else ", disk_full (needs root to mount a disk)"),
+            flush=True,
+        )
 
     try:
         _run(rng, plan, cluster, tmp_path)

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
+from diskfaults import immutable  # tests/ (on sys.path through the root conftest)
 from kazoo.client import KazooClient
 from kio.schema.errors import ErrorCode
 
@@ -799,19 +800,6 @@ def test_committed_offsets_survive_the_coordinators_sigkill(broker_factory, zook
     assert "reloaded" in "".join(b.log(since_start=True) for b in others)
 
 
-def _immutable(paths: list[Path], on: bool) -> bool:
-    """``chattr +i`` / ``-i``: writes to an immutable file fail with EPERM even through a
-    descriptor opened before (root on ext4 or the like); False when that cannot be done."""
-    import subprocess
-
-    if not paths:
-        return False
-    done = subprocess.run(
-        ["chattr", "+i" if on else "-i", *map(str, paths)], capture_output=True, check=False
-    )
-    return done.returncode == 0
-
-
 def test_a_broker_whose_journal_copy_fails_hands_over_its_leadership(
     broker_factory, zookeeper
 ) -> None:
@@ -829,7 +817,7 @@ def test_a_broker_whose_journal_copy_fails_hands_over_its_leadership(
     old = brokers[0]
     assert 1 in _leaders(brokers[1].bootstrap, "off").values()  # broker 1 leads some
     files = sorted((old.data_dir / "journal").glob("journal-*/*.journal"))
-    if not _immutable(files, True):
+    if not immutable(files, True):
         pytest.skip("chattr +i is not possible here (needs root and a filesystem with it)")
     try:
         assert len(_produce_all(brokers[1].bootstrap, "off", 60, b"b")) == 60
@@ -837,7 +825,7 @@ def test_a_broker_whose_journal_copy_fails_hands_over_its_leadership(
         assert all(1 not in isr for isr in _isrs(chroot).values()), _isrs(chroot)
         assert "offline on this broker until it restarts" in old.log(since_start=True)
     finally:
-        _immutable(files, False)
+        immutable(files, False)
     old.kill()
     _restart(old, chroot)
     _wait(lambda: all(set(isr) == {1, 2, 3} for isr in _isrs(chroot).values()), 60, "ISR grows")
