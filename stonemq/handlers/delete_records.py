@@ -15,8 +15,10 @@ The deletion is a log-start entry in the partition's journal partition
 (``StorageEngine.delete_records``), so every replica applies it, in order with the batches,
 and a new leader keeps it. The answer waits, as Kafka's delayed DeleteRecords waits for the
 low watermark, until the entry is written, below the journal high watermark in a cluster (every
-replica in the ISR holds it) and split here (the log start has moved: a fetch below it is
-OFFSET_OUT_OF_RANGE); REQUEST_TIMED_OUT when that takes longer than the request's
+replica in the ISR holds it), split here (the log start has moved: a fetch below it is
+OFFSET_OUT_OF_RANGE) and split by every follower in the ISR (their replica fetches report
+how far their splitters got), so whichever replica leads next starts the partition there
+too; REQUEST_TIMED_OUT when that takes longer than the request's
 ``timeout_ms`` (at least ``ACKNOWLEDGED_WAIT_S``), NOT_LEADER_OR_FOLLOWER when leadership
 goes first. The entry stays: it is applied later.
 
@@ -172,6 +174,11 @@ async def _applied(ctx: RequestContext, result: _Result) -> ErrorCode:
             except NotLeaderError:
                 return ErrorCode.not_leader_or_follower
         await ctx.broker.storage.split_past(queued.journal, queued.end)
+        if replicas is not None:
+            try:  # every ISR replica applied it: whichever leads next starts there too
+                await replicas.wait_for_split(result.journal, queued.end)
+            except NotLeaderError:
+                return ErrorCode.not_leader_or_follower
     if result.cold >= 0:
         try:
             await asyncio.shield(

@@ -100,6 +100,8 @@ class LeaderState:
     waiters: collections.deque[tuple[int, asyncio.Future[int]]] = field(
         default_factory=collections.deque
     )
+    # DeleteRecords waiting for every ISR follower to split past a position (wait_for_split)
+    split_waiters: list[tuple[int, asyncio.Future[None]]] = field(default_factory=list)
     isr_change_pending: bool = False
     # followers catching up from a point (replication/catchup.py): broker -> (journal
     # position its copy continues from, monotonic time the pin lapses)
@@ -357,6 +359,10 @@ class ReplicaManager:
             _, future = state.waiters.popleft()
             if not future.done():
                 _lost(future, state.journal)
+        split_waiters, state.split_waiters = state.split_waiters, []
+        for _, future in split_waiters:
+            if not future.done():
+                _lost(future, state.journal)
 
     def leads(self, journal: int) -> bool:
         """Led here and ready for appends (its epoch checkpointed)."""
@@ -414,6 +420,8 @@ class ReplicaManager:
             if end < 0:
                 return  # not known yet: the HW stays
             hw = min(hw, end)
+        if state.split_waiters:  # the ISR may have shrunk to the followers that split
+            self._wake_split_waiters(state)
         if hw <= state.hw:
             return
         state.hw = hw
@@ -463,6 +471,41 @@ class ReplicaManager:
             state.waiters.append((position, future))
         return future
 
+    def wait_for_split(self, journal: int, position: int) -> asyncio.Future[None]:
+        """A future resolved once every follower in the ISR of ``journal`` reports (in its
+        replica fetches) that its splitter has passed ``position``: a DeleteRecords is
+        answered only once every ISR replica moved its log start, as Kafka's waits for every
+        replica's (``DelayedDeleteRecords``), so whichever of them leads next starts the
+        partition there. NotLeaderError when leadership is lost first."""
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        state = self._leading.get(journal)
+        if state is None:
+            _lost(future, journal)
+            return future
+        state.split_waiters.append((position, future))
+        self._wake_split_waiters(state)
+        return future
+
+    def _wake_split_waiters(self, state: LeaderState) -> None:
+        me = self.broker_id
+        split = min(
+            (
+                f.split if (f := state.followers.get(b)) is not None else -1
+                for b in state.isr
+                if b != me
+            ),
+            default=2**63 - 1,
+        )
+        waiting = []
+        for position, future in state.split_waiters:
+            if future.done():
+                continue
+            if split >= position:
+                future.set_result(None)
+            else:
+                waiting.append((position, future))
+        state.split_waiters = waiting
+
     def high_watermark(self, journal: int) -> int:
         state = self._leading.get(journal)
         return state.hw if state is not None else -1
@@ -494,6 +537,8 @@ class ReplicaManager:
             follower.split = split
             for watcher in self.storage.split_watchers:  # held produces may go again
                 watcher()
+            if state.split_waiters:
+                self._wake_split_waiters(state)
         self._update_hw(state)
         if (
             broker not in state.isr

@@ -80,3 +80,51 @@ def test_the_leaders_hw_moves_reach_its_splitter_within_the_delay(tmp_path: Path
         assert leader.high_watermark("t", 0) == 8
 
     asyncio.run(asyncio.wait_for(scenario(), 20))
+
+
+def test_a_deletion_waits_for_every_isr_follower_to_split_past_it(tmp_path: Path) -> None:
+    """DeleteRecords is answered once every follower in the ISR has split past its log-start
+    entry (``wait_for_split``: their replica fetches report their split position), as Kafka's
+    waits for every replica's log start: a follower that held the entry but had not split it
+    yet could be elected and answer the old log start (seen in the cluster set under load).
+    A follower leaving the ISR is no longer waited for; a lost leadership fails the wait."""
+    from stonemq.replication.manager import NotLeaderError
+
+    async def scenario() -> None:
+        leader = await started_leader(tmp_path)
+        try:
+            routing = SimpleNamespace(client=None)
+            manager = ReplicaManager(0, routing, leader, Settings())  # type: ignore[arg-type]
+            state = LeaderState(
+                journal=0, local=0, epoch=1, epoch_start=0, isr=(0, 1, 2), replicas=(0, 1, 2), hw=0
+            )
+            manager._leading[0] = state
+            applied = manager.wait_for_split(0, 100)
+            manager.follower_fetched(state, 1, 100, 100)  # broker 1 split past it
+            manager.follower_fetched(state, 2, 100, 60)  # broker 2 holds it, split less
+            await asyncio.sleep(0)
+            assert not applied.done()
+            manager.follower_fetched(state, 2, 100, 100)
+            await asyncio.sleep(0)
+            assert applied.done() and applied.result() is None
+            # a follower out of the ISR is not waited for
+            later = manager.wait_for_split(0, 200)
+            manager.follower_fetched(state, 1, 200, 200)
+            await asyncio.sleep(0)
+            assert not later.done()
+            state.isr = (0, 1)  # broker 2 dropped out (as reconcile applies the controller's)
+            manager._update_hw(state)
+            assert later.done() and later.result() is None
+            # a lost leadership fails what still waits
+            lost = manager.wait_for_split(0, 300)
+            manager._resign(0, "test")
+            try:
+                await lost
+                raise AssertionError("a lost leadership was not reported")
+            except NotLeaderError:
+                pass
+            await manager.close()
+        finally:
+            await leader.close()
+
+    asyncio.run(scenario())
