@@ -161,13 +161,9 @@ async def _plan_copy_install(attempt: _Attempt, point: CatchUpResponse) -> None:
                 f"{p.end_offset} at position {point.point}: the leader has not split that "
                 "far; retrying (nothing is truncated)"
             )
-        if p.log_start_offset > end_here:
-            await storage.catch_up_restart_queue(p.topic, p.partition, p.log_start_offset)
-            end_here = p.log_start_offset
-        # from this replica's last batch: compared with the leader's before the copy
-        # appends after it (its history diverged, else)
-        last = await storage.catch_up_last_batch(p.topic, p.partition)
-        start = max(last, p.log_start_offset) if last is not None else end_here
+        # the leader's log start taken; from this replica's last batch: compared with the
+        # leader's before the copy appends after it (its history diverged, else)
+        start = await storage.catch_up_offset(p.topic, p.partition, p.log_start_offset)
         if start < p.end_offset:
             todo.append(_Copy(p.topic, p.partition, start, p.end_offset))
     log.warning(

@@ -2356,6 +2356,27 @@ class StorageEngine:
         base = parse_header(data).base_offset
         return base if base >= queue.log_start_offset else None
 
+    async def catch_up_offset(self, topic: str, partition: int, leader_log_start: int) -> int:
+        """Where a catch-up copies a queue log from, with its log start brought up to the
+        leader's first: a queue log whose end the leader's log start passed starts again there
+        (:meth:`catch_up_restart_queue`); one whose log start is below the leader's has it
+        moved up (the leader's DeleteRecords and retention: their log-start entries lie below
+        the catch-up point, never fetched here; Kafka's follower takes the leader's log start
+        from its fetches the same way). The copy starts at this replica's last batch at or
+        above the log start (compared with the leader's before anything is appended after
+        it), else at its end."""
+        state = self._state(topic, partition)
+        queue = self._open_queue(state)
+        if leader_log_start > queue.next_offset:
+            await self.catch_up_restart_queue(topic, partition, leader_log_start)
+            return leader_log_start
+        last = await self.catch_up_last_batch(topic, partition)
+        start = max(last, leader_log_start) if last is not None else queue.next_offset
+        if leader_log_start > queue.log_start_offset:
+            self._check_catching_up(state)
+            self._advance_log_start(queue, leader_log_start, "the leader's, at a catch-up")
+        return start
+
     async def catch_up_restart_queue(self, topic: str, partition: int, offset: int) -> None:
         """The leader's log start is past this queue log's end: empty it and start it at
         ``offset`` (Kafka's follower ``truncateFullyAndStartAt``), its producer state and

@@ -88,15 +88,8 @@ async def behind(tmp_path: Path) -> tuple[Any, Any, int]:
 async def copy(leader: Any, follower: Any, point: int, parts: list[Any]) -> None:
     await follower.catch_up_prepare(0)
     for topic, partition, log_start, end in parts:
-        have = follower.catch_up_queue(0, topic, partition)
-        assert have is not None
-        offset = have[0]
-        if log_start > offset:
-            await follower.catch_up_restart_queue(topic, partition, log_start)
-            offset = log_start
-        last = await follower.catch_up_last_batch(topic, partition)
-        if last is not None:  # as replication/catchup.py: its last batch compared first
-            offset = max(last, log_start)
+        assert follower.catch_up_queue(0, topic, partition) is not None
+        offset = await follower.catch_up_offset(topic, partition, log_start)
         while offset < end:
             data = leader.read(topic, partition, offset, 700).data
             offset = await follower.catch_up_append(topic, partition, data, end, point)
@@ -209,6 +202,36 @@ def test_a_queue_log_whose_end_the_leaders_log_start_passed_starts_again_there(
             header = parse_header(again.read("t", 0, 40, 1 << 20).data)
             assert header.base_offset <= 40 < header.next_offset
             assert read_all(again, "t", 0, 40) == expected
+        finally:
+            await again.close()
+
+    run(scenario())
+
+
+def test_a_queue_log_below_the_leaders_log_start_takes_it(tmp_path: Path) -> None:
+    """The leader deleted records up to 3, below this replica's end (5): its log-start entry
+    lies below the catch-up point, never fetched here, and the copy kept the old log start
+    (0): the caught-up replica served the deleted records, also as a later leader and after
+    a restart (an independent review). The catch-up takes the leader's log start."""
+
+    async def scenario() -> None:
+        leader, follower, _ = await behind(tmp_path)
+        try:
+            assert follower.high_watermark("t", 0) == 5
+            assert await delete_records(leader, "t", 0, 3) == 3
+            point, epochs, parts = leader.catch_up_point(0)
+            assert parts == [("t", 0, 3, 125)]
+            await copy(leader, follower, point, parts)
+            await follower.catch_up_install(0, point, epochs, [("t", 0)])
+            assert follower.log_start_offset("t", 0) == 3
+            expected = read_all(leader, "t", 0, 3)
+        finally:
+            await leader.close()
+            await follower.close()
+        again = start(tmp_path / "follower")
+        try:
+            assert again.log_start_offset("t", 0) == 3
+            assert read_all(again, "t", 0, 3) == expected
         finally:
             await again.close()
 
