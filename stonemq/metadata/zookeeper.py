@@ -170,8 +170,24 @@ class ZooKeeperMetadataStore(MetadataStore):
         self._listeners.append(listener)
 
     def _on_topic_names(self, names: list[str]) -> None:
-        """Children watch on the topics node (kazoo's thread): watch new topics, drop gone."""
+        """Children watch on the topics node (kazoo's thread): watch new topics, drop gone.
+
+        The list was read when the watch fired, before this callback runs: a topic this store
+        created meanwhile (cached at once, ``_cached``) is missing from it without being gone.
+        Taken as gone, it was dropped from the cache and its listeners told it was deleted,
+        until the next list brought it back (the store's partition total read 0 with a topic
+        alive, in the unit test beside other work), and a broker removes a deleted topic's
+        queue logs. So a name missing from the list is dropped only once its node is gone."""
         current = set(names)
+        with self._lock:
+            missing = [n for n in set(self._topics) | set(self._watched) if n not in current]
+        for name in missing:
+            try:
+                if self._retry(self.client.exists, f"{TOPICS_PATH}/{name}") is None:
+                    continue
+            except Exception:  # ZooKeeper unreachable: kept until a list settles it
+                pass
+            current.add(name)  # the list predates it
         with self._lock:
             gone = [name for name in set(self._topics) | set(self._watched) if name not in current]
             for name in gone:

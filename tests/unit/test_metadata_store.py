@@ -245,6 +245,32 @@ def test_each_broker_sees_the_others_changes(two_brokers: tuple[Any, Any]) -> No
 
 
 @pytest.mark.cluster
+def test_a_topic_list_older_than_a_create_does_not_delete_it(
+    two_brokers: tuple[Any, Any],
+) -> None:
+    """The children watch hands over a topic list read when it fired; a topic this store
+    created meanwhile (cached at once) is missing from it. It was taken as deleted: dropped
+    from the cache and the listeners told None (a broker then removes the topic's queue
+    logs) until a later list brought it back; the store's partition total read 0 with a
+    topic alive (the unit test beside other work). A name is dropped only once its node is
+    gone: a list missing a deleted topic still drops it."""
+    a, b = two_brokers
+    events: list[tuple[str, Any]] = []
+    a.add_listener(lambda name, record: events.append((name, record)))
+    a.create_topic("early", [0], {})
+    eventually(lambda: "early" in a._watched)
+    created = a.create_topic("new", [0, 1], {})
+    a._on_topic_names(["early"])  # a list read before "new" was created, handed over late
+    assert a.get_topic("new") == created and a.partition_total() == 3
+    assert ("new", None) not in events
+    b.delete_topic("early")
+    a._on_topic_names(["new"])  # a list without a topic whose node is gone: dropped
+    assert a.get_topic("early") is None
+    assert ("early", None) in events
+    assert a.get_topic("new") == created and a.partition_total() == 2
+
+
+@pytest.mark.cluster
 def test_of_two_racing_conditional_writes_one_wins(two_brokers: tuple[Any, Any]) -> None:
     """Both brokers grow the topic from the same version: one write lands, the other gets
     ConcurrentChangeError (it would have appended to a mapping it never saw); re-read, it
