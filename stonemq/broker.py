@@ -95,6 +95,7 @@ class Broker:
         self.tier = _tier_service(settings, self.topics)
         if self.tier is not None:
             self.storage.local_retention = self.tier.local_cutoff
+            self.storage.on_log_start = self.tier.on_log_start
         self.started_at = time.time()
         if settings.default_replication_factor > self.topics.live_brokers():
             log.warning(

@@ -24,8 +24,11 @@ goes first. The entry stays: it is applied later.
 
 A tiered topic's log start covers its archive too (KIP-405): the cold log start moves to the
 offset as well (``TierService.delete_records``: the manifest first, then the files), also for
-an offset below the local log start (archived offsets only: no journal entry), and
-``low_watermark`` is the log start a client sees.
+an offset below the local log start, and ``low_watermark`` is the log start a client sees.
+Its log-start entry is written then too: each replica archives into its own cold store, and
+every replica's splitter, applying the entry, moves its own cold log start
+(``TierService.on_log_start``), so a later leader does not serve the deleted records from its
+archive.
 """
 
 from __future__ import annotations
@@ -88,17 +91,17 @@ async def handle_delete_records(ctx: RequestContext, request: Any) -> Any:
                 result.journal = record.journal_partitions[p.partition_index]
                 try:
                     await waiters.until_split(storage, topic.name, p.partition_index, deadline)
-                    offset, archived_only = p.offset, False
+                    offset, tiered = p.offset, False
                     if tier is not None and tier.tiered(topic.name):  # KIP-405: the archive too
                         if offset == -1:
                             offset = storage.high_watermark(topic.name, p.partition_index)
                         result.cold = offset  # below -1: refused by storage just below
-                        local_start = storage.log_start_offset(topic.name, p.partition_index)
-                        archived_only = 0 <= offset < local_start  # no local entry then
-                    if not archived_only:
-                        result.queued = storage.delete_records(
-                            topic.name, p.partition_index, offset
-                        )
+                        tiered = True
+                    # a tiered partition's entry is written also below the local log start:
+                    # every replica's splitter moves its own cold log start with it
+                    result.queued = storage.delete_records(
+                        topic.name, p.partition_index, offset, archived=tiered
+                    )
                 except UnknownPartitionError:  # not hosted here: led by another broker?
                     result.error = ctx.not_here(topic.name, p.partition_index)
                 except OffsetOutOfRangeError:

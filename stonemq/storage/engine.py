@@ -467,6 +467,9 @@ class StorageEngine:
         self._producer_expiration_check_ms = producer_id_expiration_check_interval_ms
         # tiered storage's local.retention.* cutoff (stonemq/tiering/service.py), if any
         self.local_retention: Callable[[QueueLog, int], int] | None = None
+        # told (topic, partition, offset) of every log-start entry this broker's splitter
+        # applies as a follower: the tiering service moves the partition's cold log start
+        self.on_log_start: Callable[[str, int, int], None] | None = None
         self._splitter_batch_bytes = splitter_batch_bytes
         self._files = OpenFiles(max_open_files)
         # queue-log pages older than the write-behind window leave the page cache
@@ -1652,13 +1655,17 @@ class StorageEngine:
         write_positions(os.path.join(self._journal_dir, JOURNAL_RECOVERY_POINT_FILE), journal_rps)
 
     # -- retention and DeleteRecords -----------------------------------------------------------
-    def delete_records(self, topic: str, partition: int, offset: int) -> LogStartAppend | None:
+    def delete_records(
+        self, topic: str, partition: int, offset: int, archived: bool = False
+    ) -> LogStartAppend | None:
         """DeleteRecords: queue a log-start entry moving the partition's log start offset to
         ``offset`` (-1: the high watermark) on its journal partition. Every replica's
         splitter applies it (``_apply_log_start``: the segments wholly below it are
         deleted), this broker's too, once it is below the journal's high watermark: the
         log start offset has moved here once :meth:`split_past` the returned ``end``
-        resolves. None when the log start is already there (nothing is written).
+        resolves. None when the log start is already there (nothing is written), unless
+        ``archived`` (a tiered partition: the entry moves every replica's cold log start too,
+        also below the local log start: ``on_log_start``).
 
         Raises OffsetOutOfRangeError when ``offset`` is above the high watermark (what is
         split here) or below -1, UnknownPartitionError, NotLeaderError when the journal
@@ -1672,7 +1679,7 @@ class StorageEngine:
             raise OffsetOutOfRangeError(
                 f"{topic}-{partition}: delete-records offset {offset} outside [0, {hw}]"
             )
-        if queue is None or offset <= queue.log_start_offset:
+        if queue is None or offset <= (0 if archived else queue.log_start_offset):
             return None
         if self._closed:
             raise StorageError("storage is closed")
@@ -1694,6 +1701,13 @@ class StorageEngine:
             self._advance_log_start(queue, offset, "DeleteRecords")
         except OSError as exc:  # the log start moved; a segment file may be left behind
             log.error("%s-%d: log start offset %d: %s", queue.topic, queue.partition, offset, exc)
+        state = self._by_name.get((queue.topic, queue.partition))
+        # a follower's: the leader's DeleteRecords handler moves the leader's cold start
+        if self.on_log_start is not None and state is not None and not self._leading[state.journal]:
+            try:
+                self.on_log_start(queue.topic, queue.partition, offset)
+            except Exception:
+                log.exception("%s-%d: log start %d listener", queue.topic, queue.partition, offset)
 
     def split_past(self, j: int, position: int) -> asyncio.Future[None]:
         """A future resolved once the splitter's position in journal partition ``j`` is at or

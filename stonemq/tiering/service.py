@@ -171,6 +171,26 @@ class TierService:
             self.executor, self._cold_retention, tiered, partition, None, now_ms, offset
         )
 
+    def on_log_start(self, topic: str, partition: int, offset: int) -> None:
+        """This broker's splitter applied, as a follower, a log-start entry (its leader's
+        DeleteRecords): a tiered partition's cold log start moves with it, so each replica's
+        own archive drops the deleted records and whichever replica leads next does not
+        serve them (the leader's DeleteRecords handler moves the leader's). In the pool; a
+        failure is logged (the next DeleteRecords or retention pass moves it)."""
+        if not self.tiered(topic):
+            return
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:  # recovery's re-split, before the broker runs: nothing to move
+            return
+        future = self.delete_records(topic, partition, offset)
+
+        def done(f: asyncio.Future[None]) -> None:
+            if not f.cancelled() and f.exception() is not None:
+                log.warning("%s-%d: cold log start %d: %s", topic, partition, offset, f.exception())
+
+        future.add_done_callback(done)
+
     def _schedule_cold_retention(self, queue: Any, values: dict[str, Any], now_ms: int) -> None:
         """Apply ``retention.ms`` / ``retention.bytes`` to the partition's cold tier in the
         pool, once this retention round has moved the local log start (at most one pass per

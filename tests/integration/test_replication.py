@@ -375,6 +375,62 @@ def test_delete_records_is_answered_by_the_leader_and_kept_by_the_next_one(repli
         _storage_check(b.data_dir)
 
 
+def test_a_tiered_deletion_moves_every_replicas_archive(broker_factory, zookeeper) -> None:
+    """Each broker archives its own copy into its own cold store. DeleteRecords below the
+    local log start of a tiered partition moved only the leader's cold log start (no journal
+    entry was written for it, and a follower's splitter did not touch its archive), so after
+    a failover the new leader served the deleted records from its archive (an independent
+    review). Now the log-start entry is written then too, and every follower's splitter moves
+    its own cold log start with it."""
+    from stonemq.tiering import manifest as mf
+    from stonemq.tiering.archive_job import archive_in_process
+    from stonemq.tiering.cold_store import StoreSpec
+
+    from .helpers import local_log_start, sample_messages, wait_high_watermark
+    from .helpers import produce as produce_msgs
+
+    brokers, _ = _start_cluster(
+        broker_factory,
+        zookeeper,
+        **{"log_retention_check_interval_ms": 200, "queue_checkpoint_interval_ms": 200},
+    )
+    admin = AdminClient({"bootstrap.servers": brokers[0].bootstrap})
+    config = {"remote.storage.enable": "true", "segment.bytes": "8192", "local.retention.ms": "0"}
+    admin.create_topics([NewTopic("tdr", 1, 3, config=config)])["tdr"].result(30)
+    _wait(lambda: _leaders(brokers[0].bootstrap, "tdr")[0] in (1, 2, 3), 30, "a leader")
+    msgs = sample_messages(300)
+    produce_msgs(brokers[0].bootstrap, "tdr", msgs, acks="all", **{"batch.size": 4096})
+    wait_high_watermark(brokers[0].bootstrap, "tdr", 300)
+    specs = {b: StoreSpec((b.data_dir / "tier").resolve().as_uri()) for b in brokers}
+
+    def archived(b: Any) -> int:  # a follower splits what it fetched once it learns the HW
+        if (b.data_dir / "queues" / "tdr-0").is_dir():
+            archive_in_process(specs[b], str(b.data_dir / "queues"), "tdr", 0)
+        return mf.load(specs[b].open(), "tdr", 0).next_offset
+
+    for b in brokers:
+        _wait(lambda b=b: archived(b) > 100, 30, f"{b.data_dir}: archived past 100")
+    for b in brokers:  # local retention removes what each archived
+        _wait(lambda b=b: local_log_start(b.data_dir, "tdr") >= 100, 30, "local segments gone")
+    leader = _leaders(brokers[0].bootstrap, "tdr")[0]
+    by_id = dict(zip((1, 2, 3), brokers, strict=True))
+    assert raw_delete(by_id[leader].port, 2, "tdr", 0, 50) == (0, 50)  # archived offsets only
+    for b in brokers:
+        _wait(
+            lambda b=b: mf.load(specs[b].open(), "tdr", 0).start_offset == 50,
+            30,
+            f"{b.data_dir}: its archive starts at 50",
+        )
+    by_id[leader].kill()
+    survivors = [b for broker_id, b in by_id.items() if broker_id != leader]
+    _wait(lambda: _leaders(survivors[0].bootstrap, "tdr")[0] not in (leader, -1), 60, "failover")
+    consumer = Consumer({"bootstrap.servers": survivors[0].bootstrap, "group.id": "tdr-check"})
+    try:
+        assert consumer.get_watermark_offsets(TopicPartition("tdr", 0), timeout=10) == (50, 300)
+    finally:
+        consumer.close()
+
+
 def test_acks_all_waits_for_the_isr_and_min_insync_replicas_refuses(replicated) -> None:
     brokers, chroot = replicated
     b1, b2, b3 = brokers
