@@ -79,6 +79,9 @@ class Broker:
 
             self.replicas = ReplicaManager(settings.broker_id, self.routing, self.storage, settings)
             self.storage.journal_retain_from = self.replicas.retain_from
+            if self.membership is not None:
+                replicas = self.replicas
+                self.membership.offline_journals = lambda: replicas.offline_journals
         self.topics = TopicManager(settings, self.metadata, self.storage, self.routing)
         self.quotas = QuotaManager(settings.quota_window_num, settings.quota_window_size_seconds)
         self.quotas.update(self.metadata.client_quotas())

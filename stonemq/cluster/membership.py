@@ -133,6 +133,10 @@ class Membership:
         self._on_change = on_change
         self._registered = False
         self._closed = False
+        # the journal partitions whose copy here is offline (the replica manager's): written
+        # again before the broker registers in a new session, or the controller would see it
+        # live and not offline for a moment and could elect it for one of them
+        self.offline_journals: Callable[[], tuple[int, ...]] | None = None
         self.live: list[int] = []
 
     def register(self) -> None:
@@ -188,6 +192,9 @@ class Membership:
     def _reregister(self) -> None:
         try:
             if self.client.exists(self.path) is None:
+                journals = self.offline_journals() if self.offline_journals is not None else ()
+                if journals:
+                    report_offline_journals(self.client, self.broker_id, list(journals))
                 self._create()
                 log.warning("broker %d registered again in ZooKeeper", self.broker_id)
         except Exception as exc:  # logged: the next reconnect tries again

@@ -148,6 +148,8 @@ class ReplicaManager:
         # hosted journal partitions whose copy here is offline (fail-stop until a restart),
         # and the ZooKeeper session their offline nodes were written in (cluster/membership.py)
         self._offline: set[int] = set()
+        # the same, as a tuple replaced whole: read by Membership's re-registration thread
+        self.offline_journals: tuple[int, ...] = ()
         self._offline_reported: Any = None
         self._offline_reporting = False
 
@@ -255,6 +257,7 @@ class ReplicaManager:
         if journal in self._offline or self._closed:
             return
         self._offline.add(journal)
+        self.offline_journals = tuple(sorted(self._offline))
         self._offline_reported = None
         log.error(
             "journal partition %d is offline on this broker until it restarts: the controller "

@@ -88,3 +88,30 @@ def test_a_live_sessions_registration_is_refused_after_the_wait(connect: str) ->
         for client in (mine, other):
             client.stop()
             client.close()
+
+
+def test_a_new_session_reports_the_offline_journals_before_it_registers(connect: str) -> None:
+    """After an expired session both the registration and the offline-journal nodes are
+    gone. The registration came back at once and the offline nodes only at the replica
+    manager's next reconcile: for that moment the controller saw the broker live with no
+    copy offline, and could elect it for a journal partition it cannot write (an independent
+    review). Re-registering now writes the offline nodes first."""
+    from stonemq.cluster.membership import OFFLINE_REPLICAS_PATH
+
+    client = _client(connect)
+    try:
+        membership = Membership(client, 7, "127.0.0.1", 9007)
+        membership.register()
+        membership.offline_journals = lambda: (2, 5)
+        # as after a new session: the ephemeral nodes of the old one are gone
+        client.delete(membership.path)
+        membership._reregister()
+        registered = client.exists(membership.path)
+        assert registered is not None
+        for journal in (2, 5):
+            offline = client.exists(f"{OFFLINE_REPLICAS_PATH}/{journal}-7")
+            assert offline is not None and offline.ephemeralOwner == client.client_id[0]
+            assert offline.czxid < registered.czxid  # written before the registration
+    finally:
+        client.stop()
+        client.close()
