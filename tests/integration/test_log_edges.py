@@ -12,6 +12,7 @@ from __future__ import annotations
 import struct
 import time
 import uuid
+from typing import Any
 
 import pytest
 from confluent_kafka import Consumer, TopicPartition
@@ -157,18 +158,25 @@ def test_batches_carry_the_partition_leader_epoch_across_restarts(broker) -> Non
         broker.restart()
 
 
-def metadata_leader_epoch(broker, topic: str) -> int:  # type: ignore[no-untyped-def]
+def metadata_v12(broker, topics: list[tuple[str | None, uuid.UUID]]) -> Any:  # type: ignore[no-untyped-def]
+    """A Metadata v12 answer for ``topics`` (name, topic id), never auto-creating."""
     mod = schema("metadata", 12, "request")
     with RawConnection(broker.host, broker.port) as conn:
-        answer = conn.request(
+        return conn.request(
             build(
                 mod.MetadataRequest,
-                topics=(build(mod.MetadataRequestTopic, topic_id=uuid.UUID(int=0), name=topic),),
+                topics=tuple(
+                    build(mod.MetadataRequestTopic, topic_id=i, name=n) for n, i in topics
+                ),
                 allow_auto_topic_creation=False,
                 include_topic_authorized_operations=False,
             ),
             schema("metadata", 12, "response").MetadataResponse,
         )
+
+
+def metadata_leader_epoch(broker, topic: str) -> int:  # type: ignore[no-untyped-def]
+    answer = metadata_v12(broker, [(topic, uuid.UUID(int=0))])
     (partition,) = answer.topics[0].partitions
     return int(partition.leader_epoch)
 
@@ -219,34 +227,11 @@ def test_metadata_by_topic_id_echoes_an_unknown_id(module_broker) -> None:
     topic = create_topic(module_broker.bootstrap, partitions=2)
     known = topic_id_of(module_broker, topic)
     unknown = uuid.uuid4()
-    mod = schema("metadata", 12, "request")
-    with RawConnection(module_broker.host, module_broker.port) as conn:
-        answer = conn.request(
-            build(
-                mod.MetadataRequest,
-                topics=tuple(
-                    build(mod.MetadataRequestTopic, topic_id=i, name=None) for i in (unknown, known)
-                ),
-                allow_auto_topic_creation=False,
-                include_topic_authorized_operations=False,
-            ),
-            schema("metadata", 12, "response").MetadataResponse,
-        )
+    answer = metadata_v12(module_broker, [(None, unknown), (None, known)])
     got = [(t.error_code, t.name, t.topic_id, len(t.partitions)) for t in answer.topics]
     assert got == [(100, None, unknown, 0), (0, topic, known, 2)]  # 100: UNKNOWN_TOPIC_ID
 
 
 def topic_id_of(broker, topic: str) -> uuid.UUID:  # type: ignore[no-untyped-def]
-    mod = schema("metadata", 12, "request")
-    with RawConnection(broker.host, broker.port) as conn:
-        answer = conn.request(
-            build(
-                mod.MetadataRequest,
-                topics=(build(mod.MetadataRequestTopic, topic_id=uuid.UUID(int=0), name=topic),),
-                allow_auto_topic_creation=False,
-                include_topic_authorized_operations=False,
-            ),
-            schema("metadata", 12, "response").MetadataResponse,
-        )
-    (entry,) = answer.topics
+    (entry,) = metadata_v12(broker, [(topic, uuid.UUID(int=0))]).topics
     return entry.topic_id

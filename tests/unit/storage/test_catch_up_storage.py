@@ -178,60 +178,36 @@ def test_a_copy_refuses_corrupt_batches_and_batches_past_the_point(tmp_path: Pat
     run(scenario())
 
 
-def test_a_queue_log_whose_end_the_leaders_log_start_passed_starts_again_there(
-    tmp_path: Path,
-) -> None:
-    async def scenario() -> None:
-        leader, follower, _ = await behind(tmp_path)
-        try:
-            assert await delete_records(leader, "t", 0, 40) == 40
-            point, epochs, parts = leader.catch_up_point(0)
-            assert parts == [("t", 0, 40, 125)]
-            await copy(leader, follower, point, parts)
-            assert follower.log_start_offset("t", 0) == 40
-            assert follower.high_watermark("t", 0) == 125
-            await follower.catch_up_install(0, point, epochs, [("t", 0)])
-            expected = read_all(leader, "t", 0, 40)
-        finally:
-            await leader.close()
-            await follower.close()
-        again = start(tmp_path / "follower")
-        try:
-            assert again.log_start_offset("t", 0) == 40
-            assert again.high_watermark("t", 0) == 125
-            header = parse_header(again.read("t", 0, 40, 1 << 20).data)
-            assert header.base_offset <= 40 < header.next_offset
-            assert read_all(again, "t", 0, 40) == expected
-        finally:
-            await again.close()
-
-    run(scenario())
-
-
-def test_a_queue_log_below_the_leaders_log_start_takes_it(tmp_path: Path) -> None:
-    """The leader deleted records up to 3, below this replica's end (5): its log-start entry
-    lies below the catch-up point, never fetched here, and the copy kept the old log start
-    (0): the caught-up replica served the deleted records, also as a later leader and after
-    a restart (an independent review). The catch-up takes the leader's log start."""
+@pytest.mark.parametrize("deleted", [40, 3])
+def test_a_caught_up_queue_log_takes_the_leaders_log_start(tmp_path: Path, deleted: int) -> None:
+    """The leader deleted records up to ``deleted``: 40 is past this replica's end (5), so
+    its queue log starts again there; 3 is below it, and the log start moved up to it (the
+    deletion's log-start entry lies below the catch-up point, never fetched here: the copy
+    kept log start 0 and the caught-up replica served the deleted records, also as a later
+    leader and after a restart, an independent review)."""
 
     async def scenario() -> None:
         leader, follower, _ = await behind(tmp_path)
         try:
             assert follower.high_watermark("t", 0) == 5
-            assert await delete_records(leader, "t", 0, 3) == 3
+            assert await delete_records(leader, "t", 0, deleted) == deleted
             point, epochs, parts = leader.catch_up_point(0)
-            assert parts == [("t", 0, 3, 125)]
+            assert parts == [("t", 0, deleted, 125)]
             await copy(leader, follower, point, parts)
+            assert follower.log_start_offset("t", 0) == deleted
+            assert follower.high_watermark("t", 0) == 125
             await follower.catch_up_install(0, point, epochs, [("t", 0)])
-            assert follower.log_start_offset("t", 0) == 3
-            expected = read_all(leader, "t", 0, 3)
+            expected = read_all(leader, "t", 0, deleted)
         finally:
             await leader.close()
             await follower.close()
         again = start(tmp_path / "follower")
         try:
-            assert again.log_start_offset("t", 0) == 3
-            assert read_all(again, "t", 0, 3) == expected
+            assert again.log_start_offset("t", 0) == deleted
+            assert again.high_watermark("t", 0) == 125
+            header = parse_header(again.read("t", 0, deleted, 1 << 20).data)
+            assert header.base_offset <= deleted < header.next_offset
+            assert read_all(again, "t", 0, deleted) == expected
         finally:
             await again.close()
 
