@@ -60,6 +60,45 @@ TierReadPolicy = Literal["disable", "not_in_local", "force"]
 MIB = 1024 * 1024
 
 
+_INT_MIN, _INT_MAX = -(2**31), 2**31 - 1
+_LONG_MIN, _LONG_MAX = -(2**63), 2**63 - 1
+
+KAFKA_INT_SETTINGS = frozenset(
+    {
+        "broker_id",
+        "num_partitions",
+        "default_replication_factor",
+        "min_insync_replicas",
+        "message_max_bytes",
+        "log_segment_bytes",
+        "log_index_interval_bytes",
+        "log_index_size_max_bytes",
+        "replica_fetch_wait_max_ms",
+        "replica_fetch_min_bytes",
+        "replica_fetch_max_bytes",
+        "replica_fetch_response_max_bytes",
+        "replica_fetch_backoff_ms",
+        "controlled_shutdown_max_retries",
+        "zookeeper_session_timeout_ms",
+        "zookeeper_connection_timeout_ms",
+        "fetch_max_bytes",
+        "offsets_topic_num_partitions",
+        "offsets_topic_segment_bytes",
+        "offsets_retention_minutes",
+        "group_initial_rebalance_delay_ms",
+        "group_min_session_timeout_ms",
+        "group_max_session_timeout_ms",
+        "producer_id_expiration_ms",
+        "producer_id_expiration_check_interval_ms",
+        "quota_window_num",
+        "quota_window_size_seconds",
+        # ours, positions in files addressed with 4 bytes as a queue log's are
+        "journal_segment_bytes",
+    }
+)
+"""The settings Kafka types INT (32 bits); every other whole-number setting is a LONG."""
+
+
 class Settings(SettingsViews, BaseSettings):
     """The broker's settings. Construct with :func:`load_settings`."""
 
@@ -285,6 +324,28 @@ class Settings(SettingsViews, BaseSettings):
         description="HOST:PORT of a Prometheus text endpoint (/metrics) with the broker's "
         "counters (stonemq/server/metrics.py); unset: none",
     )
+
+    @model_validator(mode="after")
+    def _check_kafka_types(self) -> Settings:
+        """Every whole-number setting fits Kafka's type for it: INT (32 bits) for those
+        Kafka types INT, LONG (64 bits) for the rest. Kafka's ConfigDef refuses a value
+        outside ("Not a number of type INT"); taken as given, ``log.segment.bytes`` past
+        2^31 - 1 let a segment grow past what its offset index can address (4-byte
+        positions): the splitter stopped for good and recovery failed at every start after
+        (an independent config check)."""
+        for name, value in self:
+            if isinstance(value, bool) or not isinstance(value, int):
+                continue
+            low, high = (
+                (_INT_MIN, _INT_MAX) if name in KAFKA_INT_SETTINGS else (_LONG_MIN, _LONG_MAX)
+            )
+            if not low <= value <= high:
+                kind = "INT" if name in KAFKA_INT_SETTINGS else "LONG"
+                raise ValueError(
+                    f"{name.replace('_', '.')}: {value} is not a number of type {kind} "
+                    f"({low} to {high})"
+                )
+        return self
 
     @model_validator(mode="after")
     def _check_listeners(self) -> Settings:

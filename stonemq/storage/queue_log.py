@@ -59,6 +59,9 @@ log = logging.getLogger(__name__)
 
 _base = operator.attrgetter("base_offset")
 _MAX_RELATIVE_OFFSET = (1 << 31) - 1
+MAX_SEGMENT_BYTES = 2**31 - 1
+"""A segment never grows past this, whatever ``segment_bytes`` says: its offset index holds
+4-byte positions (``offset_index.py``), as Kafka's, whose ``segment.bytes`` is an INT."""
 
 
 def first_record_at(
@@ -524,7 +527,7 @@ class QueueLog:
         seg = write.active
         assert seg is not None
         config = self.config
-        if size + header.size > config.segment_bytes:
+        if size + header.size > min(config.segment_bytes, MAX_SEGMENT_BYTES):
             return True
         if header.last_offset - seg.base_offset > _MAX_RELATIVE_OFFSET:
             return True

@@ -119,3 +119,32 @@ def test_each_listener_has_its_advertised_address() -> None:
     assert settings.advertised_for("PLAINTEXT") == ("public", 11)
     # not advertised: its own address, an empty host being this machine's name
     assert settings.advertised_for("INTERNAL") == (socket.getfqdn(), 2)
+
+
+@pytest.mark.parametrize(
+    ("env", "value", "accepted"),
+    [
+        ("STONEMQ_LOG_SEGMENT_BYTES", "3000000000", False),  # past 2^31 - 1: Kafka's INT
+        ("STONEMQ_LOG_SEGMENT_BYTES", str(2**31 - 1), True),
+        ("STONEMQ_MESSAGE_MAX_BYTES", "99999999999", False),
+        ("STONEMQ_LOG_INDEX_SIZE_MAX_BYTES", "99999999999", False),
+        ("STONEMQ_LOG_INDEX_INTERVAL_BYTES", "99999999999", False),
+        ("STONEMQ_NUM_PARTITIONS", "3000000000", False),
+        ("STONEMQ_LOG_RETENTION_MS", str(2**63), False),  # past a LONG
+        ("STONEMQ_LOG_RETENTION_MS", str(2**63 - 1), True),
+        ("STONEMQ_LOG_RETENTION_BYTES", "100000000000000000000000", False),
+    ],
+)
+def test_whole_number_settings_fit_kafkas_type(
+    monkeypatch: pytest.MonkeyPatch, env: str, value: str, accepted: bool
+) -> None:
+    """A static setting outside Kafka's type for it (INT: 32 bits, LONG: 64) is refused at
+    start, as Kafka's ConfigDef refuses it; log.segment.bytes=3000000000 was taken, a
+    segment outgrew its offset index's 4-byte positions, the splitter stopped for good and
+    recovery failed at every later start (an independent config check)."""
+    monkeypatch.setenv(env, value)
+    if accepted:
+        load_settings(None)
+    else:
+        with pytest.raises(ValueError, match="is not a number of type"):
+            load_settings(None)

@@ -325,3 +325,33 @@ def test_open_file_cache_fits_under_the_fd_limit(
     assert out.stdout.split() == [str(fitted), str(soft_after)]
     warned = "does not fit under the open-file limit" in out.stderr
     assert warned == (fitted < requested and how == "set")
+
+
+def test_a_segment_never_outgrows_its_index_positions(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Whatever ``segment_bytes`` says, a segment rolls before ``MAX_SEGMENT_BYTES`` (2^31 - 1:
+    the offset index holds 4-byte positions). Past it the index append raised, the splitter
+    stopped for good and recovery failed at every start. Shown with the cap lowered, so the
+    test need not write 2 GiB."""
+    from conftest import add_topic, produce
+
+    from stonemq.storage import queue_log
+    from stonemq.storage.engine import LogConfig
+
+    monkeypatch.setattr(queue_log, "MAX_SEGMENT_BYTES", 4096)
+
+    async def scenario() -> None:
+        engine = new_engine(tmp_path)
+        add_topic(engine, config=LogConfig(segment_bytes=3_000_000_000, index_interval_bytes=0))
+        engine.start(lambda *a: None)
+        try:
+            await produce(engine, "t", 0, [build_batch([b"x" * 1000]) for _ in range(20)])
+            await wait_split(engine)
+            sizes = [p.stat().st_size for p in (tmp_path / "queues" / "t-0").glob("*.log")]
+            assert len(sizes) >= 4 and max(sizes) <= 4096, sizes
+            assert len(read_all(engine, "t", 0)) == sum(sizes)
+        finally:
+            await engine.close()
+
+    asyncio.run(scenario())
