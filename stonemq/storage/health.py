@@ -27,6 +27,8 @@ it), and the transition table below decides the partition's :class:`Health`:
   acknowledged is in its journal and queue-log files up to the last checkpoint, and recovery
   at the next start replays the rest. A journal read by the splitter that fails (EIO) is
   fatal too: the splitter cannot get past it, and what it could not read is still on disk.
+  So is a split step that fails for any other reason (a defect): logged with its traceback,
+  where the splitter's task used to end unseen and leave every produce waiting.
 
 The table is data, so a unit test can drive every transition with injected errors.
 """
@@ -65,6 +67,7 @@ class Event(enum.Enum):
     QUEUE_FSYNC_FAILED = "queue-log fsync failed"
     QUEUE_WRITEBACK_FAILED = "queue-log write-back failed"
     CHECKPOINT_FAILED = "checkpoint could not be made durable"
+    SPLIT_STEP_FAILED = "split step failed unexpectedly"
 
 
 FATAL = frozenset(
@@ -78,6 +81,7 @@ FATAL = frozenset(
         Event.QUEUE_FSYNC_FAILED,
         Event.QUEUE_WRITEBACK_FAILED,
         Event.CHECKPOINT_FAILED,
+        Event.SPLIT_STEP_FAILED,
     }
 )
 

@@ -370,6 +370,10 @@ class Splitter:
                     await asyncio.sleep(_RETRY_AFTER_ERROR_S)
                 except OSError as exc:  # the journal read failed: no way past it
                     health.on(Event.JOURNAL_READ_ERROR, exc)
+                except Exception as exc:  # a defect, not an I/O error: fail-stop, loudly
+                    # (it ended this task unseen: produces waited for good, nothing logged)
+                    log.exception("journal-%d: split step failed", j)
+                    health.on(Event.SPLIT_STEP_FAILED, exc)
                 if advanced or consumed:
                     on_step(advanced)
                 # a step that split something already waited for the loop twice (its read

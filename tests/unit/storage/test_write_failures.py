@@ -509,3 +509,51 @@ def test_a_failed_journal_read_takes_only_that_journal_partition_offline(
         await engine.close()
 
     run(main())
+
+
+def test_a_split_step_that_fails_unexpectedly_takes_the_journal_offline(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A split step that raised anything but an I/O error (a defect: an index append past its
+    4-byte positions, seen in an independent config check) ended the splitter's task unseen:
+    nothing logged, acknowledged records never served, every later produce waiting for good.
+    Now the journal partition goes offline (fail-stop, with the traceback logged), so
+    appends are refused at once and a restart replays it."""
+    from stonemq.storage import queue_log
+
+    real_stage = queue_log.QueueLog.stage
+    calls = {"n": 0}
+
+    def stage(self, write, batch, journal_position):  # type: ignore[no-untyped-def]
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise RuntimeError("injected defect")
+        return real_stage(self, write, batch, journal_position)
+
+    async def scenario() -> None:
+        engine = new_engine(tmp_path)
+        add_topic(engine)
+        engine.start(lambda *a: None)
+        try:
+            monkeypatch.setattr(queue_log.QueueLog, "stage", stage)
+            appends = [engine.append("t", 0, build_batch([b"v%d" % i]), 1) for i in range(5)]
+            await asyncio.gather(*(a.written for a in appends))  # acknowledged, then split
+            deadline = time.monotonic() + 5
+            while "offline" not in engine.journal_health()[0]:
+                assert time.monotonic() < deadline, engine.journal_health()
+                await asyncio.sleep(0.01)
+            with pytest.raises(StorageError):
+                await engine.append("t", 0, build_batch([b"late"]), 1).written
+            monkeypatch.setattr(queue_log.QueueLog, "stage", real_stage)
+        finally:
+            await engine.close()
+        again = new_engine(tmp_path)
+        add_topic(again)
+        again.start(lambda *a: None)
+        try:
+            await wait_split(again)
+            assert again.high_watermark("t", 0) == 5  # replayed from the journal
+        finally:
+            await again.close()
+
+    run(scenario())
