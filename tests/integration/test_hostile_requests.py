@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import datetime
 import random
 import re
 import socket
@@ -242,4 +243,57 @@ def test_a_connection_closed_with_produces_in_flight_leaves_no_traceback(module_
         assert part.error_code == 0
     time.sleep(1.0)  # the deferred appends of the closed connections finish
     assert module_broker.alive
+    watch.assert_calm()
+
+
+def test_an_error_message_echoing_a_huge_name_is_cut_short(module_broker) -> None:
+    """A topic or resource name of 32,767 characters in a non-flexible version: the error
+    message echoing it outgrew what a string holds there (32,767 bytes), the answer failed
+    to encode and the connection closed with an internal error logged (an independent fuzz
+    campaign, on DescribeConfigs v2, CreateTopics v3, CreatePartitions v1, AlterConfigs v1).
+    Now the message is cut short and each is answered with the topic's error."""
+    name = "x" * 32767
+    watch = LogWatch(module_broker)
+    cases = []
+    mod = schema("describe_configs", 2, "request")
+    cases.append(
+        (
+            mod.DescribeConfigsRequest(
+                resources=(
+                    mod.DescribeConfigsResource(
+                        resource_type=2, resource_name=name, configuration_keys=None
+                    ),
+                ),
+                include_synonyms=False,
+            ),
+            schema("describe_configs", 2, "response").DescribeConfigsResponse,
+            lambda r: [(x.error_code, len(x.error_message or "")) for x in r.results],
+        )
+    )
+    mod = schema("create_topics", 3, "request")
+    cases.append(
+        (
+            mod.CreateTopicsRequest(
+                topics=(
+                    mod.CreatableTopic(
+                        name=name,
+                        num_partitions=1,
+                        replication_factor=1,
+                        assignments=(),
+                        configs=(),
+                    ),
+                ),
+                timeout=datetime.timedelta(seconds=5),
+                validate_only=False,
+            ),
+            schema("create_topics", 3, "response").CreateTopicsResponse,
+            lambda r: [(x.error_code, len(x.error_message or "")) for x in r.topics],
+        )
+    )
+    for request, response_type, errors in cases:
+        with connect(module_broker) as conn:
+            answer = conn.request(request, response_type)
+        ((code, length),) = errors(answer)
+        # INVALID_TOPIC_EXCEPTION, or UNKNOWN_TOPIC_OR_PARTITION for a described resource
+        assert code in (17, 3) and 0 < length <= 1024
     watch.assert_calm()
