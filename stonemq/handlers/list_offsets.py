@@ -14,7 +14,8 @@ single Kafka broker. By timestamp, the answer is the
 first offset whose record timestamp is >= the target: for a tiered topic the archive below
 the local log start is searched first (off the event loop, stonemq/tiering/service.py), then
 the local time index; when there is none, offset and timestamp are -1, as Kafka answers.
-Earliest is the cold log start for a tiered topic. From v4 a partition's
+Earliest is the cold log start for a tiered topic. A partition named twice in one request
+is INVALID_REQUEST, each time, as Kafka answers. From v4 a partition's
 ``current_leader_epoch`` is checked first (KIP-320): FENCED_LEADER_EPOCH below the
 partition's leader epoch, UNKNOWN_LEADER_EPOCH above it.
 """
@@ -22,6 +23,7 @@ partition's leader epoch, UNKNOWN_LEADER_EPOCH above it.
 from __future__ import annotations
 
 import asyncio
+import collections
 from typing import Any
 
 from kio.schema.errors import ErrorCode
@@ -42,12 +44,20 @@ EARLIEST_PENDING_UPLOAD = -6
 @api(2, 1, 11)
 async def handle_list_offsets(ctx: RequestContext, request: Any) -> Any:
     deadline = asyncio.get_running_loop().time() + ACKNOWLEDGED_WAIT_S  # for the whole request
+    # a partition named more than once: INVALID_REQUEST for each, as Kafka's ReplicaManager
+    # answers its ListOffsetsRequest.duplicatePartitions (clients merge answers by partition)
+    named: collections.Counter[tuple[str, int]] = collections.Counter()
+    async for topic in ctx.paced(request.topics):
+        async for p in ctx.paced(topic.partitions):
+            named[topic.name, p.partition_index] += 1
     topics = []
     async for topic in ctx.paced(request.topics):
         record = ctx.broker.topics.get(topic.name)
         partitions = []
         async for p in ctx.paced(topic.partitions):
-            if record is None or not 0 <= p.partition_index < record.partitions:
+            if named[topic.name, p.partition_index] > 1:
+                error, offset, timestamp = ErrorCode.invalid_request, -1, -1
+            elif record is None or not 0 <= p.partition_index < record.partitions:
                 error, offset, timestamp = ErrorCode.unknown_topic_or_partition, -1, -1
             elif (
                 fenced := ctx.leader_epoch_error(

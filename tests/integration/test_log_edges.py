@@ -235,3 +235,40 @@ def test_metadata_by_topic_id_echoes_an_unknown_id(module_broker) -> None:
 def topic_id_of(broker, topic: str) -> uuid.UUID:  # type: ignore[no-untyped-def]
     (entry,) = metadata_v12(broker, [(topic, uuid.UUID(int=0))]).topics
     return entry.topic_id
+
+
+def test_list_offsets_naming_a_partition_twice_is_invalid_request(module_broker) -> None:
+    """A ListOffsets naming one partition more than once (what librdkafka's offsets_for_times
+    sends for a repeated partition, or ``kcat -Q -t t:0:-1 -t t:0:TS``) was answered entry by
+    entry, which clients merge per partition into a confusing answer; Kafka answers
+    INVALID_REQUEST for each (an independent fuzz campaign). Another partition is answered."""
+    topic = create_topic(module_broker.bootstrap, partitions=2)
+    produce(module_broker.bootstrap, topic, [Msg(None, b"a"), Msg(None, b"b")])
+    mod = schema("list_offsets", 7, "request")
+    entries = [(0, -1), (0, -2), (1, -1)]
+    with RawConnection(module_broker.host, module_broker.port) as conn:
+        answer = conn.request(
+            build(
+                mod.ListOffsetsRequest,
+                replica_id=-1,
+                isolation_level=0,
+                topics=(
+                    build(
+                        mod.ListOffsetsTopic,
+                        name=topic,
+                        partitions=tuple(
+                            build(
+                                mod.ListOffsetsPartition,
+                                partition_index=p,
+                                current_leader_epoch=-1,
+                                timestamp=ts,
+                            )
+                            for p, ts in entries
+                        ),
+                    ),
+                ),
+            ),
+            schema("list_offsets", 7, "response").ListOffsetsResponse,
+        )
+    got = [(p.partition_index, p.error_code, p.offset) for p in answer.topics[0].partitions]
+    assert got == [(0, 42, -1), (0, 42, -1), (1, 0, 0)]  # 42: INVALID_REQUEST
