@@ -318,6 +318,7 @@ TOPIC_CONFIGS: dict[str, TopicConfigKey] = {
             "The largest record batch size allowed for this topic.",
             synonym="message.max.bytes",
             validator=_at_least(0),
+            log_field="max_message_bytes",
         ),
         TopicConfigKey(
             "compression.type",

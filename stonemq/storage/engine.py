@@ -149,6 +149,9 @@ class LogConfig:
     # batches in another codec recompressed by the splitter; the codec's level (-1: default)
     compression: int = PRODUCER_COMPRESSION
     compression_level: int = -1
+    # Kafka's max.message.bytes: a recompressed batch past it (or past segment_bytes) is
+    # kept as produced (the produce path checked that one against both)
+    max_message_bytes: int = 1_048_588
 
 
 class AppendResult(NamedTuple):
@@ -532,6 +535,8 @@ class StorageEngine:
         # appends wait while the read directory lacks room to split what is acknowledged
         self._headroom = SplitHeadroom(self._queue_dir, self.unsplit_bytes)
         self._recompressing = False  # a topic names a compression.type: see _note_codec
+        # partitions with a batch kept as produced, recompressed too large (logged once)
+        self._kept_as_produced: set[tuple[str, int]] = set()
         self._by_name = _Registry()
         # log start offsets that retention or DeleteRecords advanced (checkpointed)
         self._log_starts: dict[tuple[str, int], int] = {}
@@ -858,8 +863,8 @@ class StorageEngine:
                 continue
             try:
                 # the produce path bounded what its records decompress to already
-                entry.batch = memoryview(
-                    recompress(entry.batch, codec, config.compression_level, _VALIDATED_BOUND)
+                recompressed = recompress(
+                    entry.batch, codec, config.compression_level, _VALIDATED_BOUND
                 )
             except RecordBatchError as exc:  # validated at produce: never expected
                 log.error(
@@ -869,6 +874,28 @@ class StorageEngine:
                     entry.base_offset,
                     exc,
                 )
+                continue
+            # Kafka checks the sizes again after recompressing (UnifiedLog.append); here the
+            # produce was answered already, so a batch that grew past max.message.bytes or
+            # segment.bytes (a small zstd batch to an uncompressed topic: an independent
+            # check stored 200 KB under limits of 20,000) stays as produced, within both
+            if len(recompressed) > min(config.max_message_bytes, config.segment_bytes):
+                if (state.topic, state.partition) in self._kept_as_produced:
+                    continue  # said once per partition
+                self._kept_as_produced.add((state.topic, state.partition))
+                log.warning(
+                    "%s-%d: batch at offset %d kept as produced: recompressed it would be %d "
+                    "bytes, past max.message.bytes %d or segment.bytes %d (said once for "
+                    "this partition)",
+                    state.topic,
+                    state.partition,
+                    entry.base_offset,
+                    len(recompressed),
+                    config.max_message_bytes,
+                    config.segment_bytes,
+                )
+                continue
+            entry.batch = memoryview(recompressed)
 
     def _resolve(self, topic_id: bytes, partition: int) -> QueueLog | None:
         state = self._by_name.by_id(topic_id, partition)

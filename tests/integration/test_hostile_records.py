@@ -180,3 +180,35 @@ def test_a_batch_larger_than_the_topics_segment_bytes_is_refused(module_broker) 
         assert refused.error_code == RECORD_LIST_TOO_LARGE
         stored = produce_raw(conn, topic, 0, small)
         assert (stored.error_code, stored.base_offset) == (0, 0)
+
+
+def test_a_batch_recompressed_past_the_topics_limits_is_kept_as_produced(module_broker) -> None:
+    """A small zstd batch of 4 x 50 KB records to a topic of compression.type=uncompressed,
+    segment.bytes and max.message.bytes 20,000: it passed the produce checks (about 200
+    bytes) and the splitter's recompression stored a 200 KB batch, a segment of its own, ten
+    times both limits (an independent config check; Kafka checks the sizes again after
+    recompressing). Now such a batch is kept as produced: every stored batch stays within
+    the limits, and consumers read the records back."""
+    from fuzz import batches
+
+    from .helpers import consume
+
+    topic = create_topic(
+        module_broker.bootstrap,
+        config={
+            "compression.type": "uncompressed",
+            "segment.bytes": "20000",
+            "max.message.bytes": "20000",
+        },
+    )
+    records = b"".join(batches.record(i, None, bytes([65 + i]) * 50_000) for i in range(4))
+    packed = batches.batch(records, 4, codec=batches.ZSTD)
+    small = bytes(build_batch([(None, b"s" * 100)]))  # recompressed (here: uncompressed) as usual
+    with RawConnection(module_broker.host, module_broker.port) as conn:
+        assert produce_raw(conn, topic, 0, packed).error_code == 0
+        assert produce_raw(conn, topic, 0, small).error_code == 0
+    got = consume(module_broker.bootstrap, topic, 5)
+    assert [m.value for m in got] == [bytes([65 + i]) * 50_000 for i in range(4)] + [b"s" * 100]
+    queue = Path(module_broker.data_dir) / "queues" / f"{topic}-0"
+    sizes = [p.stat().st_size for p in queue.glob("*.log")]
+    assert sizes and max(sizes) <= 20_000, sizes

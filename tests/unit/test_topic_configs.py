@@ -147,6 +147,7 @@ def test_every_log_config_field_is_fed() -> None:
         retention_bytes=4000,
         index_interval_bytes=5000,
         segment_index_bytes=6000,
+        max_message_bytes=7000,
     )
     assert config.max_message_bytes == 7000
     assert config.timestamp_type == "LogAppendTime"
