@@ -42,12 +42,14 @@ class SmallDisk:
             self.image.unlink(missing_ok=True)
 
 
-def mount_small_disk(mount: Path, size_bytes: int) -> SmallDisk | None:
-    """Mount a small filesystem at ``mount`` (an empty directory): ext4 where a loop device
-    can be had, else tmpfs; None where neither can (mounting needs root)."""
+def mount_small_disk(
+    mount: Path, size_bytes: int, kinds: tuple[str, ...] = ("ext4", "tmpfs")
+) -> SmallDisk | None:
+    """Mount a small filesystem at ``mount`` (an empty directory): the first of ``kinds``
+    that can be had (ext4 needs a loop device); None where none can (mounting needs root)."""
     if not hasattr(os, "geteuid") or os.geteuid() != 0 or shutil.which("mount") is None:
         return None
-    if shutil.which("mkfs.ext4") is not None and IMAGE_DIR.is_dir():
+    if "ext4" in kinds and shutil.which("mkfs.ext4") is not None and IMAGE_DIR.is_dir():
         image = IMAGE_DIR / f"stonemq-test-disk-{uuid.uuid4().hex[:12]}.img"
         with image.open("wb") as f:
             f.truncate(size_bytes)
@@ -61,6 +63,8 @@ def mount_small_disk(mount: Path, size_bytes: int) -> SmallDisk | None:
             if mounted.returncode == 0:
                 return SmallDisk(mount, "ext4", image)
         image.unlink(missing_ok=True)
+    if "tmpfs" not in kinds:
+        return None
     mounted = subprocess.run(
         ["mount", "-t", "tmpfs", "-o", f"size={size_bytes}", "tmpfs", str(mount)],
         capture_output=True,

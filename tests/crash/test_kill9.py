@@ -23,6 +23,7 @@ import sys
 import time
 from pathlib import Path
 
+import diskfaults  # tests/ (on sys.path through the root conftest)
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
@@ -314,11 +315,7 @@ SMALL_FS_BYTES = 128 << 20
 
 def mount_small_fs(path: Path) -> bool:
     path.mkdir(parents=True, exist_ok=True)
-    result = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={SMALL_FS_BYTES}", "tmpfs", str(path)],
-        capture_output=True,
-    )
-    return result.returncode == 0
+    return diskfaults.mount_small_disk(path, SMALL_FS_BYTES, kinds=("tmpfs",)) is not None
 
 
 def fill_disk(path: Path, leave_bytes: int) -> None:

@@ -15,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+import diskfaults  # tests/ (on sys.path through the root conftest)
 import pytest
 
 from .rawclient import RawConnection, build_batch, fetch_batches, produce_raw
@@ -31,17 +32,13 @@ FS_BYTES = 24 << 20
 def small_fs(tmp_path: Path):
     mount_point = tmp_path / "small-fs"
     mount_point.mkdir()
-    result = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={FS_BYTES}", "tmpfs", str(mount_point)],
-        capture_output=True,
-        text=True,
-    )
-    if result.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs here (needs root): {result.stderr.strip()}")
+    disk = diskfaults.mount_small_disk(mount_point, FS_BYTES, kinds=("tmpfs",))
+    if disk is None:
+        pytest.skip("cannot mount a small tmpfs here (needs root)")
     try:
         yield mount_point
     finally:
-        subprocess.run(["umount", "-l", str(mount_point)], check=False)
+        disk.close()
 
 
 def fill(path: Path, leave_bytes: int) -> None:
