@@ -63,6 +63,11 @@ step. A record acknowledged with acks=all reaches the queue logs (consumers, off
 at most this long after its HW move plus one split step; acks wait for the HW only, not for
 the split."""
 
+BECOME_LEADER_RETRY_S = 1.0
+"""After a failed attempt to lead a journal partition (an exception other than its copy going
+offline, which hands the leadership over), how long before the next one: the retry came at
+once, and a failure that repeats (a defect) looped on the event loop, logging each time."""
+
 CATCH_UP_RETAIN_S = 300.0
 """How long a leader keeps its journal from the point it gave a follower behind its journal
 start (handlers/catchup.py) while that follower copies, then from each of its fetch positions
@@ -223,7 +228,9 @@ class ReplicaManager:
                     continue
                 if state is not None:
                     self._resign(journal, "a newer epoch of its own leadership")
-                if journal not in self._becoming:
+                # an offline copy is not led (the controller moves the leadership once the
+                # offline node is written): trying would fail, and fail again on every retry
+                if journal not in self._becoming and journal not in self._offline:
                     self._becoming.add(journal)
                     self._spawn(self._become_leader(journal, lead.leader_epoch))
                 continue
@@ -294,6 +301,7 @@ class ReplicaManager:
             self._report_offline_once()
 
     async def _become_leader(self, journal: int, epoch: int) -> None:
+        retry_s = 0.0
         try:
             local = self.routing.local_index(journal)
             assert local is not None
@@ -338,12 +346,17 @@ class ReplicaManager:
                 self.on_leader(journal)
         except Exception:
             log.exception(
-                "journal partition %d: becoming leader in epoch %d failed", journal, epoch
+                "journal partition %d: becoming leader in epoch %d failed (tried again in "
+                "%.0f s unless its leadership moves)",
+                journal,
+                epoch,
+                BECOME_LEADER_RETRY_S,
             )
+            retry_s = BECOME_LEADER_RETRY_S
         finally:
             self._becoming.discard(journal)
             if not self._closed and self._loop is not None:
-                self._loop.call_soon(self.reconcile)
+                self._loop.call_later(retry_s, self.reconcile)
 
     def _resign(self, journal: int, why: str) -> None:
         state = self._leading.pop(journal, None)

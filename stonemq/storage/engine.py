@@ -1365,6 +1365,15 @@ class StorageEngine:
         if self._split_wake is not None:
             self._split_wake.set()
 
+    def _epoch_write_failed(self, j: int, exc: OSError) -> StorageError:
+        """A write of journal partition ``j``'s leader-epoch checkpoint failed: it goes
+        offline, as Kafka takes a log directory offline when its leader-epoch checkpoint
+        cannot be written. The history is what replicas truncate by, and appending in an
+        epoch it does not hold durably would leave a restart without it; the history in
+        memory is unchanged (LeaderEpochCache writes the file first)."""
+        self._journals[j].health.on(Event.CHECKPOINT_FAILED, f"leader-epoch checkpoint: {exc}")
+        return StorageError(f"journal-{j}: leader-epoch checkpoint not written: {exc}")
+
     def _on_journal_offline(self, j: int) -> None:
         hook = self.on_journal_offline
         if hook is not None:
@@ -2052,7 +2061,11 @@ class StorageEngine:
         (checkpointed, in a thread, before any append carries it). The idempotent batches
         of the journal not split yet (appended as a follower, waiting for a HW) join their
         partitions' producer state as pending, so a producer's retry of one of them is
-        answered as a duplicate, never appended twice."""
+        answered as a duplicate, never appended twice. StorageError when the copy here is
+        offline, or goes offline because the epoch checkpoint cannot be written."""
+        journal = self._journals[j]
+        if journal.health.offline:  # its leadership goes to another ISR member
+            raise StorageError(f"journal-{j} is offline: {journal.health.error}")
         # no replica append from here on, and those in flight are written and their topic
         # partitions' next offsets applied first: an entry still being written would be
         # missed by the scan below and its offsets assigned again
@@ -2066,12 +2079,10 @@ class StorageEngine:
         start = self.journal_end(j)
         assert self._splitter is not None
         split = self._splitter.positions[j]
-        journal = self._journals[j]
 
         ends: dict[tuple[bytes, int], int] = {}
 
         def prepare() -> list[tuple[bytes, int, BatchHeader]]:
-            cache.assign(epoch, start)
             found: list[tuple[bytes, int, BatchHeader]] = []
             for e in _journal_entries(journal.directory, split, start):
                 if e.record_count < 0:
@@ -2086,7 +2097,12 @@ class StorageEngine:
         deadline = time.monotonic() + 30
         while journal.written_end < start and time.monotonic() < deadline:
             await asyncio.sleep(0.005)
-        found = await asyncio.get_running_loop().run_in_executor(None, prepare)
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.run_in_executor(None, cache.assign, epoch, start)
+        except OSError as exc:
+            raise self._epoch_write_failed(j, exc) from exc
+        found = await loop.run_in_executor(None, prepare)
         for key, end in ends.items():  # the next offsets follow every entry kept
             entry_state = self._by_name.by_id(*key)
             if entry_state is not None and end > entry_state.next_offset:
@@ -2186,7 +2202,11 @@ class StorageEngine:
 
         assert self._checkpoint_lock is not None  # no checkpoint round writes meanwhile
         async with self._checkpoint_lock:
-            gone, kept, size = await loop.run_in_executor(None, cut)
+            try:
+                gone, kept, size = await loop.run_in_executor(None, cut)
+            except OSError as exc:  # the journal's files, or its epochs, are not known
+                journal.health.on(Event.TRUNCATION_FAILED, exc)
+                raise StorageError(f"journal-{j}: truncation to {position} failed: {exc}") from exc
             if self._last_checkpoint is not None and self._last_checkpoint[0].get(j, -1) > position:
                 self._last_checkpoint[0][j] = position
         # the partitions that lost entries: their queue log's end, or their last entry
@@ -2261,7 +2281,10 @@ class StorageEngine:
                 for epoch, start in new_epochs:
                     cache.assign(epoch, start)
 
-            await asyncio.get_running_loop().run_in_executor(None, assign)
+            try:
+                await asyncio.get_running_loop().run_in_executor(None, assign)
+            except OSError as exc:
+                raise self._epoch_write_failed(j, exc) from exc
             if position != self.journal_end(j):
                 raise StorageError(f"journal-{j}: appended to while its epochs were written")
         self._headroom.check(used)

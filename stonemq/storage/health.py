@@ -28,7 +28,10 @@ it), and the transition table below decides the partition's :class:`Health`:
   at the next start replays the rest. A journal read by the splitter that fails (EIO) is
   fatal too: the splitter cannot get past it, and what it could not read is still on disk.
   So is a split step that fails for any other reason (a defect): logged with its traceback,
-  where the splitter's task used to end unseen and leave every produce waiting.
+  where the splitter's task used to end unseen and leave every produce waiting. On a
+  cluster broker, a failed write of the leader-epoch checkpoint (``CHECKPOINT_FAILED``) or
+  of a follower's truncation (``TRUNCATION_FAILED``) too: the epoch history is what
+  replicas truncate by.
 
 The table is data, so a unit test can drive every transition with injected errors.
 """
@@ -68,6 +71,7 @@ class Event(enum.Enum):
     QUEUE_WRITEBACK_FAILED = "queue-log write-back failed"
     CHECKPOINT_FAILED = "checkpoint could not be made durable"
     SPLIT_STEP_FAILED = "split step failed unexpectedly"
+    TRUNCATION_FAILED = "truncation to the leader's history failed"
 
 
 FATAL = frozenset(
@@ -82,6 +86,7 @@ FATAL = frozenset(
         Event.QUEUE_WRITEBACK_FAILED,
         Event.CHECKPOINT_FAILED,
         Event.SPLIT_STEP_FAILED,
+        Event.TRUNCATION_FAILED,
     }
 )
 

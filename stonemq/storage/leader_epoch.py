@@ -17,7 +17,10 @@ Entries ``(epoch, start)`` rise strictly in both fields. The rules are Kafka's
   journal's start moved) drops the entries wholly before it and moves the last of them to it.
 
 Every change is written at once (``CheckpointFile``: a temporary file, fsync, rename,
-directory fsync): blocking I/O, for a thread off the event loop. A file that does not parse
+directory fsync) before memory takes it: blocking I/O, for a thread off the event loop. A
+write that fails raises and changes nothing in memory; the storage takes its journal
+partition offline (Kafka's log directory failure), since the epoch history is what a replica
+truncates by. A file that does not parse
 is refused (:class:`LeaderEpochFileError`), never taken for an empty history.
 """
 
@@ -79,12 +82,11 @@ class LeaderEpochCache:
         latest = self.latest
         if latest is not None and latest.epoch == epoch and start >= latest.start:
             return False
-        while self._entries and (
-            self._entries[-1].epoch >= epoch or self._entries[-1].start >= start
-        ):
-            self._entries.pop()
-        self._entries.append(EpochEntry(epoch, start))
-        self._write()
+        entries = list(self._entries)
+        while entries and (entries[-1].epoch >= epoch or entries[-1].start >= start):
+            entries.pop()
+        entries.append(EpochEntry(epoch, start))
+        self._write(entries)
         return True
 
     def end_offset_for(self, epoch: int, log_end: int) -> tuple[int, int]:
@@ -110,12 +112,12 @@ class LeaderEpochCache:
 
     def truncate_from_end(self, end: int) -> bool:
         """The journal now ends at ``end``: drop the entries starting at or after it."""
-        before = len(self._entries)
-        while self._entries and self._entries[-1].start >= end:
-            self._entries.pop()
-        if len(self._entries) == before:
+        entries = list(self._entries)
+        while entries and entries[-1].start >= end:
+            entries.pop()
+        if len(entries) == len(self._entries):
             return False
-        self._write()
+        self._write(entries)
         return True
 
     def truncate_from_start(self, start: int) -> bool:
@@ -128,9 +130,12 @@ class LeaderEpochCache:
         kept = EpochEntry(self._entries[at - 1].epoch, start)
         if at == 1 and self._entries[0] == kept:
             return False
-        self._entries[:at] = [kept]
-        self._write()
+        self._write([kept, *self._entries[at:]])
         return True
 
-    def _write(self) -> None:
-        self._file.write((e.epoch, e.start) for e in self._entries)
+    def _write(self, entries: list[EpochEntry]) -> None:
+        """Make ``entries`` the history: the file first, then memory, so a failed write
+        (OSError) leaves both as they were and the history in memory is never one the
+        file lacks (a later call comparing with it would skip the write)."""
+        self._file.write((e.epoch, e.start) for e in entries)
+        self._entries = entries
