@@ -196,7 +196,7 @@ class Settings(SettingsViews, BaseSettings):
     )
     controlled_shutdown_max_retries: int = Field(3, ge=0)
     controlled_shutdown_retry_backoff_ms: int = Field(5000, ge=0)
-    message_max_bytes: int = Field(1_048_588, gt=0, description="default max.message.bytes")
+    message_max_bytes: int = Field(1_048_588, ge=0, description="default max.message.bytes")
     log_message_timestamp_type: TimestampType = "CreateTime"
     log_message_timestamp_before_max_ms: int = Field(2**63 - 1, ge=0)
     log_message_timestamp_after_max_ms: int = Field(3_600_000, ge=0, description="Kafka 4's")

@@ -127,6 +127,7 @@ def test_each_listener_has_its_advertised_address() -> None:
         ("STONEMQ_LOG_SEGMENT_BYTES", "3000000000", False),  # past 2^31 - 1: Kafka's INT
         ("STONEMQ_LOG_SEGMENT_BYTES", str(2**31 - 1), True),
         ("STONEMQ_MESSAGE_MAX_BYTES", "99999999999", False),
+        ("STONEMQ_MESSAGE_MAX_BYTES", "0", True),  # Kafka's atLeast(0), as the topic's
         ("STONEMQ_LOG_INDEX_SIZE_MAX_BYTES", "99999999999", False),
         ("STONEMQ_LOG_INDEX_INTERVAL_BYTES", "99999999999", False),
         ("STONEMQ_NUM_PARTITIONS", "3000000000", False),
