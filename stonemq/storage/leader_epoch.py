@@ -20,8 +20,8 @@ Every change is written at once (``CheckpointFile``: a temporary file, fsync, re
 directory fsync) before memory takes it: blocking I/O, for a thread off the event loop. A
 write that fails raises and changes nothing in memory; the storage takes its journal
 partition offline (Kafka's log directory failure), since the epoch history is what a replica
-truncates by. A file that does not parse
-is refused (:class:`LeaderEpochFileError`), never taken for an empty history.
+truncates by. A file that does not parse is refused (:class:`LeaderEpochFileError`), never
+taken for an empty history.
 """
 
 from __future__ import annotations
