@@ -222,48 +222,66 @@ def targets(res: dict[str, Any]) -> list[dict[str, Any]]:
             }
         )
 
+    def ratio(
+        name: str,
+        top: dict[str, Any] | None,
+        bottom: dict[str, Any] | None,
+        key: str,
+        goal: float,
+        higher: bool,
+        unit: str,
+        more: str = "",
+    ) -> None:
+        """A target that is ``top[key] / bottom[key]``; "not measured" when either is missing."""
+        if top is None or bottom is None:
+            add(name, None, goal, higher, "missing")
+            return
+        a, b = top[key], bottom[key]
+        shown = f"{a:.0f} / {b:.0f}" if unit == "msg/s" else f"{a} / {b}"
+        add(name, round(a / b, 3), goal, higher, f"{shown} {unit}{more}")
+
     produce = res.get("produce", [])
     p = _find(produce, size=1120, acks="1", policy="interval")
-    ceiling = res.get("ceiling")
-    rp = _find(res.get("redis_produce", []), size=1120)
-    detail = f"{p['mb_s']} / {ceiling['mb_s']} MB/s" if p and ceiling else "missing"
     windowed = res.get("ceiling_retain")
-    if p and windowed:
-        detail += (
-            f"; against the same server keeping a {windowed['retain_bytes'] >> 20} MiB "
-            f"page-cache window (a'): {p['mb_s'] / windowed['mb_s']:.2f} "
-            f"({p['mb_s']} / {windowed['mb_s']} MB/s)"
-        )
-    add(
+    ratio(
         "1,120 B acks=1 interval: MB/s ÷ bare ingest ceiling",
-        round(p["mb_s"] / ceiling["mb_s"], 3) if p and ceiling else None,
+        p,
+        res.get("ceiling"),
+        "mb_s",
         0.5,
         True,
-        detail,
+        "MB/s",
+        f"; against the same server keeping a {windowed['retain_bytes'] >> 20} MiB "
+        f"page-cache window (a'): {p['mb_s'] / windowed['mb_s']:.2f} "
+        f"({p['mb_s']} / {windowed['mb_s']} MB/s)"
+        if p and windowed
+        else "",
     )
-    add(
+    ratio(
         "1,120 B acks=1 interval: msg/s ÷ Redis Streams XADD msg/s",
-        round(p["msg_s"] / rp["msg_s"], 3) if p and rp else None,
+        p,
+        _find(res.get("redis_produce", []), size=1120),
+        "msg_s",
         2.0,
         True,
-        f"{p['msg_s']:.0f} / {rp['msg_s']:.0f} msg/s" if p and rp else "missing",
+        "msg/s",
     )
     scaling = res.get("scaling", [])
     s1, s10k = _find(scaling, partitions=1), _find(scaling, partitions=10_000)
-    detail = f"{s10k['msg_s']:.0f} / {s1['msg_s']:.0f} msg/s" if s1 and s10k else "missing"
     free = res.get("scaling_storage_free", [])
     f1, f10k = _find(free, partitions=1), _find(free, partitions=10_000)
-    if f1 and f10k:
-        detail += (
-            f"; the same producer against the storage-free broker (c): "
-            f"{f10k['msg_s'] / f1['msg_s']:.2f} ({f10k['mb_s']} / {f1['mb_s']} MB/s)"
-        )
-    add(
+    ratio(
         "throughput at 10,000 partitions ÷ at 1 partition",
-        round(s10k["msg_s"] / s1["msg_s"], 3) if s1 and s10k else None,
+        s10k,
+        s1,
+        "msg_s",
         0.9,
         True,
-        detail,
+        "msg/s",
+        f"; the same producer against the storage-free broker (c): "
+        f"{f10k['msg_s'] / f1['msg_s']:.2f} ({f10k['mb_s']} / {f1['mb_s']} MB/s)"
+        if f1 and f10k
+        else "",
     )
     s1k = _find(scaling, partitions=1000)
     add(
@@ -388,12 +406,14 @@ def targets(res: dict[str, Any]) -> list[dict[str, Any]]:
 
     issue = 22
     s1k = _find(scaling, partitions=1000)
-    add(
+    ratio(
         "librdkafka: broker CPU/GB at 10,000 partitions ÷ at 1",
-        round(s10k["cpu_s_per_gb"] / s1["cpu_s_per_gb"], 3) if s1 and s10k else None,
+        s10k,
+        s1,
+        "cpu_s_per_gb",
         1.3,
         False,
-        f"{s10k['cpu_s_per_gb']} / {s1['cpu_s_per_gb']} s/GB" if s1 and s10k else "missing",
+        "s/GB",
     )
     multi = res.get("scaling_multi", [])
     m1, m10k = _find(multi, partitions=1), _find(multi, partitions=10_000)
@@ -404,12 +424,14 @@ def targets(res: dict[str, Any]) -> list[dict[str, Any]]:
         False,
         f"{m10k['records_per_batch']} records per batch" if m10k else "missing",
     )
-    add(
+    ratio(
         "multi-partition generator: throughput at 10,000 partitions ÷ at 1",
-        round(m10k["mb_s"] / m1["mb_s"], 3) if m1 and m10k else None,
+        m10k,
+        m1,
+        "mb_s",
         0.8,
         True,
-        f"{m10k['mb_s']} / {m1['mb_s']} MB/s" if m1 and m10k else "missing",
+        "MB/s",
     )
     add(
         "broker PSS (peak) with 1,000 partitions under load, MB",
