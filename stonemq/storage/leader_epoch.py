@@ -29,6 +29,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import os
+import threading
 from dataclasses import dataclass
 
 from stonemq.storage.checkpoint import CheckpointFile
@@ -55,6 +56,10 @@ class LeaderEpochCache:
         self.path = os.path.join(directory, LEADER_EPOCH_FILE)
         self._file = CheckpointFile(self.path, 2)
         self._entries: list[EpochEntry] = []
+        # one change at a time: each computes the new history from the current one and its
+        # callers run in executor threads (a leader's or follower's new epoch beside the
+        # checkpoint round's trim); unserialized, the later write dropped the other's change
+        self._lock = threading.Lock()
         rows = self._file.read() if os.path.exists(self.path) else []
         if rows is None:
             raise LeaderEpochFileError(f"{self.path} cannot be read as a checkpoint")
@@ -77,17 +82,18 @@ class LeaderEpochCache:
     def assign(self, epoch: int, start: int) -> bool:
         """Record that ``epoch`` writes from ``start`` on; True (and written) when it changed
         the history."""
-        if epoch < 0 or start < 0:
-            raise ValueError(f"invalid leader epoch entry ({epoch}, {start})")
-        latest = self.latest
-        if latest is not None and latest.epoch == epoch and start >= latest.start:
-            return False
-        entries = list(self._entries)
-        while entries and (entries[-1].epoch >= epoch or entries[-1].start >= start):
-            entries.pop()
-        entries.append(EpochEntry(epoch, start))
-        self._write(entries)
-        return True
+        with self._lock:
+            if epoch < 0 or start < 0:
+                raise ValueError(f"invalid leader epoch entry ({epoch}, {start})")
+            latest = self.latest
+            if latest is not None and latest.epoch == epoch and start >= latest.start:
+                return False
+            entries = list(self._entries)
+            while entries and (entries[-1].epoch >= epoch or entries[-1].start >= start):
+                entries.pop()
+            entries.append(EpochEntry(epoch, start))
+            self._write(entries)
+            return True
 
     def end_offset_for(self, epoch: int, log_end: int) -> tuple[int, int]:
         """(the largest epoch <= ``epoch``, its end offset), as OffsetForLeaderEpoch answers."""
@@ -112,26 +118,28 @@ class LeaderEpochCache:
 
     def truncate_from_end(self, end: int) -> bool:
         """The journal now ends at ``end``: drop the entries starting at or after it."""
-        entries = list(self._entries)
-        while entries and entries[-1].start >= end:
-            entries.pop()
-        if len(entries) == len(self._entries):
-            return False
-        self._write(entries)
-        return True
+        with self._lock:
+            entries = list(self._entries)
+            while entries and entries[-1].start >= end:
+                entries.pop()
+            if len(entries) == len(self._entries):
+                return False
+            self._write(entries)
+            return True
 
     def truncate_from_start(self, start: int) -> bool:
         """The journal now starts at ``start``: entries wholly before it go, and the last of
         the entries at or before it is kept, moved to ``start``."""
-        starts = [e.start for e in self._entries]
-        at = bisect.bisect_right(starts, start)  # entries[:at] start at or before it
-        if at == 0:
-            return False
-        kept = EpochEntry(self._entries[at - 1].epoch, start)
-        if at == 1 and self._entries[0] == kept:
-            return False
-        self._write([kept, *self._entries[at:]])
-        return True
+        with self._lock:
+            starts = [e.start for e in self._entries]
+            at = bisect.bisect_right(starts, start)  # entries[:at] start at or before it
+            if at == 0:
+                return False
+            kept = EpochEntry(self._entries[at - 1].epoch, start)
+            if at == 1 and self._entries[0] == kept:
+                return False
+            self._write([kept, *self._entries[at:]])
+            return True
 
     def _write(self, entries: list[EpochEntry]) -> None:
         """Make ``entries`` the history: the file first, then memory, so a failed write

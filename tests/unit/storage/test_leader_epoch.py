@@ -113,3 +113,37 @@ def test_a_damaged_file_is_refused(tmp_path: Path) -> None:
     (tmp_path / LEADER_EPOCH_FILE).write_text("garbage")
     with pytest.raises(LeaderEpochFileError):
         LeaderEpochCache(str(tmp_path))
+
+
+def test_changes_from_two_threads_are_both_kept(tmp_path: Path) -> None:
+    """The checkpoint round trims the start in a thread while a new epoch is assigned in
+    another (a leader's election, a follower's fetch): each change is computed from the
+    history the other left, never from the one both started with (the trim, written last,
+    dropped the new epoch: an independent review)."""
+    import threading
+
+    cache = LeaderEpochCache(str(tmp_path))
+    cache.assign(1, 0)
+    cache.assign(2, 100)
+    real_write = cache._file.write
+    trim_writing, go_on = threading.Event(), threading.Event()
+
+    def slow_first_write(rows: object) -> None:
+        if not trim_writing.is_set():
+            trim_writing.set()
+            go_on.wait(5)
+        real_write(rows)  # type: ignore[arg-type]
+
+    cache._file.write = slow_first_write  # type: ignore[method-assign]
+    trim = threading.Thread(target=cache.truncate_from_start, args=(50,))
+    trim.start()
+    assert trim_writing.wait(5)
+    assign = threading.Thread(target=cache.assign, args=(3, 200))
+    assign.start()
+    assign.join(0.2)  # it waits for the trim (on the old code it wrote at once)
+    go_on.set()
+    trim.join(5)
+    assign.join(5)
+    want = [EpochEntry(1, 50), EpochEntry(2, 100), EpochEntry(3, 200)]
+    assert cache.entries == want
+    assert LeaderEpochCache(str(tmp_path)).entries == want
