@@ -66,6 +66,9 @@ _LONG_MIN, _LONG_MAX = -(2**63), 2**63 - 1
 KAFKA_INT_SETTINGS = frozenset(
     {
         "broker_id",
+        "socket_request_max_bytes",
+        "queued_max_requests",
+        "max_request_partition_size_limit",
         "num_partitions",
         "default_replication_factor",
         "min_insync_replicas",

@@ -131,6 +131,9 @@ def test_each_listener_has_its_advertised_address() -> None:
         ("STONEMQ_LOG_INDEX_SIZE_MAX_BYTES", "99999999999", False),
         ("STONEMQ_LOG_INDEX_INTERVAL_BYTES", "99999999999", False),
         ("STONEMQ_NUM_PARTITIONS", "3000000000", False),
+        ("STONEMQ_SOCKET_REQUEST_MAX_BYTES", "3000000000", False),
+        ("STONEMQ_QUEUED_MAX_REQUESTS", "3000000000", False),
+        ("STONEMQ_MAX_REQUEST_PARTITION_SIZE_LIMIT", "3000000000", False),
         ("STONEMQ_LOG_RETENTION_MS", str(2**63), False),  # past a LONG
         ("STONEMQ_LOG_RETENTION_MS", str(2**63 - 1), True),
         ("STONEMQ_LOG_RETENTION_BYTES", "100000000000000000000000", False),
