@@ -2523,9 +2523,11 @@ class StorageEngine:
                 if (
                     not write.runs
                     and header.next_offset <= queue.next_offset
-                    and header.base_offset >= queue.log_start_offset
-                ):  # held here already: the same batch, or the histories diverged
-                    own = (await self.read_async(topic, partition, header.base_offset, 1)).data
+                    and header.next_offset > queue.log_start_offset
+                ):  # held here already: the same batch, or the histories diverged (a log
+                    # start inside it, the leader's, keeps the whole batch on both sides)
+                    at_offset = max(header.base_offset, queue.log_start_offset)
+                    own = (await self.read_async(topic, partition, at_offset, 1)).data
                     if not same_batch(parse_header(own), header):
                         problem = (
                             f"the batch at offset {header.base_offset} differs from the "

@@ -57,14 +57,15 @@ def start(root: Path) -> Any:
     return engine
 
 
-async def behind(tmp_path: Path) -> tuple[Any, Any, int]:
+async def behind(tmp_path: Path, records: int = 1) -> tuple[Any, Any, int]:
     """A leader of journal partition 0 (epochs 1 then 2) that deleted journal segments, and
-    a follower holding the first 5 of its entries, split. Returns (leader, follower, the
-    leader's journal end when the follower stopped)."""
+    a follower holding the first 5 of its entries (of ``records`` records each), split.
+    Returns (leader, follower, the leader's journal end when the follower stopped)."""
     leader, follower = start(tmp_path / "leader"), start(tmp_path / "follower")
     await leader.become_leader(0, 1)
     for i in range(5):
-        await leader.append("t", 0, build_batch([b"a%03d" % i * 40]), 1).written
+        values = [b"a%03d%d" % (i, r) * 40 for r in range(records)]
+        await leader.append("t", 0, build_batch(values), records).written
     early = leader.journal_written_end(0)
     reader = JournalReader(str(tmp_path / "leader" / "journal" / "journal-0"))
     try:
@@ -74,7 +75,7 @@ async def behind(tmp_path: Path) -> tuple[Any, Any, int]:
     assert await follower.append_replica(0, 0, memoryview(data)) == early
     follower.set_split_limit(0, early)
     await settle(follower)
-    assert follower.high_watermark("t", 0) == 5
+    assert follower.high_watermark("t", 0) == 5 * records
     await leader.become_leader(0, 2)
     for i in range(60):
         await leader.append("t", 0, build_batch([b"b%03d" % i * 40, b"c"]), 2).written
@@ -210,6 +211,31 @@ def test_a_caught_up_queue_log_takes_the_leaders_log_start(tmp_path: Path, delet
             assert read_all(again, "t", 0, deleted) == expected
         finally:
             await again.close()
+
+    run(scenario())
+
+
+def test_a_leader_log_start_inside_the_replicas_last_batch(tmp_path: Path) -> None:
+    """The leader deleted records up to 9, inside this replica's last batch (offsets 8 and
+    9): the copy fetches from 9, gets that whole batch back and finds it held here already.
+    It was refused as overlapping the log end, at every attempt, so the replica never
+    caught up (an independent review)."""
+
+    async def scenario() -> None:
+        leader, follower, _ = await behind(tmp_path, records=2)
+        try:
+            assert follower.high_watermark("t", 0) == 10
+            assert await delete_records(leader, "t", 0, 9) == 9
+            point, epochs, parts = leader.catch_up_point(0)
+            assert parts == [("t", 0, 9, 130)]
+            await copy(leader, follower, point, parts)
+            assert follower.log_start_offset("t", 0) == 9
+            assert follower.high_watermark("t", 0) == 130
+            await follower.catch_up_install(0, point, epochs, [("t", 0)])
+            assert read_all(follower, "t", 0, 9) == read_all(leader, "t", 0, 9)
+        finally:
+            await leader.close()
+            await follower.close()
 
     run(scenario())
 
