@@ -189,7 +189,10 @@ class ZooKeeperMetadataStore(MetadataStore):
                 pass
             current.add(name)  # the list predates it
         with self._lock:
-            gone = [name for name in set(self._topics) | set(self._watched) if name not in current]
+            # only names found gone above: one this store cached while ZooKeeper was asked
+            # is missing from the list too, and alive
+            cached = set(self._topics) | set(self._watched)
+            gone = [name for name in missing if name not in current and name in cached]
             for name in gone:
                 self._watched.pop(name, None)
             new = {name: next(self._tokens) for name in current if name not in self._watched}

@@ -271,6 +271,38 @@ def test_a_topic_list_older_than_a_create_does_not_delete_it(
 
 
 @pytest.mark.cluster
+def test_a_topic_created_while_the_list_is_checked_is_kept(
+    two_brokers: tuple[Any, Any],
+) -> None:
+    """A name missing from the list is looked up in ZooKeeper; a topic this store creates
+    during those lookups is missing from the list too. The names to drop were computed again
+    over the whole cache after the lookups, so that topic was dropped and its listeners told
+    None (an independent review of fe5b9bc). Only names looked up and found gone go."""
+    a, _ = two_brokers
+    events: list[tuple[str, Any]] = []
+    a.add_listener(lambda name, record: events.append((name, record)))
+    a.create_topic("early", [0], {})
+    a.create_topic("new", [0], {})
+    eventually(lambda: "new" in a._watched)
+    real_exists = a.client.exists
+    created: list[Any] = []
+
+    def exists_while_creating(path: str, *args: Any, **kwargs: Any) -> Any:
+        if not created:
+            created.append(a.create_topic("during", [0, 1], {}))
+        return real_exists(path, *args, **kwargs)
+
+    a.client.exists = exists_while_creating
+    try:
+        a._on_topic_names(["early"])  # "new" missing: looked up, alive
+    finally:
+        a.client.exists = real_exists
+    assert created and a.get_topic("during") == created[0]
+    assert ("during", None) not in events and ("new", None) not in events
+    assert a.partition_total() == 4
+
+
+@pytest.mark.cluster
 def test_of_two_racing_conditional_writes_one_wins(two_brokers: tuple[Any, Any]) -> None:
     """Both brokers grow the topic from the same version: one write lands, the other gets
     ConcurrentChangeError (it would have appended to a mapping it never saw); re-read, it
