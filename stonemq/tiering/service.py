@@ -34,6 +34,8 @@ log = logging.getLogger("stonemq.tiering")
 MANIFEST_REFRESH_S = 2.0
 UPLOAD_INTERVAL_S = 1.0
 COLD_READ_THREADS = 4
+COLD_MOVE_RETRY_S = 1.0
+COLD_MOVE_RETRY_MAX_S = 60.0
 
 
 class TierService:
@@ -56,6 +58,9 @@ class TierService:
         self._retaining: set[tuple[str, int]] = set()  # cold retention in flight
         self._resumed_deletes = False
         self.cold_retention_runs = 0  # passes finished (tests, metrics)
+        self._closed = False
+        # a follower's cold log-start moves that failed, waiting for their next attempt
+        self._cold_move_retries: set[asyncio.TimerHandle] = set()
 
     @property
     def reader(self) -> ColdReader:
@@ -171,23 +176,42 @@ class TierService:
             self.executor, self._cold_retention, tiered, partition, None, now_ms, offset
         )
 
-    def on_log_start(self, topic: str, partition: int, offset: int) -> None:
+    def on_log_start(self, topic: str, partition: int, offset: int, attempt: int = 0) -> None:
         """This broker's splitter applied, as a follower, a log-start entry (its leader's
         DeleteRecords): a tiered partition's cold log start moves with it, so each replica's
         own archive drops the deleted records and whichever replica leads next does not
         serve them (the leader's DeleteRecords handler moves the leader's). In the pool; a
-        failure is logged (the next DeleteRecords or retention pass moves it)."""
-        if not self.tiered(topic):
+        failure (the store unreachable) is logged and the move tried again after
+        ``COLD_MOVE_RETRY_S``, doubling up to ``COLD_MOVE_RETRY_MAX_S``, until it is made or
+        the broker stops: nothing else would make it (the leader's answer does not wait for
+        it, and a retention pass moves the cold start by retention's rules only)."""
+        if self._closed or not self.tiered(topic):
             return
         try:
-            asyncio.get_running_loop()
+            loop = asyncio.get_running_loop()
         except RuntimeError:  # recovery's re-split, before the broker runs: nothing to move
             return
         future = self.delete_records(topic, partition, offset)
 
         def done(f: asyncio.Future[None]) -> None:
-            if not f.cancelled() and f.exception() is not None:
-                log.warning("%s-%d: cold log start %d: %s", topic, partition, offset, f.exception())
+            if f.cancelled() or f.exception() is None or self._closed:
+                return
+            delay = min(COLD_MOVE_RETRY_S * 2**attempt, COLD_MOVE_RETRY_MAX_S)
+            log.warning(
+                "%s-%d: cold log start %d not moved (tried again in %.0f s): %s",
+                topic,
+                partition,
+                offset,
+                delay,
+                f.exception(),
+            )
+
+            def again() -> None:
+                self._cold_move_retries.discard(handle)
+                self.on_log_start(topic, partition, offset, attempt + 1)
+
+            handle = loop.call_later(delay, again)
+            self._cold_move_retries.add(handle)
 
         future.add_done_callback(done)
 
@@ -388,6 +412,10 @@ class TierService:
             self._tasks.append(loop.create_task(self._archive_loop(), name="stonemq-tier-run"))
 
     async def close(self) -> None:
+        self._closed = True
+        for handle in self._cold_move_retries:
+            handle.cancel()
+        self._cold_move_retries.clear()
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
