@@ -27,8 +27,8 @@ offset as well (``TierService.delete_records``: the manifest first, then the fil
 an offset below the local log start, and ``low_watermark`` is the log start a client sees.
 Its log-start entry is written then too: each replica archives into its own cold store, and
 every replica's splitter, applying the entry, moves its own cold log start
-(``TierService.on_log_start``), so a later leader does not serve the deleted records from its
-archive.
+(``TierService.on_log_start``, the leader's included: tried again until made, and after a
+restart's re-split), so a later leader does not serve the deleted records from its archive.
 """
 
 from __future__ import annotations

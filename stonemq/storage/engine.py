@@ -1737,9 +1737,10 @@ class StorageEngine:
             self._advance_log_start(queue, offset, "DeleteRecords")
         except OSError as exc:  # the log start moved; a segment file may be left behind
             log.error("%s-%d: log start offset %d: %s", queue.topic, queue.partition, offset, exc)
-        state = self._by_name.get((queue.topic, queue.partition))
-        # a follower's: the leader's DeleteRecords handler moves the leader's cold start
-        if self.on_log_start is not None and state is not None and not self._leading[state.journal]:
+        # every replica's, the leader's too: its DeleteRecords handler moves it again and
+        # answers by that move, but a handler that ended early (NOT_LEADER, a crash after
+        # the entry was written) left the leader's archive start behind for good
+        if self.on_log_start is not None:
             try:
                 self.on_log_start(queue.topic, queue.partition, offset)
             except Exception:

@@ -59,8 +59,10 @@ class TierService:
         self._resumed_deletes = False
         self.cold_retention_runs = 0  # passes finished (tests, metrics)
         self._closed = False
-        # a follower's cold log-start moves that failed, waiting for their next attempt
+        # cold log-start moves that failed, waiting for their next attempt
         self._cold_move_retries: set[asyncio.TimerHandle] = set()
+        # moves met by recovery's re-split (before the broker runs): made once it starts
+        self._early_cold_moves: dict[tuple[str, int], int] = {}
 
     @property
     def reader(self) -> ColdReader:
@@ -177,19 +179,24 @@ class TierService:
         )
 
     def on_log_start(self, topic: str, partition: int, offset: int, attempt: int = 0) -> None:
-        """This broker's splitter applied, as a follower, a log-start entry (its leader's
-        DeleteRecords): a tiered partition's cold log start moves with it, so each replica's
-        own archive drops the deleted records and whichever replica leads next does not
-        serve them (the leader's DeleteRecords handler moves the leader's). In the pool; a
-        failure (the store unreachable) is logged and the move tried again after
-        ``COLD_MOVE_RETRY_S``, doubling up to ``COLD_MOVE_RETRY_MAX_S``, until it is made or
-        the broker stops: nothing else would make it (the leader's answer does not wait for
-        it, and a retention pass moves the cold start by retention's rules only)."""
-        if self._closed or not self.tiered(topic):
+        """This broker's splitter applied a log-start entry (a DeleteRecords, this broker's
+        as leader or its leader's): a tiered partition's cold log start moves with it, so
+        each replica's own archive drops the deleted records and whichever replica leads
+        next does not serve them (the leader's DeleteRecords handler also moves the
+        leader's, and answers by that move). In the pool; a failure (the store unreachable)
+        is logged and the move tried again after ``COLD_MOVE_RETRY_S``, doubling up to
+        ``COLD_MOVE_RETRY_MAX_S``, until it is made or the broker stops: nothing else would
+        make it (a retention pass moves the cold start by retention's rules only). Met by
+        recovery's re-split, before the broker runs, it is made once the service starts."""
+        if self._closed:
             return
         try:
             loop = asyncio.get_running_loop()
-        except RuntimeError:  # recovery's re-split, before the broker runs: nothing to move
+        except RuntimeError:  # recovery's re-split: topics' configs may not be known yet
+            key = (topic, partition)
+            self._early_cold_moves[key] = max(offset, self._early_cold_moves.get(key, -1))
+            return
+        if not self.tiered(topic):
             return
         future = self.delete_records(topic, partition, offset)
 
@@ -406,6 +413,9 @@ class TierService:
     # -- background -----------------------------------------------------------------------
     def start(self) -> None:
         loop = asyncio.get_running_loop()
+        early, self._early_cold_moves = self._early_cold_moves, {}
+        for (topic, partition), offset in early.items():
+            self.on_log_start(topic, partition, offset)
         self._tasks.append(loop.create_task(self._refresh_loop(), name="stonemq-tier-refresh"))
         self._tasks.append(loop.create_task(self._upload_loop(), name="stonemq-tier-upload"))
         if self.settings.tier_interval_ms > 0:

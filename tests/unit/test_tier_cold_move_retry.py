@@ -53,3 +53,36 @@ def test_a_failed_cold_move_is_tried_again_until_made(
         assert calls == [("t", 1, 7)]
 
     asyncio.run(scenario())
+
+
+def test_a_move_met_before_the_broker_runs_is_made_once_it_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Recovery's re-split applies log-start entries before the event loop runs: their
+    moves were dropped, so a replica restarted after its leader's DeleteRecords kept the
+    deleted records in its archive (an independent review). They are kept, the largest
+    offset per partition, and made when the service starts."""
+    tier = TierService(Settings(data_dir=tmp_path), topics=None)
+    monkeypatch.setattr(tier, "tiered", lambda topic: True)
+    calls: list[tuple[str, int, int]] = []
+
+    def delete_records(topic: str, partition: int, offset: int) -> asyncio.Future[None]:
+        calls.append((topic, partition, offset))
+        future = asyncio.get_running_loop().create_future()
+        future.set_result(None)
+        return future
+
+    monkeypatch.setattr(tier, "delete_records", delete_records)
+    tier.on_log_start("t", 0, 5)  # no loop running: recovery
+    tier.on_log_start("t", 0, 9)
+    tier.on_log_start("t", 1, 3)
+    assert calls == []
+
+    async def scenario() -> None:
+        tier.start()
+        try:
+            assert sorted(calls) == [("t", 0, 9), ("t", 1, 3)]
+        finally:
+            await tier.close()
+
+    asyncio.run(scenario())
