@@ -382,9 +382,17 @@ class GroupCoordinator:
         if member.sync_respond is not None:
             member.sync_respond(SyncResult(ErrorCode.fenced_instance_id))
         member.join_respond = member.sync_respond = None
-        unchanged = member.protocols == req.protocols
         member.member_id = new_id
         group.members[new_id] = member
+        # Kafka rebalances only when the group's selected protocol would change: a restarted
+        # Java consumer's subscription bytes always differ (its owned partitions and
+        # generation are gone), and comparing the bytes rebalanced the whole group for it
+        old_protocols, member.protocols = member.protocols, req.protocols
+        try:
+            unchanged = group.protocol is not None and group.select_protocol() == group.protocol
+        except (StopIteration, ValueError):  # no protocol in common any more
+            unchanged = False
+        member.protocols = old_protocols
         group.static_members[req.group_instance_id or ""] = new_id
         if group.leader == old_id:
             group.leader = new_id
@@ -396,6 +404,7 @@ class GroupCoordinator:
         member.rebalance_timeout_ms = req.rebalance_timeout_ms
         self._refresh_session(group, member)
         if group.state == GroupState.STABLE and unchanged:
+            member.protocols = req.protocols
             self._persist_group(group)
             respond(self._join_result(group, member, skip_assignment=new_id == group.leader))
             return
@@ -620,14 +629,18 @@ class GroupCoordinator:
     def leave(
         self, group_id: str, leaving: list[tuple[str, str | None]]
     ) -> list[tuple[str, str | None, ErrorCode]]:
-        """Remove each (member id, instance id); the per-member errors, in order."""
+        """Remove each (member id, instance id); the per-member errors, in order, each
+        answered with the member id the request named (Kafka echoes an empty one for a
+        member named by its instance id: the Java AdminClient looks its answer up by
+        ("", instance id) and failed the removal when given the member's own id)."""
         group = self.groups.get(group_id)
         results = []
         removed = False
-        for member_id, instance in leaving:
+        for named, instance in leaving:
+            member_id = named
             error = ErrorCode.unknown_member_id
             if group is None:
-                results.append((member_id, instance, error))
+                results.append((named, instance, error))
                 continue
             if instance is not None:
                 current = group.static_members.get(instance)
@@ -643,7 +656,7 @@ class GroupCoordinator:
             if error == ErrorCode.none and member_id in group.members:
                 self._remove_member(group, group.members[member_id])
                 removed = True
-            results.append((member_id, instance, error))
+            results.append((named, instance, error))
         if group is not None and (removed or group.state == GroupState.PREPARING_REBALANCE):
             self._member_left(group)
         return results

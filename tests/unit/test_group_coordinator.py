@@ -314,6 +314,17 @@ def test_static_member_rejoins_without_rebalance_and_old_id_is_fenced() -> None:
     assert h.coord.heartbeat("g", 1, old, "i-1") == ErrorCode.fenced_instance_id
     assert h.coord.validate_commit("g", 1, old, "i-1") == ErrorCode.fenced_instance_id
     assert h.coord.heartbeat("g", 1, new, "i-1") == ErrorCode.none
+    # restarted again with other subscription bytes (a Java consumer's owned partitions and
+    # generation are gone after a restart), the same protocol: no rebalance, as Kafka
+    third = h.join(instance="i-1", protocols=(("range", b"restarted"),))
+    assert third[0].error == ErrorCode.none and third[0].generation == 1
+    assert h.state() == GroupState.STABLE
+    newest = third[0].member_id
+    assert h.sync(newest, 1)[0].assignment == b"assigned"
+    # removed by its instance id alone (the AdminClient's removeMembersFromConsumerGroup):
+    # the answer names the member as the request did, "" (it looks the answer up so)
+    assert h.coord.leave("g", [("", "i-1")]) == [("", "i-1", ErrorCode.none)]
+    assert h.coord.heartbeat("g", 1, newest, "i-1") == ErrorCode.unknown_member_id
 
 
 def parked_syncs(h: Harness) -> tuple[str, str, int, list[SyncResult], list[SyncResult]]:
