@@ -365,9 +365,17 @@ def _spark_batches(
         kinds.fill_null(0),
     ]
     if headers:
-        arrays.append(table.column("headers").cast(HEADERS_TYPE))
+        arrays.append(spark_headers(table.column("headers").cast(HEADERS_TYPE)))
     out = pa.Table.from_arrays(arrays, schema=schema)
     yield from out.to_batches(max_chunksize=BATCH_ROWS)
+
+
+def spark_headers(lists: Any) -> Any:
+    """A record without headers as Spark's Kafka source shows it: null, not an empty list
+    (its ``KafkaRecordToRowConverter``; ``headers IS NULL`` and ``size(headers)`` differed).
+    The archive keeps empty lists; the rows handed to Spark, from any path, pass here."""
+    empty = pc.equal(pc.list_value_length(lists), 0)
+    return pc.if_else(empty, pa.scalar(None, HEADERS_TYPE), lists)
 
 
 def _lost(opts: SourceOptions, r: OffsetRange, why: str) -> Iterator[pa.RecordBatch]:
@@ -413,7 +421,7 @@ class _Rows:
             pa.array(self.kinds, pa.int32()),
         ]
         if headers:
-            arrays.append(pa.array(self.headers, HEADERS_TYPE))
+            arrays.append(spark_headers(pa.array(self.headers, HEADERS_TYPE)))
         return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 

@@ -88,6 +88,9 @@ def test_fetched_rows_equal_a_confluent_kafka_read_of_the_same_ranges(
         expected = _rows(kafka_io._read_librdkafka(opts, r))
         assert [row["offset"] for row in expected] == list(range(start, stop))
         assert {row["timestampType"] for row in expected} == {int(timestamps != "CreateTime")}
+        if headers == "true" and stop - start > 10:  # no headers: null, as Spark's Kafka source
+            assert any(row["headers"] is None for row in expected)
+            assert all(row["headers"] is None or row["headers"] for row in expected)
         assert _rows(kafka_io.read_kafka(opts, r)) == expected
         # a fetch size below a batch's: each batch is asked for again, whole
         assert _rows(kafka_io.read_kafka(small, r)) == expected
