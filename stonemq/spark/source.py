@@ -74,8 +74,14 @@ class StoneMQDataSource(DataSource):
         options = dict(self.options)
         try:
             so.parse(options, streaming=False)
-        except so.OptionError:
-            so.parse(options, streaming=True)  # valid for a stream: checked again there
+        except so.OptionError as batch_error:
+            try:
+                so.parse(options, streaming=True)  # valid for a stream: checked again there
+            except so.OptionError:
+                # wrong for both: the batch read's reason (a batch user got the streaming
+                # one, "ending offset options are not valid in streaming queries", for
+                # endingOffsets=earliest: an independent Spark check)
+                raise batch_error from None
         return so.schema(so._bool(options, "includeheaders", False))
 
     def reader(self, schema: StructType) -> DataSourceReader:

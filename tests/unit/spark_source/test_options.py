@@ -235,3 +235,23 @@ def test_a_small_partition_beside_a_backlog_is_not_starved() -> None:
     twentieth, once the backlog was gone)."""
     ends = so.rate_limit({("t", 0): 0, ("t", 1): 0}, {("t", 0): 2000, ("t", 1): 1}, 100)
     assert ends == {("t", 0): 99, ("t", 1): 1}
+
+
+@pytest.mark.parametrize(
+    ("ending", "message"),
+    [
+        ("earliest", "can't be earliest for batch queries"),
+        ('{"t": {"0": -2}}', "can't be earliest \\(-2\\) in batch"),
+    ],
+)
+def test_load_names_the_batch_reason_for_an_option_wrong_for_both(
+    ending: str, message: str
+) -> None:
+    """``load()`` (the source's schema) checks the options as a batch read and, failing,
+    as a stream; wrong for both, it raised the stream's reason ("ending offset options are
+    not valid in streaming queries") to a batch user (an independent Spark check)."""
+    from stonemq.spark.source import StoneMQDataSource
+
+    source = StoneMQDataSource({**BASE, "subscribe": "t", "endingOffsets": ending})
+    with pytest.raises(OptionError, match=message):
+        source.schema()
