@@ -16,24 +16,36 @@ from stonemq.tiering import service
 from stonemq.tiering.service import TierService
 
 
-def test_a_failed_cold_move_is_tried_again_until_made(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(service, "COLD_MOVE_RETRY_S", 0.01)
+def _tier(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    calls: list[tuple[str, int, int]],
+    failures: int,
+) -> TierService:
+    """A TierService whose every topic tiers and whose store move records each call in
+    ``calls`` and fails while ``calls`` holds at most ``failures`` of them."""
     tier = TierService(Settings(data_dir=tmp_path), topics=None)
     monkeypatch.setattr(tier, "tiered", lambda topic: True)
-    calls: list[tuple[str, int, int]] = []
 
     def delete_records(topic: str, partition: int, offset: int) -> asyncio.Future[None]:
         calls.append((topic, partition, offset))
         future = asyncio.get_running_loop().create_future()
-        if len(calls) <= 3:  # the store unreachable three times
+        if len(calls) <= failures:
             future.set_exception(OSError("store unreachable"))
         else:
             future.set_result(None)
         return future
 
     monkeypatch.setattr(tier, "delete_records", delete_records)
+    return tier
+
+
+def test_a_failed_cold_move_is_tried_again_until_made(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(service, "COLD_MOVE_RETRY_S", 0.01)
+    calls: list[tuple[str, int, int]] = []
+    tier = _tier(tmp_path, monkeypatch, calls, failures=3)  # the store unreachable 3 times
 
     async def scenario() -> None:
         tier.on_log_start("t", 0, 50)
@@ -62,17 +74,8 @@ def test_a_move_met_before_the_broker_runs_is_made_once_it_starts(
     moves were dropped, so a replica restarted after its leader's DeleteRecords kept the
     deleted records in its archive (an independent review). They are kept, the largest
     offset per partition, and made when the service starts."""
-    tier = TierService(Settings(data_dir=tmp_path), topics=None)
-    monkeypatch.setattr(tier, "tiered", lambda topic: True)
     calls: list[tuple[str, int, int]] = []
-
-    def delete_records(topic: str, partition: int, offset: int) -> asyncio.Future[None]:
-        calls.append((topic, partition, offset))
-        future = asyncio.get_running_loop().create_future()
-        future.set_result(None)
-        return future
-
-    monkeypatch.setattr(tier, "delete_records", delete_records)
+    tier = _tier(tmp_path, monkeypatch, calls, failures=0)
     tier.on_log_start("t", 0, 5)  # no loop running: recovery
     tier.on_log_start("t", 0, 9)
     tier.on_log_start("t", 1, 3)
