@@ -51,6 +51,11 @@ OFFSET_METADATA_MAX_BYTES = 4096  # Kafka's offset.metadata.max.bytes
 TopicPartition = tuple[str, int]
 
 
+COMMIT_GROUP_NOT_FOUND_VERSION = 9
+"""From this OffsetCommit version a commit with a generation to a group that does not exist is
+GROUP_ID_NOT_FOUND (before it: ILLEGAL_GENERATION), as Kafka."""
+
+
 @dataclass(frozen=True, slots=True)
 class GroupConfig:
     """Kafka's group.* and offsets.* settings, in ms."""
@@ -707,14 +712,26 @@ class GroupCoordinator:
 
     # -- committed offsets ---------------------------------------------------------------------
     def validate_commit(
-        self, group_id: str, generation: int, member_id: str, group_instance_id: str | None
+        self,
+        group_id: str,
+        generation: int,
+        member_id: str,
+        group_instance_id: str | None,
+        version: int = COMMIT_GROUP_NOT_FOUND_VERSION,
     ) -> ErrorCode:
-        """Whether this member may commit now (Kafka's checks, in Kafka's order)."""
+        """Whether this member may commit now (Kafka's checks, in Kafka's order). A group
+        that does not exist takes a commit of generation -1 (a simple consumer's); with a
+        generation, OffsetCommit v9+ answers GROUP_ID_NOT_FOUND and older versions
+        ILLEGAL_GENERATION, as Kafka's OffsetMetadataManager."""
         if not group_id:
             return ErrorCode.invalid_group_id
         group = self.groups.get(group_id)
         if group is None:
-            return ErrorCode.none if generation < 0 else ErrorCode.illegal_generation
+            if generation < 0:
+                return ErrorCode.none
+            if version >= COMMIT_GROUP_NOT_FOUND_VERSION:
+                return ErrorCode.group_id_not_found
+            return ErrorCode.illegal_generation
         if generation < 0 and group.state == GroupState.EMPTY:
             return ErrorCode.none  # a group that only stores offsets
         error = self._fenced(group, member_id, group_instance_id)

@@ -112,6 +112,7 @@ async def handle_offset_commit(ctx: RequestContext, request: Any) -> Any:
             request.generation_id_or_member_epoch,
             request.member_id,
             getattr(request, "group_instance_id", None),
+            ctx.api_version,
         )
         if coordinates(ctx, request.group_id)
         else refusal(ctx, request.group_id)
@@ -119,7 +120,13 @@ async def handle_offset_commit(ctx: RequestContext, request: Any) -> Any:
     commits = valid
     if group_error != ErrorCode.none:
         commits = []
-        errors = [(t, i, p, e if t is None else group_error) for t, i, p, e in errors]
+        # an unknown topic or partition keeps its own error: Kafka's KafkaApis answers those
+        # before the coordinator sees the request (metadata too large is the coordinator's,
+        # after the group's checks)
+        errors = [
+            (t, i, p, e if t is None or e == ErrorCode.unknown_topic_or_partition else group_error)
+            for t, i, p, e in errors
+        ]
     if commits:
         future, respond = waiter()
         coord.commit(request.group_id, commits, respond)

@@ -161,6 +161,29 @@ def test_offset_commit_v10_unknown_topic_id(module_broker, topic) -> None:
         assert commit(conn, 10, group, {(zero, 0): 1}) == {(None, 0): UNKNOWN_TOPIC_ID}
 
 
+UNKNOWN_TOPIC_OR_PARTITION = 3
+
+
+def test_offset_commit_with_a_generation_to_a_missing_group(module_broker, topic) -> None:
+    """A generation's commit to a group that does not exist: GROUP_ID_NOT_FOUND from v9,
+    ILLEGAL_GENERATION before (Kafka's OffsetMetadataManager; it was ILLEGAL_GENERATION at
+    every version). An unknown topic or partition keeps its own error beside the group's
+    (Kafka's KafkaApis answers it before the coordinator; the group error hid it). Both from
+    an independent audit."""
+    name, _ = topic
+    with RawConnection(module_broker.host, module_broker.port) as conn:
+        for version, want in ((8, ILLEGAL_GENERATION), (9, GROUP_ID_NOT_FOUND)):
+            group = unique_topic(f"missing-v{version}")
+            errors = commit(
+                conn, version, group, {(name, 0): 1, (name, 99): 1, ("no-such", 0): 1}, 4, "m"
+            )
+            assert errors == {
+                (name, 0): want,
+                (name, 99): UNKNOWN_TOPIC_OR_PARTITION,
+                ("no-such", 0): UNKNOWN_TOPIC_OR_PARTITION,
+            }, version
+
+
 def test_offset_fetch_v10_leaves_out_deleted_topics(module_broker) -> None:
     bootstrap = module_broker.bootstrap
     kept = create_topic(bootstrap, unique_topic("kept"), partitions=1)
