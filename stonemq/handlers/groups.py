@@ -71,6 +71,11 @@ def client_host(ctx: RequestContext) -> str:
 
 # -- FindCoordinator -----------------------------------------------------------------------------
 # v5 and v6 carry v4's body (v6 adds key type 2, share groups: refused as an unknown type here)
+SYNC_PROTOCOL_REQUIRED_VERSION = 5
+"""From this SyncGroup version the protocol type and name must be set: null is
+INCONSISTENT_GROUP_PROTOCOL, as Kafka."""
+
+
 @api(10, 0, 6)
 async def handle_find_coordinator(ctx: RequestContext, request: Any) -> Any:
     key_type = getattr(request, "key_type", KEY_TYPE_GROUP)
@@ -235,11 +240,18 @@ async def handle_join_group(ctx: RequestContext, request: Any) -> Any:
 # -- SyncGroup -------------------------------------------------------------------------------
 @api(14, 0, 5)
 async def handle_sync_group(ctx: RequestContext, request: Any) -> Any:
+    error = ErrorCode.none
     if not coordinates(ctx, request.group_id):
+        error = refusal(ctx, request.group_id)
+    elif ctx.api_version >= SYNC_PROTOCOL_REQUIRED_VERSION and (
+        request.protocol_type is None or request.protocol_name is None
+    ):  # Kafka's SyncGroupRequest.areMandatoryProtocolTypeAndNamePresent
+        error = ErrorCode.inconsistent_group_protocol
+    if error != ErrorCode.none:
         return ctx.build(
             "SyncGroupResponse",
             throttle_time=0,
-            error_code=refusal(ctx, request.group_id),
+            error_code=error,
             protocol_type=None,
             protocol_name=None,
             assignment=b"",
