@@ -71,6 +71,17 @@ def client_host(ctx: RequestContext) -> str:
 
 # -- FindCoordinator -----------------------------------------------------------------------------
 # v5 and v6 carry v4's body (v6 adds key type 2, share groups: refused as an unknown type here)
+def _member_refusal(ctx: RequestContext, group_id: str) -> ErrorCode:
+    """SyncGroup's, Heartbeat's and LeaveGroup's answer before the coordinator is asked: an
+    empty group id is INVALID_GROUP_ID, before coordination is looked at (Kafka's
+    GroupCoordinatorService; it was UNKNOWN_MEMBER_ID), then NOT_COORDINATOR or the like."""
+    if not group_id:
+        return ErrorCode.invalid_group_id
+    if not coordinates(ctx, group_id):
+        return refusal(ctx, group_id)
+    return ErrorCode.none
+
+
 SYNC_PROTOCOL_REQUIRED_VERSION = 5
 """From this SyncGroup version the protocol type and name must be set: null is
 INCONSISTENT_GROUP_PROTOCOL, as Kafka."""
@@ -240,11 +251,11 @@ async def handle_join_group(ctx: RequestContext, request: Any) -> Any:
 # -- SyncGroup -------------------------------------------------------------------------------
 @api(14, 0, 5)
 async def handle_sync_group(ctx: RequestContext, request: Any) -> Any:
-    error = ErrorCode.none
-    if not coordinates(ctx, request.group_id):
-        error = refusal(ctx, request.group_id)
-    elif ctx.api_version >= SYNC_PROTOCOL_REQUIRED_VERSION and (
-        request.protocol_type is None or request.protocol_name is None
+    error = _member_refusal(ctx, request.group_id)
+    if (
+        error == ErrorCode.none
+        and ctx.api_version >= SYNC_PROTOCOL_REQUIRED_VERSION
+        and (request.protocol_type is None or request.protocol_name is None)
     ):  # Kafka's SyncGroupRequest.areMandatoryProtocolTypeAndNamePresent
         error = ErrorCode.inconsistent_group_protocol
     if error != ErrorCode.none:
@@ -281,10 +292,9 @@ async def handle_sync_group(ctx: RequestContext, request: Any) -> Any:
 # -- Heartbeat -------------------------------------------------------------------------------
 @api(12, 0, 4)
 async def handle_heartbeat(ctx: RequestContext, request: Any) -> Any:
-    if not coordinates(ctx, request.group_id):
-        return ctx.build(
-            "HeartbeatResponse", throttle_time=0, error_code=refusal(ctx, request.group_id)
-        )
+    refused = _member_refusal(ctx, request.group_id)
+    if refused != ErrorCode.none:
+        return ctx.build("HeartbeatResponse", throttle_time=0, error_code=refused)
     error = coordinator(ctx).heartbeat(
         request.group_id,
         request.generation_id,
@@ -297,17 +307,11 @@ async def handle_heartbeat(ctx: RequestContext, request: Any) -> Any:
 # -- LeaveGroup ------------------------------------------------------------------------------
 @api(13, 0, 5)
 async def handle_leave_group(ctx: RequestContext, request: Any) -> Any:
-    if not coordinates(ctx, request.group_id):
+    refused = _member_refusal(ctx, request.group_id)
+    if refused != ErrorCode.none:
         if ctx.api_version < 3:
-            return ctx.build(
-                "LeaveGroupResponse", throttle_time=0, error_code=refusal(ctx, request.group_id)
-            )
-        return ctx.build(
-            "LeaveGroupResponse",
-            throttle_time=0,
-            error_code=refusal(ctx, request.group_id),
-            members=(),
-        )
+            return ctx.build("LeaveGroupResponse", throttle_time=0, error_code=refused)
+        return ctx.build("LeaveGroupResponse", throttle_time=0, error_code=refused, members=())
     if ctx.api_version < 3:
         leaving = [(request.member_id, None)]
     else:

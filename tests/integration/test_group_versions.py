@@ -314,3 +314,45 @@ def test_sync_group_v5_without_its_protocol_is_refused(module_broker) -> None:
             )
             answer = conn.request(sync, schema("sync_group", 5, "response").SyncGroupResponse)
             assert answer.error_code == want, (protocol_type, protocol_name)
+
+
+INVALID_GROUP_ID = 24
+
+
+def test_an_empty_group_id_is_invalid_for_sync_heartbeat_and_leave(module_broker) -> None:
+    """SyncGroup, Heartbeat and LeaveGroup naming the group "" answer INVALID_GROUP_ID, as
+    Kafka's GroupCoordinatorService (they answered UNKNOWN_MEMBER_ID: an independent audit)."""
+    with RawConnection(module_broker.host, module_broker.port) as conn:
+        sync_req = schema("sync_group", 5, "request")
+        sync = build(
+            sync_req.SyncGroupRequest,
+            group_id="",
+            generation_id=1,
+            member_id="m",
+            group_instance_id=None,
+            protocol_type="consumer",
+            protocol_name="range",
+            assignments=(),
+        )
+        answer = conn.request(sync, schema("sync_group", 5, "response").SyncGroupResponse)
+        assert answer.error_code == INVALID_GROUP_ID
+        beat_req = schema("heartbeat", 4, "request")
+        beat = build(
+            beat_req.HeartbeatRequest,
+            group_id="",
+            generation_id=1,
+            member_id="m",
+            group_instance_id=None,
+        )
+        answer = conn.request(beat, schema("heartbeat", 4, "response").HeartbeatResponse)
+        assert answer.error_code == INVALID_GROUP_ID
+        leave_req = schema("leave_group", 5, "request")
+        leave = build(
+            leave_req.LeaveGroupRequest,
+            group_id="",
+            members=(
+                build(leave_req.MemberIdentity, member_id="m", group_instance_id=None, reason=None),
+            ),
+        )
+        answer = conn.request(leave, schema("leave_group", 5, "response").LeaveGroupResponse)
+        assert answer.error_code == INVALID_GROUP_ID
