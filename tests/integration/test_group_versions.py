@@ -276,6 +276,29 @@ def test_init_producer_id_every_version(module_broker, version) -> None:
 INCONSISTENT_GROUP_PROTOCOL = 23
 
 
+def sync_v5(
+    conn: RawConnection,
+    group: str,
+    generation: int,
+    member_id: str,
+    protocol_type: str | None,
+    protocol_name: str | None,
+) -> Any:
+    """A SyncGroup v5 with no assignments; the response."""
+    req = schema("sync_group", 5, "request")
+    sync = build(
+        req.SyncGroupRequest,
+        group_id=group,
+        generation_id=generation,
+        member_id=member_id,
+        group_instance_id="static-1" if group else None,
+        protocol_type=protocol_type,
+        protocol_name=protocol_name,
+        assignments=(),
+    )
+    return conn.request(sync, schema("sync_group", 5, "response").SyncGroupResponse)
+
+
 def test_sync_group_v5_without_its_protocol_is_refused(module_broker) -> None:
     """SyncGroup v5+ must name its protocol type and name: null is
     INCONSISTENT_GROUP_PROTOCOL, as Kafka (KafkaApis, SyncGroupRequest); it was answered
@@ -295,24 +318,15 @@ def test_sync_group_v5_without_its_protocol_is_refused(module_broker) -> None:
         )
         joined = conn.request(join, schema("join_group", 5, "response").JoinGroupResponse)
         assert joined.error_code == 0, joined
-        sync_req = schema("sync_group", 5, "request")
         for protocol_type, protocol_name, want in (
             (None, "range", INCONSISTENT_GROUP_PROTOCOL),
             ("consumer", None, INCONSISTENT_GROUP_PROTOCOL),
             (None, None, INCONSISTENT_GROUP_PROTOCOL),
             ("consumer", "range", 0),
         ):
-            sync = build(
-                sync_req.SyncGroupRequest,
-                group_id=group,
-                generation_id=joined.generation_id,
-                member_id=joined.member_id,
-                group_instance_id="static-1",
-                protocol_type=protocol_type,
-                protocol_name=protocol_name,
-                assignments=(),
+            answer = sync_v5(
+                conn, group, joined.generation_id, joined.member_id, protocol_type, protocol_name
             )
-            answer = conn.request(sync, schema("sync_group", 5, "response").SyncGroupResponse)
             assert answer.error_code == want, (protocol_type, protocol_name)
 
 
@@ -323,19 +337,7 @@ def test_an_empty_group_id_is_invalid_for_sync_heartbeat_and_leave(module_broker
     """SyncGroup, Heartbeat and LeaveGroup naming the group "" answer INVALID_GROUP_ID, as
     Kafka's GroupCoordinatorService (they answered UNKNOWN_MEMBER_ID: an independent audit)."""
     with RawConnection(module_broker.host, module_broker.port) as conn:
-        sync_req = schema("sync_group", 5, "request")
-        sync = build(
-            sync_req.SyncGroupRequest,
-            group_id="",
-            generation_id=1,
-            member_id="m",
-            group_instance_id=None,
-            protocol_type="consumer",
-            protocol_name="range",
-            assignments=(),
-        )
-        answer = conn.request(sync, schema("sync_group", 5, "response").SyncGroupResponse)
-        assert answer.error_code == INVALID_GROUP_ID
+        assert sync_v5(conn, "", 1, "m", "consumer", "range").error_code == INVALID_GROUP_ID
         beat_req = schema("heartbeat", 4, "request")
         beat = build(
             beat_req.HeartbeatRequest,
