@@ -69,8 +69,6 @@ def client_host(ctx: RequestContext) -> str:
     return "/" + ctx.client_host  # Kafka reports the InetAddress string, with its slash
 
 
-# -- FindCoordinator -----------------------------------------------------------------------------
-# v5 and v6 carry v4's body (v6 adds key type 2, share groups: refused as an unknown type here)
 def _member_refusal(ctx: RequestContext, group_id: str) -> ErrorCode:
     """SyncGroup's, Heartbeat's and LeaveGroup's answer before the coordinator is asked: an
     empty group id is INVALID_GROUP_ID, before coordination is looked at (Kafka's
@@ -87,6 +85,8 @@ SYNC_PROTOCOL_REQUIRED_VERSION = 5
 INCONSISTENT_GROUP_PROTOCOL, as Kafka."""
 
 
+# -- FindCoordinator -----------------------------------------------------------------------------
+# v5 and v6 carry v4's body (v6 adds key type 2, share groups: refused as an unknown type here)
 @api(10, 0, 6)
 async def handle_find_coordinator(ctx: RequestContext, request: Any) -> Any:
     key_type = getattr(request, "key_type", KEY_TYPE_GROUP)
