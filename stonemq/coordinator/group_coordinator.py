@@ -316,10 +316,13 @@ class GroupCoordinator:
 
     def _fenced(self, group: Group, member_id: str, instance: str | None) -> ErrorCode | None:
         """FENCED_INSTANCE_ID / UNKNOWN_MEMBER_ID for a member id that is not (or no longer)
-        this group's; None when it is a current member."""
+        this group's; None when it is a current member. An instance id must name a static
+        member, and that member must be this one (Kafka's ClassicGroup.validateMember)."""
         if instance is not None:
             current = group.static_members.get(instance)
-            if current is not None and current != member_id:
+            if current is None:
+                return ErrorCode.unknown_member_id
+            if current != member_id:
                 return ErrorCode.fenced_instance_id
         if member_id not in group.members:
             return ErrorCode.unknown_member_id
@@ -500,6 +503,14 @@ class GroupCoordinator:
             if m.join_respond is None and m.group_instance_id is None:
                 self._remove_member(group, m)
         now = self.clock.now_ms()
+        if group.members and all(m.join_respond is None for m in group.members.values()):
+            # Only static members are left and none of them rejoined (restarting, say): as
+            # Kafka's completeClassicGroupJoin, the join phase waits another rebalance
+            # timeout rather than starting a generation nobody joined, until they rejoin
+            # or their sessions expire.
+            log.info("group %s: no member rejoined; the rebalance waits for them", group.group_id)
+            self._arm_join_timer(group, now + group.max_rebalance_timeout_ms())
+            return
         group.generation += 1
         if not group.members:
             group.transition(GroupEvent.JOIN_COMPLETE_EMPTY, now)

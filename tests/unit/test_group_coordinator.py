@@ -516,3 +516,55 @@ def test_random_operations_keep_the_invariants(ops: list[tuple[str, int, int]]) 
             assert not group.members
         if group.members:
             assert group.leader is not None
+
+
+
+def static_stable_with_a_dynamic_member_gone(h: Harness) -> str:
+    """Static member S stable alone; a dynamic member starts a rebalance and leaves before
+    it completes. S's member id."""
+    s = h.join(instance="S")
+    h.advance(DELAY_MS)
+    s_id = s[0].member_id
+    h.sync(s_id, 1, {s_id: b"S"})
+    d_id = h.join()[0].member_id
+    assert not h.join(member_id=d_id) and h.state() == GroupState.PREPARING_REBALANCE
+    assert h.coord.leave("g", [(d_id, None)]) == [(d_id, None, ErrorCode.none)]
+    return s_id
+
+
+def test_a_rebalance_no_member_rejoins_waits_for_the_static_ones() -> None:
+    """Kafka's completeClassicGroupJoin: once the dynamic members that did not rejoin are
+    gone, a join phase in which no member rejoined is not completed (a generation nobody
+    joined, whose SyncGroup deadline would then evict the static members within their
+    sessions); it waits another rebalance timeout until they rejoin or their sessions end."""
+    h = Harness()
+    s_id = static_stable_with_a_dynamic_member_gone(h)
+    for _ in range(3 * REBALANCE_MS // 5000):  # S is alive but does not rejoin
+        h.advance(5000)
+        assert h.coord.heartbeat("g", 1, s_id, "S") == ErrorCode.rebalance_in_progress
+    assert h.state() == GroupState.PREPARING_REBALANCE
+    assert list(h.coord.groups["g"].members) == [s_id] and h.coord.groups["g"].generation == 1
+    rejoined = h.join(member_id=s_id, instance="S")
+    assert rejoined[0].error == ErrorCode.none and rejoined[0].generation == 2
+    assert rejoined[0].leader == s_id
+
+
+def test_a_waiting_rebalance_ends_when_the_static_members_session_does() -> None:
+    h = Harness()
+    s_id = static_stable_with_a_dynamic_member_gone(h)
+    for _ in range(2 * REBALANCE_MS // 5000):
+        h.advance(5000)
+        h.coord.heartbeat("g", 1, s_id, "S")
+    h.advance(SESSION_MS)  # then silent: its session ends, and the group is empty
+    assert h.state() == GroupState.EMPTY and not h.coord.groups["g"].members
+    assert h.coord.groups["g"].generation == 2
+
+
+def test_an_instance_id_that_names_no_static_member_is_unknown() -> None:
+    """Kafka's ClassicGroup.validateMember: a dynamic member's request carrying an instance
+    id no static member holds is UNKNOWN_MEMBER_ID (it was served as the dynamic member)."""
+    h = Harness()
+    (a,) = stable_group(h, 1)
+    assert h.coord.heartbeat("g", 1, a, None) == ErrorCode.none
+    assert h.coord.heartbeat("g", 1, a, "ghost") == ErrorCode.unknown_member_id
+    assert h.coord.validate_commit("g", 1, a, "ghost") == ErrorCode.unknown_member_id
