@@ -518,7 +518,6 @@ def test_random_operations_keep_the_invariants(ops: list[tuple[str, int, int]]) 
             assert group.leader is not None
 
 
-
 def static_stable_with_a_dynamic_member_gone(h: Harness) -> str:
     """Static member S stable alone; a dynamic member starts a rebalance and leaves before
     it completes. S's member id."""
