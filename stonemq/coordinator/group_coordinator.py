@@ -23,7 +23,7 @@ import logging
 import struct
 import uuid
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from kio.schema.errors import ErrorCode
@@ -91,6 +91,7 @@ class JoinRequest:
     protocol_type: str
     protocols: tuple[tuple[str, bytes], ...]
     require_known_member_id: bool  # JoinGroup v4+
+    skip_assignment_supported: bool = True  # JoinGroup v9+ (KIP-814)
 
 
 @dataclass(frozen=True, slots=True)
@@ -384,6 +385,7 @@ class GroupCoordinator:
         respond: Callable[[JoinResult], None],
     ) -> None:
         """KIP-345: a known group.instance.id rejoining with a fresh member id."""
+        leader_before = group.leader
         member = group.members.pop(old_id)
         if member.join_respond is not None:
             member.join_respond(JoinResult(ErrorCode.fenced_instance_id, member_id=old_id))
@@ -414,7 +416,16 @@ class GroupCoordinator:
         if group.state == GroupState.STABLE and unchanged:
             member.protocols = req.protocols
             self._persist_group(group)
-            respond(self._join_result(group, member, skip_assignment=new_id == group.leader))
+            result = self._join_result(group, member, skip_assignment=new_id == group.leader)
+            if not req.skip_assignment_supported:
+                # Before JoinGroup v9 an answer cannot say "you lead, keep the assignment"
+                # (KIP-814): as Kafka, it names the leader as it was before the replacement
+                # and lists no members, so a restarted leader syncs as a follower and gets
+                # its assignment back instead of assigning again
+                result = replace(
+                    result, leader=leader_before or "", members=(), skip_assignment=False
+                )
+            respond(result)
             return
         member.protocols = req.protocols
         member.join_respond = respond

@@ -216,6 +216,7 @@ async def handle_join_group(ctx: RequestContext, request: Any) -> Any:
         protocol_type=request.protocol_type,
         protocols=tuple((p.name, p.metadata) for p in request.protocols),
         require_known_member_id=ctx.api_version >= 4,
+        skip_assignment_supported=ctx.api_version >= 9,
     )
     if coordinates(ctx, request.group_id):
         future, respond = waiter()

@@ -73,11 +73,12 @@ class Harness:
         protocols: tuple[tuple[str, bytes], ...] = (("range", b"m"),),
         v4: bool = True,
         group: str = "g",
+        v9: bool = True,
     ) -> list[JoinResult]:
         out: list[JoinResult] = []
         req = JoinRequest(
             group, member_id, instance, "client", "/127.0.0.1", SESSION_MS, REBALANCE_MS,
-            "consumer", protocols, v4,
+            "consumer", protocols, v4, v9,
         )  # fmt: skip
         self.coord.join(req, out.append)
         return out
@@ -567,3 +568,26 @@ def test_an_instance_id_that_names_no_static_member_is_unknown() -> None:
     assert h.coord.heartbeat("g", 1, a, None) == ErrorCode.none
     assert h.coord.heartbeat("g", 1, a, "ghost") == ErrorCode.unknown_member_id
     assert h.coord.validate_commit("g", 1, a, "ghost") == ErrorCode.unknown_member_id
+
+
+@pytest.mark.parametrize("v9", [True, False])
+def test_a_restarted_static_leader_is_told_it_leads_only_from_join_v9(v9: bool) -> None:
+    """KIP-814: JoinGroup v9+ tells a static leader rejoining a stable group that it leads
+    and may skip the assignment; an older answer cannot, so Kafka names the leader as it was
+    (the old member id) and lists no members: the member syncs as a follower and gets its
+    assignment back."""
+    h = Harness()
+    a = h.join(instance="A")
+    h.advance(DELAY_MS)
+    old = a[0].member_id
+    assert a[0].leader == old
+    h.sync(old, 1, {old: b"A's"})
+    again = h.join(instance="A", v9=v9)[0]
+    assert again.error == ErrorCode.none and again.generation == 1
+    assert h.state() == GroupState.STABLE and h.coord.groups["g"].leader == again.member_id
+    if v9:
+        assert (again.leader, again.skip_assignment) == (again.member_id, True)
+        assert [m[0] for m in again.members] == [again.member_id]
+    else:
+        assert (again.leader, again.skip_assignment, again.members) == (old, False, ())
+    assert h.sync(again.member_id, 1)[0].assignment == b"A's"
