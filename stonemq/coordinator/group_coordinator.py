@@ -470,9 +470,12 @@ class GroupCoordinator:
         rebalance_timeout = group.max_rebalance_timeout_ms()
         delay = self.config.initial_rebalance_delay_ms
         if was_empty and delay > 0:
-            group.initial_delay_until_ms = now + rebalance_timeout
+            # Kafka's initial rebalance: the whole delay first, whatever the rebalance
+            # timeout, then more of it while members keep arriving, up to the rebalance
+            # timeout (GroupMetadataManager.prepareRebalance)
+            group.initial_delay_until_ms = now + max(delay, rebalance_timeout)
             group.new_member_added = False
-            self._arm_join_timer(group, now + min(delay, rebalance_timeout))
+            self._arm_join_timer(group, now + delay)
         else:
             group.initial_delay_until_ms = -1
             self._arm_join_timer(group, now + rebalance_timeout)

@@ -74,10 +74,11 @@ class Harness:
         v4: bool = True,
         group: str = "g",
         v9: bool = True,
+        rebalance_ms: int = REBALANCE_MS,
     ) -> list[JoinResult]:
         out: list[JoinResult] = []
         req = JoinRequest(
-            group, member_id, instance, "client", "/127.0.0.1", SESSION_MS, REBALANCE_MS,
+            group, member_id, instance, "client", "/127.0.0.1", SESSION_MS, rebalance_ms,
             "consumer", protocols, v4, v9,
         )  # fmt: skip
         self.coord.join(req, out.append)
@@ -166,6 +167,17 @@ def test_initial_delay_extends_while_members_arrive_bounded_by_rebalance_timeout
     h.advance(DELAY_MS)
     assert a[0].error == b[0].error == ErrorCode.none
     assert a[0].generation == b[0].generation == 1
+
+
+def test_the_initial_delay_is_whole_under_a_shorter_rebalance_timeout() -> None:
+    """Kafka's prepareRebalance waits the whole initial delay for an empty group's first
+    members even when their rebalance timeout is shorter (it bounds only the extensions)."""
+    h = Harness()
+    a = h.join_new(rebalance_ms=1_000)
+    h.advance(1_000)
+    assert not a
+    h.advance(DELAY_MS - 1_000)
+    assert a[0].error == ErrorCode.none and a[0].generation == 1
 
 
 def test_three_members_stable_with_distinct_assignments() -> None:
