@@ -838,7 +838,9 @@ class GroupCoordinator:
                 return
             subscribed = self.subscribed_topics(group)
         errors = {
-            tp: ErrorCode.group_subscribed_to_topic if tp[0] in subscribed else ErrorCode.none
+            tp: ErrorCode.group_subscribed_to_topic
+            if subscribed is None or tp[0] in subscribed
+            else ErrorCode.none
             for tp in partitions
         }
         gone = [tp for tp, e in errors.items() if e == ErrorCode.none and tp in group.offsets]
@@ -851,10 +853,21 @@ class GroupCoordinator:
 
         self._write_tombstones(group, gone, written)
 
-    def subscribed_topics(self, group: Group) -> set[str]:
+    def subscribed_topics(self, group: Group) -> set[str] | None:
+        """The topics the members of a consumer group subscribe to; None when they cannot be
+        known: no protocol chosen yet (the first rebalance) or a subscription that is not
+        the consumer protocol's. Kafka's ClassicGroup.isSubscribedToTopic then counts every
+        topic as subscribed, so no offset is deleted or expired under a member's feet."""
+        if not group.members:
+            return set()
+        if group.protocol is None:
+            return None
         topics: set[str] = set()
         for m in group.members.values():
-            topics |= consumer_subscription(m.metadata(group.protocol))
+            member_topics = consumer_subscription(m.metadata(group.protocol))
+            if member_topics is None:
+                return None
+            topics |= member_topics
         return topics
 
     def _write_tombstones(
@@ -964,7 +977,9 @@ class GroupCoordinator:
             else:
                 if group.state != GroupState.EMPTY and group.protocol_type != "consumer":
                     continue
-                subscribed = self.subscribed_topics(group) if group.members else set()
+                subscribed = self.subscribed_topics(group)
+                if subscribed is None:
+                    continue
                 gone = [
                     tp
                     for tp, c in group.offsets.items()
@@ -1154,17 +1169,21 @@ def _ignore_error(_: BaseException | None) -> None:
     pass
 
 
-def consumer_subscription(metadata: bytes) -> set[str]:
+def consumer_subscription(metadata: bytes) -> set[str] | None:
     """Topics of a ConsumerProtocolSubscription (every version starts: int16 version, then
-    an int32-counted array of int16-length topic names); empty for anything else."""
+    an int32-counted array of int16-length topic names); None for anything else."""
     try:
         (count,) = struct.unpack_from(">i", metadata, 2)
+        if count < 0:
+            return None
         pos = 6
         topics = set()
-        for _ in range(max(count, 0)):
+        for _ in range(count):
             (length,) = struct.unpack_from(">h", metadata, pos)
+            if length < 0 or pos + 2 + length > len(metadata):
+                return None
             topics.add(metadata[pos + 2 : pos + 2 + length].decode("utf-8"))
             pos += 2 + length
         return topics
     except (struct.error, UnicodeDecodeError):
-        return set()
+        return None

@@ -456,6 +456,31 @@ def test_offset_delete_refuses_subscribed_topics() -> None:
     assert set(h.coord.fetch_offsets("g", None)) == {("t", 0)}
 
 
+def test_offset_delete_refuses_every_topic_while_subscriptions_are_unknown() -> None:
+    """Kafka's ClassicGroup.isSubscribedToTopic: a consumer group whose subscriptions are
+    unknown (its first rebalance has chosen no protocol yet, or a member's subscription is
+    not the consumer protocol's) counts every topic as subscribed."""
+    h = Harness()
+    subscription = b"\x00\x01" + b"\x00\x00\x00\x01" + b"\x00\x01t" + b"\xff\xff\xff\xff"
+    assert not h.join_new(protocols=(("range", subscription),))  # the initial delay
+    h.coord.commit("g", [OffsetCommit("u", 0, 1, -1, "")], lambda e: None)
+    got: list[tuple[ErrorCode, dict[tuple[str, int], ErrorCode]]] = []
+    h.coord.delete_offsets("g", [("u", 0)], lambda e, errs: got.append((e, errs)))
+    assert got[-1] == (ErrorCode.none, {("u", 0): ErrorCode.group_subscribed_to_topic})
+    h.advance(DELAY_MS)
+    h.coord.delete_offsets("g", [("u", 0)], lambda e, errs: got.append((e, errs)))
+    assert got[-1] == (ErrorCode.none, {("u", 0): ErrorCode.none})  # now known: t only
+
+    h2 = Harness(delay_ms=0)
+    garbled = b"\x00\x01" + b"\x00\x00\x00\x02" + b"\x00\x01t"  # two topics, one there
+    j = h2.join(protocols=(("range", garbled),), v4=False)
+    h2.sync(j[0].member_id, 1, {})
+    h2.coord.commit("g", [OffsetCommit("u", 0, 1, -1, "")], lambda e: None)
+    h2.coord.delete_offsets("g", [("u", 0)], lambda e, errs: got.append((e, errs)))
+    assert got[-1] == (ErrorCode.none, {("u", 0): ErrorCode.group_subscribed_to_topic})
+    assert set(h2.coord.fetch_offsets("g", None)) == {("u", 0)}
+
+
 def test_replay_of_the_written_records_rebuilds_the_state() -> None:
     h = Harness()
     ids = stable_group(h, 2)
