@@ -122,10 +122,13 @@ def _plan(
     starts: dict[TopicPartitionKey, int],
     ends: dict[TopicPartitionKey, int],
     marks: dict[TopicPartitionKey, tuple[int, int]],
+    batch: bool = False,
 ) -> list[OffsetRange]:
     """Offset ranges for ``[starts, ends)``: a start below the log start is data loss
     (error, or the log start with failOnDataLoss=false); archived offsets go to cold
-    ranges."""
+    ranges. A start past the end fails a batch read whatever failOnDataLoss says (Spark's
+    KafkaSourceRDD asserts it), and is data loss in a micro-batch (Spark drops the range
+    with failOnDataLoss=false)."""
     tps = sorted(ends)
     cold = broker.cold_parts(tps)
     ranges: list[OffsetRange] = []
@@ -148,6 +151,13 @@ def _plan(
                     "failOnDataLoss=false to read what is there."
                 )
             end = high
+        if end < start and batch:
+            raise SourceError(
+                f"{tp[0]}-{tp[1]}: starting offset {start} is after the ending offset {end} "
+                "(an invalid starting offset, or the topic was deleted and re-created or "
+                "truncated); Spark's Kafka source fails such a read too, whatever "
+                "failOnDataLoss says"
+            )
         if end < start:
             if opts.fail_on_data_loss:
                 raise DataLossError(
@@ -222,7 +232,7 @@ class BatchReader(DataSourceReader):
             ends = broker.resolve(opts.ending, tps, marks, starting=False)
             if self.pushed.partitions is not None:  # pruned after the options' checks
                 ends = {tp: o for tp, o in ends.items() if tp[1] in self.pushed.partitions}
-            ranges = _plan(broker, opts, starts, ends, marks)
+            ranges = _plan(broker, opts, starts, ends, marks, batch=True)
             floor = self.pushed.timestamp_min_ms
             # ListOffsets by time: every record before the offset it names is older than
             # the floor (-1: every record is), so a Kafka range can start there

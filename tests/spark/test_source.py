@@ -321,6 +321,14 @@ def test_clear_errors(spark, tiered) -> None:  # type: ignore[no-untyped-def]
         t.reader(spark, subscribe=topic, startingOffsets=start).load().count()
     df = t.reader(spark, subscribe=topic, startingOffsets=start, failOnDataLoss="false").load()
     assert sorted(r.offset for r in df.select("offset").collect()) == list(range(20, 50))
+    # a start past the end fails a batch read either way, as Spark's KafkaSourceRDD asserts
+    # (it was read as nothing with failOnDataLoss=false)
+    past = json.dumps({topic: {"0": 60}})
+    for lose in ("true", "false"):
+        with pytest.raises(Exception, match=r"starting offset 60 is after the ending offset 50"):
+            t.reader(
+                spark, subscribe=topic, startingOffsets=past, failOnDataLoss=lose
+            ).load().count()
     extra = json.dumps({topic: {"0": 20, "1": 0}})  # the topic has one partition
     with pytest.raises(Exception, match="must specify all topic partitions"):
         t.reader(spark, subscribe=topic, startingOffsets=extra).load().count()
