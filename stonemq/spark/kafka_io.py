@@ -67,7 +67,7 @@ def arrow_schema(include_headers: bool) -> pa.Schema:
 def _client_config(opts: SourceOptions) -> dict[str, Any]:
     conf: dict[str, Any] = {
         "bootstrap.servers": opts.bootstrap,
-        "group.id": f"stonemq-spark-{uuid.uuid4().hex[:12]}",  # never joined: assign() only
+        "group.id": f"{opts.group_id_prefix}-{uuid.uuid4().hex[:12]}",  # never joined
         "enable.auto.commit": False,
         "enable.auto.offset.store": False,
         "enable.partition.eof": True,

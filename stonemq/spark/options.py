@@ -113,6 +113,7 @@ class SourceOptions:
     store: dict[str, str] = field(default_factory=dict)
     timeout_ms: int = 60_000  # kafka.default.api.timeout.ms (Kafka's default)
     poll_timeout_ms: int = 120_000  # kafkaConsumer.pollTimeoutMs (Spark's default)
+    group_id_prefix: str = "stonemq-spark"  # groupIdPrefix: of the consumers' generated group.id
 
     @property
     def read_committed(self) -> bool:
@@ -230,12 +231,24 @@ def parse(options: Mapping[str, str], *, streaming: bool) -> SourceOptions:
     strategy = opts.get("startingoffsetsbytimestampstrategy", "error").strip().lower()
     if strategy not in TIMESTAMP_STRATEGIES:
         raise OptionError(f"startingOffsetsByTimestampStrategy must be error or latest: {strategy}")
-    for banned in ("kafka.group.id", "kafka.auto.offset.reset", "kafka.enable.auto.commit"):
+    # Spark's KafkaSourceProvider refuses these (and takes kafka.group.id with a warning: the
+    # source never joins a group, so that id only names its consumers, as here)
+    for banned, why in (
+        ("kafka.auto.offset.reset", "set startingOffsets to earliest or latest instead"),
+        ("kafka.enable.auto.commit", "the source tracks offsets itself"),
+        ("kafka.key.deserializer", "keys are read as bytes; deserialize them in the DataFrame"),
+        ("kafka.value.deserializer", "values are read as bytes; deserialize them in the DataFrame"),
+        ("kafka.interceptor.classes", "interceptors could change what is read"),
+    ):
         if banned in opts:
-            raise OptionError(
-                f"option '{banned}' is not supported: the source assigns partitions and "
-                "tracks offsets itself"
-            )
+            raise OptionError(f"option '{banned}' is not supported: {why}")
+    if streaming:  # Spark's trigger options this source does not have: refused, not ignored
+        for unsupported in ("minOffsetsPerTrigger", "maxTriggerDelay"):
+            if unsupported.lower() in opts:
+                raise OptionError(
+                    f"option '{unsupported}' is not supported by the stonemq source (a "
+                    "micro-batch takes what is there, up to maxOffsetsPerTrigger)"
+                )
     consumer_config = {
         k[len("kafka.") :]: v
         for k, v in _kafka_options(options).items()
@@ -266,6 +279,7 @@ def parse(options: Mapping[str, str], *, streaming: bool) -> SourceOptions:
         store=store,
         timeout_ms=timeout_ms,
         poll_timeout_ms=poll_timeout_ms,
+        group_id_prefix=str(opts.get("groupidprefix") or "stonemq-spark"),
     )
 
 

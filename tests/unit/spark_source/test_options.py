@@ -12,6 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from stonemq.spark import options as so
+from stonemq.spark.kafka_io import _client_config
 from stonemq.spark.options import ColdPart, OffsetRange, OptionError
 
 BASE = {"kafka.bootstrap.servers": "h:9092"}
@@ -70,7 +71,13 @@ def test_options_are_case_insensitive_and_kafka_options_pass_through() -> None:
         ({**BASE, "subscribe": "t", "startingTimestamp": "soon"}, False, "milliseconds"),
         ({**BASE, "subscribe": "t", "minPartitions": "0"}, False, "positive"),
         ({**BASE, "subscribe": "t", "includeHeaders": "yes"}, False, "true or false"),
-        ({**BASE, "subscribe": "t", "kafka.group.id": "g"}, False, "not supported"),
+        ({**BASE, "subscribe": "t", "kafka.auto.offset.reset": "x"}, False, "not supported"),
+        ({**BASE, "subscribe": "t", "kafka.enable.auto.commit": "x"}, False, "not supported"),
+        ({**BASE, "subscribe": "t", "kafka.key.deserializer": "x"}, False, "not supported"),
+        ({**BASE, "subscribe": "t", "kafka.value.deserializer": "x"}, False, "not supported"),
+        ({**BASE, "subscribe": "t", "kafka.interceptor.classes": "x"}, True, "not supported"),
+        ({**BASE, "subscribe": "t", "minOffsetsPerTrigger": "5"}, True, "not supported"),
+        ({**BASE, "subscribe": "t", "maxTriggerDelay": "15m"}, True, "not supported"),
         (
             {**BASE, "subscribe": "t", "startingOffsetsByTimestampStrategy": "x"},
             False,
@@ -255,3 +262,13 @@ def test_load_names_the_batch_reason_for_an_option_wrong_for_both(
     source = StoneMQDataSource({**BASE, "subscribe": "t", "endingOffsets": ending})
     with pytest.raises(OptionError, match=message):
         source.schema()
+
+
+def test_a_group_id_is_taken_as_spark_takes_it() -> None:
+    """Spark's Kafka source accepts kafka.group.id (with a warning: it never joins the
+    group); the option reaches the source's consumers as their group.id."""
+    opts = so.parse({**BASE, "subscribe": "t", "kafka.group.id": "acl-group"}, streaming=True)
+    assert opts.consumer_config["group.id"] == "acl-group"
+    assert _client_config(opts)["group.id"] == "acl-group"
+    prefixed = so.parse({**BASE, "subscribe": "t", "groupIdPrefix": "etl"}, streaming=True)
+    assert _client_config(prefixed)["group.id"].startswith("etl-")
