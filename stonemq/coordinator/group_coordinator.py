@@ -121,6 +121,7 @@ class OffsetCommit:
     offset: int
     leader_epoch: int
     metadata: str | None
+    retention_ms: int = -1  # OffsetCommit v2-v4's retention_time; -1: the broker's
 
 
 @dataclass(frozen=True, slots=True)
@@ -786,7 +787,13 @@ class GroupCoordinator:
         """Write validated commits; ``done`` gets NONE once they are durable and visible."""
         now = self.clock.now_ms()
         values = {
-            (c.topic, c.partition): CommittedOffset(c.offset, c.leader_epoch, c.metadata or "", now)
+            (c.topic, c.partition): CommittedOffset(
+                c.offset,
+                c.leader_epoch,
+                c.metadata or "",
+                now,
+                now + c.retention_ms if c.retention_ms != -1 else -1,
+            )
             for c in commits
         }
         if not values:
@@ -964,27 +971,35 @@ class GroupCoordinator:
 
     def expire_offsets(self) -> int:
         """Kafka's offsets.retention.minutes (KIP-211): an empty consumer group's offsets go
-        once it has been empty that long; a group without group management, or topics no
-        member subscribes to, lose each offset that long after its commit. A group left
-        empty with no offsets is deleted. Returns the number of offsets expired."""
+        once it has been empty that long; a group without group management, or a stable
+        consumer group's topics no member subscribes to, lose each offset that long after
+        its commit; an offset committed with a retention time (OffsetCommit v2-v4) goes at
+        the expiry that set, under the same conditions (ClassicGroup.offsetExpirationCondition).
+        A group left empty with no offsets is deleted. Returns the number of offsets expired."""
         now = self.clock.now_ms()
         retention = self.config.offsets_retention_ms
         expired = 0
         for group in list(self.groups.values()):
-            if group.state == GroupState.EMPTY and group.protocol_type:
-                old = group.state_timestamp_ms + retention <= now
-                gone = list(group.offsets) if old else []
-            else:
-                if group.state != GroupState.EMPTY and group.protocol_type != "consumer":
-                    continue
-                subscribed = self.subscribed_topics(group)
-                if subscribed is None:
-                    continue
-                gone = [
-                    tp
-                    for tp, c in group.offsets.items()
-                    if tp[0] not in subscribed and c.commit_timestamp_ms + retention <= now
-                ]
+            since_empty = group.state == GroupState.EMPTY and bool(group.protocol_type)
+            if group.state != GroupState.EMPTY and (
+                group.protocol_type != CONSUMER_PROTOCOL_TYPE or group.state != GroupState.STABLE
+            ):
+                continue
+            subscribed = self.subscribed_topics(group)
+            if subscribed is None:
+                continue
+            gone = [
+                tp
+                for tp, c in group.offsets.items()
+                if tp[0] not in subscribed
+                and (
+                    now >= c.expire_timestamp_ms
+                    if c.expire_timestamp_ms >= 0
+                    else (group.state_timestamp_ms if since_empty else c.commit_timestamp_ms)
+                    + retention
+                    <= now
+                )
+            ]
             expired += len(gone)
             self._drop_offsets(group, gone)
         return expired

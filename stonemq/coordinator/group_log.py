@@ -4,8 +4,9 @@ The internal topic holds two kinds of record, in Kafka's own binary layouts (so 
 could read them):
 
 - an **offset commit**: key ``OffsetCommitKey`` v1 (group, topic, partition), value
-  ``OffsetCommitValue`` v3 (offset, leader epoch, metadata, commit timestamp); a null value is
-  a tombstone (the offset was deleted or expired);
+  ``OffsetCommitValue`` v3 (offset, leader epoch, metadata, commit timestamp), or v1 (offset,
+  metadata, commit and expire timestamps) for a commit that carried a retention time; a null
+  value is a tombstone (the offset was deleted or expired);
 - a **group**: key ``GroupMetadataKey`` v2 (group), value ``GroupMetadataValue`` v3 (protocol
   type, generation, protocol, leader, state timestamp, members with their subscriptions and
   assignments); a null value means the group was deleted.
@@ -72,6 +73,7 @@ class CommittedOffset:
     leader_epoch: int  # -1 when unknown
     metadata: str
     commit_timestamp_ms: int
+    expire_timestamp_ms: int = -1  # set by an OffsetCommit v2-v4 retention time
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +129,14 @@ def encode_value(value: Value) -> bytes | None:
     if value is None:
         return None
     if isinstance(value, CommittedOffset):
+        if value.expire_timestamp_ms >= 0:  # only v1 holds an expiry (Kafka writes v1 then)
+            return (
+                _I16.pack(1)
+                + _I64.pack(value.offset)
+                + _string(value.metadata)
+                + _I64.pack(value.commit_timestamp_ms)
+                + _I64.pack(value.expire_timestamp_ms)
+            )
         return (
             _I16.pack(OFFSET_VALUE_VERSION)
             + _I64.pack(value.offset)
@@ -215,7 +225,8 @@ def decode_offset_value(raw: bytes) -> CommittedOffset:
     epoch = r.i32() if version >= 3 else -1
     metadata = r.string() or ""
     timestamp = r.i64()
-    return CommittedOffset(offset, epoch, metadata, timestamp)
+    expire = r.i64() if version == 1 else -1
+    return CommittedOffset(offset, epoch, metadata, timestamp, expire)
 
 
 def decode_group_value(raw: bytes) -> StoredGroup:

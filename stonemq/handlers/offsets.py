@@ -27,7 +27,7 @@ from kio.schema.errors import ErrorCode
 from stonemq.coordinator.group_coordinator import OffsetCommit, TopicPartition
 from stonemq.coordinator.group_log import CommittedOffset
 from stonemq.handlers.context import RequestContext
-from stonemq.handlers.groups import coordinates, coordinator, refusal, waiter
+from stonemq.handlers.groups import coordinates, coordinator, millis, refusal, waiter
 from stonemq.handlers.registry import api
 from stonemq.topics import UnknownTopicIdError
 
@@ -84,6 +84,9 @@ async def handle_offset_commit(ctx: RequestContext, request: Any) -> Any:
     # (topic name or None, topic id or None, partition, error), in the request's order
     errors: list[tuple[str | None, uuid.UUID | None, int, ErrorCode]] = []
     valid: list[OffsetCommit] = []  # the partitions that may be committed
+    # v2-v4's retention time (-1: offsets.retention.minutes), as Kafka: the offsets expire
+    # that long after this commit, under the same conditions as others
+    retention_ms = millis(getattr(request, "retention_time", None), -1)
     async for topic in ctx.paced(request.topics):
         topic_id = topic.topic_id if by_id else None
         name = _topic_name(ctx, topic_id) if by_id else topic.name
@@ -100,6 +103,7 @@ async def handle_offset_commit(ctx: RequestContext, request: Any) -> Any:
                         p.committed_offset,
                         getattr(p, "committed_leader_epoch", -1),
                         p.committed_metadata,
+                        retention_ms,
                     )
                 )
             errors.append((name, topic_id, p.partition_index, error))

@@ -6,6 +6,7 @@ and InitProducerId v0-6 (v6: no ongoing transaction to report)."""
 from __future__ import annotations
 
 import datetime
+import time
 import uuid
 from typing import Any
 
@@ -30,6 +31,7 @@ def commit(
     offsets: dict[tuple[Any, int], int],
     generation: int = -1,
     member_id: str = "",
+    retention_ms: int = -1,
 ) -> dict[tuple[Any, int], int]:
     """OffsetCommit of ``{(topic name, or id from v10, partition): offset}``; returns each
     partition's error code under the same keys."""
@@ -52,7 +54,7 @@ def commit(
         generation_id_or_member_epoch=generation,
         member_id=member_id,
         group_instance_id=None,
-        retention_time=datetime.timedelta(milliseconds=-1),
+        retention_time=datetime.timedelta(milliseconds=retention_ms),
         topics=tuple(
             build(req.OffsetCommitRequestTopic, **{key: t}, partitions=tuple(parts))
             for t, parts in topics.items()
@@ -358,3 +360,21 @@ def test_an_empty_group_id_is_invalid_for_sync_heartbeat_and_leave(module_broker
         )
         answer = conn.request(leave, schema("leave_group", 5, "response").LeaveGroupResponse)
         assert answer.error_code == INVALID_GROUP_ID
+
+
+@pytest.mark.broker_settings(**{"offsets.retention.check.interval.ms": 300})
+@pytest.mark.parametrize("version", [2, 4])
+def test_a_commits_retention_time_expires_it(broker, version: int) -> None:
+    """OffsetCommit v2-v4's retention time: Kafka expires the offset that long after the
+    commit (it was kept for offsets.retention.minutes); one without it stays."""
+    name = create_topic(broker.bootstrap, unique_topic("retention-time"), partitions=2)
+    group = unique_topic("retention-time")
+    with RawConnection(broker.host, broker.port) as conn:
+        assert commit(conn, version, group, {(name, 0): 7}, retention_ms=1_000) == {(name, 0): 0}
+        assert commit(conn, version, group, {(name, 1): 8}) == {(name, 1): 0}
+        assert fetch_offsets(conn, 5, group, {name: [0, 1]})[(name, 0)][0] == 7
+        deadline = time.monotonic() + 20
+        while fetch_offsets(conn, 5, group, {name: [0]})[(name, 0)][0] != -1:
+            assert time.monotonic() < deadline, "the offset never expired"
+            time.sleep(0.2)
+        assert fetch_offsets(conn, 5, group, {name: [1]})[(name, 1)][0] == 8

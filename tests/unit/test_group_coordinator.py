@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 import pytest
@@ -428,6 +429,44 @@ def test_retention_expires_empty_groups_offsets_then_the_group() -> None:
     h.advance(h.coord.config.offsets_retention_check_interval_ms)
     assert "g" not in h.coord.groups
     assert (glog.OffsetKey("g", "t", 1), None) in h.sink.entries
+
+
+def test_a_commits_retention_time_expires_it_under_the_usual_conditions() -> None:
+    """OffsetCommit v2-v4's retention time (Kafka's expireTimestampMs): the offset expires
+    that long after its commit instead of offsets.retention.minutes after it (or after the
+    group emptied), but only where an offset may expire at all: not a topic a stable
+    consumer group subscribes to, nor while the group rebalances."""
+    h = Harness(delay_ms=0)
+    h.coord.commit("simple", [OffsetCommit("t", 0, 7, -1, "", 2_000)], lambda e: None)
+    h.coord.commit("simple", [OffsetCommit("t", 1, 8, -1, "")], lambda e: None)
+    subscription = b"\x00\x01" + b"\x00\x00\x00\x01" + b"\x00\x01t" + b"\xff\xff\xff\xff"
+    j = h.join(protocols=(("range", subscription),), v4=False)
+    h.sync(j[0].member_id, 1, {})
+    kept = [OffsetCommit("t", 0, 1, -1, "", 2_000), OffsetCommit("u", 0, 1, -1, "", 2_000)]
+    h.coord.commit("g", kept, lambda e: None)
+    h.coord.config = dataclasses.replace(h.coord.config, offsets_retention_check_interval_ms=500)
+    h.coord.start_retention()
+    h.advance(1_500)
+    assert set(h.coord.fetch_offsets("simple", None)) == {("t", 0), ("t", 1)}
+    h.advance(500)
+    assert set(h.coord.fetch_offsets("simple", None)) == {("t", 1)}
+    assert set(h.coord.fetch_offsets("g", None)) == {("t", 0)}  # t is subscribed
+    assert (glog.OffsetKey("simple", "t", 0), None) in h.sink.entries
+    # while the group rebalances nothing of it expires (Kafka: only a stable group's)
+    h.coord.commit("g", [OffsetCommit("u", 0, 1, -1, "", 1)], lambda e: None)
+    h.join(member_id=j[0].member_id, protocols=(("range", subscription + b"x"),))
+    h.join(v4=False)  # a second member: the group waits in its join phase for it
+    h.advance(500)
+    assert ("u", 0) in h.coord.fetch_offsets("g", None)
+
+
+def test_an_expiring_commit_is_written_and_read_back_as_kafkas_v1_value() -> None:
+    value = glog.CommittedOffset(42, -1, "meta", 1_000, 3_000)
+    raw = glog.encode_value(value)
+    assert raw is not None and raw[:2] == b"\x00\x01"
+    assert glog.decode_offset_value(raw) == value
+    plain = glog.CommittedOffset(42, 5, "meta", 1_000)
+    assert glog.decode_offset_value(glog.encode_value(plain) or b"") == plain
 
 
 def test_delete_group_and_offset_delete_rules() -> None:
