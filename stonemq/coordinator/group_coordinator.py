@@ -65,6 +65,9 @@ class GroupConfig:
     max_session_timeout_ms: int = 1_800_000
     offsets_retention_ms: int = 10080 * 60_000
     offsets_retention_check_interval_ms: int = 600_000
+    # how long a new member's first JoinGroup may stay parked (Kafka's fixed 5 minutes,
+    # classicGroupNewMemberJoinTimeoutMs): its session cannot run while it has no generation
+    new_member_join_timeout_ms: int = 300_000
 
 
 class GroupLogSink(Protocol):
@@ -158,6 +161,7 @@ class Member:
     join_respond: Callable[[JoinResult], None] | None = None
     sync_respond: Callable[[SyncResult], None] | None = None
     session_timer: Timer | None = None
+    is_new: bool = False  # joined, and no join phase has completed with it yet
 
     def metadata(self, protocol: str | None) -> bytes:
         for name, meta in self.protocols:
@@ -347,6 +351,7 @@ class GroupCoordinator:
             req.protocol_type,
             req.protocols,
             join_respond=respond,
+            is_new=True,
         )
         if not group.members:
             group.protocol_type = req.protocol_type
@@ -356,7 +361,9 @@ class GroupCoordinator:
         if group.leader is None:
             group.leader = member_id
         group.new_member_added = True
-        self._refresh_session(group, member)
+        # Kafka: a new member's parked JoinGroup cannot be heartbeated and its disconnect is
+        # not seen, so it expires after the new-member join timeout, even while it waits
+        self._refresh_session(group, member, self.config.new_member_join_timeout_ms)
         if group.state == GroupState.PREPARING_REBALANCE:
             self._try_complete_join(group)
         else:
@@ -541,6 +548,7 @@ class GroupCoordinator:
         group.pending_sync = set(group.members)
         for m in group.members.values():
             respond, m.join_respond = m.join_respond, None
+            m.is_new = False
             self._refresh_session(group, m)
             if respond is not None:
                 respond(self._join_result(group, m, skip_assignment=False))
@@ -716,19 +724,25 @@ class GroupCoordinator:
             self._try_complete_join(group)
 
     # -- sessions ------------------------------------------------------------------------------
-    def _refresh_session(self, group: Group, member: Member) -> None:
+    def _refresh_session(self, group: Group, member: Member, timeout_ms: int = -1) -> None:
         if member.session_timer is not None:
             member.session_timer.cancel()
         member.session_timer = self.timers.after(
-            member.session_timeout_ms, lambda: self._session_expired(group, member)
+            member.session_timeout_ms if timeout_ms < 0 else timeout_ms,
+            lambda: self._session_expired(group, member),
         )
 
     def _session_expired(self, group: Group, member: Member) -> None:
         if group.members.get(member.member_id) is not member:
             return
-        if member.join_respond is not None or member.sync_respond is not None:
+        waiting = member.join_respond is not None or member.sync_respond is not None
+        if waiting and not member.is_new:
             self._refresh_session(group, member)  # it is waiting on us, not silent
             return
+        if member.is_new:
+            log.info(
+                "group %s: new member %s: its join timed out", group.group_id, member.member_id
+            )
         self._remove_member(group, member)
         self._member_left(group)
 

@@ -667,3 +667,25 @@ def test_a_restarted_static_leader_is_told_it_leads_only_from_join_v9(v9: bool) 
     else:
         assert (again.leader, again.skip_assignment, again.members) == (old, False, ())
     assert h.sync(again.member_id, 1)[0].assignment == b"A's"
+
+
+def test_a_new_members_parked_join_times_out_after_five_minutes() -> None:
+    """Kafka's classicGroupNewMemberJoinTimeoutMs: a new member parked in a rebalance that
+    goes on (a rebalance timeout of hours, as Kafka Streams sets) is removed after five
+    minutes, its JoinGroup answered UNKNOWN_MEMBER_ID (it may have disconnected unseen);
+    members that already had a generation keep waiting."""
+    h = Harness()
+    a, b = stable_group(h, 2)
+    long = 4 * 3_600_000
+    ja = h.join(member_id=a, protocols=(("range", b"changed"),), rebalance_ms=long)
+    assert not ja and h.state() == GroupState.PREPARING_REBALANCE
+    first = h.join()
+    newcomer = h.join(member_id=first[0].member_id, rebalance_ms=long)
+    for _ in range(300_000 // 5_000 - 1):
+        h.advance(5_000)
+        h.coord.heartbeat("g", 1, b, None)  # b is alive but does not rejoin
+    assert not newcomer and first[0].member_id in h.coord.groups["g"].members
+    h.advance(5_000)
+    assert newcomer[0].error == ErrorCode.unknown_member_id
+    assert set(h.coord.groups["g"].members) == {a, b} and not ja
+    assert h.state() == GroupState.PREPARING_REBALANCE
