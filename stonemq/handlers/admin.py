@@ -10,6 +10,7 @@ as Kafka does (one bad topic never fails the others).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable
@@ -195,6 +196,13 @@ def _create_result(
 # -- DeleteTopics ---------------------------------------------------------------------------------
 @api(20, 1, 6)
 async def handle_delete_topics(ctx: RequestContext, request: Any) -> Any:
+    """Each topic named is checked, then all are deleted in order by one task that outlives
+    the request; each answer waits for its topic until the request's ``timeout_ms`` and is
+    REQUEST_TIMED_OUT past it, the deletion going on (Kafka's DeleteTopics deadline: a topic
+    of 50,000 partitions took 25 s to delete, and its client heard nothing meanwhile). A
+    timeout of 0 waits for the end: Kafka answers REQUEST_TIMED_OUT at once, which
+    librdkafka's default ``operation_timeout`` of 0 reports as success, and a client that
+    deletes and creates again expects the name free."""
     topics = ctx.broker.topics
     if ctx.api_version >= 6:
         wanted = [(t.name, t.topic_id) for t in request.topics]
@@ -202,10 +210,12 @@ async def handle_delete_topics(ctx: RequestContext, request: Any) -> Any:
         wanted = [(name, None) for name in request.topic_names]
     duplicate_names = _duplicates(name for name, _ in wanted if name is not None)
     duplicate_ids = _duplicates(tid for name, tid in wanted if name is None and tid is not None)
-    results = []
+    # (name, the id asked for, the topic's id, outcome)
+    checked: list[tuple[str | None, Any, Any, _Outcome]] = []
     async for name, topic_id in ctx.paced(wanted):
         if topic_id is not None and topic_id.int == 0:
             topic_id = None
+        asked, found = topic_id, None
         with _Outcome() as outcome:
             if name is not None and topic_id is not None:
                 raise InvalidRequestError("You may not specify both topic name and topic id.")
@@ -215,24 +225,66 @@ async def handle_delete_topics(ctx: RequestContext, request: Any) -> Any:
                 if topic_id is None:
                     raise InvalidRequestError("Neither topic name nor id were specified.")
                 name = topics.by_id(topic_id).name
-            tier = getattr(ctx.broker, "tier", None)
-            tiered = tier is not None and tier.tiered(name)
-            record = await topics.delete(name)
-            topic_id = record.topic_id
-            if tier is not None and tiered:
-                # its cold data goes too, in the tier pool (a re-created topic of the same
-                # name does not tier until it is gone)
-                tier.delete_topic_data(name, str(topic_id))
+            found = topics.require(name).topic_id
+        checked.append((name, asked, found, outcome))
+    loop = asyncio.get_running_loop()
+    timeout_s = request.timeout.total_seconds()
+    deadline = loop.time() + timeout_s if timeout_s > 0 else None
+    names = [name for name, _, _, outcome in checked if outcome.ok and name is not None]
+    done = {name: loop.create_future() for name in names}
+    for future in done.values():  # retrieved even when nobody waits any more
+        future.add_done_callback(_retrieve)
+    task = loop.create_task(_delete_in_order(ctx, names, done), name="stonemq-delete-topics")
+    _DELETIONS.add(task)
+    task.add_done_callback(_DELETIONS.discard)
+    results = []
+    for name, asked, found, outcome in checked:
+        if outcome.ok and name is not None:
+            left = None if deadline is None else max(deadline - loop.time(), 0.0)
+            with outcome:
+                try:
+                    await asyncio.wait_for(asyncio.shield(done[name]), left)
+                except TimeoutError:
+                    outcome.error = ErrorCode.request_timed_out
+                    outcome.message = f"Topic {name} is still being deleted"
         results.append(
             ctx.build(
                 "DeletableTopicResult",
                 name=name,
-                topic_id=topic_id,
+                topic_id=found if outcome.error == ErrorCode.none else asked,
                 error_code=outcome.error,
                 error_message=outcome.message,
             )
         )
     return ctx.build("DeleteTopicsResponse", throttle_time=0, responses=tuple(results))
+
+
+_DELETIONS: set[asyncio.Task[None]] = set()  # running DeleteTopics work (kept referenced)
+
+
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()
+
+
+async def _delete_in_order(
+    ctx: RequestContext, names: list[str], done: dict[str, asyncio.Future[Any]]
+) -> None:
+    """Delete ``names`` one after the other, each topic's outcome set on its future; a
+    tiered topic's cold data goes too, in the tier pool (a re-created topic of the same name
+    does not tier until it is gone)."""
+    topics = ctx.broker.topics
+    tier = getattr(ctx.broker, "tier", None)
+    for name in names:
+        try:
+            tiered = tier is not None and tier.tiered(name)
+            record = await topics.delete(name)
+            if tier is not None and tiered:
+                tier.delete_topic_data(name, str(record.topic_id))
+        except Exception as exc:
+            done[name].set_exception(exc)
+        else:
+            done[name].set_result(record)
 
 
 # -- CreatePartitions -----------------------------------------------------------------------------
