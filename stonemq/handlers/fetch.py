@@ -7,7 +7,9 @@ before their offset. Limits follow KIP-74: ``partition_max_bytes`` per partition
 least one whole batch so a consumer can never be stuck behind a large one. zstd batches go
 only to fetch v10+ (UNSUPPORTED_COMPRESSION_TYPE below). Fetch sessions (KIP-227) are not
 kept: every response carries session id 0, which tells every client to keep sending full
-fetches; an incremental fetch naming a session gets FETCH_SESSION_ID_NOT_FOUND.
+fetches. As Kafka's FetchManager reads a request: a session epoch of 0 or -1 is a full fetch,
+served whatever session id it names (Kafka closes that session); any other epoch is an
+incremental fetch, FETCH_SESSION_ID_NOT_FOUND (no session is ever found, id 0 included).
 
 Versions 4-18, as Kafka 4 answers a consumer: from v13 topics are named by topic id (one this
 broker does not know: UNKNOWN_TOPIC_ID) and the answer carries ids, not names; from v16 a
@@ -121,8 +123,7 @@ def _resolve(ctx: RequestContext, request: Any) -> list[_Topic]:
 
 @api(1, 4, 18)
 async def handle_fetch(ctx: RequestContext, request: Any) -> Any:
-    session_id = getattr(request, "session_id", 0)
-    if session_id != 0:
+    if getattr(request, "session_epoch", 0) not in (0, -1):  # incremental: nothing to add to
         return ctx.build(
             "FetchResponse",
             throttle_time=0,

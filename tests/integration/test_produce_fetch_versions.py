@@ -4,6 +4,7 @@ does not know is UNKNOWN_TOPIC_ID."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
 import struct
@@ -36,6 +37,7 @@ PRODUCE_VERSIONS = range(3, 14)
 FETCH_VERSIONS = range(4, 19)
 UNKNOWN_TOPIC_OR_PARTITION = 3
 UNKNOWN_TOPIC_ID = 100
+FETCH_SESSION_ID_NOT_FOUND = 70
 
 
 @pytest.fixture(scope="module")
@@ -79,6 +81,39 @@ def test_every_fetch_version_serves_the_records(module_broker, topic):
             assert got[17:] == batch[17:]  # the same batch from its CRC on
             if version >= 12:  # tagged current_leader: only set with NOT_LEADER_OR_FOLLOWER
                 assert part.current_leader.leader_id == -1
+
+
+def test_fetch_sessions_as_kafkas_fetch_manager_reads_them(module_broker, topic):
+    """No session is ever kept (every answer says session 0), and a request is read as
+    Kafka's FetchManager reads it: epoch 0 or -1 is a full fetch, served whatever session it
+    names (Kafka closes that session); any other epoch is incremental and finds no session,
+    id 0 included: FETCH_SESSION_ID_NOT_FOUND (found by an independent hostile-client
+    campaign: session 0 at epoch 5 was served, a session id at epoch 0 or -1 refused)."""
+    name, _ = topic
+    response = schema("fetch", 12, "response").FetchResponse
+    with RawConnection(module_broker.host, module_broker.port) as conn:
+        batch = bytes(build_batch([(b"k", b"sessions")]))
+        base = produce_raw(conn, name, 1, batch, version=11).base_offset
+        wait_visible(conn, name, 1, base + 1)
+        plain = fetch_request(name, 1, base, version=12)
+        for session_id, epoch, error in [
+            (0, 0, 0),
+            (0, -1, 0),
+            (77, 0, 0),
+            (77, -1, 0),
+            (0, 5, FETCH_SESSION_ID_NOT_FOUND),
+            (77, 3, FETCH_SESSION_ID_NOT_FOUND),
+        ]:
+            request = dataclasses.replace(
+                plain, session_id=i32(session_id), session_epoch=i32(epoch)
+            )
+            answer = conn.request(request, response)
+            assert (answer.error_code, answer.session_id) == (error, 0), (session_id, epoch)
+            if error == 0:
+                (part,) = answer.responses[0].partitions
+                assert part.error_code == 0 and part.records, (session_id, epoch)
+            else:
+                assert answer.responses == ()
 
 
 @pytest.mark.parametrize("version", [13, 14, 15, 16, 17, 18])
