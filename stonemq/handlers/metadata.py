@@ -77,8 +77,13 @@ async def _build_response(ctx: RequestContext, request: Any) -> Any:
         for record in broker.metadata.list_topics():
             wanted_topics.append((record, ErrorCode.none, record.name, None))
     else:
+        seen: set[Any] = set()  # a topic named twice is answered once, as Kafka (a set)
         async for wanted in ctx.paced(request.topics):
             name = wanted.name
+            key = name if name is not None else getattr(wanted, "topic_id", None)
+            if key in seen:
+                continue
+            seen.add(key)
             if name is None and getattr(wanted, "topic_id", None) is not None:
                 try:
                     record = broker.topics.by_id(wanted.topic_id)

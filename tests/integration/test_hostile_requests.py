@@ -220,6 +220,20 @@ def test_metadata_v12_null_name_without_id_is_that_topics_error(module_broker, t
     assert [t.error_code for t in resp.topics] == [INVALID_TOPIC_EXCEPTION, 0]
 
 
+def test_metadata_naming_a_topic_twice_answers_it_once(module_broker, topic) -> None:
+    """Kafka reads the names as a set (found by an independent hostile-client campaign: each
+    repeat was answered, so one request could ask for a topic's metadata many times over)."""
+    response_type = schema("metadata", 12, "response").MetadataResponse
+    with connect(module_broker) as conn:
+        resp = conn.request(
+            metadata_request(
+                12, (topic, None), (topic, None), ("missing", None), ("missing", None)
+            ),
+            response_type,
+        )
+    assert [t.name for t in resp.topics] == [topic, "missing"]
+
+
 # -- a connection closed while its produces wait for their turn --------------------------------
 def test_a_connection_closed_with_produces_in_flight_leaves_no_traceback(module_broker) -> None:
     """Found by the long fuzz run: a produce validated in a thread, whose connection closed
