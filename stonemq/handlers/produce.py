@@ -133,8 +133,14 @@ async def handle_produce(ctx: RequestContext, request: Any) -> Any:
     topics: list[tuple[str, list[_PartitionResult]]] = []
     topic_ids: list[uuid.UUID | None] = []
     now_ms = _now_ms()  # the broker's time for the timestamp bounds, once per request
+    superseded = _superseded(request.topic_data, ctx.api_version >= TOPIC_IDS_VERSION)
     for topic_data in request.topic_data:
-        results = [_PartitionResult(p.index) for p in topic_data.partition_data]
+        partition_data = topic_data.partition_data
+        if superseded:
+            partition_data = [p for p in partition_data if id(p) not in superseded]
+            if not partition_data:
+                continue
+        results = [_PartitionResult(p.index) for p in partition_data]
         if ctx.api_version >= TOPIC_IDS_VERSION:
             topic_id = topic_data.topic_id
             topic_ids.append(topic_id)
@@ -182,7 +188,7 @@ async def handle_produce(ctx: RequestContext, request: Any) -> Any:
                     f"min.insync.replicas is {produce_config.min_insync_replicas}, the ISR 1",
                 )
             continue
-        for result, data in zip(results, topic_data.partition_data, strict=True):
+        for result, data in zip(results, partition_data, strict=True):
             if not 0 <= data.index < record.partitions:
                 result.fail(ErrorCode.unknown_topic_or_partition)
                 continue
@@ -223,6 +229,27 @@ async def handle_produce(ctx: RequestContext, request: Any) -> Any:
             lambda: _response_entity(ctx, topics, topic_ids),
         )
     return _response_entity(ctx, topics, topic_ids)
+
+
+def _superseded(topic_data: Any, by_id: bool) -> set[int]:
+    """The partition entries of a request that a later entry for the same partition replaces
+    (by ``id``): Kafka's KafkaApis keeps a request's partitions in a map, so a partition
+    named twice is appended once, with its last records, and answered once. Empty (the
+    common case, found by one set's size) when no partition is named twice."""
+    if len(topic_data) == 1 and len(topic_data[0].partition_data) < 2:
+        return set()  # librdkafka's shape: one partition per request
+    keys = [
+        (t.topic_id if by_id else t.name, p.index, id(p))
+        for t in topic_data
+        for p in t.partition_data
+    ]
+    if len({k[:2] for k in keys}) == len(keys):
+        return set()
+    last: dict[tuple[Any, int], int] = {}
+    for topic, index, entry in keys:
+        last[(topic, index)] = entry
+    kept = set(last.values())
+    return {entry for _, _, entry in keys if entry not in kept}
 
 
 def _response_entity(

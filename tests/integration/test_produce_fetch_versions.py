@@ -10,6 +10,7 @@ import re
 import struct
 import time
 import uuid
+from typing import Any
 
 import pytest
 from confluent_kafka import Consumer, Producer
@@ -21,8 +22,10 @@ from .rawclient import (
     build_batch,
     fetch_raw,
     fetch_request,
+    i16,
     i32,
     i64,
+    ms,
     produce_raw,
     produce_request_to,
     schema,
@@ -81,6 +84,50 @@ def test_every_fetch_version_serves_the_records(module_broker, topic):
             assert got[17:] == batch[17:]  # the same batch from its CRC on
             if version >= 12:  # tagged current_leader: only set with NOT_LEADER_OR_FOLLOWER
                 assert part.current_leader.leader_id == -1
+
+
+@pytest.mark.parametrize("version", [9, 13])
+def test_a_partition_named_twice_in_a_produce_is_appended_once_with_its_last_records(
+    module_broker, version
+):
+    """Kafka's KafkaApis keeps a Produce's partitions in a map: a partition named again
+    replaces its earlier records, and is appended and answered once (found by an independent
+    hostile-client campaign: each copy was appended)."""
+    name = create_topic(module_broker.bootstrap, unique_topic("twice"), partitions=2)
+    mod = schema("produce", version, "request")
+    with RawConnection(module_broker.host, module_broker.port) as conn:
+        topic_id = topic_id_of(conn, name) if version >= 13 else None
+        key = {"name": name, "topic_id": topic_id}
+
+        def data(partition: int, value: bytes) -> Any:
+            return build(
+                mod.PartitionProduceData,
+                index=i32(partition),
+                records=bytes(build_batch([(None, value)])),
+            )
+
+        request = build(
+            mod.ProduceRequest,
+            acks=i16(-1),
+            timeout=ms(10_000),
+            topic_data=(
+                build(mod.TopicProduceData, **key, partition_data=(data(0, b"a"), data(1, b"x"))),
+                build(mod.TopicProduceData, **key, partition_data=(data(0, b"b"),)),
+                build(mod.TopicProduceData, **key, partition_data=(data(0, b"last"),)),
+            ),
+        )
+        answer = conn.request(request, schema("produce", version, "response").ProduceResponse)
+        answered = [
+            (p.index, p.error_code, p.base_offset)
+            for t in answer.responses
+            for p in t.partition_responses
+        ]
+        assert sorted(answered) == [(0, 0, 0), (1, 0, 0)]
+        wait_visible(conn, name, 0, 1)
+        part = fetch_raw(conn, name, 0, 0)
+        assert part.high_watermark == 1
+        (batch,) = split_batches(part.records)
+        assert bytes(batch).endswith(b"last\x00")
 
 
 def test_fetch_sessions_as_kafkas_fetch_manager_reads_them(module_broker, topic):
