@@ -56,6 +56,22 @@ _BUSY_RETRY_S = 0.01
 # the steps: user time up, kernel time down); 1 against 2 cost CPU at 1 partition (3 pairs)
 # (docs/benchmarks/analysis.md, "Produce requests without copies")
 CATCH_UP_STEPS = 2
+# a step of ``run`` behind by ``DEEP_LAG_STEPS`` times ``batch_bytes`` or more (16 MiB of one
+# journal partition by default: with 4 of them, about where ``splitter.max.lag.bytes``, 64 MiB,
+# starts holding producers) reads up to ``DEEP_CATCH_UP_STEPS`` times it, into a second read
+# buffer that exists only while the splitter is that far behind (dropped once a step finds
+# the lag within ``CATCH_UP_STEPS``). Under a busy event loop a step's cost is its waits, not
+# its bytes: each step waits for the loop twice and its thread for the GIL after its job
+# starts and after every read and write (sampled: 14% of the thread's time on a CPU, 23%
+# waiting for one, 0.3% waiting for the disk), about 10 ms a step whatever its size with a
+# catch-up from disk and pipelined Metadata on the loop. 2 MiB steps then split ~200 MB/s
+# while producers wrote more, and were held for split lag for 67 s of 98 (the interference
+# workload at 258k msg/s, paired with 8 MiB deep steps: held 64-67 s against 15-16 s,
+# producer p99 11-15 s against 3.7-5.7 s; docs/benchmarks/analysis.md, interference). 4 here,
+# not 8: the read buffer is the largest live one (PSS, above), and 4 MiB steps already split
+# twice as fast under that wait.
+DEEP_CATCH_UP_STEPS = 4
+DEEP_LAG_STEPS = 16
 
 
 class SplitError(StorageError):
@@ -110,6 +126,7 @@ class Splitter:
         # the journal reads of ``step_async`` land here (``_read_reused``): one anonymous
         # mapping of the largest step, made at the first step, instead of new bytes per step
         self._buffer: mmap.mmap | None = None
+        self._deep_buffer: mmap.mmap | None = None  # ``DEEP_CATCH_UP_STEPS``' (while behind)
 
     def add_journal(self, directory: str, health: JournalHealth) -> None:
         """Split one more (new, empty) journal partition from position 0; the next round of
@@ -145,7 +162,10 @@ class Splitter:
         size (each waits for the loop's current iteration, milliseconds while the loop
         serves a catch-up and pipelined requests), so a splitter that fell behind catches up
         in fewer of them instead of holding producers at one ``batch_bytes`` per hops' wait."""
-        return max(self.batch_bytes, min(unsplit, self.batch_bytes * CATCH_UP_STEPS))
+        batch = self.batch_bytes
+        if unsplit >= batch * DEEP_LAG_STEPS:
+            return batch * DEEP_CATCH_UP_STEPS
+        return max(batch, min(unsplit, batch * CATCH_UP_STEPS))
 
     async def step_async(self, j: int, limit: int, advanced: set[QueueLog]) -> int:
         """:meth:`step` with the journal read and the writes in the splitter's thread, as
@@ -215,9 +235,18 @@ class Splitter:
         to ``CATCH_UP_STEPS`` times ``batch_bytes``) freed at its end: below the mmap
         threshold they came from the malloc heap and, freed out of order with the request
         frames, left holes in it (docs/benchmarks/analysis.md, "Process size, sixth pass")."""
+        size = self.batch_bytes * CATCH_UP_STEPS
+        if want > size:  # far behind: the deep buffer, made at the first such step
+            buffer = self._deep_buffer
+            if buffer is None:
+                deep = self.batch_bytes * DEEP_CATCH_UP_STEPS
+                buffer = self._deep_buffer = mmap.mmap(-1, deep, flags=mmap.MAP_PRIVATE)
+            return self._read(j, pos, limit, want, memoryview(buffer))
+        if self._deep_buffer is not None and limit - pos <= size:
+            # caught up: no view of it is left (the last deep step's are gone), unmapped now
+            self._deep_buffer = None
         buffer = self._buffer
         if buffer is None:  # pages are mapped when first read into, never zero-filled
-            size = self.batch_bytes * CATCH_UP_STEPS
             buffer = self._buffer = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE)
         return self._read(j, pos, limit, want, memoryview(buffer))
 
@@ -405,6 +434,7 @@ class Splitter:
         for reader in self.readers:
             reader.close()
         self._buffer = None  # unmapped once the last view of it is gone
+        self._deep_buffer = None
 
 
 _T = TypeVar("_T")

@@ -36,7 +36,7 @@ from stonemq.storage.engine import (
     UnknownPartitionError,
 )
 from stonemq.storage.queue_log import read_partition_metadata
-from stonemq.storage.splitter import CATCH_UP_STEPS
+from stonemq.storage.splitter import DEEP_CATCH_UP_STEPS
 
 
 def run(coro: Coroutine[Any, Any, None]) -> None:
@@ -454,8 +454,8 @@ def test_split_lag_counts_written_unsplit_bytes_and_watchers_see_every_step(
         assert engine.split_lag_bytes() == 0
         after = lags[seen:]
         assert len(after) == METRICS.splitter_steps - steps  # once after every step
-        # steps of 4 KiB, or up to CATCH_UP_STEPS times that while the splitter is behind
-        assert len(after) >= lag // (4096 * CATCH_UP_STEPS) - 1
+        # steps of 4 KiB, or up to DEEP_CATCH_UP_STEPS times that while the splitter is behind
+        assert len(after) >= lag // (4096 * DEEP_CATCH_UP_STEPS) - 1
         assert after[-1] == 0 and after == sorted(after, reverse=True)
         await engine.close()
 

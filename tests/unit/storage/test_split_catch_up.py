@@ -18,7 +18,7 @@ from conftest import add_topic, build_batch, fd_path, new_engine, produce, read_
 from stonemq.server.metrics import METRICS
 from stonemq.storage import fileio
 from stonemq.storage.fileio import FileOps
-from stonemq.storage.splitter import CATCH_UP_STEPS
+from stonemq.storage.splitter import CATCH_UP_STEPS, DEEP_CATCH_UP_STEPS, DEEP_LAG_STEPS
 
 BATCH_BYTES = 64 * 1024
 RECORD = 60 * 1024  # one record per batch: about one splitter.batch.bytes each
@@ -47,10 +47,13 @@ class HeldJournalRead(FileOps):
         return super().pread_into(fd, buf, pos)
 
 
-def test_a_splitter_behind_catches_up_in_steps_of_several_batches(tmp_path: Path) -> None:
+def _behind(tmp_path: Path, batches: int) -> tuple[int, list[bytes], bool]:
+    """``batches`` one-record batches produced while the splitter is held on its first read:
+    the splitter's steps to split them, the records not split exactly once, and whether the
+    deep catch-up buffer was still there at the end."""
     disk = HeldJournalRead()
 
-    async def main() -> tuple[int, list[bytes]]:
+    async def main() -> tuple[int, list[bytes], bool]:
         engine = new_engine(
             tmp_path, splitter_batch_bytes=BATCH_BYTES, journal_segment_bytes=64 << 20
         )
@@ -58,7 +61,7 @@ def test_a_splitter_behind_catches_up_in_steps_of_several_batches(tmp_path: Path
         engine.start(lambda *a: None)
         previous = fileio.install(disk)
         try:
-            records = [b"%06d" % i + bytes([65 + i % 26]) * RECORD for i in range(BATCHES)]
+            records = [b"%06d" % i + bytes([65 + i % 26]) * RECORD for i in range(batches)]
             await produce(engine, "t", 0, [build_batch([records[0]])])
             while not disk.held.is_set():  # the splitter reads the first batch: held there
                 await asyncio.sleep(0.001)
@@ -71,12 +74,31 @@ def test_a_splitter_behind_catches_up_in_steps_of_several_batches(tmp_path: Path
             disk.go.set()
             fileio.install(previous)
         data = read_all(engine, "t", 0)
+        assert engine._splitter is not None
+        deep_left = engine._splitter._deep_buffer is not None
         await engine.close()
-        return steps, [r for r in records if data.count(r) != 1]
+        return steps, [r for r in records if data.count(r) != 1], deep_left
 
-    steps, missing = asyncio.run(main())
+    return asyncio.run(main())
+
+
+def test_a_splitter_behind_catches_up_in_steps_of_several_batches(tmp_path: Path) -> None:
+    steps, missing, _ = _behind(tmp_path, BATCHES)
     assert not missing  # every batch split once
     # the first step read one batch; the 63 behind it came in steps of CATCH_UP_STEPS
     # batches (8): 1 + 8 steps, and a couple more where a step's end fell short of a batch.
     # One batch per step took 64.
     assert steps <= 1 + BATCHES // CATCH_UP_STEPS + 3, steps
+
+
+def test_a_splitter_far_behind_catches_up_in_deeper_steps(tmp_path: Path) -> None:
+    """Behind by ``DEEP_LAG_STEPS`` batches or more, a step reads ``DEEP_CATCH_UP_STEPS``
+    of them (where a busy loop made each step cost ~10 ms whatever its size, 2-batch steps
+    held producers for split lag 67 s of 98); the deep buffer goes once caught up."""
+    batches = 8 * DEEP_LAG_STEPS
+    steps, missing, deep_left = _behind(tmp_path, batches)
+    assert not missing and not deep_left
+    # about (batches - DEEP_LAG_STEPS) / DEEP_CATCH_UP_STEPS deep steps, then the last
+    # DEEP_LAG_STEPS batches by CATCH_UP_STEPS; CATCH_UP_STEPS alone took batches / 2
+    deep = (batches - DEEP_LAG_STEPS) // DEEP_CATCH_UP_STEPS + DEEP_LAG_STEPS // CATCH_UP_STEPS
+    assert steps <= deep + 6 < batches // CATCH_UP_STEPS, steps
