@@ -238,18 +238,18 @@ def _superseded(topic_data: Any, by_id: bool) -> set[int]:
     common case, found by one set's size) when no partition is named twice."""
     if len(topic_data) == 1 and len(topic_data[0].partition_data) < 2:
         return set()  # librdkafka's shape: one partition per request
-    keys = [
-        (t.topic_id if by_id else t.name, p.index, id(p))
+    named = {
+        (t.topic_id if by_id else t.name, p.index) for t in topic_data for p in t.partition_data
+    }
+    if len(named) == sum(len(t.partition_data) for t in topic_data):
+        return set()
+    last = {
+        (t.topic_id if by_id else t.name, p.index): id(p)
         for t in topic_data
         for p in t.partition_data
-    ]
-    if len({k[:2] for k in keys}) == len(keys):
-        return set()
-    last: dict[tuple[Any, int], int] = {}
-    for topic, index, entry in keys:
-        last[(topic, index)] = entry
+    }
     kept = set(last.values())
-    return {entry for _, _, entry in keys if entry not in kept}
+    return {id(p) for t in topic_data for p in t.partition_data if id(p) not in kept}
 
 
 def _response_entity(
