@@ -209,7 +209,7 @@ class Settings(SettingsViews, BaseSettings):
         description="the most a produced compressed batch may decompress to (the broker "
         "decompresses it to validate its records, as Kafka does): MESSAGE_TOO_LARGE beyond",
     )
-    log_segment_bytes: int = Field(1024 * MIB, ge=14)
+    log_segment_bytes: int = Field(1024 * MIB, ge=MIB, description="at least 1 MiB (KIP-1030)")
     log_roll_ms: int = Field(7 * 24 * 3600 * 1000, gt=0)
     log_retention_ms: int = Field(7 * 24 * 3600 * 1000, ge=-1)
     log_retention_bytes: int = Field(-1, ge=-1)

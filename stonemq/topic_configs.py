@@ -215,6 +215,12 @@ def _cleanup_policy(name: str, value: Any) -> None:
 
 
 # -- topic configs ------------------------------------------------------------------------------
+MIN_SEGMENT_BYTES = 1024 * 1024
+"""segment.bytes' and log.segment.bytes' minimum since Kafka 4.0 (KIP-1030)."""
+INTERNAL_SEGMENT_BYTES = "internal.segment.bytes"
+"""Kafka 4's internal topic config (``LogConfig.INTERNAL_SEGMENT_BYTES_CONFIG``): when set, the
+segment size in place of segment.bytes, with no 1 MiB minimum; not returned by
+DescribeConfigs. Tests (Kafka's and ours) use it for small segments."""
 COMPRESSION_TYPES = ("uncompressed", "zstd", "lz4", "snappy", "gzip", "producer")
 """Kafka's compression.type values (BrokerCompressionType)."""
 _CODECS = {
@@ -238,6 +244,7 @@ class TopicConfigKey:
     default: Any = None  # used when no broker setting exists for the synonym
     validator: Callable[[str, Any], None] | None = None
     log_field: str | None = None  # the LogConfig attribute it feeds
+    internal: bool = False  # Kafka's defineInternal: settable, never described
 
     def parse(self, raw: str | None) -> Any:
         """Parse and validate a value given by a client; raises :class:`InvalidConfigError`."""
@@ -284,8 +291,16 @@ TOPIC_CONFIGS: dict[str, TopicConfigKey] = {
             ConfigType.INT,
             "The segment file size of the partition's queue log.",
             synonym="log.segment.bytes",
+            validator=_at_least(MIN_SEGMENT_BYTES),
+        ),
+        TopicConfigKey(
+            INTERNAL_SEGMENT_BYTES,
+            ConfigType.INT,
+            "The segment file size of the partition's queue log, below segment.bytes' minimum; "
+            "for testing only.",
+            synonym=None,
             validator=_at_least(14),
-            log_field="segment_bytes",
+            internal=True,
         ),
         TopicConfigKey(
             "segment.ms",
@@ -890,6 +905,13 @@ class TopicConfig:
         return {e.name: e.value for e in self.entries}
 
 
+def segment_bytes(values: Mapping[str, Any]) -> int:
+    """A topic's segment size from its typed config values: internal.segment.bytes when set,
+    else segment.bytes (Kafka's LogConfig.segmentSize)."""
+    internal = values.get(INTERNAL_SEGMENT_BYTES)
+    return int(values["segment.bytes"] if internal is None else internal)
+
+
 def resolve_topic(
     settings: Settings, dynamic: DynamicBrokerConfigs, overrides: Mapping[str, str]
 ) -> TopicConfig:
@@ -917,6 +939,8 @@ def resolve_topic(
             )
         top, value = levels[0]
         values[name] = value
+        if key.internal:
+            continue
         entries.append(
             ConfigEntry(
                 name=name,
@@ -936,6 +960,7 @@ def resolve_topic(
             for name, key in TOPIC_CONFIGS.items()
             if key.log_field is not None
         },
+        segment_bytes=segment_bytes(values),
         compression=_CODECS[compression],
         compression_level=int(values.get(f"compression.{compression}.level", -1)),
     )

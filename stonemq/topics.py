@@ -363,7 +363,7 @@ class TopicManager:
                     log_append_time=log_append_time,
                 ),
                 min_insync_replicas=int(config.values["min.insync.replicas"]),
-                segment_bytes=int(config.values["segment.bytes"]),
+                segment_bytes=config.log_config.segment_bytes,
             )
             self._produce[name] = cached
         return cached

@@ -34,6 +34,7 @@ from stonemq.coordinator.group_state import Clock, SystemClock
 from stonemq.coordinator.group_timers import TimerQueue
 from stonemq.protocol.record_batch import RecordBatchError, iter_batches
 from stonemq.storage.engine import OffsetOutOfRangeError, StorageError, UnknownPartitionError
+from stonemq.topic_configs import INTERNAL_SEGMENT_BYTES, MIN_SEGMENT_BYTES
 from stonemq.topics import TopicAlreadyExistsError
 
 if TYPE_CHECKING:
@@ -81,13 +82,20 @@ class OffsetsLog:
             record = self.topics.create(
                 OFFSETS_TOPIC,
                 self.settings.offsets_topic_num_partitions,
-                {"segment.bytes": str(self.settings.offsets_topic_segment_bytes)},
+                self._topic_configs(),
             ).record
             log.info("created %s with %d partitions", OFFSETS_TOPIC, record.partitions)
         else:
             self.topics.pin_internal(OFFSETS_TOPIC)  # created by an older version
         self._partitions = record.partitions
         return record.partitions
+
+    def _topic_configs(self) -> dict[str, str]:
+        """``__consumer_offsets``' configs: its segment size (offsets.topic.segment.bytes; one
+        below segment.bytes' 1 MiB minimum, which only tests set, as internal.segment.bytes)."""
+        size = self.settings.offsets_topic_segment_bytes
+        name = "segment.bytes" if size >= MIN_SEGMENT_BYTES else INTERNAL_SEGMENT_BYTES
+        return {name: str(size)}
 
     async def ensure_topic_async(self) -> int:
         """:meth:`ensure_topic` for a request: a creation's store write runs in the store's
@@ -97,7 +105,7 @@ class OffsetsLog:
                 await self.topics.create_async(
                     OFFSETS_TOPIC,
                     self.settings.offsets_topic_num_partitions,
-                    {"segment.bytes": str(self.settings.offsets_topic_segment_bytes)},
+                    self._topic_configs(),
                 )
                 log.info(
                     "created %s with %d partitions",

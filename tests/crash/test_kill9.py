@@ -36,6 +36,7 @@ pytestmark = [pytest.mark.crash, pytest.mark.timeout(900)]
 TOPICS = {"crash-a": 3, "crash-b": 2, "crash-c": 1}
 CYCLES = int(os.environ.get("STONEMQ_CRASH_CYCLES", "24"))
 POLICIES = ("interval", "always", "never")
+SMALL_SEGMENTS = {"internal.segment.bytes": str(24 * 1024)}  # queue-log rolls within a cycle
 
 Key = tuple[str, int]
 
@@ -46,7 +47,6 @@ def broker_settings(policy: str) -> dict[str, object]:
         "journal.flush.interval.ms": 50,
         "journal.partitions": 2,
         "journal.segment.bytes": 96 * 1024,  # rolls and journal retention within a cycle
-        "log.segment.bytes": 24 * 1024,
         "queue.checkpoint.interval.ms": 150,
         "queue.max.open.files": 8,  # the LRU evicts all the time
         "auto.create.topics.enable": False,
@@ -56,7 +56,10 @@ def broker_settings(policy: str) -> dict[str, object]:
 def create_topics(bootstrap: str) -> None:
     admin = AdminClient({"bootstrap.servers": bootstrap})
     futures = admin.create_topics(
-        [NewTopic(t, num_partitions=n, replication_factor=1) for t, n in TOPICS.items()]
+        [
+            NewTopic(t, num_partitions=n, replication_factor=1, config=SMALL_SEGMENTS)
+            for t, n in TOPICS.items()
+        ]
     )
     for f in futures.values():
         f.result(timeout=20)
@@ -73,7 +76,7 @@ def produce_until_killed(
             "enable.idempotence": False,
             "linger.ms": rng.choice([0, 1, 5]),
             "batch.num.messages": rng.choice([1, 10, 200]),
-            "batch.size": 16384,  # under log.segment.bytes: a larger batch is refused
+            "batch.size": 16384,  # under the segment size: a larger batch is refused
             "message.timeout.ms": 30000,
             "socket.timeout.ms": 5000,
             "reconnect.backoff.max.ms": 200,
@@ -354,7 +357,7 @@ def test_idempotent_producer_survives_sigkill_and_disk_full(broker_factory, tmp_
         data_dir = (fs if on_small_fs else tmp_path) / "data"
         broker = broker_factory(data_dir=data_dir, **broker_settings("interval"))
         admin = AdminClient({"bootstrap.servers": broker.bootstrap})
-        admin.create_topics([NewTopic(IDEMPOTENT_TOPIC, num_partitions=3)])[
+        admin.create_topics([NewTopic(IDEMPOTENT_TOPIC, num_partitions=3, config=SMALL_SEGMENTS)])[
             IDEMPOTENT_TOPIC
         ].result(timeout=20)
         acked: dict[tuple[int, int], bytes] = {}
@@ -381,7 +384,7 @@ def test_idempotent_producer_survives_sigkill_and_disk_full(broker_factory, tmp_
                     "enable.idempotence": True,
                     "max.in.flight.requests.per.connection": 5,
                     "linger.ms": 2,
-                    "batch.size": 16384,  # under log.segment.bytes: a larger batch is refused
+                    "batch.size": 16384,  # under the segment size: a larger batch is refused
                     "message.timeout.ms": 300_000,
                     "reconnect.backoff.max.ms": 200,
                     "error_cb": lambda err: errors.append(f"fatal: {err}") if err.fatal() else None,

@@ -54,7 +54,7 @@ def raw_delete(port: int, version: int, topic: str, partition: int, offset: int)
 
 def test_delete_records_with_admin_client_and_raw(broker) -> None:
     b = broker.bootstrap
-    topic = create_topic(b, config={"segment.bytes": "2048"})
+    topic = create_topic(b, config={"internal.segment.bytes": "2048"})
     msgs = sample_messages(200, tag="dr")
     # batches under the topic's segment.bytes (a larger one is refused: RECORD_LIST_TOO_LARGE)
     produce(b, topic, msgs, acks="all", **{"batch.size": 1024})

@@ -26,6 +26,7 @@ KAFKA_STORAGE_ERROR = 56
 RECORDS_PER_PRODUCER = 2000
 FULL = ("No space left on device", "refusing produces")  # a write failed, or would have
 FS_BYTES = 24 << 20
+SMALL_SEGMENTS = {"internal.segment.bytes": str(256 * 1024)}  # Kafka 4's, for tests
 
 
 @pytest.fixture
@@ -80,14 +81,13 @@ def test_enospc_is_a_storage_error_and_the_broker_recovers(small_fs: Path, broke
         data_dir=data_dir,
         **{
             "journal.segment.bytes": 1 << 20,
-            "log.segment.bytes": 256 * 1024,
             "journal.partitions": 1,
             "queue.checkpoint.interval.ms": 200,
         },
     )
     from .helpers import create_topic
 
-    topic = create_topic(broker.bootstrap, partitions=2)
+    topic = create_topic(broker.bootstrap, partitions=2, config=SMALL_SEGMENTS)
     filler = small_fs / "filler"
     fill(filler, leave_bytes=3 << 20)
 
@@ -167,14 +167,13 @@ def test_filling_filesystem_under_pipelining_producers_loses_nothing(
         data_dir=data_dir,
         **{
             "journal.segment.bytes": 1 << 20,
-            "log.segment.bytes": 256 * 1024,
             "journal.partitions": 2,
             "queue.checkpoint.interval.ms": 200,
             "journal.flush.policy": "interval",
             "journal.flush.interval.ms": 50,
         },
     )
-    topic = create_topic(broker.bootstrap, partitions=3)
+    topic = create_topic(broker.bootstrap, partitions=3, config=SMALL_SEGMENTS)
     acked: dict[tuple[int, int], bytes] = {}  # (partition, offset) -> value
     lock = threading.Lock()
     failures: list[str] = []
@@ -187,7 +186,7 @@ def test_filling_filesystem_under_pipelining_producers_loses_nothing(
                 "enable.idempotence": idempotent,
                 "max.in.flight.requests.per.connection": 5,
                 "linger.ms": 2,
-                "batch.size": 128 * 1024,  # under log.segment.bytes: a larger one is refused
+                "batch.size": 128 * 1024,  # under the segment size: a larger one is refused
                 "message.timeout.ms": 120_000,
                 "retry.backoff.ms": 100,
             }

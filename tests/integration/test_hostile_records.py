@@ -171,7 +171,7 @@ def test_a_batch_larger_than_the_topics_segment_bytes_is_refused(module_broker) 
     """Kafka's UnifiedLog.append refuses a batch a segment of the topic cannot hold
     (RECORD_LIST_TOO_LARGE); it was stored as a segment of its own, 79-171 KB under
     segment.bytes=20000 (an independent cluster check). A batch that fits is stored."""
-    topic = create_topic(module_broker.bootstrap, config={"segment.bytes": "20000"})
+    topic = create_topic(module_broker.bootstrap, config={"internal.segment.bytes": "20000"})
     big = bytes(build_batch([(None, b"x" * 1000)] * 25))
     small = bytes(build_batch([(None, b"y" * 1000)] * 5))
     assert len(big) > 20000 > len(small)
@@ -197,7 +197,7 @@ def test_a_batch_recompressed_past_the_topics_limits_is_kept_as_produced(module_
         module_broker.bootstrap,
         config={
             "compression.type": "uncompressed",
-            "segment.bytes": "20000",
+            "internal.segment.bytes": "20000",
             "max.message.bytes": "20000",
         },
     )

@@ -395,7 +395,11 @@ def test_a_tiered_deletion_moves_every_replicas_archive(broker_factory, zookeepe
         **{"log_retention_check_interval_ms": 200, "queue_checkpoint_interval_ms": 200},
     )
     admin = AdminClient({"bootstrap.servers": brokers[0].bootstrap})
-    config = {"remote.storage.enable": "true", "segment.bytes": "8192", "local.retention.ms": "0"}
+    config = {
+        "remote.storage.enable": "true",
+        "internal.segment.bytes": "8192",
+        "local.retention.ms": "0",
+    }
     admin.create_topics([NewTopic("tdr", 1, 3, config=config)])["tdr"].result(30)
     _wait(lambda: _leaders(brokers[0].bootstrap, "tdr")[0] in (1, 2, 3), 30, "a leader")
     msgs = sample_messages(300)

@@ -43,7 +43,7 @@ def _setup(broker: Any, config: dict[str, str]) -> tuple[str, list[Any], mf.Mani
     topic = create_topic(
         broker.bootstrap,
         unique_topic("pol"),
-        config={"remote.storage.enable": "true", "segment.bytes": "8192", **config},
+        config={"remote.storage.enable": "true", "internal.segment.bytes": "8192", **config},
     )
     msgs = sample_messages(N)
     produce(

@@ -91,7 +91,7 @@ def test_broker_retention_deletes_expired_cold_files(broker_factory) -> None:  #
         unique_topic("cret"),
         config={
             "remote.storage.enable": "true",
-            "segment.bytes": "8192",
+            "internal.segment.bytes": "8192",
             "local.retention.ms": "0",
             "retention.ms": "-1",
         },
@@ -152,7 +152,7 @@ def test_list_offsets_by_timestamp_searches_the_archive(broker_factory) -> None:
         unique_topic("cts"),
         config={
             "remote.storage.enable": "true",
-            "segment.bytes": "8192",
+            "internal.segment.bytes": "8192",
             "local.retention.ms": "0",
         },
     )
@@ -183,7 +183,11 @@ def test_list_offsets_by_timestamp_searches_the_archive(broker_factory) -> None:
 def test_delete_topic_removes_cold_data_and_recreate_starts_empty(broker_factory) -> None:  # type: ignore[no-untyped-def]
     broker = broker_factory(**BROKER)
     name = unique_topic("cdel")
-    config = {"remote.storage.enable": "true", "segment.bytes": "8192", "local.retention.ms": "0"}
+    config = {
+        "remote.storage.enable": "true",
+        "internal.segment.bytes": "8192",
+        "local.retention.ms": "0",
+    }
     create_topic(broker.bootstrap, name, config=config)
     msgs = _messages(N, int(time.time() * 1000), 1)
     current = _produce_and_archive(broker, name, msgs)

@@ -21,9 +21,11 @@ def test_broker_uploads_sealed_segments_of_tiered_topics(broker) -> None:  # typ
     tiered = create_topic(
         broker.bootstrap,
         unique_topic("up"),
-        config={"remote.storage.enable": "true", "segment.bytes": "8192"},
+        config={"remote.storage.enable": "true", "internal.segment.bytes": "8192"},
     )
-    plain = create_topic(broker.bootstrap, unique_topic("plain"), config={"segment.bytes": "8192"})
+    plain = create_topic(
+        broker.bootstrap, unique_topic("plain"), config={"internal.segment.bytes": "8192"}
+    )
     msgs = sample_messages(200)
     for topic in (tiered, plain):
         produce(broker.bootstrap, topic, msgs, **{"batch.size": 4096, "linger.ms": 0})

@@ -46,7 +46,11 @@ BROKER = {
     "log.retention.check.interval.ms": 300,
     "queue.checkpoint.interval.ms": 200,
 }
-TIERED = {"remote.storage.enable": "true", "segment.bytes": "16384", "local.retention.ms": "0"}
+TIERED = {
+    "remote.storage.enable": "true",
+    "internal.segment.bytes": "16384",
+    "local.retention.ms": "0",
+}
 RECORDS = 800
 # batches under the topics' 16 KiB segment.bytes (a larger one is refused: RECORD_LIST_TOO_LARGE)
 SMALL_BATCHES = {"batch.size": 8192, "linger.ms": 0}

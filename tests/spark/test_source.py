@@ -52,7 +52,11 @@ from .conftest import kill_group
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(900)]
 
 BROKER = {"log.retention.check.interval.ms": 300, "queue.checkpoint.interval.ms": 200}
-TIERED = {"remote.storage.enable": "true", "segment.bytes": "16384", "local.retention.ms": "0"}
+TIERED = {
+    "remote.storage.enable": "true",
+    "internal.segment.bytes": "16384",
+    "local.retention.ms": "0",
+}
 RECORDS = 900
 JS_DIR = Path(__file__).resolve().parents[1] / "js"
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from pydantic import ValidationError
 
 from stonemq.config import Settings
 from stonemq.storage.engine import LogConfig
@@ -43,6 +44,7 @@ def test_registry_names_and_synonyms() -> None:
         "retention.ms": "log.retention.ms",
         "retention.bytes": "log.retention.bytes",
         "segment.bytes": "log.segment.bytes",
+        "internal.segment.bytes": None,
         "segment.ms": "log.roll.ms",
         "segment.index.bytes": "log.index.size.max.bytes",
         "index.interval.bytes": "log.index.interval.bytes",
@@ -130,7 +132,7 @@ def test_precedence_override_dynamic_static_default() -> None:
 
 def test_every_log_config_field_is_fed() -> None:
     overrides = {
-        "segment.bytes": "1000",
+        "segment.bytes": "1048576",
         "segment.ms": "2000",
         "retention.ms": "3000",
         "retention.bytes": "4000",
@@ -141,7 +143,7 @@ def test_every_log_config_field_is_fed() -> None:
     }
     config = resolve_topic(Settings(), NONE, validate_topic_configs(overrides))
     assert config.log_config == LogConfig(
-        segment_bytes=1000,
+        segment_bytes=1048576,
         segment_ms=2000,
         retention_ms=3000,
         retention_bytes=4000,
@@ -160,7 +162,9 @@ def test_every_log_config_field_is_fed() -> None:
         {"retention.ms": "abc"},
         {"retention.ms": "1.5"},
         {"segment.bytes": "13"},
+        {"segment.bytes": "1048575"},
         {"segment.bytes": str(2**31)},
+        {"internal.segment.bytes": "13"},
         {"segment.ms": "0"},
         {"segment.index.bytes": "3"},
         {"index.interval.bytes": "-1"},
@@ -330,7 +334,7 @@ KAFKA_4_TOPIC_CONFIGS = {
     "min.compaction.lag.ms", "min.insync.replicas", "preallocate", "remote.storage.enable",
     "remote.log.copy.disable", "remote.log.delete.on.disable", "retention.bytes",
     "retention.ms", "segment.bytes", "segment.index.bytes", "segment.jitter.ms", "segment.ms",
-    "unclean.leader.election.enable",
+    "unclean.leader.election.enable", "internal.segment.bytes",
 }  # fmt: skip
 
 
@@ -373,3 +377,27 @@ def test_compression_type_reaches_storage_with_its_level(codec_name, codec, leve
         overrides[f"compression.{codec_name}.level"] = str(level)
     log_config = resolve_topic(Settings(), NONE, overrides).log_config
     assert (log_config.compression, log_config.compression_level) == (codec, level)
+
+
+def test_segment_bytes_is_at_least_one_mib_as_in_kafka_4() -> None:
+    """KIP-1030 (Kafka 4.0): segment.bytes and log.segment.bytes are at least 1 MiB; a smaller
+    one is INVALID_CONFIG with Kafka's message. It used to be taken down to 14 bytes."""
+    with pytest.raises(InvalidConfigError, match="Value must be at least 1048576"):
+        validate_topic_configs({"segment.bytes": "1048575"})
+    with pytest.raises(InvalidConfigError, match=r"log\.segment\.bytes: .* 1048576"):
+        validate_broker_configs({"log.segment.bytes": "524288"})
+    with pytest.raises(ValidationError):
+        Settings(log_segment_bytes=1048575)
+    assert validate_topic_configs({"segment.bytes": "1048576"}) == {"segment.bytes": "1048576"}
+
+
+def test_internal_segment_bytes_sizes_segments_and_is_not_described() -> None:
+    """Kafka 4's internal.segment.bytes (LogConfig.INTERNAL_SEGMENT_BYTES_CONFIG, testing
+    only): when set it is the segment size, below the 1 MiB minimum; DescribeConfigs does not
+    list it, and segment.bytes is still described as resolved."""
+    overrides = validate_topic_configs({"internal.segment.bytes": "8192"})
+    config = resolve_topic(Settings(), NONE, overrides)
+    assert config.log_config.segment_bytes == 8192
+    assert "internal.segment.bytes" not in config.strings()
+    assert entry(config, "segment.bytes").value == str(1 << 30)
+    assert resolve_topic(Settings(), NONE, {}).log_config.segment_bytes == 1 << 30

@@ -190,9 +190,9 @@ def test_create_bad_config(topics: TopicManager, store: SqliteMetadataStore) -> 
 def test_validate_only_creates_nothing(
     topics: TopicManager, storage: RecordingStorage, store: SqliteMetadataStore
 ) -> None:
-    created = topics.create("t", 3, {"segment.bytes": "1024"}, validate_only=True)
+    created = topics.create("t", 3, {"segment.bytes": "1048576"}, validate_only=True)
     assert created.record.partitions == 3
-    assert created.config.log_config.segment_bytes == 1024
+    assert created.config.log_config.segment_bytes == 1048576
     assert store.get_topic("t") is None
     assert storage.partitions == {}
 
@@ -333,11 +333,11 @@ def test_incremental_alter(topics: TopicManager, store: SqliteMetadataStore) -> 
     asyncio.run(
         topics.incremental_alter_configs(
             "t",
-            [("retention.ms", ConfigOp.DELETE, None), ("segment.bytes", ConfigOp.SET, "2048")],
+            [("retention.ms", ConfigOp.DELETE, None), ("segment.bytes", ConfigOp.SET, "2097152")],
         )
     )
     record = store.get_topic("t")
-    assert record is not None and dict(record.configs) == {"segment.bytes": "2048"}
+    assert record is not None and dict(record.configs) == {"segment.bytes": "2097152"}
     with pytest.raises(InvalidConfigError):
         asyncio.run(
             topics.incremental_alter_configs("t", [("cleanup.policy", ConfigOp.APPEND, "compact")])
