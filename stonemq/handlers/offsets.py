@@ -280,13 +280,25 @@ async def handle_offset_delete(ctx: RequestContext, request: Any) -> Any:
             throttle_time=0,
             topics=(),
         )
+    coord = coordinator(ctx)
+    # as Kafka's KafkaApis: a topic or partition that does not exist is answered
+    # UNKNOWN_TOPIC_OR_PARTITION before the coordinator sees the request (its error, if the
+    # group's, then replaces the whole answer)
+    unknown = {
+        (t, p)
+        for t, p in wanted
+        if coord.partition_error(t, p, None) == ErrorCode.unknown_topic_or_partition
+    }
     future, respond = waiter()
-    coordinator(ctx).delete_offsets(
-        request.group_id, wanted, lambda error, errors: respond((error, errors))
+    coord.delete_offsets(
+        request.group_id,
+        [tp for tp in wanted if tp not in unknown],
+        lambda error, errors: respond((error, errors)),
     )
     error, errors = await future
     if error != ErrorCode.none and not errors:
         return ctx.build("OffsetDeleteResponse", error_code=error, throttle_time=0, topics=())
+    errors = {**errors, **dict.fromkeys(unknown, ErrorCode.unknown_topic_or_partition)}
     return ctx.build(
         "OffsetDeleteResponse",
         error_code=ErrorCode.none,

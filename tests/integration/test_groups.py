@@ -545,3 +545,44 @@ def test_a_group_log_batch_that_breaks_the_record_rules_is_skipped_on_load(broke
     assert "refused: record 0: an offset delta that is not the record's index" in broker.log(
         since_start=True
     )
+
+
+def test_offset_delete_of_a_missing_topic_or_partition_is_unknown(module_broker) -> None:
+    """Reproduced (an independent audit, f6): OffsetDelete answered NONE for a topic that does
+    not exist and for a partition past a topic's count, so a typo in a topic name read as a
+    successful deletion. Kafka's KafkaApis answers UNKNOWN_TOPIC_OR_PARTITION for those before
+    the coordinator sees the request; the existing partition's offset is still deleted."""
+    from kafka import KafkaAdminClient
+    from kafka import TopicPartition as KTopicPartition
+    from kafka.errors import NoError, UnknownTopicOrPartitionError
+
+    topic = create_topic(module_broker.bootstrap, partitions=2)
+    group = f"offset-delete-{uuid.uuid4().hex[:8]}"
+    c = Consumer(
+        {
+            "bootstrap.servers": module_broker.bootstrap,
+            "group.id": group,
+            "enable.auto.commit": False,
+        }
+    )
+    c.commit(offsets=[TopicPartition(topic, 0, 5), TopicPartition(topic, 1, 7)], asynchronous=False)
+    c.close()
+    client = KafkaAdminClient(bootstrap_servers=module_broker.bootstrap)
+    try:
+        answer = client.delete_group_offsets(
+            group,
+            [
+                KTopicPartition("no-such-topic-" + topic, 0),
+                KTopicPartition(topic, 7),
+                KTopicPartition(topic, 0),
+            ],
+        )
+        assert {(tp.topic, tp.partition): err for tp, err in answer.items()} == {
+            ("no-such-topic-" + topic, 0): UnknownTopicOrPartitionError,
+            (topic, 7): UnknownTopicOrPartitionError,
+            (topic, 0): NoError,
+        }
+        left = client.list_group_offsets({group: None})[group]
+        assert {(tp.topic, tp.partition): m.offset for tp, m in left.items()} == {(topic, 1): 7}
+    finally:
+        client.close()
