@@ -573,6 +573,46 @@ def validate_topic_configs(configs: Mapping[str, str | None]) -> dict[str, str]:
     return out
 
 
+def validate_topic_values(
+    values: Mapping[str, Any], before: Mapping[str, Any] | None = None
+) -> None:
+    """The rules between a topic's effective configs (Kafka's ``LogConfig.validateValues``
+    and ``validateTopicLogConfigValues``), ``before``: the topic's effective configs until
+    now (None for a new topic). Raises :class:`InvalidConfigError` with Kafka's message."""
+    low, high = int(values["min.compaction.lag.ms"]), int(values["max.compaction.lag.ms"])
+    if low > high:
+        raise InvalidConfigError(
+            f"conflict topic config setting min.compaction.lag.ms ({low}) > "
+            f"max.compaction.lag.ms ({high})"
+        )
+    if values.get("remote.storage.enable"):
+        validate_tiered_retention(values)
+        if values.get("remote.log.copy.disable"):
+            for local_name, whole_name in (
+                ("local.retention.bytes", "retention.bytes"),
+                ("local.retention.ms", "retention.ms"),
+            ):
+                local = int(values[local_name])
+                if local != -2 and local != int(values[whole_name]):
+                    raise InvalidConfigError(
+                        f"When `remote.log.copy.disable` is set to true, the `{local_name}` "
+                        f"and `{whole_name}` must be set to the identical value because there "
+                        "will be no more logs copied to the remote storage."
+                    )
+    elif (
+        before is not None
+        and before.get("remote.storage.enable")
+        and not values.get("remote.log.delete.on.disable")
+    ):
+        raise InvalidConfigError(
+            "It is invalid to disable remote storage without deleting remote data. If you want "
+            "to keep the remote data and turn to read only, please set "
+            "`remote.storage.enable=true,remote.log.copy.disable=true`. If you want to disable "
+            "remote storage and delete all remote data, please set "
+            "`remote.storage.enable=false,remote.log.delete.on.disable=true`."
+        )
+
+
 def validate_tiered_retention(values: Mapping[str, Any]) -> None:
     """KIP-405's rule for a tiered topic's effective configs (Kafka's LogConfig checks):
     ``local.retention.ms`` may not exceed ``retention.ms`` and ``local.retention.bytes`` may

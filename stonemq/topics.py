@@ -50,8 +50,8 @@ from stonemq.topic_configs import (
     resolve_topic,
     topic_config_type,
     validate_broker_configs,
-    validate_tiered_retention,
     validate_topic_configs,
+    validate_topic_values,
 )
 
 if TYPE_CHECKING:
@@ -495,7 +495,7 @@ class TopicManager:
         if other is not None and other != name:
             raise InvalidTopicError(f"Topic '{name}' collides with existing topic: {other}")
         config = resolve_topic(self.settings, self._broker_dynamic, overrides)
-        validate_tiered_retention(config.values)
+        validate_topic_values(config.values)
         journals = [
             journal_partition_for(name, p, self.routing.total()) for p in range(num_partitions)
         ]
@@ -869,7 +869,7 @@ class TopicManager:
                         f"and stays {value}"
                     )
         config = resolve_topic(self.settings, self._broker_dynamic, overrides)
-        validate_tiered_retention(config.values)
+        validate_topic_values(config.values, self.effective_config(name).values)
         return overrides, config
 
     def _topic_configs_stored(self, name: str, config: TopicConfig) -> TopicConfig:

@@ -328,6 +328,36 @@ def test_alter_configs_validate_only_and_invalid(
         asyncio.run(topics.alter_configs("nope", {}))
 
 
+def test_configs_are_checked_against_each_other_as_kafka_does(
+    topics: TopicManager, store: SqliteMetadataStore
+) -> None:
+    """Reproduced (an independent audit, f4 and f5): these were accepted. Kafka's LogConfig
+    refuses min.compaction.lag.ms over max.compaction.lag.ms, remote.log.copy.disable with
+    local retention other than the whole log's, and turning remote storage off without
+    remote.log.delete.on.disable (INVALID_CONFIG, each with Kafka's message)."""
+    lags = {"min.compaction.lag.ms": "10", "max.compaction.lag.ms": "5"}
+    with pytest.raises(InvalidConfigError, match=r"conflict topic config setting"):
+        topics.create("lags", 1, lags)
+    topics.create("t", 1, {"remote.storage.enable": "true"})
+    with pytest.raises(InvalidConfigError, match=r"conflict topic config setting"):
+        asyncio.run(topics.alter_configs("t", {"remote.storage.enable": "true", **lags}))
+    read_only = {"remote.storage.enable": "true", "remote.log.copy.disable": "true"}
+    with pytest.raises(InvalidConfigError, match=r"`local.retention.ms` and `retention.ms`"):
+        asyncio.run(topics.alter_configs("t", {**read_only, "local.retention.ms": "1000"}))
+    with pytest.raises(InvalidConfigError, match=r"`local.retention.bytes` and"):
+        topics.create("ro", 1, {**read_only, "retention.bytes": "9", "local.retention.bytes": "8"})
+    asyncio.run(topics.alter_configs("t", {**read_only, "local.retention.ms": str(7 * 86400000)}))
+    with pytest.raises(InvalidConfigError, match=r"invalid to disable remote storage"):
+        asyncio.run(topics.alter_configs("t", {"remote.storage.enable": "false"}))
+    record = store.get_topic("t")
+    assert record is not None and record.configs["remote.storage.enable"] == "true"
+    off = {"remote.storage.enable": "false", "remote.log.delete.on.disable": "true"}
+    asyncio.run(topics.alter_configs("t", off))
+    record = store.get_topic("t")
+    assert record is not None and dict(record.configs) == off
+    assert store.get_topic("lags") is None and store.get_topic("ro") is None
+
+
 def test_incremental_alter(topics: TopicManager, store: SqliteMetadataStore) -> None:
     topics.create("t", 1, {"retention.ms": "1000"})
     asyncio.run(
