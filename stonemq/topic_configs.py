@@ -902,10 +902,18 @@ def describe_broker_defaults(
     settings: Settings, dynamic: DynamicBrokerConfigs
 ) -> list[ConfigEntry]:
     """The cluster-wide dynamic defaults only (DescribeConfigs of broker resource ``""``, as
-    Kafka answers it: the configs set at that level, each with its lower levels as synonyms)."""
+    Kafka answers it: the configs set at that level, with that level alone as synonym; Kafka's
+    ConfigHelper keeps only DYNAMIC_DEFAULT_BROKER_CONFIG synonyms there)."""
     defaults_only = DynamicBrokerConfigs(default=dynamic.default)
     return [
-        _broker_entry(key, _broker_levels(settings, defaults_only, name))
+        _broker_entry(
+            key,
+            [
+                level
+                for level in _broker_levels(settings, defaults_only, name)
+                if level[0].source is ConfigSource.DYNAMIC_DEFAULT_BROKER_CONFIG
+            ],
+        )
         for name, key in BROKER_CONFIGS.items()
         if key.dynamic and name in dynamic.default
     ]

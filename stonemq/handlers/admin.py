@@ -25,8 +25,8 @@ from stonemq.handlers.authorized_operations import (
 )
 from stonemq.handlers.context import RequestContext
 from stonemq.handlers.registry import api
-from stonemq.topic_configs import AdminError, ConfigEntry, InvalidRequestError
-from stonemq.topics import PolicyViolationError
+from stonemq.topic_configs import AdminError, ConfigEntry, ConfigOp, InvalidRequestError
+from stonemq.topics import PolicyViolationError, validate_topic_name
 
 log = logging.getLogger("stonemq.admin")
 
@@ -371,6 +371,7 @@ async def handle_describe_configs(ctx: RequestContext, request: Any) -> Any:
 def _describe_resource(ctx: RequestContext, resource_type: int, name: str) -> list[ConfigEntry]:
     topics = ctx.broker.topics
     if resource_type == RESOURCE_TOPIC:
+        validate_topic_name(name)  # Kafka's ConfigHelper: INVALID_TOPIC_EXCEPTION first
         return list(topics.effective_config(name).entries)
     if resource_type == RESOURCE_BROKER:
         _check_broker_name(ctx, name)
@@ -439,6 +440,9 @@ async def handle_incremental_alter_configs(ctx: RequestContext, request: Any) ->
 
     async def apply(resource: Any, topics: Any, validate_only: bool) -> None:
         ops = [(c.name, c.config_operation, c.value) for c in resource.configs]
+        nulls = [name for name, op, value in ops if op != ConfigOp.DELETE and value is None]
+        if nulls:  # Kafka's ConfigAdminManager, before any resource type's own checks
+            raise InvalidRequestError(f"Null value not supported for : {', '.join(nulls)}")
         if resource.resource_type == RESOURCE_TOPIC:
             await topics.incremental_alter_configs(
                 resource.resource_name, ops, validate_only=validate_only
@@ -451,17 +455,39 @@ async def handle_incremental_alter_configs(ctx: RequestContext, request: Any) ->
     return ctx.build(
         "IncrementalAlterConfigsResponse",
         throttle_time=0,
-        responses=await _alter_each(ctx, request, apply),
+        responses=await _alter_each(ctx, request, apply, keep_duplicates=True),
     )
 
 
 async def _alter_each(
-    ctx: RequestContext, request: Any, apply: Callable[[Any, Any, bool], Awaitable[None]]
+    ctx: RequestContext,
+    request: Any,
+    apply: Callable[[Any, Any, bool], Awaitable[None]],
+    *,
+    keep_duplicates: bool = False,
 ) -> tuple[Any, ...]:
-    """Run ``apply`` for each topic or broker resource; one result (with its error) each."""
+    """Run ``apply`` for each topic or broker resource; one result (with its error) each.
+
+    A resource named twice or more is applied in none of its entries, as Kafka: with
+    ``keep_duplicates`` (IncrementalAlterConfigs, ConfigAdminManager) each entry is answered
+    INVALID_REQUEST "Each resource must appear at most once."; otherwise (AlterConfigs,
+    ControllerApis) the resource is answered once, INVALID_REQUEST "Duplicate resource."."""
+    named = Counter((r.resource_type, r.resource_name) for r in request.resources)
     results = []
+    answered: set[tuple[int, str]] = set()
     async for resource in ctx.paced(request.resources):
+        key = (resource.resource_type, resource.resource_name)
+        if named[key] > 1 and not keep_duplicates:
+            if key in answered:
+                continue
+            answered.add(key)
         with _Outcome() as outcome:
+            if named[key] > 1:
+                raise InvalidRequestError(
+                    "Each resource must appear at most once."
+                    if keep_duplicates
+                    else "Duplicate resource."
+                )
             if resource.resource_type == RESOURCE_BROKER:
                 _check_broker_name(ctx, resource.resource_name)
             elif resource.resource_type != RESOURCE_TOPIC:

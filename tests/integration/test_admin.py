@@ -5,6 +5,7 @@ and the raw wire client for what neither client sends (DeleteTopics by topic id,
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 import pytest
 from confluent_kafka import KafkaException
@@ -20,6 +21,7 @@ from confluent_kafka.admin import (
 )
 from kafka.admin import ConfigResource as KPConfigResource
 from kafka.admin import ConfigResourceType, KafkaAdminClient
+from kio.schema.errors import ErrorCode
 
 from . import rawclient
 from .helpers import admin, unique_topic, wait_for_topic
@@ -499,3 +501,89 @@ def test_kafka_python_describe_cluster(module_broker, kp_admin) -> None:
     assert cluster["controller_id"] == 1
     assert cluster["cluster_id"]
     assert [br["broker_id"] for br in cluster["brokers"]] == [1]
+
+
+def test_config_requests_answer_kafkas_codes_for_malformed_resources(module_broker) -> None:
+    """Reproduced (an independent audit, f7): a resource named twice was applied twice (Kafka
+    answers INVALID_REQUEST: IncrementalAlterConfigs every entry "Each resource must appear at
+    most once.", AlterConfigs one "Duplicate resource."), an IncrementalAlterConfigs SET with
+    a null value was INVALID_CONFIG (Kafka: INVALID_REQUEST "Null value not supported for :
+    ..."), and DescribeConfigs of an illegal topic name UNKNOWN_TOPIC_OR_PARTITION (Kafka:
+    INVALID_TOPIC_EXCEPTION). Nothing is changed by a refused request."""
+    from kio.static.primitive import i8
+
+    b = module_broker
+    topic = create_topic(b.bootstrap, unique_topic("cfg-dup"))
+    iac = rawclient.schema("incremental_alter_configs", 1, "request")
+    iac_r = rawclient.schema("incremental_alter_configs", 1, "response")
+    ac = rawclient.schema("alter_configs", 2, "request")
+    ac_r = rawclient.schema("alter_configs", 2, "response")
+    dc = rawclient.schema("describe_configs", 4, "request")
+    dc_r = rawclient.schema("describe_configs", 4, "response")
+
+    def incremental(*sets: str | None) -> Any:
+        return iac.IncrementalAlterConfigsRequest(
+            resources=tuple(
+                iac.AlterConfigsResource(
+                    resource_type=i8(2),
+                    resource_name=topic,
+                    configs=(
+                        iac.AlterableConfig(
+                            name="retention.ms", config_operation=i8(0), value=value
+                        ),
+                    ),
+                )
+                for value in sets
+            ),
+            validate_only=False,
+        )
+
+    with rawclient.RawConnection(b.host, b.port) as conn:
+        twice = conn.request(incremental("1000", "2000"), iac_r.IncrementalAlterConfigsResponse)
+        assert [(r.error_code, r.error_message) for r in twice.responses] == [
+            (ErrorCode.invalid_request, "Each resource must appear at most once.")
+        ] * 2
+        null = conn.request(incremental(None), iac_r.IncrementalAlterConfigsResponse)
+        assert [(r.error_code, r.error_message) for r in null.responses] == [
+            (ErrorCode.invalid_request, "Null value not supported for : retention.ms")
+        ]
+        legacy = conn.request(
+            ac.AlterConfigsRequest(
+                resources=tuple(
+                    ac.AlterConfigsResource(
+                        resource_type=i8(2),
+                        resource_name=topic,
+                        configs=(ac.AlterableConfig(name="retention.ms", value=value),),
+                    )
+                    for value in ("1000", "2000", "3000")
+                ),
+                validate_only=False,
+            ),
+            ac_r.AlterConfigsResponse,
+        )
+        assert [(r.error_code, r.error_message) for r in legacy.responses] == [
+            (ErrorCode.invalid_request, "Duplicate resource.")
+        ]
+        described = conn.request(
+            dc.DescribeConfigsRequest(
+                resources=(
+                    dc.DescribeConfigsResource(
+                        resource_type=i8(2), resource_name="bad/name", configuration_keys=None
+                    ),
+                    dc.DescribeConfigsResource(
+                        resource_type=i8(2),
+                        resource_name=topic,
+                        configuration_keys=("retention.ms",),
+                    ),
+                ),
+                include_synonyms=False,
+                include_documentation=False,
+            ),
+            dc_r.DescribeConfigsResponse,
+        )
+    assert described.results[0].error_code == ErrorCode.invalid_topic_exception
+    assert described.results[1].error_code == ErrorCode.none
+    # nothing was applied: retention.ms is still the default
+    assert [(c.name, c.value) for c in described.results[1].configs] == [
+        ("retention.ms", "604800000")
+    ]

@@ -273,6 +273,11 @@ def test_the_two_dynamic_broker_levels_in_describe() -> None:
         "2500",
         ConfigSource.DYNAMIC_DEFAULT_BROKER_CONFIG,
     )
+    # Kafka's ConfigHelper: only the cluster-default level as synonym there (an independent
+    # audit, f7: the static and default levels were listed too)
+    assert [(s.value, s.source) for s in defaults["log.retention.ms"].synonyms] == [
+        ("2500", ConfigSource.DYNAMIC_DEFAULT_BROKER_CONFIG)
+    ]
     topic = resolve_topic(settings, DynamicBrokerConfigs(default={"log.retention.ms": "2500"}), {})
     assert entry(topic, "retention.ms").source is ConfigSource.DYNAMIC_DEFAULT_BROKER_CONFIG
     assert topic.log_config.retention_ms == 2500
