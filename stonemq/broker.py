@@ -83,6 +83,12 @@ class Broker:
                 replicas = self.replicas
                 self.membership.offline_journals = lambda: replicas.offline_journals
         self.topics = TopicManager(settings, self.metadata, self.storage, self.routing)
+        if self.controller is not None:  # unclean.leader.election.enable is dynamic
+            topics, controller = self.topics, self.controller
+            controller.unclean_from(
+                lambda: bool(topics.broker_setting("unclean.leader.election.enable"))
+            )
+            topics.on_broker_configs = controller.configs_changed
         self.quotas = QuotaManager(settings.quota_window_num, settings.quota_window_size_seconds)
         self.quotas.update(self.metadata.client_quotas())
         self.fetch_waiters = FetchWaiters()

@@ -343,7 +343,7 @@ TOPIC_CONFIGS: dict[str, TopicConfigKey] = {
             "'lz4' or 'zstd' has every batch in another codec recompressed by the broker as "
             "it moves from the journal to the partition's log (in the splitter's thread, off "
             "the event loop), so consumers read the topic's codec.",
-            synonym=None,
+            synonym="compression.type",
             default="producer",
             validator=_one_of(*COMPRESSION_TYPES),
         ),
@@ -423,7 +423,7 @@ TOPIC_CONFIGS: dict[str, TopicConfigKey] = {
             "Accepted, no effect: Kafka subtracts a random jitter from segment.ms so that many "
             "partitions do not roll at once on the append path; StoneMQ rolls queue-log "
             "segments in the splitter, off the produce path, so rolls never stall produces.",
-            synonym=None,
+            synonym="log.roll.jitter.ms",
             default=0,
             validator=_at_least(0),
         ),
@@ -432,7 +432,7 @@ TOPIC_CONFIGS: dict[str, TopicConfigKey] = {
             ConfigType.LONG,
             "Accepted, no effect: how long compaction keeps delete tombstones; StoneMQ has no "
             "log compaction (cleanup.policy=compact is refused).",
-            synonym=None,
+            synonym="log.cleaner.delete.retention.ms",
             default=86_400_000,
             validator=_at_least(0),
         ),
@@ -440,7 +440,7 @@ TOPIC_CONFIGS: dict[str, TopicConfigKey] = {
             "min.compaction.lag.ms",
             ConfigType.LONG,
             "Accepted, no effect: StoneMQ has no log compaction.",
-            synonym=None,
+            synonym="log.cleaner.min.compaction.lag.ms",
             default=0,
             validator=_at_least(0),
         ),
@@ -448,7 +448,7 @@ TOPIC_CONFIGS: dict[str, TopicConfigKey] = {
             "max.compaction.lag.ms",
             ConfigType.LONG,
             "Accepted, no effect: StoneMQ has no log compaction.",
-            synonym=None,
+            synonym="log.cleaner.max.compaction.lag.ms",
             default=2**63 - 1,
             validator=_at_least(1),
         ),
@@ -456,7 +456,7 @@ TOPIC_CONFIGS: dict[str, TopicConfigKey] = {
             "min.cleanable.dirty.ratio",
             ConfigType.DOUBLE,
             "Accepted, no effect: StoneMQ has no log compaction.",
-            synonym=None,
+            synonym="log.cleaner.min.cleanable.ratio",
             default=0.5,
             validator=_between(0, 1),
         ),
@@ -466,7 +466,7 @@ TOPIC_CONFIGS: dict[str, TopicConfigKey] = {
             "Accepted, no effect: Kafka renames a deleted segment and unlinks it later so "
             "that readers holding it finish; StoneMQ unlinks at once, as a reader's open file "
             "descriptor keeps the data readable until it closes it.",
-            synonym=None,
+            synonym="log.segment.delete.delay.ms",
             default=60_000,
             validator=_at_least(0),
         ),
@@ -475,7 +475,7 @@ TOPIC_CONFIGS: dict[str, TopicConfigKey] = {
             ConfigType.BOOLEAN,
             "Accepted, no effect: segments grow as they are written, so recovery never has to "
             "tell preallocated zeroes from a torn tail.",
-            synonym=None,
+            synonym="log.preallocate",
             default=False,
         ),
         TopicConfigKey(
@@ -483,14 +483,14 @@ TOPIC_CONFIGS: dict[str, TopicConfigKey] = {
             ConfigType.BOOLEAN,
             "Accepted, no effect on one broker: a partition's only replica is always in sync. "
             "With ZooKeeper, leader elections are per journal partition and follow the broker "
-            "setting.",
+            "config (static, or dynamic through AlterConfigs).",
             synonym="unclean.leader.election.enable",
         ),
         TopicConfigKey(
             "leader.replication.throttled.replicas",
             ConfigType.LIST,
-            "Accepted, no effect: there is no replication between brokers yet, so nothing to "
-            "throttle.",
+            "Accepted, no effect: replication is per journal partition, not per topic "
+            "partition, and is not throttled.",
             synonym=None,
             default=[],
             validator=_throttled_replicas,
@@ -498,8 +498,8 @@ TOPIC_CONFIGS: dict[str, TopicConfigKey] = {
         TopicConfigKey(
             "follower.replication.throttled.replicas",
             ConfigType.LIST,
-            "Accepted, no effect: there is no replication between brokers yet, so nothing to "
-            "throttle.",
+            "Accepted, no effect: replication is per journal partition, not per topic "
+            "partition, and is not throttled.",
             synonym=None,
             default=[],
             validator=_throttled_replicas,
@@ -509,7 +509,7 @@ TOPIC_CONFIGS: dict[str, TopicConfigKey] = {
             ConfigType.INT,
             "The gzip level of batches the broker compresses (compression.type=gzip); -1 is "
             "zlib's default, 6.",
-            synonym=None,
+            synonym="compression.gzip.level",
             default=-1,
             validator=_between(1, 9, -1),
         ),
@@ -517,7 +517,7 @@ TOPIC_CONFIGS: dict[str, TopicConfigKey] = {
             "compression.lz4.level",
             ConfigType.INT,
             "The lz4 level of batches the broker compresses (compression.type=lz4).",
-            synonym=None,
+            synonym="compression.lz4.level",
             default=9,
             validator=_between(1, 17),
         ),
@@ -525,7 +525,7 @@ TOPIC_CONFIGS: dict[str, TopicConfigKey] = {
             "compression.zstd.level",
             ConfigType.INT,
             "The zstd level of batches the broker compresses (compression.type=zstd).",
-            synonym=None,
+            synonym="compression.zstd.level",
             default=3,
             validator=_between(-131072, 22),
         ),
@@ -659,13 +659,20 @@ DYNAMIC_BROKER_CONFIGS: frozenset[str] = frozenset(
         "auto.create.topics.enable",
         "log.flush.interval.messages",
         "log.flush.interval.ms",
+        "min.insync.replicas",
+        "unclean.leader.election.enable",
+        "log.local.retention.ms",
+        "log.local.retention.bytes",
     }
 )
+"""Dynamic broker configs with a setting of their own; every other topic config's broker-level
+synonym is dynamic too (Kafka's DynamicLogConfig.ReconfigurableConfigs: all of them)."""
 
 _BROKER_DOCS: dict[str, str] = {
     "auto.create.topics.enable": "Create a topic when a client asks for metadata of a topic "
     "that does not exist.",
     "num.partitions": "The default number of partitions of a new topic.",
+    "log.cleanup.policy": "The default cleanup policy for topics; StoneMQ supports only delete.",
     "default.replication.factor": "The default replication factor of a new topic.",
     "min.insync.replicas": "The default min.insync.replicas of a topic.",
     "replica.lag.time.max.ms": "A follower that has not caught up for this long leaves the ISR.",
@@ -768,14 +775,18 @@ def _build_broker_configs() -> dict[str, BrokerConfigKey]:
             dynamic=name in DYNAMIC_BROKER_CONFIGS,
             sensitive=attribute.endswith(("_secret_access_key", "_password")),
         )
-    out["log.cleanup.policy"] = BrokerConfigKey(
-        name="log.cleanup.policy",
-        type=ConfigType.LIST,
-        doc="The default cleanup policy for topics; StoneMQ supports only delete.",
-        attribute=None,
-        default=["delete"],
-        dynamic=False,
-    )
+    for key in TOPIC_CONFIGS.values():
+        # a topic config's broker-level default with no setting of its own (Kafka's
+        # ServerTopicConfigSynonyms): its built-in default, changed through AlterConfigs
+        if key.synonym is not None and key.synonym not in out:
+            out[key.synonym] = BrokerConfigKey(
+                name=key.synonym,
+                type=key.type,
+                doc=_BROKER_DOCS.get(key.synonym) or f"The default {key.name} of a topic.",
+                attribute=None,
+                default=key.default,
+                dynamic=True,
+            )
     return dict(sorted(out.items()))
 
 

@@ -258,6 +258,9 @@ class TopicManager:
         )
         self._configs: dict[str, TopicConfig] = {}
         self._produce: dict[str, ProduceConfig] = {}
+        # called once dynamic broker configs in force here changed (the controller's
+        # unclean.leader.election.enable)
+        self.on_broker_configs: Callable[[], None] | None = None
         self._collisions: dict[str, str] = {}
         self._ids: dict[uuid.UUID, str] = {}
         self._deleting: set[str] = set()  # names whose deletion is still in progress
@@ -963,6 +966,8 @@ class TopicManager:
             after = self.effective_config(name)
             if after.log_config != before.log_config:
                 self.storage.update_config(name, after.log_config)
+        if self.on_broker_configs is not None:
+            self.on_broker_configs()
 
     async def allocate_producer_id(self) -> int:
         """A fresh producer id from the store, in the store's thread (reserving a new block

@@ -173,14 +173,19 @@ class Controller:
         broker_id: int,
         journal_partitions: int,
         replication_factor: int,
-        unclean_leader_election: bool = False,
+        unclean_leader_election: bool | Callable[[], bool] = False,
         on_elected: Callable[[int], None] | None = None,
     ) -> None:
         self.client = client
         self.broker_id = broker_id
         self.journal_partitions = journal_partitions
         self.replication_factor = replication_factor
-        self.unclean = unclean_leader_election
+        # unclean.leader.election.enable, read at each election: a dynamic broker config
+        self._unclean = (
+            unclean_leader_election
+            if callable(unclean_leader_election)
+            else (lambda: bool(unclean_leader_election))
+        )
         self._on_elected = on_elected
         self.epoch = 0  # this broker's controller epoch while it is the controller
         self._epoch_version = -1  # /controller_epoch's version that epoch was written at
@@ -239,6 +244,17 @@ class Controller:
     def _on_reach(self, broker: int, dead: bool) -> None:
         """The reachability watch judged ``broker`` dead (or live again)."""
         self._events.put(("reach", broker))
+
+    def unclean_from(self, read: Callable[[], bool]) -> None:
+        """Read unclean.leader.election.enable from ``read`` at each election from now on
+        (the broker's effective value: dynamic over static)."""
+        self._unclean = read
+
+    def configs_changed(self) -> None:
+        """Dynamic broker configs changed (unclean.leader.election.enable): a controller
+        decides every journal partition's leadership again, so a leaderless one gets an
+        unclean leader as soon as that is allowed, as Kafka's controller does."""
+        self._events.put(("brokers", None))
 
     def _on_brokers(self, children: list[str]) -> bool | None:
         if self._closed:
@@ -395,12 +411,13 @@ class Controller:
                 )
         shutting = self._shutting_down() & set(live)
         offline = read_offline_replicas(self.client)
+        unclean = self._unclean()
         changes: list[tuple[JournalPartition, PartitionState]] = []
         for p in partitions.values():
             down = offline.get(p.id, set())  # brokers whose copy of it failed
             up = {b: r for b, r in live.items() if b not in down} if down else live
             serving = {b: r for b, r in up.items() if b not in shutting}
-            new = elect(p.assignment, p.state, up, self.epoch, self.unclean)
+            new = elect(p.assignment, p.state, up, self.epoch, unclean)
             if new is None and p.state.leader in shutting:  # a controlled shutdown: another
                 new = elect(p.assignment, p.state, serving, self.epoch)  # ISR member leads
                 if new is not None and new.leader == NO_LEADER:

@@ -894,3 +894,43 @@ def test_a_broker_whose_journal_copy_fails_hands_over_its_leadership(
     queue = _same_queue_logs(brokers, "off", 6)
     values = sorted(v for p in range(6) for _, v in _records(queue[p]))
     assert values == sorted(t + b"%04d" % i for t in (b"a", b"b", b"c") for i in range(60))
+
+
+def test_unclean_leader_election_turned_on_dynamically_elects_a_leader(
+    broker_factory, zookeeper
+) -> None:
+    """Reproduced (an independent audit, f1): unclean.leader.election.enable could not be
+    changed at runtime (INVALID_REQUEST "Cannot update these configs dynamically"). Kafka's is
+    a dynamic broker config, and its controller elects an out-of-sync replica as soon as it is
+    turned on. Here every journal partition's ISR is the one broker left, which is then
+    killed; the other broker, restarted, stays out of leadership while the config is false,
+    and takes it once the cluster-wide default is set to true through it."""
+    from .test_cluster_admin import _set_default
+
+    brokers, chroot = _start_cluster(broker_factory, zookeeper, zookeeper_session_timeout_ms=6000)
+    b1, b2, b3 = brokers
+    _wait(lambda: all(set(isr) == {1, 2, 3} for isr in _isrs(chroot).values()), 30, "full ISRs")
+    b2.kill()
+    b3.kill()
+    _wait(lambda: all(set(isr) == {1} for isr in _isrs(chroot).values()), 30, "ISRs of {1}")
+    b1.kill()
+    _restart(b2, chroot)
+    zk = KazooClient(chroot)
+    zk.start(10)
+    try:
+
+        def leaders() -> set[int]:
+            return {p.state.leader for p in read_journal_partitions(zk).values()}
+
+        # the restarted broker takes the controller's role from the killed one and takes the
+        # leadership away from it: no leader, as no live replica is in sync
+        _wait(lambda: leaders() == {-1}, 30, "the leaderships taken from broker 1")
+        time.sleep(2)
+        assert leaders() == {-1}, read_journal_partitions(zk)
+        assert _set_default(b2, "unclean.leader.election.enable", "true") == 0
+        _wait(lambda: leaders() == {2}, 30, "broker 2 elected uncleanly")
+        for p in read_journal_partitions(zk).values():
+            assert p.state.isr == (2,), p.state
+    finally:
+        zk.stop()
+        zk.close()

@@ -210,3 +210,29 @@ def test_unknown_compression_type_is_invalid_config(module_broker):
         create_topic(module_broker.bootstrap, config={"compression.type": "brotli"})
     assert info.value.args[0].code() == 40
     assert "String must be one of" in info.value.args[0].str()
+
+
+def test_a_cluster_default_of_a_topic_config_is_changed_at_runtime(broker) -> None:
+    """Reproduced (an independent audit, f1): `kafka-configs --entity-type brokers
+    --entity-default --add-config min.insync.replicas=2` (or compression.type) was refused. As
+    in Kafka, the cluster-wide default is set at runtime, and a topic without its own value
+    follows it at once: acks=all on this one broker is then NOT_ENOUGH_REPLICAS, and a
+    topic created afterwards stores the default codec."""
+    from confluent_kafka import Producer
+
+    from .test_cluster_admin import _set_default
+
+    topic = create_topic(broker.bootstrap)
+    assert _set_default(broker, "min.insync.replicas", "2") == 0
+    assert _set_default(broker, "compression.type", "gzip") == 0
+    errors: list[object] = []
+    p = Producer({"bootstrap.servers": broker.bootstrap, "acks": "all", "retries": 0})
+    p.produce(topic, b"v", on_delivery=lambda err, msg: errors.append(err))
+    p.flush(20)
+    assert len(errors) == 1 and errors[0] is not None
+    assert errors[0].name() == "NOT_ENOUGH_REPLICAS", errors[0]
+    gzip_topic = create_topic(broker.bootstrap)
+    produce(broker.bootstrap, gzip_topic, [Msg(b"k", b"v" * 100)], acks=1)
+    assert _stored_codecs(broker, gzip_topic, 1) == [1]  # gzip, recompressed
+    described = _configs(broker.bootstrap, gzip_topic)["compression.type"]
+    assert described.value == "gzip"  # type: ignore[attr-defined]

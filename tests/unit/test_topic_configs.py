@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from stonemq.config import Settings
+from stonemq.protocol.record_batch import COMPRESSION_LZ4, COMPRESSION_ZSTD
 from stonemq.storage.engine import LogConfig
 from stonemq.topic_configs import (
     BROKER_CONFIGS,
@@ -52,26 +53,26 @@ def test_registry_names_and_synonyms() -> None:
         "message.timestamp.type": "log.message.timestamp.type",
         "message.timestamp.before.max.ms": "log.message.timestamp.before.max.ms",
         "message.timestamp.after.max.ms": "log.message.timestamp.after.max.ms",
-        "compression.type": None,
+        "compression.type": "compression.type",
         "min.insync.replicas": "min.insync.replicas",
         "remote.storage.enable": None,
         "local.retention.ms": "log.local.retention.ms",
         "local.retention.bytes": "log.local.retention.bytes",
         "flush.messages": "log.flush.interval.messages",
         "flush.ms": "log.flush.interval.ms",
-        "segment.jitter.ms": None,
-        "delete.retention.ms": None,
-        "min.compaction.lag.ms": None,
-        "max.compaction.lag.ms": None,
-        "min.cleanable.dirty.ratio": None,
-        "file.delete.delay.ms": None,
-        "preallocate": None,
+        "segment.jitter.ms": "log.roll.jitter.ms",
+        "delete.retention.ms": "log.cleaner.delete.retention.ms",
+        "min.compaction.lag.ms": "log.cleaner.min.compaction.lag.ms",
+        "max.compaction.lag.ms": "log.cleaner.max.compaction.lag.ms",
+        "min.cleanable.dirty.ratio": "log.cleaner.min.cleanable.ratio",
+        "file.delete.delay.ms": "log.segment.delete.delay.ms",
+        "preallocate": "log.preallocate",
         "unclean.leader.election.enable": "unclean.leader.election.enable",
         "leader.replication.throttled.replicas": None,
         "follower.replication.throttled.replicas": None,
-        "compression.gzip.level": None,
-        "compression.lz4.level": None,
-        "compression.zstd.level": None,
+        "compression.gzip.level": "compression.gzip.level",
+        "compression.lz4.level": "compression.lz4.level",
+        "compression.zstd.level": "compression.zstd.level",
         "remote.log.copy.disable": None,
         "remote.log.delete.on.disable": None,
     }
@@ -406,3 +407,39 @@ def test_internal_segment_bytes_sizes_segments_and_is_not_described() -> None:
     assert "internal.segment.bytes" not in config.strings()
     assert entry(config, "segment.bytes").value == str(1 << 30)
     assert resolve_topic(Settings(), NONE, {}).log_config.segment_bytes == 1 << 30
+
+
+def test_every_topic_configs_broker_synonym_is_a_dynamic_broker_config() -> None:
+    """Reproduced (an independent audit, f1): min.insync.replicas, log.cleanup.policy,
+    unclean.leader.election.enable and log.local.retention.* were refused as not dynamic, and
+    compression.type, the codec levels, log.roll.jitter.ms, log.segment.delete.delay.ms,
+    log.preallocate and the log.cleaner.* defaults were unknown. Kafka's DynamicLogConfig
+    lets AlterConfigs change every topic config's broker-level synonym; a topic without its
+    own value takes it, with its source."""
+    for key in TOPIC_CONFIGS.values():
+        if key.synonym is not None:
+            assert BROKER_CONFIGS[key.synonym].dynamic, key.synonym
+    accepted = validate_broker_configs(
+        {
+            "min.insync.replicas": "2",
+            "compression.type": "zstd",
+            "compression.zstd.level": "7",
+            "log.cleanup.policy": "delete",
+            "log.cleaner.min.cleanable.ratio": "0.7",
+            "unclean.leader.election.enable": "true",
+        }
+    )
+    assert accepted["compression.type"] == "zstd"
+    with pytest.raises(InvalidConfigError):
+        validate_broker_configs({"compression.type": "brotli"})
+    with pytest.raises(InvalidConfigError):
+        validate_broker_configs({"log.cleanup.policy": "compact"})
+    topic = resolve_topic(Settings(), DynamicBrokerConfigs(default=accepted), {})
+    assert entry(topic, "compression.type").source is ConfigSource.DYNAMIC_DEFAULT_BROKER_CONFIG
+    assert topic.log_config.compression == COMPRESSION_ZSTD
+    assert topic.log_config.compression_level == 7
+    assert topic.values["min.insync.replicas"] == 2
+    own = resolve_topic(
+        Settings(), DynamicBrokerConfigs(default=accepted), {"compression.type": "lz4"}
+    )
+    assert own.log_config.compression == COMPRESSION_LZ4
