@@ -19,6 +19,7 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 
+from stonemq import broker_loggers
 from stonemq.handlers.authorized_operations import (
     UNKNOWN_AUTHORIZED_OPERATIONS,
     cluster_operations,
@@ -376,6 +377,8 @@ def _describe_resource(ctx: RequestContext, resource_type: int, name: str) -> li
     if resource_type == RESOURCE_BROKER:
         _check_broker_name(ctx, name)
         return topics.describe_broker(name)
+    if resource_type == RESOURCE_BROKER_LOGGER:
+        return broker_loggers.describe(name, ctx.broker.settings.broker_id)
     raise InvalidRequestError(f"Unsupported resource type {resource_type}")
 
 
@@ -422,6 +425,10 @@ async def handle_alter_configs(ctx: RequestContext, request: Any) -> Any:
                 f"Error due to duplicate config keys: {', '.join(sorted(_duplicates(names)))}"
             )
         configs = {c.name: c.value for c in resource.configs}
+        if resource.resource_type == RESOURCE_BROKER_LOGGER:
+            raise InvalidRequestError(
+                "AlterConfigs is deprecated and does not support the resource type BROKER_LOGGER"
+            )
         if resource.resource_type == RESOURCE_TOPIC:
             await topics.alter_configs(resource.resource_name, configs, validate_only=validate_only)
         else:
@@ -443,7 +450,17 @@ async def handle_incremental_alter_configs(ctx: RequestContext, request: Any) ->
         nulls = [name for name, op, value in ops if op != ConfigOp.DELETE and value is None]
         if nulls:  # Kafka's ConfigAdminManager, before any resource type's own checks
             raise InvalidRequestError(f"Null value not supported for : {', '.join(nulls)}")
-        if resource.resource_type == RESOURCE_TOPIC:
+        if resource.resource_type == RESOURCE_BROKER_LOGGER:
+            names = [name for name, _, _ in ops]
+            if _duplicates(names):
+                raise InvalidRequestError("Error due to duplicate config keys")
+            broker_loggers.alter(
+                resource.resource_name,
+                ctx.broker.settings.broker_id,
+                ops,
+                validate_only=validate_only,
+            )
+        elif resource.resource_type == RESOURCE_TOPIC:
             await topics.incremental_alter_configs(
                 resource.resource_name, ops, validate_only=validate_only
             )
@@ -490,7 +507,7 @@ async def _alter_each(
                 )
             if resource.resource_type == RESOURCE_BROKER:
                 _check_broker_name(ctx, resource.resource_name)
-            elif resource.resource_type != RESOURCE_TOPIC:
+            elif resource.resource_type not in (RESOURCE_TOPIC, RESOURCE_BROKER_LOGGER):
                 raise InvalidRequestError(f"Unsupported resource type {resource.resource_type}")
             await apply(resource, ctx.broker.topics, request.validate_only)
         results.append(
