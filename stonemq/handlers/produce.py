@@ -41,6 +41,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from kio.schema.errors import ErrorCode
+from kio.static.primitive import i32
 
 from stonemq.handlers.context import RequestContext, field_names
 from stonemq.handlers.registry import api
@@ -97,6 +98,7 @@ class _PartitionResult:
         "log_start",
         "message",
         "min_isr",
+        "record_errors",
         "written",
     )
 
@@ -113,6 +115,8 @@ class _PartitionResult:
         self.journal = -1
         self.journal_end = -1
         self.min_isr = 1
+        # KIP-467: (record index, message) of each record that made the batch fail
+        self.record_errors: tuple[tuple[int, str], ...] = ()
 
     def fail(self, error: ErrorCode, message: str | None = None) -> _PartitionResult:
         self.error, self.message = error, message
@@ -220,10 +224,14 @@ async def handle_produce(ctx: RequestContext, request: Any) -> Any:
     await _settle(ctx, topics)
     if replicas is not None and acks == -1:
         await _wait_for_isr(ctx, topics, request.timeout_ms / 1000)
-    if ctx.api_version < LEADER_HINTS_VERSION or not any(
-        r.error == ErrorCode.not_leader_or_follower for _, results in topics for r in results
-    ):  # no KIP-951 leader hints: the common shape, encoded here; kio's entity is built
-        # only if the connection must change the answer (a throttle time to set)
+    if not any(
+        (r.error == ErrorCode.not_leader_or_follower and ctx.api_version >= LEADER_HINTS_VERSION)
+        or r.record_errors
+        for _, results in topics
+        for r in results
+    ):  # no KIP-951 leader hints nor KIP-467 record errors: the common shape, encoded here;
+        # kio's entity is built only if the connection must change the answer (a throttle
+        # time to set)
         return EncodedProduce(
             _encoded_body(ctx, topics, topic_ids),
             lambda: _response_entity(ctx, topics, topic_ids),
@@ -357,6 +365,15 @@ def _partition_response_for(
         if r.error != none:
             if "error_message" in values:
                 values["error_message"] = r.message
+            if r.record_errors and "record_errors" in values:
+                values["record_errors"] = tuple(
+                    ctx.build(
+                        "BatchIndexAndErrorMessage",
+                        batch_index=i32(index),
+                        batch_index_error_message=message,
+                    )
+                    for index, message in r.record_errors
+                )
             if hints and r.error == ErrorCode.not_leader_or_follower:
                 values.update(_leader_hint(ctx, topic, r, endpoints))
         return cls(
@@ -601,6 +618,8 @@ def _refuse(ctx: RequestContext, topic: str, result: _PartitionResult, exc: Exce
     if error == ErrorCode.corrupt_message:
         log.warning("corrupt batch for %s-%d from %s: %s", topic, result.index, ctx.client_id, exc)
     result.fail(error, str(exc))
+    if isinstance(exc, InvalidTimestampError):
+        result.record_errors = exc.record_errors
 
 
 _BATCH_ERRORS = {

@@ -579,7 +579,12 @@ class RecordLimits:
 
 class InvalidTimestampError(RecordBatchError):
     """A record timestamp outside the topic's bounds, or a client batch flagged
-    LogAppendTime: INVALID_TIMESTAMP."""
+    LogAppendTime: INVALID_TIMESTAMP. ``record_errors``: (record index, message) of each
+    record out of bounds (KIP-467's ``record_errors``)."""
+
+    def __init__(self, message: str, record_errors: tuple[tuple[int, str], ...] = ()) -> None:
+        super().__init__(message)
+        self.record_errors = record_errors
 
 
 def check_framing(
@@ -690,18 +695,51 @@ def check_records(
         body, start, end = batch_body(buf, 0, header, bound)
         low, high = walk_records(body, start, end, header.record_count)
     first, last = header.base_timestamp + low, header.base_timestamp + high
-    if not limits.log_append_time and first != NO_TIMESTAMP:
-        if now_ms - first > limits.timestamp_before_max_ms:
-            raise InvalidTimestampError(
-                f"timestamp {first} is more than message.timestamp.before.max.ms "
-                f"({limits.timestamp_before_max_ms}) before the broker's time {now_ms}"
+    if not limits.log_append_time and (
+        first == NO_TIMESTAMP  # some record has none: the others are checked one by one
+        or now_ms - first > limits.timestamp_before_max_ms
+        or last - now_ms > limits.timestamp_after_max_ms
+    ):
+        if header.attributes & _ATTR_COMPRESSION:
+            errors = _timestamp_errors(body, start, end, header, limits, now_ms)
+        else:
+            errors = _timestamp_errors(
+                buf, HEADER_SIZE, header.batch_length + LOG_OVERHEAD, header, limits, now_ms
             )
-        if last - now_ms > limits.timestamp_after_max_ms:
+        if errors:
             raise InvalidTimestampError(
-                f"timestamp {last} is more than message.timestamp.after.max.ms "
-                f"({limits.timestamp_after_max_ms}) after the broker's time {now_ms}"
+                "One or more records have been rejected due to invalid timestamp", errors
             )
     return last
+
+
+def _timestamp_errors(
+    body: bytes | bytearray | memoryview,
+    start: int,
+    end: int,
+    header: BatchHeader,
+    limits: RecordLimits,
+    now_ms: int,
+) -> tuple[tuple[int, str], ...]:
+    """Kafka's LogValidator.validateTimestamp over every record of a walked batch: (index,
+    message) of each CreateTime timestamp out of the topic's bounds; a record without a
+    timestamp (-1) is not checked."""
+    low, high = now_ms - limits.timestamp_before_max_ms, now_ms + limits.timestamp_after_max_ms
+    errors = []
+    for i, (offset_delta, ts_delta, _, _, _) in enumerate(
+        iter_record_fields(body, start, header.record_count, end)
+    ):
+        timestamp = header.base_timestamp + ts_delta
+        if timestamp != NO_TIMESTAMP and not low <= timestamp <= high:
+            errors.append(
+                (
+                    i,
+                    f"Timestamp {timestamp} of message with offset "
+                    f"{header.base_offset + offset_delta} is out of range. The timestamp "
+                    f"should be within [{low}, {high}]",
+                )
+            )
+    return tuple(errors)
 
 
 def batch_body(

@@ -119,6 +119,41 @@ def test_batches_kafka_refuses_are_refused(module_broker, change, error) -> None
         assert (good.error_code, good.base_offset) == (0, 0)
 
 
+def test_a_record_out_of_time_bounds_is_named_in_the_answer(module_broker) -> None:
+    """Reproduced (an independent audit, p3 and p4): beside a record without timestamp (-1)
+    a record two hours ahead was stored (error 0); alone it was refused with no
+    record_errors. Kafka checks each record, skips -1, and answers INVALID_TIMESTAMP with
+    KIP-467's record_errors (index and message) and its fixed error message (Produce v8+),
+    which the Java producer uses to fail only the bad records."""
+    from kafka.record.default_records import DefaultRecordBatchBuilder
+
+    topic = create_topic(module_broker.bootstrap)
+    now = int(time.time() * 1000)
+    builder = DefaultRecordBatchBuilder(
+        magic=2,
+        compression_type=0,
+        is_transactional=False,
+        producer_id=-1,
+        producer_epoch=-1,
+        base_sequence=-1,
+        batch_size=1 << 20,
+    )
+    for i, ts in enumerate((-1, now + 2 * 3_600_000, now)):
+        builder.append(i, timestamp=ts, key=b"k", value=b"v", headers=[])
+    with RawConnection(module_broker.host, module_broker.port) as conn:
+        part = produce_raw(conn, topic, 0, bytes(builder.build()), version=9)
+        assert part.error_code == INVALID_TIMESTAMP, part
+        assert part.error_message == (
+            "One or more records have been rejected due to invalid timestamp"
+        )
+        assert [e.batch_index for e in part.record_errors] == [1]
+        assert "of message with offset 1 is out of range" in str(
+            part.record_errors[0].batch_index_error_message
+        )
+        good = produce_raw(conn, topic, 0, bytes(build_batch([(b"k", b"good")])), version=9)
+        assert (good.error_code, good.base_offset) == (0, 0), "the batch was stored"
+
+
 def rss_bytes(pid: int) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):

@@ -297,6 +297,31 @@ def test_timestamps_outside_the_topic_bounds_are_invalid() -> None:
     rb.validate_produce_records(old, rb.RecordLimits(log_append_time=True), now)
 
 
+@pytest.mark.parametrize("codec", [0, 1, 4])
+def test_each_record_timestamp_is_checked_and_one_without_is_skipped(codec: int) -> None:
+    """Reproduced (an independent audit, p3 and p4): a batch with a record without timestamp
+    (-1) skipped the bounds of every other record (only the batch's smallest and largest were
+    looked at), so a record two hours ahead was stored; and a refusal named no record. As
+    Kafka's LogValidator.validateTimestamp: each record is checked, -1 is not, and the error
+    lists each record out of bounds (KIP-467's record_errors)."""
+    now = 10_000_000_000
+    ahead = now + 2 * 3_600_000
+    batch = build([(b"k", b"a", [], -1), (b"k", b"b", [], ahead), (b"k", b"c", [], now)], codec)
+    with pytest.raises(rb.InvalidTimestampError) as refused:
+        rb.validate_produce_records(batch, rb.RecordLimits(), now)
+    assert str(refused.value) == "One or more records have been rejected due to invalid timestamp"
+    assert refused.value.record_errors == (
+        (
+            1,
+            f"Timestamp {ahead} of message with offset 1 is out of range. The timestamp should "
+            f"be within [{now - (2**63 - 1)}, {now + 3_600_000}]",
+        ),
+    )
+    fine = build([(b"k", b"a", [], -1), (b"k", b"c", [], now)], codec)
+    rb.validate_produce_records(fine, rb.RecordLimits(), now)
+    rb.validate_produce_records(batch, rb.RecordLimits(log_append_time=True), now)
+
+
 def test_encode_batch_round_trips_through_the_validator_and_decoder() -> None:
     records = [
         (1000 + i, b"k%d" % i, None if i == 2 else b"v" * i, [("h", b"x")]) for i in range(5)
