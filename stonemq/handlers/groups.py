@@ -110,7 +110,14 @@ async def _coordinator_error(
     ctx: RequestContext, key_type: int, key: str
 ) -> tuple[ErrorCode, str | None]:
     if key_type == KEY_TYPE_TRANSACTION:
-        return ErrorCode.coordinator_not_available, "transactions are not supported"
+        # not COORDINATOR_NOT_AVAILABLE, which every client retries until its own timeout
+        # (librdkafka's init_transactions says "retry call to resume"; aiokafka's start never
+        # returns): Kafka's answer for a transactional id the client may not use, which
+        # clients take as fatal at once, as InitProducerId answers it here
+        return (
+            ErrorCode.transactional_id_authorization_failed,
+            "transactions are not supported",
+        )
     if key_type != KEY_TYPE_GROUP:
         return ErrorCode.invalid_request, f"unknown coordinator key type {key_type}"
     if not key:

@@ -254,3 +254,36 @@ def test_idempotent_sequences_on_the_wire(module_broker):
         assert part.high_watermark == 6
     values = [m.value for m in consume(module_broker.bootstrap, topic, 6)]
     assert values == [b"seq-0", b"seq-1", b"seq-2", b"seq-3", b"seq-4", b"seq-0"]
+
+
+def test_a_transactional_producer_is_refused_at_once(module_broker):
+    """Reproduced (an independent audit, p1): FindCoordinator for a transactional id was
+    COORDINATOR_NOT_AVAILABLE, which clients retry until their own timeout (librdkafka's
+    init_transactions then said "retry call to resume", forever for an application that
+    does). StoneMQ has no transactions: the refusal, TRANSACTIONAL_ID_AUTHORIZATION_FAILED as
+    Kafka answers a transactional id a client may not use, is fatal in the client at once."""
+    import asyncio
+
+    from aiokafka import AIOKafkaProducer
+    from confluent_kafka import KafkaException, Producer
+
+    p = Producer({"bootstrap.servers": module_broker.bootstrap, "transactional.id": "tx-1"})
+    started = time.monotonic()
+    with pytest.raises(KafkaException) as refused:
+        p.init_transactions(30)
+    error = refused.value.args[0]
+    assert (error.name(), error.fatal()) == ("TRANSACTIONAL_ID_AUTHORIZATION_FAILED", True), error
+    assert time.monotonic() - started < 10
+
+    async def aiokafka_start() -> None:
+        producer = AIOKafkaProducer(
+            bootstrap_servers=module_broker.bootstrap, transactional_id="tx-2"
+        )
+        try:
+            await asyncio.wait_for(producer.start(), 15)
+        finally:
+            await producer.stop()
+
+    with pytest.raises(Exception) as aio:
+        asyncio.run(aiokafka_start())
+    assert not isinstance(aio.value, asyncio.TimeoutError), "aiokafka's start never returned"
