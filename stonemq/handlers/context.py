@@ -133,6 +133,9 @@ class RequestContext:
     entries: int = 0
     # a large request: the collector's full collections wait until it ends (collector.py)
     defers_collections: bool = False
+    # set by a handler that answers by closing the connection (Kafka's closeConnection: an
+    # acks=0 produce that failed): closed once the responses queued before it are sent
+    close_reason: str | None = None
 
     async def paced(self, items: Iterable[T]) -> AsyncIterator[T]:
         """``items`` one by one, letting the other connections go first whenever this request

@@ -214,10 +214,15 @@ async def handle_produce(ctx: RequestContext, request: Any) -> Any:
                     result.min_isr = produce_config.min_insync_replicas
             _append_one(ctx, name, result, data.records, produce_config, now_ms)
 
-    if acks == 0:
+    if acks == 0:  # no answer: as Kafka, an error closes the connection (the producer's only
+        # sign of it, so that it refreshes its metadata instead of sending on to a broker
+        # that drops what it sends)
+        failed = _acks0_failure(topics)
+        if failed is not None:
+            ctx.close_reason = failed
         pending = [r for _, rs in topics for r in rs if r.written is not None]
         if pending:  # nobody waits for the answer, but failures must still be undone
-            task = asyncio.ensure_future(_settle(ctx, topics))
+            task = asyncio.ensure_future(_settle_acks0(ctx, topics, failed is None))
             _BACKGROUND.add(task)
             task.add_done_callback(_BACKGROUND.discard)
         return None
@@ -653,6 +658,26 @@ def _validator() -> ThreadPoolExecutor:
 
 def _now_ms() -> int:
     return int(time.time() * 1000)
+
+
+def _acks0_failure(topics: list[tuple[str, list[_PartitionResult]]]) -> str | None:
+    """Why an acks=0 produce closes its connection: its first partition error, or None."""
+    for name, results in topics:
+        for r in results:
+            if r.error != ErrorCode.none:
+                return f"acks=0 produce to {name}-{r.index} failed: {r.error.name.upper()}"
+    return None
+
+
+async def _settle_acks0(
+    ctx: RequestContext, topics: list[tuple[str, list[_PartitionResult]]], open_: bool
+) -> None:
+    """:func:`_settle` for an acks=0 produce: a write that failed closes the connection too
+    (``open_``: it was not closed for an error found before the writes)."""
+    await _settle(ctx, topics)
+    failed = _acks0_failure(topics) if open_ else None
+    if failed is not None and ctx.turns is not None:
+        ctx.turns.hang_up(failed)
 
 
 async def _settle(ctx: RequestContext, topics: list[tuple[str, list[_PartitionResult]]]) -> None:

@@ -91,6 +91,7 @@ class _Pending:
 
     __slots__ = (
         "charged",
+        "close_after",
         "ctx",
         "done",
         "handler",
@@ -121,6 +122,7 @@ class _Pending:
         self.ctx = ctx
         self.request = request
         self.queued_ns = 0
+        self.close_after: str | None = None  # the connection closes once this is flushed
 
 
 # request handling time in ns, as a percentage of one thread for one second (Kafka's
@@ -572,6 +574,7 @@ class Connection(asyncio.BufferedProtocol):
             self.abort("internal error")
             return
         pending.charged = ctx.charged
+        pending.close_after = ctx.close_reason
         pending.done = True
         api_key = ctx.api_key
         if started_ns:
@@ -669,6 +672,8 @@ class Connection(asyncio.BufferedProtocol):
                         self.charge(uncharged, pending.header.api_key)
             elif pending.response is not None:
                 _close_chunks(pending.response)
+            if pending.close_after is not None:
+                self.hang_up(pending.close_after)
         self.last_active = time.monotonic()
         if answered:
             self._budget.give_back(answered)
@@ -860,6 +865,14 @@ class Connection(asyncio.BufferedProtocol):
         self._drop_out()
         if self._transport is not None:
             self._transport.abort()
+
+    def hang_up(self, reason: str) -> None:
+        """Close the connection as Kafka answers a request it will not answer otherwise (an
+        acks=0 produce that failed: closing is the producer's only sign), once the responses
+        written before are sent; logged."""
+        if not self._closing:
+            log.warning("closing connection from %s: %s", self._peer, reason)
+        self.close()
 
     def close(self) -> None:
         """Close after the responses already queued have been written."""

@@ -287,3 +287,35 @@ def test_a_transactional_producer_is_refused_at_once(module_broker):
     with pytest.raises(Exception) as aio:
         asyncio.run(aiokafka_start())
     assert not isinstance(aio.value, asyncio.TimeoutError), "aiokafka's start never returned"
+
+
+def test_a_failed_acks_0_produce_closes_the_connection(module_broker):
+    """Reproduced (an independent audit, p2): an acks=0 produce that failed (here to a
+    partition the topic does not have) left the connection open, so such a producer never
+    learnt of it (in a cluster it kept sending to a broker that no longer leads, every record
+    dropped, until its next periodic metadata refresh). Kafka's KafkaApis closes the
+    connection: the producer's only sign. A good acks=0 produce keeps it open, and the
+    responses of requests before the failed one are still sent."""
+    from .rawclient import produce_request
+
+    topic = create_topic(module_broker.bootstrap)
+    batch = bytes(build_batch([(b"k", b"v")]))
+    meta = schema("metadata", 9, "request")
+    meta_r = schema("metadata", 9, "response")
+    with RawConnection(module_broker.host, module_broker.port) as conn:
+        conn.send_request(produce_request(topic, 0, batch, acks=0))
+        assert not conn.wait_closed(timeout=1.0), "a good acks=0 produce closed it"
+        cid = conn.send_request(
+            meta.MetadataRequest(
+                topics=None,
+                allow_auto_topic_creation=False,
+                include_cluster_authorized_operations=False,
+                include_topic_authorized_operations=False,
+            )
+        )
+        conn.send_request(produce_request(topic, 7, batch, acks=0))
+        assert conn.recv_response(meta_r.MetadataResponse, cid).brokers  # sent before closing
+        assert conn.wait_closed(timeout=10.0), "the failed acks=0 produce left it open"
+    assert "acks=0 produce to " + topic + "-7 failed: UNKNOWN_TOPIC_OR_PARTITION" in (
+        module_broker.log()
+    )
