@@ -551,6 +551,8 @@ def _store(
         )
     except DuplicateSequenceError as dup:  # answered with the original's offset once stored
         result.base_offset = dup.base_offset
+        if config.log_append_time:  # and its append time, not this retry's (Kafka's
+            result.append_time = dup.timestamp  # UnifiedLog: the duplicate's timestamp)
         result.written = dup.written  # type: ignore[assignment]
         _note_journal_end(ctx, result)  # the original is at or before it
         return

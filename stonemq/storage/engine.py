@@ -127,6 +127,8 @@ PRODUCER_COMPRESSION = -1
 """compression.type=producer: batches are stored in the codec the producer chose."""
 NO_FLUSH = 2**63 - 1
 _EPOCH_FIELD = struct.Struct(">i")  # a RecordBatch's partition leader epoch, at byte 12
+_MAX_TIMESTAMP = struct.Struct(">q")  # a RecordBatch's max timestamp, at byte MAX_TIMESTAMP_AT
+MAX_TIMESTAMP_AT = 35
 """Kafka's default flush.messages and flush.ms (Long.MAX_VALUE): no fsync of their own."""
 
 
@@ -1259,6 +1261,8 @@ class StorageEngine:
         acked = self._topic_flush(journal, state, record_count, written)
         if producers is not None:
             assert producer is not None
+            # as written: a LogAppendTime topic's batch carries its append time by now
+            stored_ts = _MAX_TIMESTAMP.unpack_from(batch, MAX_TIMESTAMP_AT)[0]
             producers.appended(
                 producer.producer_id,
                 producer.producer_epoch,
@@ -1268,8 +1272,9 @@ class StorageEngine:
                     base,
                     base + record_count - 1,
                     acked,
+                    stored_ts,
                 ),
-                producer.max_timestamp,
+                stored_ts,
             )
         queue = state.queue
         if queue is None:

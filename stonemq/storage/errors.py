@@ -43,7 +43,8 @@ class DuplicateSequenceError(ProducerStateError):
     offset the original got, once ``written`` (the original's journal write, when it is
     still pending) has succeeded."""
 
-    def __init__(self, base_offset: int, written: object = None) -> None:
+    def __init__(self, base_offset: int, written: object = None, timestamp: int = -1) -> None:
         super().__init__(f"duplicate of the batch at offset {base_offset}")
         self.base_offset = base_offset
         self.written = written
+        self.timestamp = timestamp  # the original's max timestamp as stored (-1: unknown)

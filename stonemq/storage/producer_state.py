@@ -63,7 +63,14 @@ _BATCH = struct.Struct(">iiqq")
 class BatchSeq:
     """One batch of a producer: its sequence range and offsets."""
 
-    __slots__ = ("base_offset", "first_sequence", "last_offset", "last_sequence", "written")
+    __slots__ = (
+        "base_offset",
+        "first_sequence",
+        "last_offset",
+        "last_sequence",
+        "timestamp",
+        "written",
+    )
 
     def __init__(
         self,
@@ -72,12 +79,17 @@ class BatchSeq:
         base_offset: int,
         last_offset: int,
         written: asyncio.Future[None] | None = None,
+        timestamp: int = -1,
     ) -> None:
         self.first_sequence = first_sequence
         self.last_sequence = last_sequence
         self.base_offset = base_offset
         self.last_offset = last_offset
         self.written = written  # the journal write of a pending batch
+        # the batch's max timestamp as stored (a LogAppendTime topic's: its append time),
+        # what a duplicate is answered with, as Kafka's BatchMetadata; -1 when unknown (a
+        # batch loaded from a snapshot, which keeps only the producer's last timestamp)
+        self.timestamp = timestamp
 
 
 class ProducerEntry:
@@ -151,7 +163,7 @@ class ProducerState:
             return
         for batch in self._recent(producer_id, epoch, entry, pending):
             if batch.first_sequence == first_sequence and batch.last_sequence == last_sequence:
-                raise DuplicateSequenceError(batch.base_offset, batch.written)
+                raise DuplicateSequenceError(batch.base_offset, batch.written, batch.timestamp)
         if first_sequence != (last + 1) % SEQUENCE_MODULUS:
             raise OutOfOrderSequenceError(
                 f"producer {producer_id} epoch {epoch}: sequence {first_sequence} does not "
@@ -215,7 +227,7 @@ class ProducerState:
         entry = self.producers.get(producer_id)
         if entry is not None and epoch < entry.epoch:
             return  # a fenced producer's batch (a replica's copy): the state stays
-        batch = BatchSeq(first_sequence, last_sequence, base_offset, last_offset)
+        batch = BatchSeq(first_sequence, last_sequence, base_offset, last_offset, None, timestamp)
         if entry is None:
             entry = ProducerEntry(epoch)
         self.producers[producer_id] = entry.add(epoch, batch, timestamp)
@@ -287,6 +299,8 @@ class ProducerState:
                 for _ in range(n):
                     entry.batches.append(BatchSeq(*_BATCH.unpack_from(data, pos)))
                     pos += _BATCH.size
+                if entry.batches:  # the file keeps the last batch's timestamp only
+                    entry.batches[-1].timestamp = last_ts
                 state.producers[pid] = entry
         except struct.error as exc:
             raise ValueError(f"snapshot truncated: {exc}") from None

@@ -256,6 +256,38 @@ def test_idempotent_sequences_on_the_wire(module_broker):
     assert values == [b"seq-0", b"seq-1", b"seq-2", b"seq-3", b"seq-4", b"seq-0"]
 
 
+def test_a_duplicate_on_a_log_append_time_topic_answers_the_stored_time(module_broker):
+    """Reproduced (an independent audit, p5): an idempotent producer's retry of a stored
+    batch on a LogAppendTime topic was answered with the original offset but the retry's
+    own arrival time as log_append_time, which the client reports as the record's timestamp
+    while consumers read the stored one. Kafka's UnifiedLog answers a duplicate with the
+    original batch's timestamp."""
+    topic = create_topic(
+        module_broker.bootstrap, config={"message.timestamp.type": "LogAppendTime"}
+    )
+    init_mod = schema("init_producer_id", 4, "request")
+    with connect(module_broker) as conn:
+        pid = conn.request(
+            build(
+                init_mod.InitProducerIdRequest,
+                transactional_id=None,
+                transaction_timeout=ms(60000),
+                producer_id=-1,
+                producer_epoch=-1,
+            ),
+            schema("init_producer_id", 4, "response").InitProducerIdResponse,
+        ).producer_id
+        first = produce_raw(conn, topic, 0, _idempotent_batch(pid, 0, 0, 2))
+        assert (first.error_code, first.base_offset) == (0, 0)
+        time.sleep(0.05)  # a retry's own append time would differ
+        again = produce_raw(conn, topic, 0, _idempotent_batch(pid, 0, 0, 2))
+        assert (again.error_code, again.base_offset) == (0, 0)
+        (stored,) = fetch_batches(module_broker, topic, 0, 0, end=2)
+    stored_time = DefaultRecordBatch(stored).max_timestamp
+    assert first.log_append_time == again.log_append_time
+    assert int(again.log_append_time.timestamp() * 1000) == stored_time
+
+
 def test_a_transactional_producer_is_refused_at_once(module_broker):
     """Reproduced (an independent audit, p1): FindCoordinator for a transactional id was
     COORDINATOR_NOT_AVAILABLE, which clients retry until their own timeout (librdkafka's
