@@ -110,7 +110,7 @@ class _Named:
 
 def _resolve(ctx: RequestContext, request: Any) -> list[_Topic]:
     if ctx.api_version < TOPIC_IDS_VERSION:
-        return [_Topic(t.topic, None, t.partitions) for t in request.topics]
+        return _once([_Topic(t.topic, None, t.partitions) for t in request.topics])
     out = []
     for t in request.topics:
         name = None
@@ -118,6 +118,31 @@ def _resolve(ctx: RequestContext, request: Any) -> list[_Topic]:
             with contextlib.suppress(UnknownTopicIdError):
                 name = ctx.broker.topics.by_id(t.topic_id).name
         out.append(_Topic(name, t.topic_id, t.partitions))
+    return _once(out)
+
+
+def _once(topics: list[_Topic]) -> list[_Topic]:
+    """Each partition once, as Kafka's KafkaApis keeps a Fetch's partitions in an ordered
+    map: a partition named twice is read and answered once, where it was first named, with
+    its last entry's fetch offset and limits. The common case (no partition twice) is found
+    by one set's size and returned as it is."""
+    if len(topics) == 1 and len(topics[0].partitions) < 2:
+        return topics
+    keys = [(t.topic_id or t.topic, p.partition) for t in topics for p in t.partitions]
+    if len(set(keys)) == len(keys):
+        return topics
+    last = {(t.topic_id or t.topic, p.partition): p for t in topics for p in t.partitions}
+    seen: set[tuple[Any, int]] = set()
+    out = []
+    for t in topics:
+        kept = []
+        for p in t.partitions:
+            key = (t.topic_id or t.topic, p.partition)
+            if key not in seen:
+                seen.add(key)
+                kept.append(last[key])
+        if kept:
+            out.append(_Topic(t.topic, t.topic_id, kept))
     return out
 
 

@@ -10,6 +10,7 @@ import time
 import pytest
 from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, TopicPartition
 from kafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
+from kio.static.primitive import i64
 
 from .helpers import (
     CODECS,
@@ -144,6 +145,41 @@ def test_fetch_out_of_range(module_broker):
         assert past.error_code == OFFSET_OUT_OF_RANGE
         negative = fetch_raw(conn, topic, 0, -5)
         assert negative.error_code == OFFSET_OUT_OF_RANGE
+
+
+def test_a_partition_named_twice_in_a_fetch_is_answered_once(module_broker):
+    """Reproduced (an independent audit): a partition named twice in one Fetch (in one topic
+    entry, or in two entries of the topic) was read and answered twice. Kafka's KafkaApis
+    keeps a Fetch's partitions in an ordered map: one answer, where the partition was first
+    named, for its last entry (here fetch offset 2, so only the second batch)."""
+    import dataclasses
+
+    from .rawclient import fetch_request, split_batches
+
+    topic = create_topic(module_broker.bootstrap)
+    response = schema("fetch", 12, "response").FetchResponse
+    with connect(module_broker) as conn:
+        for _ in range(2):
+            batch = bytes(build_batch([(b"k", b"v")] * 2))
+            assert produce_raw(conn, topic, 0, batch).error_code == 0
+        wait_visible(conn, topic, 0, 4)
+        one = fetch_request(topic, 0, 0)
+        (entry,) = one.topics
+        (first,) = entry.partitions
+        later = dataclasses.replace(first, fetch_offset=i64(2))
+        twice_in_one = dataclasses.replace(
+            one, topics=(dataclasses.replace(entry, partitions=(first, later)),)
+        )
+        in_two = dataclasses.replace(
+            one, topics=(entry, dataclasses.replace(entry, partitions=(later,)))
+        )
+        for request in (twice_in_one, in_two):
+            answer = conn.request(request, response)
+            assert [
+                (t.topic, [p.partition_index for p in t.partitions]) for t in answer.responses
+            ] == [(topic, [0])]
+            (part,) = answer.responses[0].partitions
+            assert [DefaultRecordBatch(b).base_offset for b in split_batches(part.records)] == [2]
 
 
 def test_fetch_inside_a_batch_returns_the_whole_batch(module_broker):
