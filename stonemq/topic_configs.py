@@ -210,8 +210,8 @@ def _cleanup_policy(name: str, value: Any) -> None:
         raise _invalid(
             name, format_value(value), "StoneMQ does not support log compaction yet; use delete"
         )
-    if not value:
-        raise _invalid(name, "", "Empty list; must be delete")
+    # an empty list passes, as Kafka's ValidList: neither delete nor compact, so no time or
+    # size retention (only DeleteRecords moves the log start)
 
 
 # -- topic configs ------------------------------------------------------------------------------
@@ -964,6 +964,19 @@ class TopicConfig:
         return {e.name: e.value for e in self.entries}
 
 
+_NO_RETENTION = {"retention_ms": -1, "retention_bytes": -1}
+"""A topic whose cleanup.policy lacks delete (the empty list: Kafka's UnifiedLog deletes by
+time and size only under delete)."""
+
+
+def whole_retention(values: Mapping[str, Any]) -> tuple[int, int]:
+    """A topic's retention.ms and retention.bytes in force, from its typed config values:
+    (-1, -1) when its cleanup.policy lacks delete."""
+    if "delete" not in values["cleanup.policy"]:
+        return -1, -1
+    return int(values["retention.ms"]), int(values["retention.bytes"])
+
+
 def segment_bytes(values: Mapping[str, Any]) -> int:
     """A topic's segment size from its typed config values: internal.segment.bytes when set,
     else segment.bytes (Kafka's LogConfig.segmentSize)."""
@@ -1013,12 +1026,15 @@ def resolve_topic(
             )
         )
     compression = str(values["compression.type"])
+    fields = {
+        key.log_field: int(values[name])
+        for name, key in TOPIC_CONFIGS.items()
+        if key.log_field is not None
+    }
+    if "delete" not in values["cleanup.policy"]:
+        fields.update(_NO_RETENTION)
     log_config = LogConfig(
-        **{
-            key.log_field: int(values[name])
-            for name, key in TOPIC_CONFIGS.items()
-            if key.log_field is not None
-        },
+        **fields,
         segment_bytes=segment_bytes(values),
         compression=_CODECS[compression],
         compression_level=int(values.get(f"compression.{compression}.level", -1)),

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from stonemq.config_values import fields
 from stonemq.server.threads import name_os_thread
 from stonemq.tiering.cold_store import StoreSpec
+from stonemq.topic_configs import whole_retention
 
 if TYPE_CHECKING:
     from stonemq.config import Settings
@@ -131,10 +132,11 @@ class TierService:
             return 0
         local_ms = int(values["local.retention.ms"])
         local_bytes = int(values["local.retention.bytes"])
+        whole_ms, whole_bytes = whole_retention(values)
         if local_ms == -2:
-            local_ms = int(values["retention.ms"])
+            local_ms = whole_ms
         if local_bytes == -2:
-            local_bytes = int(values["retention.bytes"])
+            local_bytes = whole_bytes
         saved = queue.config
         queue.config = dataclasses.replace(
             saved, retention_ms=local_ms, retention_bytes=local_bytes
@@ -159,8 +161,7 @@ class TierService:
         topic = TieredTopic(
             name,
             record.partitions if record is not None else 0,
-            int(values["retention.ms"]),
-            int(values["retention.bytes"]),
+            *whole_retention(values),
             str(record.topic_id) if record is not None else "",
         )
         self._topic_ids[topic.name] = topic.topic_id

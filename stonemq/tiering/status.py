@@ -41,7 +41,7 @@ def tiered_topics(settings: Settings, names: list[str] | None = None) -> list[Ti
     ``metadata.db``: ``tier run`` and ``tier status`` saw no topic there, so a cluster never
     archived), else the data directory's SQLite file."""
     from stonemq.metadata.store import MetadataStore
-    from stonemq.topic_configs import DynamicBrokerConfigs, resolve_topic
+    from stonemq.topic_configs import DynamicBrokerConfigs, resolve_topic, whole_retention
 
     store: MetadataStore
     if settings.zookeeper_connect:
@@ -74,8 +74,7 @@ def tiered_topics(settings: Settings, names: list[str] | None = None) -> list[Ti
                     TieredTopic(
                         record.name,
                         record.partitions,
-                        int(values["retention.ms"]),
-                        int(values["retention.bytes"]),
+                        *whole_retention(values),
                         str(record.topic_id),
                     )
                 )

@@ -236,3 +236,28 @@ def test_a_cluster_default_of_a_topic_config_is_changed_at_runtime(broker) -> No
     assert _stored_codecs(broker, gzip_topic, 1) == [1]  # gzip, recompressed
     described = _configs(broker.bootstrap, gzip_topic)["compression.type"]
     assert described.value == "gzip"  # type: ignore[attr-defined]
+
+
+@pytest.mark.broker_settings(**{"log.retention.check.interval.ms": 100})
+def test_an_empty_cleanup_policy_keeps_what_retention_would_delete(broker) -> None:
+    """Reproduced (an independent audit, f7): cleanup.policy="" was INVALID_CONFIG. Kafka 4
+    takes the empty list, and then deletes by time and size only under delete: beside a
+    topic with delete, whose old segments go, the same retention keeps everything."""
+    import time
+
+    from .helpers import low_watermark
+
+    small = {"internal.segment.bytes": "2048", "retention.ms": "100"}
+    kept = create_topic(broker.bootstrap, config={**small, "cleanup.policy": ""})
+    deleted = create_topic(broker.bootstrap, config=small)
+    for topic in (kept, deleted):
+        produce(
+            broker.bootstrap, topic, [Msg(b"k", b"v" * 500)] * 20, acks=1, **{"batch.size": 1024}
+        )
+    deadline = time.monotonic() + 20
+    while low_watermark(broker.bootstrap, deleted) == 0:
+        assert time.monotonic() < deadline, "retention never ran on the delete topic"
+        time.sleep(0.2)
+    time.sleep(1)  # several more retention rounds
+    assert low_watermark(broker.bootstrap, kept) == 0
+    assert _configs(broker.bootstrap, kept)["cleanup.policy"].value == ""  # type: ignore[attr-defined]

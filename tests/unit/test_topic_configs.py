@@ -174,7 +174,6 @@ def test_every_log_config_field_is_fed() -> None:
         {"cleanup.policy": "compact"},
         {"cleanup.policy": "delete,compact"},
         {"cleanup.policy": "bogus"},
-        {"cleanup.policy": ""},
         {"no.such.config": "1"},
         {"retention.ms": None},
     ],
@@ -443,3 +442,19 @@ def test_every_topic_configs_broker_synonym_is_a_dynamic_broker_config() -> None
         Settings(), DynamicBrokerConfigs(default=accepted), {"compression.type": "lz4"}
     )
     assert own.log_config.compression == COMPRESSION_LZ4
+
+
+def test_an_empty_cleanup_policy_means_no_time_or_size_retention() -> None:
+    """Reproduced (an independent audit, f7): cleanup.policy="" was INVALID_CONFIG; Kafka 4's
+    ValidList takes an empty list, and its UnifiedLog then deletes by time and size only
+    under delete: retention.ms and retention.bytes have no effect (DeleteRecords still
+    moves the log start)."""
+    overrides = validate_topic_configs(
+        {"cleanup.policy": "", "retention.ms": "1000", "retention.bytes": "10"}
+    )
+    assert overrides["cleanup.policy"] == ""
+    config = resolve_topic(Settings(), NONE, overrides)
+    assert (config.log_config.retention_ms, config.log_config.retention_bytes) == (-1, -1)
+    assert entry(config, "retention.ms").value == "1000"  # described as set
+    kept = resolve_topic(Settings(), NONE, {"retention.ms": "1000"})
+    assert kept.log_config.retention_ms == 1000
