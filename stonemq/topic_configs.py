@@ -262,9 +262,9 @@ TOPIC_CONFIGS: dict[str, TopicConfigKey] = {
         TopicConfigKey(
             "cleanup.policy",
             ConfigType.LIST,
-            "The retention policy for old log segments. Only 'delete' (discard old segments "
-            "when their retention time or size limit is reached) is supported; StoneMQ has no "
-            "log compaction yet.",
+            "The retention policy for old log segments: 'delete' discards old segments when "
+            "their retention time or size limit is reached; an empty list keeps them (only "
+            "DeleteRecords moves the log start). StoneMQ has no log compaction yet.",
             synonym="log.cleanup.policy",
             default=["delete"],
             validator=_cleanup_policy,
