@@ -16,7 +16,8 @@ partition only: ../shared/design/cluster.md).
   one FIFO of waiters per journal partition (positions only rise), popped as the HW moves.
   No timer per partition: the request's timeout is the handler's one timer.
 - **Tail.** Per led journal partition, the newest journal bytes written here, at most
-  ``replica.fetch.tail.max.bytes`` (replication/tail.py): a follower's fetch of them is
+  ``replica.fetch.tail.max.bytes`` (up to ``tail.LAG_FACTOR`` times that while an ISR
+  follower has not fetched them; replication/tail.py): a follower's fetch of them is
   answered from memory, without the replica-read thread (handlers/replica_fetch.py). Created
   empty when the partition starts being led here, dropped when it stops.
 - **ISR.** The leader shrinks the ISR (a follower not caught up for
@@ -399,8 +400,19 @@ class ReplicaManager:
         """The storage wrote a group of entries of ``local`` at ``position`` (before their
         acknowledgements and the followers' wake-up): kept in its tail when led here."""
         tail = self._tails.get(local)
-        if tail is not None:
-            tail.appended(position, pieces, sizes)
+        if tail is None:
+            return
+        state = self._leading.get(self.routing.journal_of(local))
+        needed = -1
+        if state is not None:  # the slowest ISR follower's position: kept while it is near
+            me = self.broker_id
+            followers = state.followers
+            for broker in state.isr:
+                if broker != me:
+                    follower = followers.get(broker)
+                    if follower is not None and follower.end >= 0:
+                        needed = follower.end if needed < 0 else min(needed, follower.end)
+        tail.appended(position, pieces, sizes, needed)
 
     # -- high watermark and delayed produce -------------------------------------------------
     def _on_written(self, local: int) -> None:

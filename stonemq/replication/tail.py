@@ -8,7 +8,11 @@ hand-off and its way back cost more than the copy itself. The storage hands ever
 entries it has written to :meth:`JournalTail.appended` (``StorageEngine.on_journal_bytes``),
 on the loop, once the group is in the file and before the followers' long polls wake: one
 copy of the group, kept with its entries' boundaries, the oldest groups dropped beyond
-``replica.fetch.tail.max.bytes``. :meth:`JournalTail.read` answers a fetch from those bytes
+``replica.fetch.tail.max.bytes``, except that groups an ISR follower has not fetched yet are
+kept up to ``LAG_FACTOR`` times that (a follower a few large entries behind: librdkafka's
+produce requests carry about 1 MB each, several are in flight, and a follower fetches one
+entry of that size per round trip, so it often trails by 2-4 MiB and every fetch read the
+files). :meth:`JournalTail.read` answers a fetch from those bytes
 with exactly what ``JournalReader.read_raw`` would read from the files (whole entries, the
 same cut at ``max_bytes``), or None when it cannot: a position outside the tail or not on an
 entry boundary it knows, or a limit past the tail's end. The caller then reads the file in
@@ -31,6 +35,11 @@ import itertools
 from collections.abc import Sequence
 from typing import Any
 
+LAG_FACTOR = 4
+"""How far beyond its bound a tail keeps the groups an ISR follower still has to fetch (as a
+multiple of the bound); past that the oldest go whatever a follower needs (it reads the files,
+as before)."""
+
 
 class _Group:
     """One group of whole entries as written: its bytes and the journal position after each
@@ -49,8 +58,9 @@ class _Group:
 
 
 class JournalTail:
-    """The newest bytes of one journal partition, at most ``max_bytes`` of them (the group
-    being added is kept whole even when larger; it alone then stays)."""
+    """The newest bytes of one journal partition, at most ``max_bytes`` of them, or up to
+    ``LAG_FACTOR`` times that while an ISR follower still needs the older groups (a group
+    larger than ``max_bytes`` alone is not kept)."""
 
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
@@ -74,9 +84,13 @@ class JournalTail:
         self._starts.clear()
         self.size = 0
 
-    def appended(self, position: int, pieces: Sequence[Any], sizes: Sequence[int]) -> None:
+    def appended(
+        self, position: int, pieces: Sequence[Any], sizes: Sequence[int], needed_from: int = -1
+    ) -> None:
         """Entries were written at journal ``position``: entry ``i`` is ``sizes[i]`` bytes,
-        the concatenation of ``pieces`` in order (copied: the caller's buffers are reused)."""
+        the concatenation of ``pieces`` in order (copied: the caller's buffers are reused).
+        ``needed_from``: the smallest fetch position of the ISR followers (-1: none known);
+        groups ending after it are kept beyond ``max_bytes``, up to ``LAG_FACTOR`` times it."""
         if not sizes or self.max_bytes <= 0:
             return
         if position != self.end:
@@ -90,12 +104,18 @@ class JournalTail:
         self._groups.append(_Group(position, data, ends))
         self._starts.append(position)
         self.size += len(data)
-        while self.size > self.max_bytes and len(self._groups) > 1:
-            old = self._groups.popleft()
+        groups = self._groups
+        hard = self.max_bytes * LAG_FACTOR
+        while (
+            self.size > self.max_bytes
+            and len(groups) > 1
+            and (groups[0].end <= needed_from or needed_from < 0 or self.size > hard)
+        ):
+            old = groups.popleft()
             del self._starts[0]
             self.size -= len(old.data)
-        if self.size > self.max_bytes:  # one group larger than the bound: keep none
-            self.reset()
+        if len(groups) == 1 and self.size > self.max_bytes:  # one group larger than the
+            self.reset()  # bound: keep none
 
     def read(self, pos: int, limit: int, max_bytes: int) -> bytes | memoryview | None:
         """What ``JournalReader.read_raw(pos, limit, max_bytes)`` returns for the journal

@@ -34,11 +34,26 @@ def _entry(n: int, size: int) -> tuple[bytes, bytes]:
 class Harness:
     """A JournalLog in a temporary directory with a tail fed by its ``on_written`` hook."""
 
-    def __init__(self, directory: str, segment_bytes: int, policy: str, tail_bytes: int) -> None:
+    def __init__(
+        self,
+        directory: str,
+        segment_bytes: int,
+        policy: str,
+        tail_bytes: int,
+        needed: float | None = None,
+    ) -> None:
         self.journal = JournalLog(directory, 0, segment_bytes=segment_bytes, flush_policy=policy)
         self.journal.open()
         self.tail = JournalTail(tail_bytes)
-        self.journal.on_written = self.tail.appended
+        if needed is None:
+            self.journal.on_written = self.tail.appended
+        else:  # a follower's position among the boundaries kept (the tail keeps more)
+            self.journal.on_written = lambda position, pieces, sizes: self.tail.appended(
+                position,
+                pieces,
+                sizes,
+                self.boundaries[int(needed * (len(self.boundaries) - 1))],
+            )
         self.reader = JournalReader(directory)
         self.boundaries = [0]  # entry boundaries of what the files hold
         self.n = 0
@@ -137,24 +152,31 @@ ops = st.lists(
     segment_bytes=400,
     policy="never",
     tail_bytes=1000,
+    needed=None,
 )
 @example(
     ops=[("append", [[0, 0, 278]]), ("truncate", 0.0), ("append", [[0, 0, 196], [300, 300]])],
     segment_bytes=400,
     policy="never",
     tail_bytes=1000,
+    needed=None,
 )
 @given(
     ops=ops,
     segment_bytes=st.sampled_from([400, 1500, 1 << 20]),
     policy=st.sampled_from(["never", "always"]),
     tail_bytes=st.sampled_from([0, 200, 1000, 1 << 20]),
+    needed=st.sampled_from([None, 0.0, 0.5, 1.0]),
 )
 def test_tail_answers_what_the_files_hold(
-    ops: list[tuple[str, object]], segment_bytes: int, policy: str, tail_bytes: int
+    ops: list[tuple[str, object]],
+    segment_bytes: int,
+    policy: str,
+    tail_bytes: int,
+    needed: float | None,
 ) -> None:
     async def run(directory: str) -> None:
-        h = Harness(directory, segment_bytes, policy, tail_bytes)
+        h = Harness(directory, segment_bytes, policy, tail_bytes, needed)
         try:
             for op, arg in ops:
                 if op == "append":
@@ -241,3 +263,70 @@ def test_a_write_the_tail_did_not_see_replaces_it(tmp_path: object, policy: str)
         h.journal.close()
 
     asyncio.run(run())
+
+
+def test_groups_an_isr_follower_still_needs_stay_up_to_the_lag_factor() -> None:
+    """A follower a few groups behind (librdkafka's ~1 MB requests, one entry per fetch) was
+    answered from the files once the tail's bound dropped what it had not fetched: the groups
+    ending after the slowest ISR follower's position stay, up to ``LAG_FACTOR`` times the
+    bound; what every follower fetched goes at the bound as before."""
+    from stonemq.replication.tail import LAG_FACTOR
+
+    tail = JournalTail(1000)
+    pos = 0
+    for _ in range(6):  # 6 groups of 400 bytes, the follower still at 0: all kept (2,400)
+        tail.appended(pos, [bytes(400)], [400], needed_from=0)
+        pos += 400
+    assert tail.start == 0 and tail.size == 2400
+    assert tail.read(0, pos, 1 << 20) is not None  # the follower's next fetch: from memory
+    # it fetched up to 1,200: the groups ending at or below it go, down to the bound
+    tail.appended(pos, [bytes(400)], [400], needed_from=1200)
+    pos += 400
+    assert tail.start == 1200 and tail.size == 1600
+    assert tail.read(1200, pos, 1 << 20) is not None
+    # never more than LAG_FACTOR times the bound, whatever a follower needs
+    for _ in range(20):
+        tail.appended(pos, [bytes(400)], [400], needed_from=1200)
+        pos += 400
+    assert tail.size <= 1000 * LAG_FACTOR and tail.end == pos
+    assert tail.read(1200, pos, 1 << 20) is None  # the file read, as before
+    # no follower position known: the bound alone, as before
+    tail.appended(pos, [bytes(400)], [400])
+    pos += 400
+    assert tail.size <= 1000 and tail.end == pos
+    # a single group larger than the bound is still not kept
+    tail.appended(pos, [bytes(1500)], [1500], needed_from=pos)
+    assert tail.size == 0
+
+
+def test_the_leader_keeps_what_its_slowest_isr_follower_has_not_fetched() -> None:
+    """The replica manager hands its tail the smallest fetch position of the ISR followers
+    (a follower out of the ISR, or one that never fetched, pins nothing)."""
+    from types import SimpleNamespace
+
+    from stonemq.config import Settings
+    from stonemq.replication.manager import FollowerState, LeaderState, ReplicaManager
+
+    routing = SimpleNamespace(client=None, journal_of=lambda local: local)
+    manager = ReplicaManager(0, routing, None, Settings())  # type: ignore[arg-type]
+    state = LeaderState(
+        journal=0, local=0, epoch=1, epoch_start=0, isr=(0, 1, 2), replicas=(0, 1, 2, 3), hw=0
+    )
+    state.followers[1] = FollowerState(end=800)
+    state.followers[2] = FollowerState(end=400)
+    state.followers[3] = FollowerState(end=0)  # not in the ISR
+    manager._leading[0] = state
+    tail = manager._tails[0] = JournalTail(1000)
+    pos = 0
+    for _ in range(5):
+        manager._on_bytes(0, pos, [bytes(400)], [400])
+        pos += 400
+    # broker 2 at 400 needs the groups from 400: 1,600 bytes kept past the 1,000 bound
+    assert tail.start == 400 and tail.size == 1600
+    state.followers[2].end = 2000
+    manager._on_bytes(0, pos, [bytes(400)], [400])
+    pos += 400
+    assert tail.start == 800  # broker 1 at 800 now the slowest in the ISR
+    state.isr = (0,)  # no follower in the ISR: the bound alone
+    manager._on_bytes(0, pos, [bytes(400)], [400])
+    assert tail.size <= 1000
