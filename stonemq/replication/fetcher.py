@@ -177,8 +177,8 @@ class ResponseReceiver(asyncio.BufferedProtocol):
         if not self._reusable():
             self.new_buffers += 1
             self._buf = bytearray(max(_FIRST_BUFFER, rest + _FIRST_BUFFER))
-        if rest:
-            self._buf[:rest] = memoryview(old)[self._start : self._end]
+        if rest:  # from a copy: bytearray slice assignment memcpy's, and these may overlap
+            self._buf[:rest] = old[self._start : self._end]
         self._start, self._end = 0, rest
 
     def _grow(self) -> None:
