@@ -229,9 +229,10 @@ async def handle_produce(ctx: RequestContext, request: Any) -> Any:
     await _settle(ctx, topics)
     if replicas is not None and acks == -1:
         await _wait_for_isr(ctx, topics, request.timeout_ms / 1000)
+    none, hints = ErrorCode.none, ctx.api_version >= LEADER_HINTS_VERSION
     if not any(
-        (r.error == ErrorCode.not_leader_or_follower and ctx.api_version >= LEADER_HINTS_VERSION)
-        or r.record_errors
+        r.error != none
+        and ((hints and r.error == ErrorCode.not_leader_or_follower) or r.record_errors)
         for _, results in topics
         for r in results
     ):  # no KIP-951 leader hints nor KIP-467 record errors: the common shape, encoded here;
