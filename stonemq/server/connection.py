@@ -663,7 +663,12 @@ class Connection(asyncio.BufferedProtocol):
         while self._pending and self._pending[0].done:
             pending = self._pending.popleft()
             answered += pending.held
-            if pending.response is not None and transport is not None and not self._closing:
+            if (
+                pending.response is not None
+                and transport is not None
+                and not self._closing
+                and not self._close_when_sent  # hung up: nothing after that request goes
+            ):
                 self._write(transport, pending.response)
                 if not self._replica_link:  # a follower's fetch never waits out a debt:
                     # it moves the HW acks=all produces wait for (one request at a time)
