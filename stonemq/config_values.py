@@ -97,6 +97,30 @@ def fields() -> dict[str, FieldSpec]:
     return _FIELDS
 
 
+TOOL_VARIABLES = (
+    "STONEMQ_BENCH_",
+    "STONEMQ_CLUSTER_FAULT",
+    "STONEMQ_CRASH_",
+    "STONEMQ_FAULT_",
+    "STONEMQ_FUZZ_",
+)
+"""Prefixes of the environment variables the bench and test suites read (not settings)."""
+
+
+def unknown_environment(environ: Mapping[str, str]) -> list[str]:
+    """The ``STONEMQ_*`` environment variables that name no setting (a misspelt one is
+    otherwise ignored without a word, where the same name in the settings file is refused):
+    the serving process logs each, as Kafka logs a supplied config it does not know."""
+    known = fields()
+    return sorted(
+        name
+        for name in environ
+        if name.upper().startswith("STONEMQ_")
+        and not name.upper().startswith(TOOL_VARIABLES)
+        and name[len("STONEMQ_") :].lower() not in known
+    )
+
+
 def install_fields(specs: Iterable[FieldSpec]) -> None:
     """Use ``specs`` as :func:`fields` (the serving process, before it imports the broker)."""
     global _FIELDS

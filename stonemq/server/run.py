@@ -30,6 +30,14 @@ def run_broker(settings: Settings) -> int:
     """Serve with ``settings`` until stopped. Returns the exit status: 0 stopped, 1 refused to
     start or stopped on an I/O error."""
     setup_logging(settings.log_level)
+    from stonemq.config_values import unknown_environment
+
+    for name in unknown_environment(os.environ):
+        logging.getLogger("stonemq.server").warning(
+            "the environment variable %s names no setting and is ignored "
+            "(settings are STONEMQ_<NAME>, e.g. STONEMQ_NUM_PARTITIONS)",
+            name,
+        )
 
     from stonemq.server.listener import serve
     from stonemq.server.lock import DirectoryInUseError

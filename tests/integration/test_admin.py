@@ -627,3 +627,15 @@ def test_broker_loggers_are_listed_and_their_levels_changed_at_runtime(broker) -
         assert levels()["root"] == "INFO"
     finally:
         client.close()
+
+
+def test_a_misspelt_setting_in_the_environment_is_logged(broker_factory) -> None:
+    """Reproduced (an independent README check): STONEMQ_NUM_PARTITION=3 (a typo of
+    STONEMQ_NUM_PARTITIONS) started the broker without a word and changed nothing, where
+    the same name in the settings file is refused. Kafka logs a supplied config it does not
+    know; the serving process now names each such variable (the tools' own STONEMQ_FUZZ_*,
+    STONEMQ_BENCH_*, ... excepted)."""
+    broker = broker_factory(**{"num.partition": 3, "num.partitions": 2})
+    log_text = broker.log()
+    assert "STONEMQ_NUM_PARTITION names no setting" in log_text
+    assert "STONEMQ_NUM_PARTITIONS names no setting" not in log_text
