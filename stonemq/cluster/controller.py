@@ -22,8 +22,23 @@ State, per journal partition only (never per topic partition):
 - ``/journal_partitions/<j>/state``: leader, leader epoch, ISR, controller epoch; written by
   the controller (elections) and by the leader (ISR changes), each at the version it read
 
-The controller acts in one thread, on events (became controller, brokers changed), so its
-decisions never interleave. Placement and election rules are :mod:`stonemq.cluster.journal_state`.
+The controller acts in one thread, on events (became controller, brokers changed, a preferred
+election asked for), so its decisions never interleave. Placement and election rules are
+:mod:`stonemq.cluster.journal_state`.
+
+**Preferred elections on request** (ElectLeaders, election type PREFERRED; Kafka's
+``processReplicaLeaderElection``): the controller moves a journal partition's leadership to its
+first assigned replica when that replica serves (live, not judged dead, its copy online, not
+stopping) and is in the ISR, in the next leader epoch with the ISR unchanged, by the same
+conditional write as an election (at the state version it read, under the controller epoch).
+Nothing acknowledged can be lost: acks=all was answered only once every ISR member, the new
+leader among them, held the record, and the ISR is not changed by the move; a leader's ISR
+shrink made meanwhile fails the write, and the election is decided again from a fresh read
+(the preferred replica may no longer be in the ISR). The old leader's ISR changes name the
+state version it read and fail once the move is written; it resigns as soon as its watch
+sees the new epoch, and the followers fetch from the new leader from then on, so its high
+watermark cannot pass what the new leader holds. Only the controller runs these: a broker
+that is not the controller answers NOT_CONTROLLER, as Kafka's ZooKeeper-mode brokers do.
 
 **Deaths before the session ends.** Every broker watches the listeners of the others
 (:mod:`stonemq.cluster.liveness`): a broker whose connection closed and whose listener then
@@ -49,14 +64,16 @@ broker), exactly as a controller whose session expired.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import json
 import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError, RolledBackError
@@ -64,10 +81,13 @@ from kazoo.protocol.states import KazooState
 
 from stonemq.cluster.journal_state import (
     NO_LEADER,
+    PREFERRED_ELECTED,
+    PREFERRED_NOT_AVAILABLE,
     Assignment,
     PartitionState,
     drop_from_isr,
     elect,
+    elect_preferred,
     initial_state,
     place_replicas,
 )
@@ -86,6 +106,12 @@ log = logging.getLogger(__name__)
 CONTROLLER_PATH = "/controller"
 CONTROLLER_EPOCH_PATH = "/controller_epoch"
 JOURNAL_PATH = "/journal_partitions"
+
+# outcomes of a preferred election besides journal_state's PREFERRED_*
+NOT_CONTROLLER = "not_controller"
+UNKNOWN_JOURNAL = "unknown"  # no such journal partition
+ELECTION_FAILED = "failed"  # ZooKeeper failed (the write may or may not have been applied)
+PREFERRED_ATTEMPTS = 10  # fresh reads when a leader's ISR change raced the write
 
 
 class NotControllerError(Exception):
@@ -190,7 +216,7 @@ class Controller:
         self.epoch = 0  # this broker's controller epoch while it is the controller
         self._epoch_version = -1  # /controller_epoch's version that epoch was written at
         self.active = False
-        self._events: queue.Queue[tuple[str, object]] = queue.Queue()
+        self._events: queue.Queue[tuple[str, Any]] = queue.Queue()
         self._closed = False
         self._thread = threading.Thread(
             target=self._run, name=f"stonemq-controller-{broker_id}", daemon=True
@@ -331,9 +357,14 @@ class Controller:
     # -- the controller's work -------------------------------------------------------------
     def _run(self) -> None:
         while True:
-            kind, _ = self._events.get()
+            kind, payload = self._events.get()
             if kind == "stop":
+                self._answer_pending()
                 return
+            if kind == "preferred":
+                wanted, done = payload  # type: ignore[misc]
+                self._preferred_event(wanted, done)
+                continue
             try:
                 if kind == "elect":
                     self._try_elect()
@@ -357,6 +388,112 @@ class Controller:
                 log.exception("controller %d: %s event failed; retrying", self.broker_id, kind)
                 time.sleep(0.5)
                 self._events.put((kind, None))
+
+    # -- preferred elections on request ---------------------------------------------------
+    def elect_preferred(
+        self, journals: Iterable[int] | None
+    ) -> concurrent.futures.Future[dict[int, str]]:
+        """Have the controller's thread run a preferred election for ``journals`` (None:
+        every journal partition); the future's result maps each journal partition to its
+        outcome: journal_state's ``PREFERRED_*``, or ``NOT_CONTROLLER``, ``UNKNOWN_JOURNAL``,
+        ``ELECTION_FAILED``. With ``journals`` None only the journal partitions found are
+        listed."""
+        done: concurrent.futures.Future[dict[int, str]] = concurrent.futures.Future()
+        wanted = None if journals is None else frozenset(journals)
+        if not self.active or self._closed:
+            done.set_result({j: NOT_CONTROLLER for j in wanted or ()})
+        else:
+            self._events.put(("preferred", (wanted, done)))
+        return done
+
+    def _preferred_event(
+        self, wanted: frozenset[int] | None, done: concurrent.futures.Future[dict[int, str]]
+    ) -> None:
+        outcomes: dict[int, str] = {}
+        try:
+            self._elect_preferred(wanted, outcomes)
+        except Exception:
+            log.exception("controller %d: preferred election failed", self.broker_id)
+        undecided = NOT_CONTROLLER if not self.active else ELECTION_FAILED
+        for j in wanted or ():
+            outcomes.setdefault(j, undecided)
+        if not done.done():
+            done.set_result(outcomes)
+
+    def _elect_preferred(self, wanted: frozenset[int] | None, outcomes: dict[int, str]) -> None:
+        """Decide and write each wanted journal partition's preferred election into
+        ``outcomes``; one whose write found its state changed (a leader's ISR change) is
+        decided again from a fresh read."""
+        for _ in range(PREFERRED_ATTEMPTS):
+            if not self.active:
+                return
+            partitions = read_journal_partitions(self.client)
+            todo = set(partitions) if wanted is None else set(wanted)
+            todo -= outcomes.keys()
+            for j in todo - partitions.keys():
+                outcomes[j] = UNKNOWN_JOURNAL
+            todo &= partitions.keys()
+            if not todo:
+                return
+            live = self._live_brokers()
+            offline = read_offline_replicas(self.client)
+            shutting = self._shutting_down()
+            changes: list[tuple[JournalPartition, PartitionState]] = []
+            for j in sorted(todo):
+                p = partitions[j]
+                down = offline.get(j, set())
+                serving = [b for b in live if b not in down and b not in shutting]
+                outcome, new = elect_preferred(p.assignment, p.state, serving, self.epoch)
+                if new is None:
+                    outcomes[j] = outcome
+                else:
+                    changes.append((p, new))
+            if not changes:
+                return
+            sent = []
+            for p, new in changes:
+                tx = self._fenced()
+                tx.set_data(f"{JOURNAL_PATH}/{p.id}/state", new.to_json(), version=p.state_version)
+                sent.append((p, new, tx.commit_async()))
+            raced = False
+            for p, new, pending in sent:
+                try:
+                    self._check(pending.get(), f"set journal partition {p.id}'s state")
+                except StateChangedError:
+                    raced = True  # decided again from a fresh read
+                    continue
+                except NotControllerError as exc:
+                    if self.active:
+                        log.warning("controller %d resigns: %s", self.broker_id, exc)
+                    self.active = False
+                    continue
+                outcomes[p.id] = PREFERRED_ELECTED
+                log.info(
+                    "journal partition %d: preferred replica elected, leader %d -> %d, "
+                    "leader epoch %d, isr %s",
+                    p.id,
+                    p.state.leader,
+                    new.leader,
+                    new.leader_epoch,
+                    list(new.isr),
+                )
+            if not raced:
+                return
+            time.sleep(0.05)
+        for j in wanted or ():
+            outcomes.setdefault(j, PREFERRED_NOT_AVAILABLE)  # its state kept changing
+
+    def _answer_pending(self) -> None:
+        """Stopping: answer the preferred elections still queued (not the controller)."""
+        while True:
+            try:
+                kind, payload = self._events.get_nowait()
+            except queue.Empty:
+                return
+            if kind == "preferred":
+                wanted, done = payload  # type: ignore[misc]
+                if not done.done():
+                    done.set_result({j: NOT_CONTROLLER for j in wanted or ()})
 
     def _live_brokers(self) -> dict[int, str | None]:
         """The live brokers and their racks: registered and not judged dead."""
@@ -514,6 +651,7 @@ class Controller:
         self._events.put(("stop", None))
         if self._thread.is_alive():
             self._thread.join(10)
+        self._answer_pending()
         self.reach.close()
         if was_active and self.client.connected:
             try:

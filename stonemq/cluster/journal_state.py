@@ -14,6 +14,10 @@ wrote it), Kafka's partition state. The rules follow Kafka's controller:
   in the ISR leads; with none, the leader is -1 (offline) and the ISR keeps its last members,
   unless ``unclean.leader.election.enable`` lets the first live replica lead with an ISR of
   itself. Every leader change bumps the leader epoch; nothing else does.
+- Preferred election (Kafka's ``PreferredReplicaPartitionLeaderElectionStrategy``, run on an
+  ElectLeaders request): the first assigned replica (the home broker) leads again when it is
+  serving (live, its copy online, not in a controlled shutdown) and in the ISR; the ISR is
+  kept as it is.
 """
 
 from __future__ import annotations
@@ -176,3 +180,33 @@ def drop_from_isr(
     if isr == state.isr:
         return None
     return replace(state, isr=isr, controller_epoch=controller_epoch)
+
+
+PREFERRED_ELECTED = "elected"
+PREFERRED_NOT_NEEDED = "not_needed"
+PREFERRED_NOT_AVAILABLE = "not_available"
+
+
+def elect_preferred(
+    assignment: Assignment,
+    state: PartitionState,
+    serving: Iterable[int],
+    controller_epoch: int,
+) -> tuple[str, PartitionState | None]:
+    """Kafka's preferred-replica election for one journal partition: (``PREFERRED_ELECTED``,
+    the state with the first assigned replica leading in the next leader epoch and the same
+    ISR), (``PREFERRED_NOT_NEEDED``, None) when it already leads, or
+    (``PREFERRED_NOT_AVAILABLE``, None) when it is not ``serving`` or not in the ISR (the
+    leadership is then left where it is: moving it to any other replica is not a preferred
+    election)."""
+    preferred = assignment.home
+    if state.leader == preferred:
+        return PREFERRED_NOT_NEEDED, None
+    if preferred not in set(serving) or preferred not in state.isr:
+        return PREFERRED_NOT_AVAILABLE, None
+    return PREFERRED_ELECTED, replace(
+        state,
+        leader=preferred,
+        leader_epoch=state.leader_epoch + 1,
+        controller_epoch=controller_epoch,
+    )

@@ -6,9 +6,19 @@ A partition's replicas, leader and ISR are its journal partition's (stonemq/clus
 on a single node: this broker alone, which leads every partition). A preferred election is
 ELECTION_NOT_NEEDED when the first replica leads, an unclean one when any replica leads, as
 in Kafka; when the request names no partitions those are left out and every topic is listed.
-Otherwise (a cluster whose preferred replica does not lead, or a journal partition without a
-leader) the election is the controller's own, never run on request here:
-PREFERRED_LEADER_NOT_AVAILABLE or ELIGIBLE_LEADERS_NOT_AVAILABLE with the reason.
+
+In a cluster a preferred election is the controller's (stonemq/cluster/controller.py, Kafka's
+ZooKeeper-mode ``processReplicaLeaderElection``): it moves each named partition's journal
+partition (every journal partition when the request names none) to its first replica when
+that replica is live and in the ISR, in a new leader epoch; every topic partition of that
+journal partition moves with it. The answer per topic partition is Kafka's: NONE once
+elected, ELECTION_NOT_NEEDED when the preferred replica leads already,
+PREFERRED_LEADER_NOT_AVAILABLE when it is not live or not in the ISR. Clients send
+ElectLeaders to the controller Metadata names; a broker that is not the controller answers
+NOT_CONTROLLER for each partition, as Kafka's ZooKeeper-mode brokers do, and the client
+refreshes its metadata and asks the controller. An unclean election is never run on request
+(the controller elects an out-of-sync replica itself when unclean.leader.election.enable is
+set): a partition without a leader is ELIGIBLE_LEADERS_NOT_AVAILABLE with the reason.
 
 A reassignment to the partition's current replicas changes nothing and is accepted, as in
 Kafka. A target naming a broker that is not registered is INVALID_REPLICA_ASSIGNMENT with
@@ -19,10 +29,16 @@ NO_REASSIGNMENT_IN_PROGRESS: no reassignment is ever in progress, so the list is
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from kio.schema.errors import ErrorCode
 
+from stonemq.cluster.journal_state import (
+    PREFERRED_ELECTED,
+    PREFERRED_NOT_AVAILABLE,
+    PREFERRED_NOT_NEEDED,
+)
 from stonemq.cluster.routing import Leadership
 from stonemq.handlers.context import RequestContext
 from stonemq.handlers.registry import api
@@ -33,6 +49,8 @@ UNCLEAN = 1
 
 ELECTION_NOT_NEEDED_MESSAGE = "Leader election not needed for topic partition."
 NO_REASSIGNMENT_MESSAGE = "No partition reassignment is in progress."
+NOT_CONTROLLER_MESSAGE = "This is not the correct controller for this cluster."
+DEFAULT_ELECTION_TIMEOUT_S = 60.0
 
 
 _Outcome = tuple[ErrorCode, str | None]
@@ -60,11 +78,10 @@ def _election(ctx: RequestContext, topic: str, partition: int, election_type: in
         return ErrorCode.election_not_needed, ELECTION_NOT_NEEDED_MESSAGE
     if election_type == UNCLEAN and lead.leader >= 0:
         return ErrorCode.election_not_needed, ELECTION_NOT_NEEDED_MESSAGE
-    if election_type == PREFERRED:
+    if election_type == PREFERRED:  # a cluster's preferred election: _elect_preferred
         return (
             ErrorCode.preferred_leader_not_available,
-            f"The preferred leader of {topic}-{partition} does not lead; StoneMQ's controller "
-            "elects journal-partition leaders itself and runs no election on request.",
+            f"The preferred leader of {topic}-{partition} does not lead.",
         )
     return (
         ErrorCode.eligible_leaders_not_available,
@@ -107,6 +124,9 @@ async def handle_elect_leaders(ctx: RequestContext, request: Any) -> Any:
                 ]
             ),
         )
+    controller = getattr(ctx.broker, "controller", None)
+    if election_type == PREFERRED and controller is not None:
+        return await _elect_preferred(ctx, request, controller)
     if request.topic_partitions is None:
         # every partition; those that already have the desired leader are left out
         results = []
@@ -126,6 +146,92 @@ async def handle_elect_leaders(ctx: RequestContext, request: Any) -> Any:
         ]
         topic_results.append(await _election_result(ctx, topic.topic, outcomes))
     return _elect_response(ctx, ErrorCode.none, tuple(topic_results))
+
+
+async def _elect_preferred(ctx: RequestContext, request: Any, controller: Any) -> Any:
+    """A preferred election in a cluster: the controller's, run on its thread (a broker that
+    is not the controller answers NOT_CONTROLLER per partition)."""
+    everything = request.topic_partitions is None
+    wanted: list[tuple[str, list[int]]] = []
+    if everything:
+        async for record in ctx.paced(ctx.broker.metadata.list_topics()):
+            wanted.append((record.name, list(range(record.partitions))))
+    else:
+        async for topic in ctx.paced(request.topic_partitions):
+            wanted.append((topic.topic, list(topic.partitions)))
+    # (topic, partition) -> journal partition, or the partition's error
+    journal_of: dict[tuple[str, int], int] = {}
+    errors: dict[tuple[str, int], _Outcome] = {}
+    for topic, partitions in wanted:
+        for p in partitions:
+            try:
+                record = _require_partition(ctx, topic, p)
+            except _PartitionError as exc:
+                errors[(topic, p)] = (exc.code, exc.message)
+                continue
+            journal_of[(topic, p)] = record.journal_partitions[p]
+    timeout = getattr(request, "timeout", None)
+    timeout_s = timeout.total_seconds() if timeout is not None else DEFAULT_ELECTION_TIMEOUT_S
+    outcomes: dict[int, str] = {}
+    timed_out = False
+    if journal_of:
+        done = controller.elect_preferred(None if everything else set(journal_of.values()))
+        try:
+            outcomes = await asyncio.wait_for(
+                asyncio.shield(asyncio.wrap_future(done)), max(timeout_s, 0.001)
+            )
+        except TimeoutError:
+            timed_out = True  # the controller may still elect: Kafka's purgatory timeout
+    results = []
+    for topic, partitions in wanted:
+        answers = []
+        for p in partitions:
+            if (topic, p) in errors:
+                code, message = errors[(topic, p)]
+            elif timed_out:
+                code, message = ErrorCode.request_timed_out, "The election did not finish in time."
+            else:
+                code, message = _preferred_answer(
+                    ctx, topic, p, journal_of[(topic, p)], outcomes.get(journal_of[(topic, p)])
+                )
+            if everything and code == ErrorCode.election_not_needed:
+                continue  # Kafka lists only the partitions elected or failed
+            answers.append((p, code, message))
+        results.append(await _election_result(ctx, topic, answers))  # as on one node
+    return _elect_response(ctx, ErrorCode.none, tuple(results))
+
+
+def _preferred_answer(
+    ctx: RequestContext, topic: str, partition: int, journal: int, outcome: str | None
+) -> _Outcome:
+    """A topic partition's answer from its journal partition's election outcome."""
+    from stonemq.cluster.controller import NOT_CONTROLLER, UNKNOWN_JOURNAL
+
+    if outcome == PREFERRED_ELECTED:
+        return ErrorCode.none, None
+    if outcome == PREFERRED_NOT_NEEDED:
+        return ErrorCode.election_not_needed, ELECTION_NOT_NEEDED_MESSAGE
+    if outcome == PREFERRED_NOT_AVAILABLE:
+        lead = ctx.broker.routing.leadership(journal)
+        preferred = lead.replicas[0] if lead.replicas else -1
+        return (
+            ErrorCode.preferred_leader_not_available,
+            f"Failed to elect leader for partition {topic}-{partition} under strategy "
+            f"PreferredReplicaPartitionLeaderElectionStrategy: its preferred replica "
+            f"{preferred} is not live or not in the ISR {list(lead.isr)} of journal "
+            f"partition {journal}.",
+        )
+    if outcome == NOT_CONTROLLER or outcome is None:
+        return ErrorCode.not_controller, NOT_CONTROLLER_MESSAGE
+    if outcome == UNKNOWN_JOURNAL:
+        return (
+            ErrorCode.unknown_topic_or_partition,
+            f"Unable to find partition {topic}:{partition}.",
+        )
+    return (
+        ErrorCode.unknown_server_error,
+        f"The election of {topic}-{partition}'s leader failed (ZooKeeper); try again.",
+    )
 
 
 async def _election_result(

@@ -934,3 +934,176 @@ def test_unclean_leader_election_turned_on_dynamically_elects_a_leader(
     finally:
         zk.stop()
         zk.close()
+
+
+def _elect_raw(broker: Any, topic: str, partitions: list[int]) -> dict[int, int]:
+    """ElectLeaders(PREFERRED) sent to ``broker`` itself: partition → error code."""
+    from . import rawclient
+
+    req = rawclient.schema("elect_leaders", 2, "request")
+    resp = rawclient.schema("elect_leaders", 2, "response")
+    with RawConnection(broker.host, broker.port) as conn:
+        answer = conn.request(
+            req.ElectLeadersRequest(
+                election_type=0,
+                topic_partitions=(req.TopicPartitions(topic=topic, partitions=tuple(partitions)),),
+                timeout=rawclient.ms(30000),
+            ),
+            resp.ElectLeadersResponse,
+        )
+    assert answer.error_code == ErrorCode.none
+    (result,) = answer.replica_election_results
+    return {p.partition_id: p.error_code for p in result.partition_result}
+
+
+def test_a_preferred_election_gives_a_restarted_broker_its_leaderships_back(
+    broker_factory, zookeeper
+) -> None:
+    """Reproduced: a broker SIGKILLed and restarted rejoins every ISR but never leads again
+    (ElectLeaders answered PREFERRED_LEADER_NOT_AVAILABLE although its preferred replica was
+    live and in sync), so leaderships piled up on the others. Now ElectLeaders(PREFERRED),
+    sent to the controller by confluent-kafka's AdminClient, moves every journal partition
+    homed on it back to it, in a higher leader epoch with the same ISR; the old leaders
+    refuse appends to them; an idempotent acks=all producer running throughout loses and
+    doubles nothing; a broker that is not the controller answers NOT_CONTROLLER."""
+    import threading
+
+    from confluent_kafka import ElectionType
+
+    brokers, chroot = _start_cluster(
+        broker_factory, zookeeper, journal_partitions=2, zookeeper_session_timeout_ms=6000
+    )
+    bootstrap = ",".join(b.bootstrap for b in brokers)
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([NewTopic("pref", 12, 3)])["pref"].result(30)
+    _wait(lambda: all(set(isr) == {1, 2, 3} for isr in _isrs(chroot).values()), 30, "ISR")
+    producer = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "enable.idempotence": True,
+            "acks": "all",
+            "linger.ms": 2,
+            "message.timeout.ms": 90_000,
+        }
+    )
+    acked: list[tuple[int, int, bytes]] = []
+    errors: list[Any] = []
+    stop = threading.Event()
+
+    def on_delivery(err: Any, msg: Any) -> None:
+        if err is not None:
+            errors.append(err)
+        else:
+            acked.append((msg.partition(), msg.offset(), msg.value()))
+
+    def run() -> None:
+        i = 0
+        while not stop.is_set():
+            try:
+                producer.produce(
+                    "pref", value=b"v%06d" % i, partition=i % 12, on_delivery=on_delivery
+                )
+                i += 1
+            except BufferError:
+                pass
+            producer.poll(0.001 if i % 50 else 0.02)
+
+    def more(count: int, what: str) -> None:
+        before = len(acked)
+        _wait(lambda: len(acked) > before + count, 60, what)
+
+    victim = brokers[2]  # broker 3
+    zk = KazooClient(chroot)
+    zk.start(10)
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    try:
+        more(300, "producing")
+        homed = sorted(j for j, p in read_journal_partitions(zk).items() if p.assignment.home == 3)
+        assert len(homed) == 2
+        victim.kill()
+        _wait(
+            lambda: all(read_journal_partitions(zk)[j].state.leader in (1, 2) for j in homed),
+            60,
+            "failover of broker 3's journal partitions",
+        )
+        more(300, "producing on the new leaders")
+        _restart(victim, chroot)
+        _wait(lambda: all(set(isr) == {1, 2, 3} for isr in _isrs(chroot).values()), 60, "ISR")
+        more(100, "producing with broker 3 back")
+        before = read_journal_partitions(zk)
+        # nothing moves leaderships back by itself
+        assert all(before[j].state.leader in (1, 2) for j in homed), before
+        meta = admin.list_topics("pref", timeout=10).topics["pref"].partitions
+        preferred = {p: m.replicas[0] for p, m in meta.items()}
+        moved = sorted(p for p, home in preferred.items() if home == 3)
+        assert moved and len(moved) < 12
+        controller = admin.describe_cluster().result(10).controller.id
+        elsewhere = next(b for b in brokers if b.settings["broker_id"] not in (controller, 3))
+        # a broker that is not the controller does not elect: the client asks the controller
+        assert set(_elect_raw(elsewhere, "pref", moved).values()) == {ErrorCode.not_controller}
+        assert all(read_journal_partitions(zk)[j].state.leader in (1, 2) for j in homed)
+        answer = admin.elect_leaders(
+            ElectionType.PREFERRED, [TopicPartition("pref", p) for p in range(12)]
+        ).result(60)
+        for tp, error in answer.items():
+            if tp.partition in moved:
+                assert error is None, (tp, error)
+            else:
+                assert error is not None and error.code() == ErrorCode.election_not_needed, (
+                    tp,
+                    error,
+                )
+        after = read_journal_partitions(zk)
+        for j in homed:
+            assert after[j].state.leader == 3, after[j].state
+            assert after[j].state.leader_epoch > before[j].state.leader_epoch
+            assert after[j].state.isr == before[j].state.isr
+        # the old leaders refuse appends to the moved partitions once they see the new epoch
+        old_leader = {p: meta[p].leader for p in moved}
+
+        def refused() -> bool:
+            for p in moved:
+                b = brokers[old_leader[p] - 1]
+                with RawConnection(b.host, b.port) as conn:
+                    batch = bytes(build_batch([(None, b"stray")]))
+                    part = produce_raw(conn, "pref", p, batch, acks=1)
+                    if part.error_code != ErrorCode.not_leader_or_follower:
+                        return False
+            return True
+
+        _wait(refused, 30, "the old leaders refusing appends")
+        _wait(
+            lambda: all(_leaders(brokers[0].bootstrap, "pref")[p] == 3 for p in moved),
+            30,
+            "metadata naming broker 3 the leader again",
+        )
+        more(300, "producing after the election")
+    finally:
+        stop.set()
+        thread.join(10)
+        zk.stop()
+        zk.close()
+    assert producer.flush(90) == 0
+    assert not errors, errors[:5]
+    # consumed: every acknowledged record exactly once, at its acknowledged offset
+    consumer = Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": "pref-check", "enable.auto.commit": False}
+    )
+    consumer.assign([TopicPartition("pref", p, 0) for p in range(12)])
+    consumed: dict[tuple[int, int], bytes] = {}
+    values: list[bytes] = []
+    deadline = time.monotonic() + 60
+    while len(values) < len(acked) and time.monotonic() < deadline:
+        msg = consumer.poll(0.5)
+        if msg is not None and msg.error() is None:
+            consumed[(msg.partition(), msg.offset())] = msg.value()
+            values.append(msg.value())
+    consumer.close()
+    assert len(values) == len(set(values)) == len(acked), (len(values), len(acked))
+    assert consumed == {(p, off): v for p, off, v in acked}
+    # and every replica holds the same queue logs: the acknowledged records, once each
+    _stop_checked(brokers)
+    queue = _same_queue_logs(brokers, "pref", 12)
+    stored = {(p, off): v for p in range(12) for off, v in _records(queue[p])}
+    assert stored == consumed

@@ -17,13 +17,21 @@ from polling import wait_for
 from tcplistener import Listener
 
 from stonemq.cluster.controller import (
+    NOT_CONTROLLER,
+    UNKNOWN_JOURNAL,
     Controller,
     NotControllerError,
     StateChangedError,
     read_controller,
     read_journal_partitions,
 )
-from stonemq.cluster.journal_state import NO_LEADER, PartitionState
+from stonemq.cluster.journal_state import (
+    NO_LEADER,
+    PREFERRED_ELECTED,
+    PREFERRED_NOT_AVAILABLE,
+    PREFERRED_NOT_NEEDED,
+    PartitionState,
+)
 from stonemq.cluster.membership import Membership
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(120)]
@@ -324,3 +332,58 @@ def test_a_controller_judged_dead_is_taken_over_and_fenced(cluster) -> None:
     with pytest.raises(NotControllerError):
         nodes[old].controller._set_state(0, stale, state.state_version)
     assert read_journal_partitions(nodes[old].client)[0].state == state.state
+
+
+def test_a_preferred_election_on_request_moves_leaderships_home_under_the_controller_epoch(
+    cluster,
+) -> None:
+    """ElectLeaders(PREFERRED) reaches the controller's thread: a journal partition led away
+    from its home broker (as after a failover) is led by it again in the next leader epoch,
+    its ISR unchanged; one whose home broker leads is left alone, one whose home broker is
+    not in the ISR too. A broker that is not the controller elects nothing, and a deposed
+    controller's write is refused by its controller-epoch check."""
+    nodes = {i: cluster(i, rf=2, listen=True) for i in (1, 2)}
+    parts = wait_for(
+        "8 journal partitions with full ISRs",
+        lambda: (
+            (p := read_journal_partitions(nodes[1].client))
+            and len(p) == 8
+            and all(set(q.state.isr) == {1, 2} for q in p.values())
+            and p
+        ),
+    )
+    active = wait_for("a controller", lambda: actives(list(nodes.values())))[0]
+    ctl, other = nodes[active].controller, nodes[3 - active].controller
+    away, behind, home = sorted(j for j, p in parts.items() if p.assignment.home == 1)[:3]
+    client = nodes[1].client
+    # a failover moved two away from broker 1; broker 1 is back in one's ISR only
+    client.set(f"/journal_partitions/{away}/state", PartitionState(2, 3, (2, 1), 1).to_json())
+    client.set(f"/journal_partitions/{behind}/state", PartitionState(2, 3, (2,), 1).to_json())
+    assert other.elect_preferred({away}).result(10) == {away: NOT_CONTROLLER}
+    assert read_journal_partitions(client)[away].state.leader == 2
+    outcomes = ctl.elect_preferred({away, behind, home, 99}).result(30)
+    assert outcomes == {
+        away: PREFERRED_ELECTED,
+        behind: PREFERRED_NOT_AVAILABLE,
+        home: PREFERRED_NOT_NEEDED,
+        99: UNKNOWN_JOURNAL,
+    }
+    now = read_journal_partitions(client)
+    assert now[away].state == PartitionState(1, 4, (2, 1), ctl.epoch)
+    assert now[behind].state == PartitionState(2, 3, (2,), 1)
+    assert now[home].state == parts[home].state
+    # every journal partition (None): only those not led by their home are listed
+    client.set(f"/journal_partitions/{away}/state", PartitionState(2, 5, (1, 2), 1).to_json())
+    assert ctl.elect_preferred(None).result(30) == {
+        **{j: PREFERRED_NOT_NEEDED for j in parts if j not in (away, behind)},
+        away: PREFERRED_ELECTED,
+        behind: PREFERRED_NOT_AVAILABLE,
+    }
+    # a deposed controller that does not know it yet (it holds the previous controller
+    # epoch's version) writes nothing: its controller-epoch check fails and it stops acting
+    client.set(f"/journal_partitions/{away}/state", PartitionState(2, 7, (1, 2), 1).to_json())
+    other.epoch, other._epoch_version = ctl.epoch - 1, ctl._epoch_version - 1
+    other.active = True
+    assert other.elect_preferred({away}).result(30) == {away: NOT_CONTROLLER}
+    assert not other.active
+    assert read_journal_partitions(client)[away].state == PartitionState(2, 7, (1, 2), 1)

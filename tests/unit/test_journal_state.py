@@ -10,10 +10,14 @@ from hypothesis import strategies as st
 
 from stonemq.cluster.journal_state import (
     NO_LEADER,
+    PREFERRED_ELECTED,
+    PREFERRED_NOT_AVAILABLE,
+    PREFERRED_NOT_NEEDED,
     Assignment,
     PartitionState,
     drop_from_isr,
     elect,
+    elect_preferred,
     initial_state,
     place_replicas,
     rack_alternated,
@@ -120,3 +124,49 @@ def test_brokers_gone_or_stopping_leave_the_isr_of_a_serving_leader(isr, serving
     assert new.isr == tuple(b for b in isr if b in serving)  # order kept, leader first
     assert new.leader == state.leader and new.leader_epoch == epoch  # no election
     assert new.controller_epoch == 2
+
+
+@given(
+    st.lists(st.integers(0, 6), min_size=1, max_size=4, unique=True),
+    st.integers(-1, 6),
+    st.sets(st.integers(0, 6)),
+    st.sets(st.integers(0, 6)),
+    st.integers(0, 5),
+)
+def test_a_preferred_election_moves_the_leadership_home_only_to_a_serving_isr_member(
+    replicas, leader, isr, serving, epoch
+) -> None:
+    """Kafka's preferred-replica election: the first replica leads in the next leader epoch,
+    the ISR untouched, when it is serving and in the ISR; never another replica."""
+    assignment = Assignment(tuple(replicas))
+    state = PartitionState(leader, epoch, tuple(sorted(isr)), 1)
+    outcome, new = elect_preferred(assignment, state, serving, 2)
+    home = replicas[0]
+    if leader == home:
+        assert (outcome, new) == (PREFERRED_NOT_NEEDED, None)
+    elif home not in serving or home not in isr:
+        assert (outcome, new) == (PREFERRED_NOT_AVAILABLE, None)
+    else:
+        assert outcome == PREFERRED_ELECTED
+        assert new == PartitionState(home, epoch + 1, state.isr, 2)
+
+
+def test_a_preferred_election_examples() -> None:
+    assignment = Assignment((1, 2, 3))
+    moved = PartitionState(leader=2, leader_epoch=4, isr=(2, 3, 1), controller_epoch=1)
+    assert elect_preferred(assignment, moved, {1, 2, 3}, 3) == (
+        PREFERRED_ELECTED,
+        PartitionState(1, 5, (2, 3, 1), 3),
+    )
+    # back but not caught up yet (not in the ISR), or stopping / dead (not serving)
+    behind = PartitionState(leader=2, leader_epoch=4, isr=(2, 3), controller_epoch=1)
+    assert elect_preferred(assignment, behind, {1, 2, 3}, 3) == (PREFERRED_NOT_AVAILABLE, None)
+    assert elect_preferred(assignment, moved, {2, 3}, 3) == (PREFERRED_NOT_AVAILABLE, None)
+    home = PartitionState(leader=1, leader_epoch=4, isr=(1, 2, 3), controller_epoch=1)
+    assert elect_preferred(assignment, home, {1, 2, 3}, 3) == (PREFERRED_NOT_NEEDED, None)
+    # a journal partition without a leader whose preferred replica is in the ISR and serving
+    offline = PartitionState(leader=NO_LEADER, leader_epoch=4, isr=(1,), controller_epoch=1)
+    assert elect_preferred(assignment, offline, {1}, 3) == (
+        PREFERRED_ELECTED,
+        PartitionState(1, 5, (1,), 3),
+    )
