@@ -6,6 +6,7 @@ from __future__ import annotations
 import struct
 import threading
 import time
+from typing import Any
 
 import pytest
 from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, TopicPartition
@@ -255,22 +256,27 @@ def _idempotent_batch(producer_id: int, epoch: int, sequence: int, count: int) -
     return bytes(builder.build())
 
 
+def _init_producer_id(conn: RawConnection) -> Any:
+    """InitProducerId v4 without a transactional id: a new producer id, epoch 0."""
+    request = schema("init_producer_id", 4, "request").InitProducerIdRequest
+    return conn.request(
+        build(
+            request,
+            transactional_id=None,
+            transaction_timeout=ms(60000),
+            producer_id=-1,
+            producer_epoch=-1,
+        ),
+        schema("init_producer_id", 4, "response").InitProducerIdResponse,
+    )
+
+
 def test_idempotent_sequences_on_the_wire(module_broker):
     """Kafka's sequence rules: a duplicate is success with the original offset (and is not
     stored twice), a gap is OUT_OF_ORDER_SEQUENCE_NUMBER, an older epoch is fenced."""
     topic = create_topic(module_broker.bootstrap)
-    init_mod = schema("init_producer_id", 4, "request")
     with connect(module_broker) as conn:
-        init = conn.request(
-            build(
-                init_mod.InitProducerIdRequest,
-                transactional_id=None,
-                transaction_timeout=ms(60000),
-                producer_id=-1,
-                producer_epoch=-1,
-            ),
-            schema("init_producer_id", 4, "response").InitProducerIdResponse,
-        )
+        init = _init_producer_id(conn)
         assert init.error_code == 0 and init.producer_id >= 0 and init.producer_epoch == 0
         pid = init.producer_id
 
@@ -301,18 +307,8 @@ def test_a_duplicate_on_a_log_append_time_topic_answers_the_stored_time(module_b
     topic = create_topic(
         module_broker.bootstrap, config={"message.timestamp.type": "LogAppendTime"}
     )
-    init_mod = schema("init_producer_id", 4, "request")
     with connect(module_broker) as conn:
-        pid = conn.request(
-            build(
-                init_mod.InitProducerIdRequest,
-                transactional_id=None,
-                transaction_timeout=ms(60000),
-                producer_id=-1,
-                producer_epoch=-1,
-            ),
-            schema("init_producer_id", 4, "response").InitProducerIdResponse,
-        ).producer_id
+        pid = _init_producer_id(conn).producer_id
         first = produce_raw(conn, topic, 0, _idempotent_batch(pid, 0, 0, 2))
         assert (first.error_code, first.base_offset) == (0, 0)
         time.sleep(0.05)  # a retry's own append time would differ

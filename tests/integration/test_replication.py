@@ -187,6 +187,68 @@ def _restart(broker: Any, chroot: str) -> None:
     broker.start()
 
 
+class _Producing:
+    """An idempotent acks=all producer sending ``v<i>`` to partition ``i % partitions`` of
+    ``topic`` in a thread until :meth:`stop`: what was acknowledged, as (partition, offset,
+    value), and the delivery errors."""
+
+    def __init__(self, bootstrap: str, topic: str, partitions: int) -> None:
+        import threading
+
+        self.producer = Producer(
+            {
+                "bootstrap.servers": bootstrap,
+                "enable.idempotence": True,
+                "acks": "all",
+                "linger.ms": 2,
+                "message.timeout.ms": 90_000,
+            }
+        )
+        self.topic, self.partitions = topic, partitions
+        self.acked: list[tuple[int, int, bytes]] = []
+        self.errors: list[Any] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _on_delivery(self, err: Any, msg: Any) -> None:
+        if err is not None:
+            self.errors.append(err)
+        else:
+            self.acked.append((msg.partition(), msg.offset(), msg.value()))
+
+    def _run(self) -> None:
+        i = 0
+        producer = self.producer
+        while not self._stop.is_set():
+            try:
+                producer.produce(
+                    self.topic,
+                    value=b"v%06d" % i,
+                    partition=i % self.partitions,
+                    on_delivery=self._on_delivery,
+                )
+                i += 1
+            except BufferError:
+                pass
+            producer.poll(0.001 if i % 50 else 0.02)
+
+    def more(self, count: int, what: str) -> None:
+        """Wait for ``count`` more acknowledgements."""
+        before = len(self.acked)
+        _wait(lambda: len(self.acked) > before + count, 60, what)
+
+    def halt(self) -> None:
+        """Stop sending (in a ``finally``: asserts nothing)."""
+        self._stop.set()
+        self._thread.join(10)
+
+    def settle(self) -> None:
+        """After :meth:`halt`: every record sent is acknowledged, none failed."""
+        assert self.producer.flush(90) == 0
+        assert not self.errors, self.errors[:5]
+
+
 def _wait(predicate: Any, timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
@@ -750,45 +812,14 @@ def test_leader_sigkill_under_an_idempotent_producer_loses_and_doubles_nothing(
     """An idempotent acks=all producer runs throughout; the leader of a journal partition is
     SIGKILLed and restarted. Every acknowledged record is then on every replica exactly once,
     at its acknowledged offset, and every replica holds the same queue logs."""
-    import threading
-
     brokers, chroot = _start_cluster(broker_factory, zookeeper, zookeeper_session_timeout_ms=6000)
     admin = AdminClient({"bootstrap.servers": brokers[1].bootstrap})
     admin.create_topics([NewTopic("fo", 6, 3)])["fo"].result(30)
     _wait(lambda: all(set(isr) == {1, 2, 3} for isr in _isrs(chroot).values()), 30, "ISR")
-    producer = Producer(
-        {
-            "bootstrap.servers": f"{brokers[1].bootstrap},{brokers[2].bootstrap}",
-            "enable.idempotence": True,
-            "acks": "all",
-            "linger.ms": 2,
-            "message.timeout.ms": 90_000,
-        }
-    )
-    acked: list[tuple[int, int, bytes]] = []
-    errors: list[Any] = []
-    stop = threading.Event()
-
-    def on_delivery(err: Any, msg: Any) -> None:
-        if err is not None:
-            errors.append(err)
-        else:
-            acked.append((msg.partition(), msg.offset(), msg.value()))
-
-    def run() -> None:
-        i = 0
-        while not stop.is_set():
-            try:
-                producer.produce("fo", value=b"v%06d" % i, partition=i % 6, on_delivery=on_delivery)
-                i += 1
-            except BufferError:
-                pass
-            producer.poll(0.001 if i % 50 else 0.02)
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
+    producing = _Producing(f"{brokers[1].bootstrap},{brokers[2].bootstrap}", "fo", 6)
+    acked = producing.acked
     try:
-        _wait(lambda: len(acked) > 300, 30, "producing")
+        producing.more(300, "producing")
         mine = [p for p, leader in _leaders(brokers[1].bootstrap, "fo").items() if leader == 1]
         assert mine
         brokers[0].kill()  # leads its journal partition; maybe the controller
@@ -797,17 +828,13 @@ def test_leader_sigkill_under_an_idempotent_producer_loses_and_doubles_nothing(
             60,
             "failover once broker 1's session expired",
         )
-        before = len(acked)
-        _wait(lambda: len(acked) > before + 300, 60, "producing on the new leader")
+        producing.more(300, "producing on the new leader")
         _restart(brokers[0], chroot)
         _wait(lambda: all(set(isr) == {1, 2, 3} for isr in _isrs(chroot).values()), 60, "ISR")
-        before = len(acked)
-        _wait(lambda: len(acked) > before + 100, 60, "producing with all back")
+        producing.more(100, "producing with all back")
     finally:
-        stop.set()
-        thread.join(10)
-    assert producer.flush(90) == 0
-    assert not errors, errors[:5]
+        producing.halt()
+    producing.settle()
     _stop_checked(brokers)
     queue = _same_queue_logs(brokers, "fo", 6)
     stored: dict[tuple[int, int], bytes] = {}
@@ -966,8 +993,6 @@ def test_a_preferred_election_gives_a_restarted_broker_its_leaderships_back(
     homed on it back to it, in a higher leader epoch with the same ISR; the old leaders
     refuse appends to them; an idempotent acks=all producer running throughout loses and
     doubles nothing; a broker that is not the controller answers NOT_CONTROLLER."""
-    import threading
-
     from confluent_kafka import ElectionType
 
     brokers, chroot = _start_cluster(
@@ -977,46 +1002,11 @@ def test_a_preferred_election_gives_a_restarted_broker_its_leaderships_back(
     admin = AdminClient({"bootstrap.servers": bootstrap})
     admin.create_topics([NewTopic("pref", 12, 3)])["pref"].result(30)
     _wait(lambda: all(set(isr) == {1, 2, 3} for isr in _isrs(chroot).values()), 30, "ISR")
-    producer = Producer(
-        {
-            "bootstrap.servers": bootstrap,
-            "enable.idempotence": True,
-            "acks": "all",
-            "linger.ms": 2,
-            "message.timeout.ms": 90_000,
-        }
-    )
-    acked: list[tuple[int, int, bytes]] = []
-    errors: list[Any] = []
-    stop = threading.Event()
-
-    def on_delivery(err: Any, msg: Any) -> None:
-        if err is not None:
-            errors.append(err)
-        else:
-            acked.append((msg.partition(), msg.offset(), msg.value()))
-
-    def run() -> None:
-        i = 0
-        while not stop.is_set():
-            try:
-                producer.produce(
-                    "pref", value=b"v%06d" % i, partition=i % 12, on_delivery=on_delivery
-                )
-                i += 1
-            except BufferError:
-                pass
-            producer.poll(0.001 if i % 50 else 0.02)
-
-    def more(count: int, what: str) -> None:
-        before = len(acked)
-        _wait(lambda: len(acked) > before + count, 60, what)
-
     victim = brokers[2]  # broker 3
     zk = KazooClient(chroot)
     zk.start(10)
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
+    producing = _Producing(bootstrap, "pref", 12)
+    acked, more = producing.acked, producing.more
     try:
         more(300, "producing")
         homed = sorted(j for j, p in read_journal_partitions(zk).items() if p.assignment.home == 3)
@@ -1080,12 +1070,10 @@ def test_a_preferred_election_gives_a_restarted_broker_its_leaderships_back(
         )
         more(300, "producing after the election")
     finally:
-        stop.set()
-        thread.join(10)
+        producing.halt()
         zk.stop()
         zk.close()
-    assert producer.flush(90) == 0
-    assert not errors, errors[:5]
+    producing.settle()
     # consumed: every acknowledged record exactly once, at its acknowledged offset
     consumer = Consumer(
         {"bootstrap.servers": bootstrap, "group.id": "pref-check", "enable.auto.commit": False}
