@@ -8,7 +8,7 @@ import datetime
 import functools
 import heapq
 import time
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -80,6 +80,31 @@ def build(cls: type, **values: Any) -> Any:
 
 
 _heavy: ThreadPoolExecutor | None = None
+
+
+def named_once(
+    groups: Sequence[Any],
+    key: Callable[[Any], Any],
+    parts: Callable[[Any], Sequence[Any]],
+    index: Callable[[Any], int],
+) -> dict[int, Any] | None:
+    """Kafka's KafkaApis keeps a request's partitions in an ordered map: a partition named
+    twice is taken once, where it was first named, with its last entry. ``groups`` are the
+    request's topic entries (``key(g)`` names the topic, ``parts(g)`` its partition entries,
+    ``index(p)`` a partition's number). None when no partition is named twice: the common
+    case, found by one set's size (a single entry of at most one partition skips even that).
+    Otherwise, by ``id`` of every partition entry, the entry that stands in its place, or
+    None for one dropped (Produce, Fetch)."""
+    if len(groups) == 1 and len(parts(groups[0])) < 2:
+        return None
+    keys = [((key(g), index(p)), p) for g in groups for p in parts(g)]
+    if len({k for k, _ in keys}) == len(keys):
+        return None
+    last = dict(keys)
+    out: dict[int, Any] = {}
+    for k, p in keys:
+        out[id(p)] = last.pop(k, None)  # the first entry of k takes the last; others None
+    return out
 
 
 def heavy_work() -> ThreadPoolExecutor:

@@ -48,7 +48,7 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 
-from stonemq.handlers.context import ENTRIES_OFF_LOOP, PACE_EVERY, RequestContext
+from stonemq.handlers.context import ENTRIES_OFF_LOOP, PACE_EVERY, RequestContext, named_once
 from stonemq.handlers.registry import api
 from stonemq.protocol.record_batch import COMPRESSION_ZSTD, iter_batches
 from stonemq.quotas.entity import CONSUMER_BYTE_RATE
@@ -122,25 +122,16 @@ def _resolve(ctx: RequestContext, request: Any) -> list[_Topic]:
 
 
 def _once(topics: list[_Topic]) -> list[_Topic]:
-    """Each partition once, as Kafka's KafkaApis keeps a Fetch's partitions in an ordered
-    map: a partition named twice is read and answered once, where it was first named, with
-    its last entry's fetch offset and limits. The common case (no partition twice) is found
-    by one set's size and returned as it is."""
-    if len(topics) == 1 and len(topics[0].partitions) < 2:
+    """Each partition once, where first named, with its last entry's fetch offset and limits
+    (:func:`~stonemq.handlers.context.named_once`)."""
+    replace = named_once(
+        topics, lambda t: t.topic_id or t.topic, lambda t: t.partitions, lambda p: p.partition
+    )
+    if replace is None:
         return topics
-    keys = [(t.topic_id or t.topic, p.partition) for t in topics for p in t.partitions]
-    if len(set(keys)) == len(keys):
-        return topics
-    last = {(t.topic_id or t.topic, p.partition): p for t in topics for p in t.partitions}
-    seen: set[tuple[Any, int]] = set()
     out = []
     for t in topics:
-        kept = []
-        for p in t.partitions:
-            key = (t.topic_id or t.topic, p.partition)
-            if key not in seen:
-                seen.add(key)
-                kept.append(last[key])
+        kept = [q for p in t.partitions if (q := replace[id(p)]) is not None]
         if kept:
             out.append(_Topic(t.topic, t.topic_id, kept))
     return out

@@ -43,7 +43,7 @@ from typing import Any
 from kio.schema.errors import ErrorCode
 from kio.static.primitive import i32
 
-from stonemq.handlers.context import RequestContext, field_names
+from stonemq.handlers.context import RequestContext, field_names, named_once
 from stonemq.handlers.registry import api
 from stonemq.protocol.produce_response import LOG_START_VERSION, EncodedProduce, encode_body
 from stonemq.protocol.record_batch import (
@@ -137,11 +137,18 @@ async def handle_produce(ctx: RequestContext, request: Any) -> Any:
     topics: list[tuple[str, list[_PartitionResult]]] = []
     topic_ids: list[uuid.UUID | None] = []
     now_ms = _now_ms()  # the broker's time for the timestamp bounds, once per request
-    superseded = _superseded(request.topic_data, ctx.api_version >= TOPIC_IDS_VERSION)
+    # a partition named twice: appended and answered once, with its last records
+    by_id = ctx.api_version >= TOPIC_IDS_VERSION
+    replace = named_once(
+        request.topic_data,
+        (lambda t: t.topic_id) if by_id else (lambda t: t.name),
+        lambda t: t.partition_data,
+        lambda p: p.index,
+    )
     for topic_data in request.topic_data:
         partition_data = topic_data.partition_data
-        if superseded:
-            partition_data = [p for p in partition_data if id(p) not in superseded]
+        if replace is not None:
+            partition_data = [q for p in partition_data if (q := replace[id(p)]) is not None]
             if not partition_data:
                 continue
         results = [_PartitionResult(p.index) for p in partition_data]
@@ -243,27 +250,6 @@ async def handle_produce(ctx: RequestContext, request: Any) -> Any:
             lambda: _response_entity(ctx, topics, topic_ids),
         )
     return _response_entity(ctx, topics, topic_ids)
-
-
-def _superseded(topic_data: Any, by_id: bool) -> set[int]:
-    """The partition entries of a request that a later entry for the same partition replaces
-    (by ``id``): Kafka's KafkaApis keeps a request's partitions in a map, so a partition
-    named twice is appended once, with its last records, and answered once. Empty (the
-    common case, found by one set's size) when no partition is named twice."""
-    if len(topic_data) == 1 and len(topic_data[0].partition_data) < 2:
-        return set()  # librdkafka's shape: one partition per request
-    named = {
-        (t.topic_id if by_id else t.name, p.index) for t in topic_data for p in t.partition_data
-    }
-    if len(named) == sum(len(t.partition_data) for t in topic_data):
-        return set()
-    last = {
-        (t.topic_id if by_id else t.name, p.index): id(p)
-        for t in topic_data
-        for p in t.partition_data
-    }
-    kept = set(last.values())
-    return {id(p) for t in topic_data for p in t.partition_data if id(p) not in kept}
 
 
 def _response_entity(
