@@ -964,14 +964,10 @@ class TopicConfig:
         return {e.name: e.value for e in self.entries}
 
 
-_NO_RETENTION = {"retention_ms": -1, "retention_bytes": -1}
-"""A topic whose cleanup.policy lacks delete (the empty list: Kafka's UnifiedLog deletes by
-time and size only under delete)."""
-
-
 def whole_retention(values: Mapping[str, Any]) -> tuple[int, int]:
     """A topic's retention.ms and retention.bytes in force, from its typed config values:
-    (-1, -1) when its cleanup.policy lacks delete."""
+    (-1, -1) when its cleanup.policy lacks delete (the empty list: Kafka's UnifiedLog
+    deletes by time and size only under delete)."""
     if "delete" not in values["cleanup.policy"]:
         return -1, -1
     return int(values["retention.ms"]), int(values["retention.bytes"])
@@ -1031,8 +1027,7 @@ def resolve_topic(
         for name, key in TOPIC_CONFIGS.items()
         if key.log_field is not None
     }
-    if "delete" not in values["cleanup.policy"]:
-        fields.update(_NO_RETENTION)
+    fields["retention_ms"], fields["retention_bytes"] = whole_retention(values)
     log_config = LogConfig(
         **fields,
         segment_bytes=segment_bytes(values),
