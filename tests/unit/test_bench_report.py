@@ -77,3 +77,14 @@ def test_a_run_without_a_step_or_workload_marks_its_targets_not_measured() -> No
     table = targets_table(res)
     assert "| 22 | librdkafka: broker CPU/GB at 10,000 partitions ÷ at 1 | ≤ 1.3 | None |" in table
     assert "not measured" in table
+
+
+def test_a_ratio_just_below_its_goal_is_not_reached_though_it_rounds_to_it() -> None:
+    res = _results()
+    res["scaling_multi"] = [_multi(1, 200.0, 20.0), _multi(10_000, 159.99, 38.5)]  # 0.79995
+    res["interference"]["together"]["producer"]["p99_ms"] = 20.0001  # 2.00001
+    got = _by_name(res)
+    multi = got[(22, "multi-partition generator: throughput at 10,000 partitions ÷ at 1")]
+    assert multi["measured"] == 0.8 and multi["reached"] is False
+    interference = got[(17, "interference: producer p99 together ÷ alone")]
+    assert interference["measured"] == 2.0 and interference["reached"] is False
