@@ -58,18 +58,20 @@ _BUSY_RETRY_S = 0.01
 CATCH_UP_STEPS = 2
 # a step of ``run`` behind by ``DEEP_LAG_STEPS`` times ``batch_bytes`` or more (16 MiB of one
 # journal partition by default: with 4 of them, about where ``splitter.max.lag.bytes``, 64 MiB,
-# starts holding producers) reads up to ``DEEP_CATCH_UP_STEPS`` times it, into a second read
-# buffer that exists only while the splitter is that far behind (dropped once a step finds
-# the lag within ``CATCH_UP_STEPS``). Under a busy event loop a step's cost is its waits, not
-# its bytes: each step waits for the loop twice and its thread for the GIL after its job
-# starts and after every read and write (sampled: 14% of the thread's time on a CPU, 23%
-# waiting for one, 0.3% waiting for the disk), about 10 ms a step whatever its size with a
-# catch-up from disk and pipelined Metadata on the loop. 2 MiB steps then split ~200 MB/s
-# while producers wrote more, and were held for split lag for 67 s of 98 (the interference
-# workload at 258k msg/s, paired with 8 MiB deep steps: held 64-67 s against 15-16 s,
-# producer p99 11-15 s against 3.7-5.7 s; docs/benchmarks/analysis.md, interference). 4 here,
-# not 8: the read buffer is the largest live one (PSS, above), and 4 MiB steps already split
-# twice as fast under that wait.
+# starts holding producers) reads up to ``DEEP_CATCH_UP_STEPS`` times it, into the whole read
+# buffer, whose pages past a normal step's part are mapped only while the splitter is that far
+# behind (given back once a step finds the lag within ``CATCH_UP_STEPS``; a second buffer for deep
+# steps kept the normal part's 2 MiB mapped beside its own 4 MiB). Deep steps cost memory: 1,000
+# partitions under librdkafka's load on a loaded machine peaked at 40-45 MB PSS against 37-40
+# without them (``bench.broker_cpu``, 3 pairs with each layout, 2026-11-28). Under a busy event loop
+# a step's cost is its waits, not its bytes: each step waits for the loop twice and its thread for
+# the GIL after its job starts and after every read and write (sampled: 14% of the thread's time on
+# a CPU, 23% waiting for one, 0.3% waiting for the disk), about 10 ms a step whatever its size with
+# a catch-up from disk and pipelined Metadata on the loop. 2 MiB steps then split ~200 MB/s while
+# producers wrote more, and were held for split lag for 67 s of 98 (the interference workload at
+# 258k msg/s, paired with 8 MiB deep steps: held 64-67 s against 15-16 s, producer p99 11-15 s
+# against 3.7-5.7 s; docs/benchmarks/analysis.md, interference). 4 here, not 8: the read buffer is
+# the largest live one (PSS, above), and 4 MiB steps already split twice as fast under that wait.
 DEEP_CATCH_UP_STEPS = 4
 DEEP_LAG_STEPS = 16
 
@@ -124,9 +126,12 @@ class Splitter:
         self._busy = False  # a step was skipped: a queue log had another writer's write
         self._skip_logged: tuple[int, str, int, int] | None = None
         # the journal reads of ``step_async`` land here (``_read_reused``): one anonymous
-        # mapping of the largest step, made at the first step, instead of new bytes per step
+        # mapping of the deepest step, made at the first step, instead of new bytes per step.
+        # Steps use its first ``CATCH_UP_STEPS`` batches, so only those pages are ever
+        # mapped, but while far behind (``DEEP_CATCH_UP_STEPS``), when the rest are mapped
+        # until the splitter has caught up (``_deep_pages``; then given back)
         self._buffer: mmap.mmap | None = None
-        self._deep_buffer: mmap.mmap | None = None  # ``DEEP_CATCH_UP_STEPS``' (while behind)
+        self._deep_pages = False
 
     def add_journal(self, directory: str, health: JournalHealth) -> None:
         """Split one more (new, empty) journal partition from position 0; the next round of
@@ -236,19 +241,19 @@ class Splitter:
         threshold they came from the malloc heap and, freed out of order with the request
         frames, left holes in it (docs/benchmarks/analysis.md, "Process size, sixth pass")."""
         size = self.batch_bytes * CATCH_UP_STEPS
-        if want > size:  # far behind: the deep buffer, made at the first such step
-            buffer = self._deep_buffer
-            if buffer is None:
-                deep = self.batch_bytes * DEEP_CATCH_UP_STEPS
-                buffer = self._deep_buffer = mmap.mmap(-1, deep, flags=mmap.MAP_PRIVATE)
-            return self._read(j, pos, limit, want, memoryview(buffer))
-        if self._deep_buffer is not None and limit - pos <= size:
-            # caught up: no view of it is left (the last deep step's are gone), unmapped now
-            self._deep_buffer = None
         buffer = self._buffer
         if buffer is None:  # pages are mapped when first read into, never zero-filled
-            buffer = self._buffer = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE)
-        return self._read(j, pos, limit, want, memoryview(buffer))
+            deep = self.batch_bytes * DEEP_CATCH_UP_STEPS
+            buffer = self._buffer = mmap.mmap(-1, deep, flags=mmap.MAP_PRIVATE)
+        if want > size:  # far behind: the whole mapping, its pages past ``size`` too
+            self._deep_pages = True
+            return self._read(j, pos, limit, want, memoryview(buffer))
+        if self._deep_pages and limit - pos <= size:
+            # caught up: no view of the deep part is left (the last deep step's are gone),
+            # so its pages go back to the system; the mapping stays for the next time
+            buffer.madvise(mmap.MADV_DONTNEED, size, len(buffer) - size)
+            self._deep_pages = False
+        return self._read(j, pos, limit, want, memoryview(buffer)[:size])
 
     async def idle(self) -> None:
         """Return once no write of the splitter is in flight (a deleted topic's directories
@@ -434,7 +439,6 @@ class Splitter:
         for reader in self.readers:
             reader.close()
         self._buffer = None  # unmapped once the last view of it is gone
-        self._deep_buffer = None
 
 
 _T = TypeVar("_T")

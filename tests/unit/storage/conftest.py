@@ -254,6 +254,17 @@ def cached_pages(path: Path) -> list[bool]:
         os.close(fd)
 
 
+def resident_pages(mapping: mmap.mmap) -> list[bool]:
+    """For each page of an anonymous ``mapping`` of this process: is it mapped (resident)?
+    mincore(2) on its own address; a page never written, or given back with MADV_DONTNEED,
+    is not."""
+    addr = ctypes.addressof(ctypes.c_char.from_buffer(mapping))
+    size = len(mapping)
+    vec = ctypes.create_string_buffer((size + PAGE - 1) // PAGE)
+    assert _libc.mincore(addr, size, vec) == 0, os.strerror(ctypes.get_errno())
+    return [bool(b & 1) for b in vec.raw]
+
+
 def read_from_disk_bytes() -> int:
     """Bytes this process (all its threads) caused to be read from the disk: /proc/self/io."""
     for line in Path("/proc/self/io").read_text().splitlines():
