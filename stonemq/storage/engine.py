@@ -2155,6 +2155,22 @@ class StorageEngine:
         limits = self._split_limits
         return limits[j] if limits is not None else self._journals[j].visible_end
 
+    async def _truncate_epochs(self, j: int, position: int) -> None:
+        """Drop the epochs of journal partition ``j`` that start at or after ``position``
+        (its epoch checkpoint, off the loop); a failed write fails the copy as a failed
+        truncation does."""
+        if not self._epoch_caches:
+            return
+        assert self._checkpoint_lock is not None
+        async with self._checkpoint_lock:
+            try:
+                await asyncio.get_running_loop().run_in_executor(
+                    None, self._epoch_caches[j].truncate_from_end, position
+                )
+            except OSError as exc:
+                self._journals[j].health.on(Event.TRUNCATION_FAILED, exc)
+                raise StorageError(f"journal-{j}: truncation to {position} failed: {exc}") from exc
+
     async def truncate_replica(self, j: int, position: int) -> int:
         """A follower whose history diverged from its leader's cuts journal partition ``j``
         back to ``position`` (cluster.md invariant 6): the journal files, its leader-epoch
@@ -2175,9 +2191,16 @@ class StorageEngine:
                 "election); not truncated"
             )
         end = journal.written_end
-        if position >= end:
-            return 0
         loop = asyncio.get_running_loop()
+        if position >= end:
+            # nothing to cut, but the history still ends at ``position``: an epoch this copy
+            # began at its end without a batch in it (it led, or followed a leader, that
+            # appended nothing before the next election) is dropped, as Kafka's
+            # UnifiedLog.truncateTo always truncates its epoch cache. Kept, the copy's last
+            # epoch stays one the leader never had, every fetch diverges again at the same
+            # point, and the copy never catches up (a preferred election after a restart).
+            await self._truncate_epochs(j, position)
+            return 0
 
         split_from = splitter.positions[j]
 

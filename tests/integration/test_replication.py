@@ -983,6 +983,55 @@ def _elect_raw(broker: Any, topic: str, partitions: list[int]) -> dict[int, int]
     return {p.partition_id: p.error_code for p in result.partition_result}
 
 
+def test_a_rolling_restart_then_a_preferred_election_leaves_no_follower_looping(
+    broker_factory, zookeeper
+) -> None:
+    """Reproduced (an independent audit): stop the preferred leader (controlled shutdown: its
+    leadership moves in a new epoch in which nothing is written), start it again, elect it
+    back with ElectLeaders(PREFERRED). The follower that led meanwhile kept that empty epoch
+    at its journal end, was told its previous epoch ends right there, cut nothing, kept the
+    epoch and diverged again at every fetch (about 100,000 log lines in 20 s): the HW stopped
+    and acks=all was never answered. Now the empty epoch goes with the truncation, the
+    acks=all records are answered and the divergence is met once."""
+    from confluent_kafka import ElectionType
+
+    brokers, chroot = _start_cluster(
+        broker_factory, zookeeper, journal_partitions=1, zookeeper_session_timeout_ms=6000
+    )
+    bootstrap = ",".join(b.bootstrap for b in brokers)
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([NewTopic("roll", 1, 3)])["roll"].result(30)
+    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": True})
+    for i in range(20):
+        producer.produce("roll", b"before-%d" % i, partition=0)
+    assert producer.flush(30) == 0
+    _wait(lambda: all(set(isr) == {1, 2, 3} for isr in _isrs(chroot).values()), 30, "ISR")
+    meta = admin.list_topics("roll", timeout=10).topics["roll"].partitions[0]
+    preferred = meta.replicas[0]
+    assert meta.leader == preferred
+    victim = brokers[preferred - 1]
+    assert victim.stop() == 0  # SIGTERM: controlled shutdown hands the leadership over
+    _restart(victim, chroot)
+    _wait(lambda: all(set(isr) == {1, 2, 3} for isr in _isrs(chroot).values()), 60, "ISR")
+
+    def elected() -> bool:
+        # librdkafka sends ElectLeaders to the controller it last saw, which may have been
+        # the stopped broker: NOT_CONTROLLER then, and it is asked again after a refresh
+        answer = admin.elect_leaders(ElectionType.PREFERRED, [TopicPartition("roll", 0)])
+        error = answer.result(60)[TopicPartition("roll", 0)]
+        assert error is None or error.code() == ErrorCode.not_controller, error
+        return error is None
+
+    _wait(elected, 30, "the preferred election")
+    _wait(lambda: _leaders(brokers[0].bootstrap, "roll")[0] == preferred, 30, "leader back")
+    for i in range(10):
+        producer.produce("roll", b"after-%d" % i, partition=0)
+    assert producer.flush(20) == 0  # acks=all: every ISR member fetched them
+    others = [b for b in brokers if b is not victim]
+    diverged = {b.settings["broker_id"]: b.log().count("diverged from leader") for b in others}
+    assert all(n <= 2 for n in diverged.values()), diverged
+
+
 def test_a_preferred_election_gives_a_restarted_broker_its_leaderships_back(
     broker_factory, zookeeper
 ) -> None:

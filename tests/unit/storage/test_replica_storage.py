@@ -146,6 +146,37 @@ def test_truncation_cuts_only_the_unsplit_tail(tmp_path: Path) -> None:
     run(scenario())
 
 
+def test_a_truncation_at_the_end_still_drops_an_epoch_begun_there(tmp_path: Path) -> None:
+    """A copy that began an epoch at its end and appended nothing in it (it led a moment, or
+    followed such a leader) is told by its leader that its previous epoch ends right there:
+    nothing is cut, but that empty epoch goes, as Kafka's truncateTo always truncates the
+    epoch cache. Kept, every fetch diverged again at the same point and the copy never
+    caught up (an audit: a preferred election after a restart stalled acks=all)."""
+
+    async def scenario() -> None:
+        engine = await started_leader(tmp_path)
+        try:
+            for i in range(3):
+                await engine.append("t", 0, build_batch([b"x%d" % i]), 1).written
+            end = engine.journal_end(0)
+            await engine.become_leader(0, 2)  # epoch 2 begins at the end, no batch in it
+            assert engine.epoch_entries(0) == [(1, 0), (2, end)]
+            assert await engine.truncate_replica(0, end) == 0  # nothing to cut
+            assert engine.epoch_entries(0) == [(1, 0)]
+            assert engine.journal_end(0) == end and engine.log_end_offset("t", 0) == 3
+        finally:
+            await engine.close()
+        reopened = new_engine(tmp_path, replicated=True)  # the checkpoint file says so too
+        add_topic(reopened)
+        reopened.recover()
+        try:
+            assert reopened.epoch_entries(0) == [(1, 0)]
+        finally:
+            abandon(reopened)
+
+    run(scenario())
+
+
 def test_a_new_leader_knows_the_idempotent_batches_it_has_not_split(tmp_path: Path) -> None:
     """A follower appends a producer's batches but has not split them (no HW yet) when it
     becomes leader: a retry of one of them is a duplicate (its original offset), the next
