@@ -198,6 +198,13 @@ def _find(rows: list[dict[str, Any]], **match: Any) -> dict[str, Any] | None:
     return next((r for r in rows if all(r.get(k) == v for k, v in match.items())), None)
 
 
+def _shown(measured: float, goal: float) -> float:
+    """``measured`` as the report shows it: three decimals, unless those round it onto the
+    goal (0.3996 against ≥ 0.4), when six show which side of it it is."""
+    shown = round(measured, 3)
+    return round(measured, 6) if shown == goal and measured != goal else shown
+
+
 def targets(res: dict[str, Any]) -> list[dict[str, Any]]:
     """Every issue's targets next to this run's figures: the first benchmark issue's (5), then
     those of the later issues whose workloads ran (17, 20, 21, 22); a target whose workload did
@@ -221,7 +228,8 @@ def targets(res: dict[str, Any]) -> list[dict[str, Any]]:
             {
                 "issue": issue,
                 "target": name,
-                "measured": None if measured is None else round(measured, 3),
+                # three decimals, or more where three would show the goal itself
+                "measured": None if measured is None else _shown(measured, goal),
                 "goal": goal,
                 "higher": higher,
                 "reached": reached,
@@ -378,7 +386,7 @@ def targets(res: dict[str, Any]) -> list[dict[str, Any]]:
                 t["measured"],
                 goal,
                 t["goal"].startswith("≥"),
-                f"largest step {t['largest_step']:,} partitions" if t["largest_step"] else "",
+                t["detail"],
                 reached=t["reached"],  # judged there on the exact ratio
             )
 
