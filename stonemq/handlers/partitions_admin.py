@@ -14,11 +14,14 @@ that replica is live and in the ISR, in a new leader epoch; every topic partitio
 journal partition moves with it. The answer per topic partition is Kafka's: NONE once
 elected, ELECTION_NOT_NEEDED when the preferred replica leads already,
 PREFERRED_LEADER_NOT_AVAILABLE when it is not live or not in the ISR. Clients send
-ElectLeaders to the controller Metadata names; a broker that is not the controller answers
-NOT_CONTROLLER for each partition, as Kafka's ZooKeeper-mode brokers do, and the client
-refreshes its metadata and asks the controller. An unclean election is never run on request
-(the controller elects an out-of-sync replica itself when unclean.leader.election.enable is
-set): a partition without a leader is ELIGIBLE_LEADERS_NOT_AVAILABLE with the reason.
+ElectLeaders to the controller Metadata names; a broker that is not the controller (the
+client's metadata older than a controller change) forwards the request to the controller and
+returns its answer, as Kafka 4's brokers forward it (stonemq/cluster/forwarding.py); only
+when the controller cannot be reached, or for a request another broker forwarded, does it
+answer NOT_CONTROLLER for each partition, as Kafka's ZooKeeper-mode brokers did. An
+unclean election is never run on request (the controller elects an out-of-sync replica
+itself when unclean.leader.election.enable is set): a partition without a leader is
+ELIGIBLE_LEADERS_NOT_AVAILABLE with the reason.
 
 A reassignment to the partition's current replicas changes nothing and is accepted, as in
 Kafka. A target naming a broker that is not registered is INVALID_REPLICA_ASSIGNMENT with
@@ -34,6 +37,7 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 
+from stonemq.cluster import forwarding
 from stonemq.cluster.journal_state import (
     PREFERRED_ELECTED,
     PREFERRED_NOT_AVAILABLE,
@@ -51,6 +55,9 @@ ELECTION_NOT_NEEDED_MESSAGE = "Leader election not needed for topic partition."
 NO_REASSIGNMENT_MESSAGE = "No partition reassignment is in progress."
 NOT_CONTROLLER_MESSAGE = "This is not the correct controller for this cluster."
 DEFAULT_ELECTION_TIMEOUT_S = 60.0
+FORWARD_MARGIN_S = 5.0
+"""A forwarded election waits for the controller this much longer than the request's timeout
+(the controller answers REQUEST_TIMED_OUT at that timeout itself)."""
 
 
 _Outcome = tuple[ErrorCode, str | None]
@@ -126,6 +133,19 @@ async def handle_elect_leaders(ctx: RequestContext, request: Any) -> Any:
         )
     controller = getattr(ctx.broker, "controller", None)
     if election_type == PREFERRED and controller is not None:
+        if not forwarding.forwarded(ctx.client_id):  # not the controller: it elects
+            timeout = getattr(request, "timeout", None)
+            answer = await forwarding.to_controller(
+                ctx.broker.routing,
+                ctx.broker.settings.broker_id,
+                ctx.api_key,
+                ctx.api_version,
+                request,
+                (timeout.total_seconds() if timeout is not None else DEFAULT_ELECTION_TIMEOUT_S)
+                + FORWARD_MARGIN_S,
+            )
+            if answer is not None:
+                return answer
         return await _elect_preferred(ctx, request, controller)
     if request.topic_partitions is None:
         # every partition; those that already have the desired leader are left out

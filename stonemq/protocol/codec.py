@@ -215,3 +215,59 @@ class EncodedOnce:
 def encode_response(header: RequestHeader, response: Any, api_version: int | None = None) -> bytes:
     """The whole response as one ``bytes`` (see ``encode_response_chunks``)."""
     return b"".join(encode_response_chunks(header, response, api_version))
+
+
+# -- the requesting side: a broker forwarding a client's request to another broker ------------
+
+
+class MalformedResponse(ValueError):
+    """A response frame that does not decode whole (a peer's, never trusted beyond its
+    bytes)."""
+
+
+def encode_request(header: RequestHeader, body: Any) -> bytes:
+    """Length prefix + request header (v2 for a flexible version, else v1) + ``body``, a kio
+    request entity of ``header``'s api and version."""
+    cls = load_request_schema(header.api_key, header.api_version)
+    client_id = None if header.client_id is None else header.client_id.encode("utf-8")
+    out = bytearray(b"\0\0\0\0")
+    out += _HEADER_WITH_CLIENT_ID.pack(
+        header.api_key,
+        header.api_version,
+        header.correlation_id,
+        -1 if client_id is None else len(client_id),
+    )
+    out += client_id or b""
+    if cls.__flexible__:
+        out += b"\0"  # request header v2: no tagged fields
+    writer = entity_writer(cls)
+    chunks = _Chunks()
+    writer(chunks, body)
+    out += b"".join(chunks.finish())
+    _I32.pack_into(out, 0, len(out) - 4)
+    return bytes(out)
+
+
+@functools.cache
+def _response_reader(api_key: int, api_version: int) -> tuple[Any, bool, guard.Step]:
+    cls = load_response_schema(api_key, api_version)
+    return entity_reader(cls), bool(cls.__flexible__), guard.compile_walker(cls)
+
+
+def decode_response(api_key: int, api_version: int, frame: bytes | memoryview) -> tuple[int, Any]:
+    """(correlation id, kio response entity) of a response frame without its length prefix.
+    Every length is checked against the frame first (the guard, as for requests: kio's reader
+    trusts them); anything that does not decode raises :class:`MalformedResponse`."""
+    reader, flexible, walker = _response_reader(api_key, api_version)
+    if len(frame) < 4:
+        raise MalformedResponse(f"response of {len(frame)} bytes")
+    (correlation_id,) = _I32.unpack_from(frame, 0)
+    try:
+        pos = 4
+        if flexible and api_key != API_VERSIONS_KEY:
+            pos = guard.check(guard.skip_tagged_fields, frame, pos)  # response header v1
+        guard.check(walker, frame, pos)
+        body, _ = reader(frame, pos)
+    except Exception as exc:  # the guard's, or kio's several types
+        raise MalformedResponse(f"api {api_key} v{api_version} response: {exc}") from exc
+    return correlation_id, body

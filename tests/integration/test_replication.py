@@ -963,13 +963,15 @@ def test_unclean_leader_election_turned_on_dynamically_elects_a_leader(
         zk.close()
 
 
-def _elect_raw(broker: Any, topic: str, partitions: list[int]) -> dict[int, int]:
+def _elect_raw(
+    broker: Any, topic: str, partitions: list[int], client_id: str = "raw-test"
+) -> dict[int, int]:
     """ElectLeaders(PREFERRED) sent to ``broker`` itself: partition → error code."""
     from . import rawclient
 
     req = rawclient.schema("elect_leaders", 2, "request")
     resp = rawclient.schema("elect_leaders", 2, "response")
-    with RawConnection(broker.host, broker.port) as conn:
+    with RawConnection(broker.host, broker.port, client_id=client_id) as conn:
         answer = conn.request(
             req.ElectLeadersRequest(
                 election_type=0,
@@ -1015,8 +1017,8 @@ def test_a_rolling_restart_then_a_preferred_election_leaves_no_follower_looping(
     _wait(lambda: all(set(isr) == {1, 2, 3} for isr in _isrs(chroot).values()), 60, "ISR")
 
     def elected() -> bool:
-        # librdkafka sends ElectLeaders to the controller it last saw, which may have been
-        # the stopped broker: NOT_CONTROLLER then, and it is asked again after a refresh
+        # librdkafka sends ElectLeaders to the controller it last saw; any live broker
+        # forwards it to the controller, but one that cannot reach it answers NOT_CONTROLLER
         answer = admin.elect_leaders(ElectionType.PREFERRED, [TopicPartition("roll", 0)])
         error = answer.result(60)[TopicPartition("roll", 0)]
         assert error is None or error.code() == ErrorCode.not_controller, error
@@ -1041,7 +1043,9 @@ def test_a_preferred_election_gives_a_restarted_broker_its_leaderships_back(
     sent to the controller by confluent-kafka's AdminClient, moves every journal partition
     homed on it back to it, in a higher leader epoch with the same ISR; the old leaders
     refuse appends to them; an idempotent acks=all producer running throughout loses and
-    doubles nothing; a broker that is not the controller answers NOT_CONTROLLER."""
+    doubles nothing. Sent to a broker that is not the controller (a client's metadata older
+    than a controller change), it is forwarded to the controller, as Kafka 4 forwards it; a
+    request another broker forwarded is answered NOT_CONTROLLER there (one hop at most)."""
     from confluent_kafka import ElectionType
 
     brokers, chroot = _start_cluster(
@@ -1079,20 +1083,17 @@ def test_a_preferred_election_gives_a_restarted_broker_its_leaderships_back(
         assert moved and len(moved) < 12
         controller = admin.describe_cluster().result(10).controller.id
         elsewhere = next(b for b in brokers if b.settings["broker_id"] not in (controller, 3))
-        # a broker that is not the controller does not elect: the client asks the controller
-        assert set(_elect_raw(elsewhere, "pref", moved).values()) == {ErrorCode.not_controller}
+        # a request another broker forwarded is not forwarded again, nor elected there
+        forwarded = _elect_raw(elsewhere, "pref", moved, client_id="stonemq-forwarded-by-9")
+        assert set(forwarded.values()) == {ErrorCode.not_controller}
         assert all(read_journal_partitions(zk)[j].state.leader in (1, 2) for j in homed)
+        # a client's request at a broker that is not the controller: forwarded, elected
+        assert _elect_raw(elsewhere, "pref", moved) == {p: ErrorCode.none for p in moved}
         answer = admin.elect_leaders(
             ElectionType.PREFERRED, [TopicPartition("pref", p) for p in range(12)]
         ).result(60)
-        for tp, error in answer.items():
-            if tp.partition in moved:
-                assert error is None, (tp, error)
-            else:
-                assert error is not None and error.code() == ErrorCode.election_not_needed, (
-                    tp,
-                    error,
-                )
+        for tp, error in answer.items():  # elected already
+            assert error is not None and error.code() == ErrorCode.election_not_needed, (tp, error)
         after = read_journal_partitions(zk)
         for j in homed:
             assert after[j].state.leader == 3, after[j].state

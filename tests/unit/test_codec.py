@@ -13,6 +13,7 @@ from kio.schema.request_header.v1.header import RequestHeader as Header1
 from kio.schema.request_header.v2.header import RequestHeader as Header2
 from kio.serial import entity_reader, entity_writer
 
+from stonemq.protocol import codec
 from stonemq.protocol.codec import (
     BY_REFERENCE_BYTES,
     RequestDecodeError,
@@ -143,3 +144,68 @@ def test_fetch_records_go_out_by_reference_and_the_bytes_are_kafkas(sizes: tuple
     body, _ = entity_reader(f12.FetchResponse)(data, 9)
     got = [bytes(p.records) for p in body.responses[0].partitions]
     assert got == [bytes(r) for r in records]
+
+
+# -- the requesting side (a broker forwarding a request: stonemq/cluster/forwarding.py) ------
+
+
+def _elect_request(version: int):  # type: ignore[no-untyped-def]
+    from kio.index import load_request_schema
+    from kio.static.primitive import i32Timedelta
+
+    module = __import__(load_request_schema(43, version).__module__, fromlist=["x"])
+    return module.ElectLeadersRequest(
+        election_type=0,
+        topic_partitions=(module.TopicPartitions(topic="t", partitions=(0, 2)),),
+        timeout=i32Timedelta.parse(datetime.timedelta(seconds=30)),
+    )
+
+
+@pytest.mark.parametrize("version", [1, 2])  # v2 is flexible (request header v2)
+def test_an_encoded_request_is_what_the_broker_decodes(version: int) -> None:
+    from stonemq.protocol.codec import encode_request, parse_header_prefix
+
+    request = _elect_request(version)
+    header = codec.RequestHeader(43, version, 7, "stonemq-forwarded-by-2")
+    frame = encode_request(header, request)
+    (size,) = struct.unpack_from(">i", frame)
+    assert size == len(frame) - 4
+    got_header, pos = parse_header_prefix(frame[4:])
+    assert got_header == header
+    assert codec.decode_request(got_header, frame[4:], pos) == request
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_a_response_decodes_and_one_that_lies_is_refused(version: int) -> None:
+    from kio.index import load_response_schema
+
+    from stonemq.protocol.codec import MalformedResponse, decode_response
+
+    module = __import__(load_response_schema(43, version).__module__, fromlist=["x"])
+    response = module.ElectLeadersResponse(
+        throttle_time=datetime.timedelta(0),
+        error_code=ErrorCode.none,
+        replica_election_results=(
+            module.ReplicaElectionResult(
+                topic="t",
+                partition_result=(
+                    module.PartitionResult(
+                        partition_id=0, error_code=ErrorCode.none, error_message=None
+                    ),
+                ),
+            ),
+        ),
+    )
+    frame = codec.encode_response(codec.RequestHeader(43, version, 9, None), response)[4:]
+    assert decode_response(43, version, frame) == (9, response)
+    with pytest.raises(MalformedResponse):
+        decode_response(43, version, frame[:-3])  # cut short
+    # the results array announces 2^31 - 1 entries: refused before kio reserves them
+    at = 4 + (1 if version >= 2 else 0) + 4 + 2  # correlation id, tags, throttle, error
+    lying = bytearray(frame)
+    if version >= 2:
+        lying[at] = 0xFF  # a compact length of many more entries than bytes left
+    else:
+        struct.pack_into(">i", lying, at, 2**31 - 1)
+    with pytest.raises(MalformedResponse):
+        decode_response(43, version, bytes(lying))
