@@ -342,5 +342,18 @@ class ClusterRouting(SingleNodeRouting):
         return self._controller
 
 
+def offline_replicas(
+    routing: SingleNodeRouting, replicas: tuple[int, ...], dead: frozenset[int] | None = None
+) -> tuple[int, ...]:
+    """The replicas of ``replicas`` on brokers that are not live: not registered, or judged
+    dead before their sessions end (:meth:`ClusterRouting.dead`). The one judgement behind
+    Metadata's and DescribeTopicPartitions' ``offline_replicas`` and behind the placement of
+    new topic partitions (stonemq/topics.py); ``dead`` is ``routing.dead()`` when the caller
+    has it already."""
+    if dead is None:
+        dead = routing.dead()
+    return tuple(r for r in replicas if r in dead or routing.broker(r) is None)
+
+
 def _leadership(assignment: Assignment, state: PartitionState) -> Leadership:
     return Leadership(assignment.replicas, state.leader, state.leader_epoch, state.isr)

@@ -26,7 +26,7 @@ from kafka import TopicPartition
 from kafka import errors as kerrors
 from kafka.admin import KafkaAdminClient
 from kio.schema.errors import ErrorCode
-from kio.static.primitive import i8
+from kio.static.primitive import i8, i32
 
 from . import rawclient
 
@@ -265,3 +265,60 @@ def _wait_for(check: Any, timeout: float = 20.0) -> None:
     while not check():
         assert time.monotonic() < deadline, "not reached in time"
         time.sleep(0.2)
+
+
+def _offline_by_metadata(broker: Any, topic: str) -> tuple[list[int], dict[int, tuple[int, ...]]]:
+    req = rawclient.schema("metadata", 12, "request")
+    resp = rawclient.schema("metadata", 12, "response")
+    with rawclient.RawConnection(broker.host, broker.port) as conn:
+        answer = conn.request(
+            req.MetadataRequest(
+                topics=(req.MetadataRequestTopic(topic_id=None, name=topic),),
+                allow_auto_topic_creation=False,
+                include_topic_authorized_operations=False,
+            ),
+            resp.MetadataResponse,
+        )
+    (t,) = answer.topics
+    brokers = sorted(b.node_id for b in answer.brokers)
+    return brokers, {p.partition_index: tuple(p.offline_replicas) for p in t.partitions}
+
+
+def _offline_by_describe_topic_partitions(broker: Any, topic: str) -> dict[int, tuple[int, ...]]:
+    req = rawclient.schema("describe_topic_partitions", 0, "request")
+    resp = rawclient.schema("describe_topic_partitions", 0, "response")
+    with rawclient.RawConnection(broker.host, broker.port) as conn:
+        answer = conn.request(
+            req.DescribeTopicPartitionsRequest(
+                topics=(req.TopicRequest(name=topic),), response_partition_limit=i32(2000)
+            ),
+            resp.DescribeTopicPartitionsResponse,
+        )
+    (t,) = answer.topics
+    return {p.partition_index: tuple(p.offline_replicas) for p in t.partitions}
+
+
+def test_describe_topic_partitions_names_a_killed_brokers_replicas_offline_as_metadata_does(
+    cluster,
+) -> None:
+    """A SIGKILLed broker is judged dead at once (its listener refuses connects): Metadata
+    lists its replicas offline right away, and DescribeTopicPartitions (what Kafka 4's
+    AdminClient.describeTopics sends) must say the same, not wait for its ZooKeeper session
+    (18 s) to end."""
+    b1, _, b3 = cluster
+    admin = AdminClient({"bootstrap.servers": b1.bootstrap})  # referenced until done
+    admin.create_topics([NewTopic("offl", 6, 1)])["offl"].result(30)
+    _wait_for(lambda: len(_metadata(b1, "offl")) == 6)
+    on_b3 = {p for p, (leader, _, _) in _metadata(b1, "offl").items() if leader == 3}
+    assert on_b3
+    assert set(_offline_by_describe_topic_partitions(b1, "offl").values()) == {()}
+    # broker 1's reachability watch judges only a broker whose connection it had (and lost):
+    # give it time to connect to broker 3's listener, which just started
+    time.sleep(2)
+    b3.kill()
+    _wait_for(lambda: {p for p, o in _offline_by_metadata(b1, "offl")[1].items() if o} == on_b3)
+    described = _offline_by_describe_topic_partitions(b1, "offl")
+    brokers, by_metadata = _offline_by_metadata(b1, "offl")
+    assert 3 in brokers  # its session has not ended: registered, judged dead
+    assert described == by_metadata
+    assert {p for p, o in described.items() if o} == on_b3
