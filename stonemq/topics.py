@@ -611,8 +611,15 @@ class TopicManager:
         return max(1, len(self.routing.brokers()))
 
     def check_replication_factor(self, replication_factor: int) -> int:
-        """The replication factor a new topic gets (-1: ``default.replication.factor``), or
-        INVALID_REPLICATION_FACTOR when the live brokers cannot hold that many replicas."""
+        """The replication factor a new topic gets, or INVALID_REPLICATION_FACTOR.
+
+        Kafka's checks first (-1 is ``default.replication.factor``; not above 0; more than the
+        live brokers can hold). Then StoneMQ's: only journal partitions replicate, and every
+        topic partition has its journal partition's N replicas (N: the controller's
+        ``default.replication.factor`` at broker start; 1 on a single node), so a factor
+        asked above N is refused and any other gets N: the value returned, and what
+        CreateTopics answers, never the one asked."""
+        asked = replication_factor
         if replication_factor == -1:
             replication_factor = int(self.broker_setting("default.replication.factor"))  # type: ignore[call-overload]
         if replication_factor <= 0:
@@ -626,7 +633,16 @@ class TopicManager:
                 f"replication factor of {replication_factor} cannot be reached because only "
                 f"{brokers} broker(s) are registered."
             )
-        return replication_factor
+        replicas = self.routing.replication_factor()
+        if asked != -1 and replication_factor > replicas:
+            raise InvalidReplicationFactorError(
+                f"Unable to replicate the partition {replication_factor} time(s): StoneMQ "
+                "replicates journal partitions, not topic partitions, and every topic "
+                f"partition has its journal partition's {replicas} replica(s) (set by "
+                "default.replication.factor when the brokers start); ask for at most "
+                f"{replicas}."
+            )
+        return replicas
 
     def partition_count(self) -> int:
         """Partitions of every topic, plus those of creates in progress."""

@@ -1,8 +1,9 @@
 """Admin APIs: CreateTopics (19), DeleteTopics (20), DescribeConfigs (32), AlterConfigs (33),
 CreatePartitions (37), IncrementalAlterConfigs (44) and DescribeCluster (60).
 
-One broker is the whole cluster: it is the controller, every replica is on it, and a
-replication factor other than 1 (or -1, the default) cannot be met. The work is done by
+A topic partition has its journal partition's replicas: a replication factor asked above
+their count (1 on a single node; ``default.replication.factor`` at the brokers' start in a
+cluster) is refused, any other gets that count, which CreateTopics answers. The work is done by
 :class:`~stonemq.topics.TopicManager`; this module turns requests into its calls and its
 :class:`~stonemq.topic_configs.AdminError` exceptions into per-resource error codes and messages,
 as Kafka does (one bad topic never fails the others).

@@ -26,9 +26,10 @@ from kafka import TopicPartition
 from kafka import errors as kerrors
 from kafka.admin import KafkaAdminClient
 from kio.schema.errors import ErrorCode
-from kio.static.primitive import i8, i32
+from kio.static.primitive import i8, i16, i32
 
 from . import rawclient
+from .test_replication import _start_cluster
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(180)]
 
@@ -322,3 +323,100 @@ def test_describe_topic_partitions_names_a_killed_brokers_replicas_offline_as_me
     assert 3 in brokers  # its session has not ended: registered, judged dead
     assert described == by_metadata
     assert {p for p, o in described.items() if o} == on_b3
+
+
+def _create_raw(
+    broker: Any,
+    name: str,
+    *,
+    partitions: int = -1,
+    replication_factor: int = -1,
+    assignments: list[list[int]] | None = None,
+    validate_only: bool = False,
+) -> Any:
+    """CreateTopics v7 as a client sends it: the topic's result (error, message, the
+    replication factor the broker reports)."""
+    req = rawclient.schema("create_topics", 7, "request")
+    resp = rawclient.schema("create_topics", 7, "response")
+    with rawclient.RawConnection(broker.host, broker.port) as conn:
+        answer = conn.request(
+            req.CreateTopicsRequest(
+                topics=(
+                    req.CreatableTopic(
+                        name=name,
+                        num_partitions=i32(partitions),
+                        replication_factor=i16(replication_factor),
+                        assignments=tuple(
+                            req.CreatableReplicaAssignment(
+                                partition_index=i32(p), broker_ids=tuple(i32(b) for b in ids)
+                            )
+                            for p, ids in enumerate(assignments or ())
+                        ),
+                        configs=(),
+                    ),
+                ),
+                timeout=rawclient.ms(20000),
+                validate_only=validate_only,
+            ),
+            resp.CreateTopicsResponse,
+        )
+    (result,) = answer.topics
+    return result
+
+
+def test_a_replication_factor_above_the_journal_partitions_is_refused(cluster) -> None:
+    """Replication factor 1 (journal partitions of one replica): asking for 3 replicas is
+    INVALID_REPLICATION_FACTOR saying why, not a topic of one replica answered as 3; 1 and -1
+    are created with 1; more than the live brokers keeps Kafka's message."""
+    b1, b2, _ = cluster
+    for validate_only in (True, False):
+        refused = _create_raw(
+            b1, "rf3", partitions=3, replication_factor=3, validate_only=validate_only
+        )
+        assert refused.error_code == ErrorCode.invalid_replication_factor
+        assert "journal partition's 1 replica(s)" in refused.error_message
+        assert "default.replication.factor" in refused.error_message
+    assert _metadata_replicas(b2, "rf3") is None
+    more = _create_raw(b1, "rf4", partitions=1, replication_factor=4)
+    assert more.error_code == ErrorCode.invalid_replication_factor
+    assert "only 3 broker(s) are registered" in more.error_message
+    zero = _create_raw(b1, "rf0", partitions=1, replication_factor=0)
+    assert zero.error_message.startswith("Replication factor must be larger than 0")
+    for rf in (1, -1):
+        created = _create_raw(b2, f"rf-ok{-rf}", partitions=3, replication_factor=rf)
+        assert (created.error_code, created.replication_factor) == (ErrorCode.none, 1)
+        _wait_for(lambda rf=rf: _metadata_replicas(b1, f"rf-ok{-rf}") is not None)
+        assert {len(r) for r in _metadata_replicas(b1, f"rf-ok{-rf}").values()} == {1}
+
+
+def _metadata_replicas(broker: Any, topic: str) -> dict[int, tuple[int, ...]] | None:
+    req = rawclient.schema("metadata", 12, "request")
+    resp = rawclient.schema("metadata", 12, "response")
+    with rawclient.RawConnection(broker.host, broker.port) as conn:
+        answer = conn.request(
+            req.MetadataRequest(
+                topics=(req.MetadataRequestTopic(topic_id=None, name=topic),),
+                allow_auto_topic_creation=False,
+                include_topic_authorized_operations=False,
+            ),
+            resp.MetadataResponse,
+        )
+    (t,) = answer.topics
+    if t.error_code != ErrorCode.none:
+        return None
+    return {p.partition_index: tuple(p.replica_nodes) for p in t.partitions}
+
+
+def test_a_smaller_replication_factor_gets_the_journal_partitions_and_says_so(
+    broker_factory, zookeeper
+) -> None:
+    """Replication factor 3: a topic asked with 1 or 2 replicas (validate_only too) is
+    answered with 3, the replicas it gets (each partition has its journal partition's)."""
+    (b1, b2, b3), _ = _start_cluster(broker_factory, zookeeper)
+    checked = _create_raw(b1, "rf-two", partitions=2, replication_factor=2, validate_only=True)
+    assert (checked.error_code, checked.replication_factor) == (ErrorCode.none, 3)
+    for rf in (1, 2):
+        created = _create_raw(b2, f"rf-{rf}", partitions=3, replication_factor=rf)
+        assert (created.error_code, created.replication_factor) == (ErrorCode.none, 3)
+        _wait_for(lambda rf=rf: _metadata_replicas(b3, f"rf-{rf}") is not None)
+        assert {len(r) for r in _metadata_replicas(b3, f"rf-{rf}").values()} == {3}
