@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from kio.schema.errors import ErrorCode
 
-from stonemq.cluster.routing import Routing, SingleNodeRouting
+from stonemq.cluster.routing import Leadership, Routing, SingleNodeRouting, offline_replicas
 from stonemq.coordinator.group_log import OFFSETS_TOPIC
 from stonemq.metadata.store import (
     CLUSTER_DEFAULT,
@@ -160,16 +160,40 @@ def collision_key(name: str) -> str:
     return name.replace(".", "_")
 
 
-def journal_partition_for(topic: str, partition: int, journal_partitions: int) -> int:
+def journal_partition_for(
+    topic: str, partition: int, journal_partitions: int | Sequence[int]
+) -> int:
     """The journal partition a new topic partition is routed to.
 
-    A topic's partitions go round-robin over the journal partitions from a start chosen by the
-    CRC-32 of its name, so one topic spreads evenly and different topics start at different
-    journal partitions. Chosen once, recorded in the store with the partition, never
-    recomputed (so changing ``journal.partitions`` later moves no existing partition).
+    A topic's partitions go round-robin over the candidate journal partitions (a count: all
+    of ``0..n-1``; or a list of ids, :func:`placement_candidates`) from a start chosen by
+    the CRC-32 of its name, so one topic spreads evenly and different topics start at
+    different journal partitions; every journal partition a candidate gives what the count
+    gives. Chosen once, recorded in the store with the partition, never recomputed (so
+    changing ``journal.partitions`` later moves no existing partition).
     """
     start = zlib.crc32(topic.encode("utf-8"))
-    return (start + partition) % journal_partitions
+    if isinstance(journal_partitions, int):
+        return (start + partition) % journal_partitions
+    return journal_partitions[(start + partition) % len(journal_partitions)]
+
+
+def placement_candidates(
+    leaderships: Sequence[Leadership], live: Callable[[int], bool]
+) -> list[int]:
+    """The journal partitions (ids: indexes of ``leaderships``) new topic partitions may be
+    routed to, as Kafka places new replicas on live brokers and never makes a fenced one
+    leader: those whose replicas are all ``live`` if any; else those with a live leader;
+    else (nothing live) every one, as before (the mapping never changes, so a partition
+    placed on a dead broker's journal partition would stay leaderless until it returns)."""
+    placed = [(j, lead) for j, lead in enumerate(leaderships) if lead.replicas]
+    whole = [j for j, lead in placed if all(live(r) for r in lead.replicas)]
+    if whole:
+        return whole
+    led = [j for j, lead in placed if lead.leader >= 0 and live(lead.leader)]
+    if led:
+        return led
+    return list(range(len(leaderships)))
 
 
 class StorageTopics(Protocol):
@@ -499,9 +523,8 @@ class TopicManager:
             raise InvalidTopicError(f"Topic '{name}' collides with existing topic: {other}")
         config = resolve_topic(self.settings, self._broker_dynamic, overrides)
         validate_topic_values(config.values)
-        journals = [
-            journal_partition_for(name, p, self.routing.total()) for p in range(num_partitions)
-        ]
+        candidates = self.placement_candidates()
+        journals = [journal_partition_for(name, p, candidates) for p in range(num_partitions)]
         return _CreatePlan(name, journals, overrides, config, replication_factor)
 
     def _store_create(self, plan: _CreatePlan) -> TopicRecord:
@@ -605,6 +628,17 @@ class TopicManager:
             config = self.effective_config(name)
             self.storage.update_config(name, config.log_config)
             await self._register_async(current, config.log_config, 0, config)
+
+    def placement_candidates(self) -> list[int]:
+        """The journal partitions new topic partitions go to now: :func:`placement_candidates`
+        with the brokers live by the judgement Metadata's offline replicas use (every journal
+        partition on a single node)."""
+        routing = self.routing
+        dead = routing.dead()
+        return placement_candidates(
+            [routing.leadership(j) for j in range(routing.total())],
+            lambda b: not offline_replicas(routing, (b,), dead),
+        )
 
     def live_brokers(self) -> int:
         """How many brokers can hold a replica (the live brokers of the cluster)."""
@@ -839,8 +873,8 @@ class TopicManager:
                 f"Number of partitions {total} exceeds the limit of {MAX_PARTITIONS}."
             )
         self.check_partition_limits(total - current)
-        journals = self.routing.total()
-        new = [journal_partition_for(name, p, journals) for p in range(current, total)]
+        candidates = self.placement_candidates()
+        new = [journal_partition_for(name, p, candidates) for p in range(current, total)]
         if validate_only:
             return TopicRecord(
                 name=name,

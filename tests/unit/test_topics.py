@@ -14,6 +14,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from stonemq.cluster.routing import Leadership
 from stonemq.config import Settings
 from stonemq.metadata.sqlite import SqliteMetadataStore
 from stonemq.storage.engine import LogConfig, StorageEngine
@@ -27,6 +28,7 @@ from stonemq.topics import (
     UnknownTopicIdError,
     UnknownTopicOrPartitionError,
     journal_partition_for,
+    placement_candidates,
     validate_topic_name,
 )
 
@@ -167,6 +169,40 @@ def test_journal_spread_is_even_and_stable() -> None:
     assert journals == [journal_partition_for("topic", p, 8) for p in range(800)]
     starts = {journal_partition_for(f"t{i}", 0, 8) for i in range(100)}
     assert len(starts) > 4
+
+
+def test_journal_spread_over_every_candidate_is_the_counts() -> None:
+    """A candidate list naming every journal partition routes as the count did: the single
+    node's (and a cluster with every broker live) routing is unchanged."""
+    for name in ("topic", "t1", "__consumer_offsets", "x" * 200):
+        assert [journal_partition_for(name, p, list(range(6))) for p in range(60)] == [
+            journal_partition_for(name, p, 6) for p in range(60)
+        ]
+
+
+def test_journal_spread_over_candidates_uses_only_them_evenly() -> None:
+    journals = [journal_partition_for("topic", p, [0, 1, 4, 5]) for p in range(400)]
+    assert Counter(journals) == {0: 100, 1: 100, 4: 100, 5: 100}
+
+
+def _lead(replicas: tuple[int, ...], leader: int) -> Leadership:
+    return Leadership(replicas, leader, 0, replicas)
+
+
+def test_placement_candidates_prefer_wholly_live_then_live_leaders_then_all() -> None:
+    # replication factor 1, two journal partitions per broker, broker 3 dead
+    one = [_lead((b,), b) for b in (1, 1, 2, 2, 3, 3)]
+    assert placement_candidates(one, lambda b: b != 3) == [0, 1, 2, 3]
+    assert placement_candidates(one, lambda b: True) == list(range(6))
+    # replication factor 2: broker 3 dead; every journal partition naming it is left out
+    two = [_lead((1, 2), 1), _lead((2, 3), 2), _lead((3, 1), 3), _lead((2, 1), 2)]
+    assert placement_candidates(two, lambda b: b != 3) == [0, 3]
+    # brokers 2 and 3 dead: no journal partition wholly live; those with a live leader
+    assert placement_candidates(two, lambda b: b == 1) == [0]
+    # broker 1's leader gone (not re-elected yet) and the others dead: nothing live, all
+    assert placement_candidates(two, lambda b: False) == [0, 1, 2, 3]
+    # a journal partition not known yet (no replicas) is never a live candidate
+    assert placement_candidates([_lead((), -1), _lead((1,), 1)], lambda b: True) == [1]
 
 
 def test_create_default_partitions(topics: TopicManager, store: SqliteMetadataStore) -> None:
