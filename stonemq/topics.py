@@ -125,6 +125,10 @@ class InvalidReplicationFactorError(AdminError):
     error_code = ErrorCode.invalid_replication_factor
 
 
+class InvalidReplicaAssignmentError(AdminError):
+    error_code = ErrorCode.invalid_replica_assignment
+
+
 class UnknownTopicOrPartitionError(AdminError):
     error_code = ErrorCode.unknown_topic_or_partition
 
@@ -194,6 +198,55 @@ def placement_candidates(
     if led:
         return led
     return list(range(len(leaderships)))
+
+
+def check_manual_assignment(
+    replicas: Sequence[int],
+    registered: Callable[[int], bool],
+    replication_factor: int | None = None,
+) -> None:
+    """Kafka's checks of a manual replica assignment (ReplicationControlManager's
+    ``validateManualPartitionAssignment``, for CreateTopics, CreatePartitions and
+    AlterPartitionReassignments), with its messages: not empty, every broker registered,
+    none twice, and as many replicas as ``replication_factor`` (the previous partitions')
+    when given. INVALID_REPLICA_ASSIGNMENT otherwise."""
+    if not replicas:
+        raise InvalidReplicaAssignmentError(
+            "The manual partition assignment includes an empty replica list."
+        )
+    previous: int | None = None
+    for broker_id in sorted(replicas):
+        if not registered(broker_id):
+            raise InvalidReplicaAssignmentError(
+                f"The manual partition assignment includes broker {broker_id}, but no such "
+                "broker is registered."
+            )
+        if broker_id == previous:
+            raise InvalidReplicaAssignmentError(
+                f"The manual partition assignment includes the broker {previous} more than once."
+            )
+        previous = broker_id
+    if replication_factor is not None and len(replicas) != replication_factor:
+        raise InvalidReplicaAssignmentError(
+            f"The manual partition assignment includes a partition with {len(replicas)} "
+            "replica(s), but this is not consistent with previous partitions, which have "
+            f"{replication_factor} replica(s)."
+        )
+
+
+def match_assignment(replicas: Sequence[int], leaderships: Sequence[Leadership]) -> list[int]:
+    """The journal partitions (indexes of ``leaderships``) a topic partition assigned
+    ``replicas`` may be routed to: those whose replica list is exactly ``replicas`` (the
+    first, the preferred leader, too), else those with the same replicas in another order,
+    else none."""
+    wanted = tuple(replicas)
+    exact = [j for j, lead in enumerate(leaderships) if lead.replicas and lead.replicas == wanted]
+    if exact:
+        return exact
+    same = sorted(wanted)
+    return [
+        j for j, lead in enumerate(leaderships) if lead.replicas and sorted(lead.replicas) == same
+    ]
 
 
 class StorageTopics(Protocol):
@@ -426,12 +479,15 @@ class TopicManager:
         *,
         validate_only: bool = False,
         replication_factor: int = -1,
+        assignments: Sequence[Sequence[int]] | None = None,
     ) -> CreatedTopic:
         """Create a topic at once, on the calling thread (start-up, internal topics, tests);
         clients' requests go through :meth:`create_async`. ``num_partitions`` -1 means the
         ``num.partitions`` default, ``replication_factor`` -1 the
-        ``default.replication.factor``."""
-        plan = self._plan_create(name, num_partitions, configs, replication_factor)
+        ``default.replication.factor``; ``assignments``, each partition's replicas (checked
+        by :func:`check_manual_assignment` already), route each partition to a journal
+        partition of those replicas (:meth:`route_assignments`)."""
+        plan = self._plan_create(name, num_partitions, configs, replication_factor, assignments)
         if validate_only:
             return plan.preview()
         record = self._store_create(plan)
@@ -446,17 +502,18 @@ class TopicManager:
         *,
         validate_only: bool = False,
         replication_factor: int = -1,
+        assignments: Sequence[Sequence[int]] | None = None,
     ) -> CreatedTopic:
         """:meth:`create` without holding the event loop: the metadata store's commit runs in
         its thread, and storage takes the partitions ``STEP_PARTITIONS`` at a time, under the
         topic's change lock: a deletion asked meanwhile waits until every partition is
         registered (it used to forget the ones registered so far while the rest went on
         being registered, left behind as partitions of no topic)."""
-        plan = self._plan_create(name, num_partitions, configs, replication_factor)
+        plan = self._plan_create(name, num_partitions, configs, replication_factor, assignments)
         if validate_only:
             return plan.preview()
         return await self._to_the_end(
-            self._create_locked(name, num_partitions, configs, replication_factor)
+            self._create_locked(name, num_partitions, configs, replication_factor, assignments)
         )
 
     async def _create_locked(
@@ -465,9 +522,10 @@ class TopicManager:
         num_partitions: int,
         configs: Mapping[str, str | None] | None,
         replication_factor: int,
+        assignments: Sequence[Sequence[int]] | None = None,
     ) -> CreatedTopic:
         async with self._change(name):
-            plan = self._plan_create(name, num_partitions, configs, replication_factor)
+            plan = self._plan_create(name, num_partitions, configs, replication_factor, assignments)
             self._in_flight += plan.partitions
             try:
                 record = await self._in_store_thread(self._store_create, plan)
@@ -500,10 +558,15 @@ class TopicManager:
         num_partitions: int,
         configs: Mapping[str, str | None] | None,
         replication_factor: int,
+        assignments: Sequence[Sequence[int]] | None = None,
     ) -> _CreatePlan:
         """Every check of a create, and what it will write."""
         validate_topic_name(name)
-        replication_factor = self.check_replication_factor(replication_factor)
+        if assignments:  # Kafka checks no replication factor against a manual assignment
+            replication_factor = self.routing.replication_factor()
+            num_partitions = len(assignments)
+        else:
+            replication_factor = self.check_replication_factor(replication_factor)
         if num_partitions == -1:
             num_partitions = self.default_partitions()
         if num_partitions <= 0:
@@ -523,8 +586,11 @@ class TopicManager:
             raise InvalidTopicError(f"Topic '{name}' collides with existing topic: {other}")
         config = resolve_topic(self.settings, self._broker_dynamic, overrides)
         validate_topic_values(config.values)
-        candidates = self.placement_candidates()
-        journals = [journal_partition_for(name, p, candidates) for p in range(num_partitions)]
+        if assignments:
+            journals = self.route_assignments(name, 0, assignments)
+        else:
+            candidates = self.placement_candidates()
+            journals = [journal_partition_for(name, p, candidates) for p in range(num_partitions)]
         return _CreatePlan(name, journals, overrides, config, replication_factor)
 
     def _store_create(self, plan: _CreatePlan) -> TopicRecord:
@@ -628,6 +694,33 @@ class TopicManager:
             config = self.effective_config(name)
             self.storage.update_config(name, config.log_config)
             await self._register_async(current, config.log_config, 0, config)
+
+    def route_assignments(
+        self, name: str, first: int, assignments: Sequence[Sequence[int]]
+    ) -> list[int]:
+        """The journal partition of each manually assigned new partition (``first`` the
+        first one's index): one of :func:`match_assignment`'s, spread as
+        :func:`journal_partition_for` spreads; INVALID_REPLICA_ASSIGNMENT naming the replica
+        lists the journal partitions have when none matches."""
+        routing = self.routing
+        leaderships = [routing.leadership(j) for j in range(routing.total())]
+        journals = []
+        for i, replicas in enumerate(assignments):
+            matches = match_assignment(replicas, leaderships)
+            if not matches:
+                lists = ", ".join(
+                    str(list(r))
+                    for r in sorted({lead.replicas for lead in leaderships if lead.replicas})
+                )
+                raise InvalidReplicaAssignmentError(
+                    f"The manual partition assignment {list(replicas)} for partition "
+                    f"{first + i} matches no journal partition: StoneMQ replicates journal "
+                    "partitions, and a topic partition has the replicas of the journal "
+                    "partition it is placed on; this cluster's journal partitions have the "
+                    f"replica lists {lists}."
+                )
+            journals.append(journal_partition_for(name, first + i, matches))
+        return journals
 
     def placement_candidates(self) -> list[int]:
         """The journal partitions new topic partitions go to now: :func:`placement_candidates`
@@ -842,21 +935,38 @@ class TopicManager:
 
     # -- partitions ---------------------------------------------------------------------------
     async def add_partitions(
-        self, name: str, total: int, *, validate_only: bool = False
+        self,
+        name: str,
+        total: int,
+        *,
+        validate_only: bool = False,
+        assignments: Sequence[Sequence[int]] | None = None,
     ) -> TopicRecord:
         """Grow ``name`` to ``total`` partitions; new partitions get journal partitions too
         (the store's commit in its thread, storage in steps). Changes of one topic run one
         at a time: two concurrent requests each added their partitions to the count the
         other had not yet committed, and one racing a delete failed with a traceback."""
-        return await self._to_the_end(self._add_partitions_locked(name, total, validate_only))
+        return await self._to_the_end(
+            self._add_partitions_locked(name, total, validate_only, assignments)
+        )
 
     async def _add_partitions_locked(
-        self, name: str, total: int, validate_only: bool
+        self,
+        name: str,
+        total: int,
+        validate_only: bool,
+        assignments: Sequence[Sequence[int]] | None,
     ) -> TopicRecord:
         async with self._change(name):
-            return await self._add_partitions(name, total, validate_only)
+            return await self._add_partitions(name, total, validate_only, assignments)
 
-    async def _add_partitions(self, name: str, total: int, validate_only: bool) -> TopicRecord:
+    async def _add_partitions(
+        self,
+        name: str,
+        total: int,
+        validate_only: bool,
+        assignments: Sequence[Sequence[int]] | None = None,
+    ) -> TopicRecord:
         if name in self._deleting:
             raise UnknownTopicOrPartitionError(f"Topic {name} is marked for deletion")
         record = self.require(name)
@@ -873,8 +983,11 @@ class TopicManager:
                 f"Number of partitions {total} exceeds the limit of {MAX_PARTITIONS}."
             )
         self.check_partition_limits(total - current)
-        candidates = self.placement_candidates()
-        new = [journal_partition_for(name, p, candidates) for p in range(current, total)]
+        if assignments:
+            new = self.route_assignments(name, current, assignments)
+        else:
+            candidates = self.placement_candidates()
+            new = [journal_partition_for(name, p, candidates) for p in range(current, total)]
         if validate_only:
             return TopicRecord(
                 name=name,

@@ -6,6 +6,7 @@ replicas, DescribeLogDirs lists on each broker the partitions it holds."""
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 import uuid
@@ -420,3 +421,58 @@ def test_a_smaller_replication_factor_gets_the_journal_partitions_and_says_so(
         assert (created.error_code, created.replication_factor) == (ErrorCode.none, 3)
         _wait_for(lambda rf=rf: _metadata_replicas(b3, f"rf-{rf}") is not None)
         assert {len(r) for r in _metadata_replicas(b3, f"rf-{rf}").values()} == {3}
+    # a manual assignment: a journal partition with that replica list (order too), else one
+    # with the same replicas
+    lists = set(_metadata_replicas(b3, "rf-1").values())
+    first = sorted(lists)[0]
+    other = next(p for p in itertools.permutations(first) if p not in lists)
+    created = _create_raw(b1, "as-3", assignments=[list(first), list(other)])
+    assert (created.error_code, created.replication_factor) == (ErrorCode.none, 3)
+    _wait_for(lambda: _metadata_replicas(b2, "as-3") is not None)
+    placed = _metadata_replicas(b2, "as-3")
+    assert placed[0] == first and placed[1] in lists and sorted(placed[1]) == sorted(other)
+
+
+def test_replica_assignments_place_partitions_on_journal_partitions_of_those_replicas(
+    cluster,
+) -> None:
+    """Replication factor 1: an assignment naming one broker per partition places each
+    partition on a journal partition of that broker (CreateTopics and CreatePartitions,
+    confluent-kafka); Kafka's checks answer an empty list, an unknown or repeated broker
+    and inconsistent lengths; a list no journal partition has is INVALID_REPLICA_ASSIGNMENT
+    naming the lists they have."""
+    from confluent_kafka.admin import NewPartitions
+
+    b1, b2, _ = cluster
+    admin = AdminClient({"bootstrap.servers": b1.bootstrap})  # referenced until done
+    admin.create_topics(
+        [NewTopic("assigned", 4, replica_assignment=[[2], [3], [1], [2]])], operation_timeout=20
+    )["assigned"].result(30)
+    admin.create_partitions(
+        [NewPartitions("assigned", 6, replica_assignment=[[3], [1]])], operation_timeout=20
+    )["assigned"].result(30)
+    _wait_for(lambda: len(_metadata_replicas(b2, "assigned") or {}) == 6)
+    assert _metadata_replicas(b2, "assigned") == {
+        0: (2,),
+        1: (3,),
+        2: (1,),
+        3: (2,),
+        4: (3,),
+        5: (1,),
+    }
+    assert {leader for leader, _, _ in _metadata(b2, "assigned").values()} == {1, 2, 3}
+    for assignment, code, message in [
+        ([[1, 2, 3]], ErrorCode.invalid_replica_assignment, "replica lists [1], [2], [3]."),
+        ([[4]], ErrorCode.invalid_replica_assignment, "includes broker 4, but no such broker"),
+        ([[1, 1]], ErrorCode.invalid_replica_assignment, "includes the broker 1 more than once"),
+        ([[1], [2, 3]], ErrorCode.invalid_replica_assignment, "not consistent with previous"),
+        ([[]], ErrorCode.invalid_replica_assignment, "includes an empty replica list"),
+    ]:
+        refused = _create_raw(b1, "refused", assignments=assignment)
+        assert refused.error_code == code, (assignment, refused)
+        assert message in refused.error_message, (assignment, refused.error_message)
+    grown = admin.create_partitions(
+        [NewPartitions("assigned", 7, replica_assignment=[[1, 2]])], operation_timeout=20
+    )["assigned"]
+    with pytest.raises(Exception, match="which have 1 replica"):
+        grown.result(30)

@@ -13,12 +13,19 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from kio.schema.errors import ErrorCode
 
 from stonemq.cluster.routing import Leadership
 from stonemq.config import Settings
 from stonemq.metadata.sqlite import SqliteMetadataStore
 from stonemq.storage.engine import LogConfig, StorageEngine
-from stonemq.topic_configs import ConfigOp, ConfigSource, InvalidConfigError, InvalidRequestError
+from stonemq.topic_configs import (
+    AdminError,
+    ConfigOp,
+    ConfigSource,
+    InvalidConfigError,
+    InvalidRequestError,
+)
 from stonemq.topics import (
     InvalidPartitionsError,
     InvalidTopicError,
@@ -27,7 +34,9 @@ from stonemq.topics import (
     TopicManager,
     UnknownTopicIdError,
     UnknownTopicOrPartitionError,
+    check_manual_assignment,
     journal_partition_for,
+    match_assignment,
     placement_candidates,
     validate_topic_name,
 )
@@ -203,6 +212,46 @@ def test_placement_candidates_prefer_wholly_live_then_live_leaders_then_all() ->
     assert placement_candidates(two, lambda b: False) == [0, 1, 2, 3]
     # a journal partition not known yet (no replicas) is never a live candidate
     assert placement_candidates([_lead((), -1), _lead((1,), 1)], lambda b: True) == [1]
+
+
+def test_match_assignment_exact_list_first_then_the_same_set() -> None:
+    journals = [_lead((1, 2, 3), 1), _lead((2, 3, 1), 2), _lead((1, 2, 3), 1), _lead((3, 1, 2), 3)]
+    assert match_assignment([1, 2, 3], journals) == [0, 2]
+    assert match_assignment([2, 3, 1], journals) == [1]
+    assert match_assignment([3, 2, 1], journals) == [0, 1, 2, 3]  # no exact: the same set
+    assert match_assignment([1, 2], journals) == []
+    assert match_assignment([1], [_lead((), -1), _lead((1,), 1)]) == [1]
+
+
+@pytest.mark.parametrize(
+    ("replicas", "factor", "message"),
+    [
+        ((), None, "The manual partition assignment includes an empty replica list."),
+        (
+            (1, 4),
+            None,
+            "The manual partition assignment includes broker 4, but no such broker is registered.",
+        ),
+        ((2, 1, 2), None, "The manual partition assignment includes the broker 2 more than once."),
+        (
+            (1, 2),
+            3,
+            "The manual partition assignment includes a partition with 2 replica(s), but this is "
+            "not consistent with previous partitions, which have 3 replica(s).",
+        ),
+    ],
+)
+def test_check_manual_assignment_has_kafkas_messages(
+    replicas: tuple[int, ...], factor: int | None, message: str
+) -> None:
+    with pytest.raises(AdminError) as raised:
+        check_manual_assignment(replicas, lambda b: b in (1, 2, 3), factor)
+    assert raised.value.error_code == ErrorCode.invalid_replica_assignment
+    assert raised.value.message == message
+
+
+def test_check_manual_assignment_accepts_registered_distinct_brokers() -> None:
+    check_manual_assignment((3, 1, 2), lambda b: b in (1, 2, 3), 3)
 
 
 def test_create_default_partitions(topics: TopicManager, store: SqliteMetadataStore) -> None:
