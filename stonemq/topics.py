@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from kio.schema.errors import ErrorCode
 
-from stonemq.cluster.routing import Routing, SingleNodeRouting
+from stonemq.cluster.routing import Leadership, Routing, SingleNodeRouting, offline_replicas
 from stonemq.coordinator.group_log import OFFSETS_TOPIC
 from stonemq.metadata.store import (
     CLUSTER_DEFAULT,
@@ -125,6 +125,10 @@ class InvalidReplicationFactorError(AdminError):
     error_code = ErrorCode.invalid_replication_factor
 
 
+class InvalidReplicaAssignmentError(AdminError):
+    error_code = ErrorCode.invalid_replica_assignment
+
+
 class UnknownTopicOrPartitionError(AdminError):
     error_code = ErrorCode.unknown_topic_or_partition
 
@@ -160,16 +164,89 @@ def collision_key(name: str) -> str:
     return name.replace(".", "_")
 
 
-def journal_partition_for(topic: str, partition: int, journal_partitions: int) -> int:
+def journal_partition_for(
+    topic: str, partition: int, journal_partitions: int | Sequence[int]
+) -> int:
     """The journal partition a new topic partition is routed to.
 
-    A topic's partitions go round-robin over the journal partitions from a start chosen by the
-    CRC-32 of its name, so one topic spreads evenly and different topics start at different
-    journal partitions. Chosen once, recorded in the store with the partition, never
-    recomputed (so changing ``journal.partitions`` later moves no existing partition).
+    A topic's partitions go round-robin over the candidate journal partitions (a count: all
+    of ``0..n-1``; or a list of ids, :func:`placement_candidates`) from a start chosen by
+    the CRC-32 of its name, so one topic spreads evenly and different topics start at
+    different journal partitions; every journal partition a candidate gives what the count
+    gives. Chosen once, recorded in the store with the partition, never recomputed (so
+    changing ``journal.partitions`` later moves no existing partition).
     """
     start = zlib.crc32(topic.encode("utf-8"))
-    return (start + partition) % journal_partitions
+    if isinstance(journal_partitions, int):
+        return (start + partition) % journal_partitions
+    return journal_partitions[(start + partition) % len(journal_partitions)]
+
+
+def placement_candidates(
+    leaderships: Sequence[Leadership], live: Callable[[int], bool]
+) -> list[int]:
+    """The journal partitions (ids: indexes of ``leaderships``) new topic partitions may be
+    routed to, as Kafka places new replicas on live brokers and never makes a fenced one
+    leader: those whose replicas are all ``live`` if any; else those with a live leader;
+    else (nothing live) every one, as before (the mapping never changes, so a partition
+    placed on a dead broker's journal partition would stay leaderless until it returns)."""
+    placed = [(j, lead) for j, lead in enumerate(leaderships) if lead.replicas]
+    whole = [j for j, lead in placed if all(live(r) for r in lead.replicas)]
+    if whole:
+        return whole
+    led = [j for j, lead in placed if lead.leader >= 0 and live(lead.leader)]
+    if led:
+        return led
+    return list(range(len(leaderships)))
+
+
+def check_manual_assignment(
+    replicas: Sequence[int],
+    registered: Callable[[int], bool],
+    replication_factor: int | None = None,
+) -> None:
+    """Kafka's checks of a manual replica assignment (ReplicationControlManager's
+    ``validateManualPartitionAssignment``, for CreateTopics, CreatePartitions and
+    AlterPartitionReassignments), with its messages: not empty, every broker registered,
+    none twice, and as many replicas as ``replication_factor`` (the previous partitions')
+    when given. INVALID_REPLICA_ASSIGNMENT otherwise."""
+    if not replicas:
+        raise InvalidReplicaAssignmentError(
+            "The manual partition assignment includes an empty replica list."
+        )
+    previous: int | None = None
+    for broker_id in sorted(replicas):
+        if not registered(broker_id):
+            raise InvalidReplicaAssignmentError(
+                f"The manual partition assignment includes broker {broker_id}, but no such "
+                "broker is registered."
+            )
+        if broker_id == previous:
+            raise InvalidReplicaAssignmentError(
+                f"The manual partition assignment includes the broker {previous} more than once."
+            )
+        previous = broker_id
+    if replication_factor is not None and len(replicas) != replication_factor:
+        raise InvalidReplicaAssignmentError(
+            f"The manual partition assignment includes a partition with {len(replicas)} "
+            "replica(s), but this is not consistent with previous partitions, which have "
+            f"{replication_factor} replica(s)."
+        )
+
+
+def match_assignment(replicas: Sequence[int], leaderships: Sequence[Leadership]) -> list[int]:
+    """The journal partitions (indexes of ``leaderships``) a topic partition assigned
+    ``replicas`` may be routed to: those whose replica list is exactly ``replicas`` (the
+    first, the preferred leader, too), else those with the same replicas in another order,
+    else none."""
+    wanted = tuple(replicas)
+    exact = [j for j, lead in enumerate(leaderships) if lead.replicas and lead.replicas == wanted]
+    if exact:
+        return exact
+    same = sorted(wanted)
+    return [
+        j for j, lead in enumerate(leaderships) if lead.replicas and sorted(lead.replicas) == same
+    ]
 
 
 class StorageTopics(Protocol):
@@ -402,12 +479,15 @@ class TopicManager:
         *,
         validate_only: bool = False,
         replication_factor: int = -1,
+        assignments: Sequence[Sequence[int]] | None = None,
     ) -> CreatedTopic:
         """Create a topic at once, on the calling thread (start-up, internal topics, tests);
         clients' requests go through :meth:`create_async`. ``num_partitions`` -1 means the
         ``num.partitions`` default, ``replication_factor`` -1 the
-        ``default.replication.factor``."""
-        plan = self._plan_create(name, num_partitions, configs, replication_factor)
+        ``default.replication.factor``; ``assignments``, each partition's replicas (checked
+        by :func:`check_manual_assignment` already), route each partition to a journal
+        partition of those replicas (:meth:`route_assignments`)."""
+        plan = self._plan_create(name, num_partitions, configs, replication_factor, assignments)
         if validate_only:
             return plan.preview()
         record = self._store_create(plan)
@@ -422,17 +502,18 @@ class TopicManager:
         *,
         validate_only: bool = False,
         replication_factor: int = -1,
+        assignments: Sequence[Sequence[int]] | None = None,
     ) -> CreatedTopic:
         """:meth:`create` without holding the event loop: the metadata store's commit runs in
         its thread, and storage takes the partitions ``STEP_PARTITIONS`` at a time, under the
         topic's change lock: a deletion asked meanwhile waits until every partition is
         registered (it used to forget the ones registered so far while the rest went on
         being registered, left behind as partitions of no topic)."""
-        plan = self._plan_create(name, num_partitions, configs, replication_factor)
+        plan = self._plan_create(name, num_partitions, configs, replication_factor, assignments)
         if validate_only:
             return plan.preview()
         return await self._to_the_end(
-            self._create_locked(name, num_partitions, configs, replication_factor)
+            self._create_locked(name, num_partitions, configs, replication_factor, assignments)
         )
 
     async def _create_locked(
@@ -441,9 +522,10 @@ class TopicManager:
         num_partitions: int,
         configs: Mapping[str, str | None] | None,
         replication_factor: int,
+        assignments: Sequence[Sequence[int]] | None = None,
     ) -> CreatedTopic:
         async with self._change(name):
-            plan = self._plan_create(name, num_partitions, configs, replication_factor)
+            plan = self._plan_create(name, num_partitions, configs, replication_factor, assignments)
             self._in_flight += plan.partitions
             try:
                 record = await self._in_store_thread(self._store_create, plan)
@@ -476,10 +558,15 @@ class TopicManager:
         num_partitions: int,
         configs: Mapping[str, str | None] | None,
         replication_factor: int,
+        assignments: Sequence[Sequence[int]] | None = None,
     ) -> _CreatePlan:
         """Every check of a create, and what it will write."""
         validate_topic_name(name)
-        replication_factor = self.check_replication_factor(replication_factor)
+        if assignments:  # Kafka checks no replication factor against a manual assignment
+            replication_factor = self.routing.replication_factor()
+            num_partitions = len(assignments)
+        else:
+            replication_factor = self.check_replication_factor(replication_factor)
         if num_partitions == -1:
             num_partitions = self.default_partitions()
         if num_partitions <= 0:
@@ -499,9 +586,11 @@ class TopicManager:
             raise InvalidTopicError(f"Topic '{name}' collides with existing topic: {other}")
         config = resolve_topic(self.settings, self._broker_dynamic, overrides)
         validate_topic_values(config.values)
-        journals = [
-            journal_partition_for(name, p, self.routing.total()) for p in range(num_partitions)
-        ]
+        if assignments:
+            journals = self.route_assignments(name, 0, assignments)
+        else:
+            candidates = self.placement_candidates()
+            journals = [journal_partition_for(name, p, candidates) for p in range(num_partitions)]
         return _CreatePlan(name, journals, overrides, config, replication_factor)
 
     def _store_create(self, plan: _CreatePlan) -> TopicRecord:
@@ -606,13 +695,58 @@ class TopicManager:
             self.storage.update_config(name, config.log_config)
             await self._register_async(current, config.log_config, 0, config)
 
+    def route_assignments(
+        self, name: str, first: int, assignments: Sequence[Sequence[int]]
+    ) -> list[int]:
+        """The journal partition of each manually assigned new partition (``first`` the
+        first one's index): one of :func:`match_assignment`'s, spread as
+        :func:`journal_partition_for` spreads; INVALID_REPLICA_ASSIGNMENT naming the replica
+        lists the journal partitions have when none matches."""
+        routing = self.routing
+        leaderships = [routing.leadership(j) for j in range(routing.total())]
+        journals = []
+        for i, replicas in enumerate(assignments):
+            matches = match_assignment(replicas, leaderships)
+            if not matches:
+                lists = ", ".join(
+                    str(list(r))
+                    for r in sorted({lead.replicas for lead in leaderships if lead.replicas})
+                )
+                raise InvalidReplicaAssignmentError(
+                    f"The manual partition assignment {list(replicas)} for partition "
+                    f"{first + i} matches no journal partition: StoneMQ replicates journal "
+                    "partitions, and a topic partition has the replicas of the journal "
+                    "partition it is placed on; this cluster's journal partitions have the "
+                    f"replica lists {lists}."
+                )
+            journals.append(journal_partition_for(name, first + i, matches))
+        return journals
+
+    def placement_candidates(self) -> list[int]:
+        """The journal partitions new topic partitions go to now: :func:`placement_candidates`
+        with the brokers live by the judgement Metadata's offline replicas use (every journal
+        partition on a single node)."""
+        routing = self.routing
+        dead = routing.dead()
+        return placement_candidates(
+            [routing.leadership(j) for j in range(routing.total())],
+            lambda b: not offline_replicas(routing, (b,), dead),
+        )
+
     def live_brokers(self) -> int:
         """How many brokers can hold a replica (the live brokers of the cluster)."""
         return max(1, len(self.routing.brokers()))
 
     def check_replication_factor(self, replication_factor: int) -> int:
-        """The replication factor a new topic gets (-1: ``default.replication.factor``), or
-        INVALID_REPLICATION_FACTOR when the live brokers cannot hold that many replicas."""
+        """The replication factor a new topic gets, or INVALID_REPLICATION_FACTOR.
+
+        Kafka's checks first (-1 is ``default.replication.factor``; not above 0; more than the
+        live brokers can hold). Then StoneMQ's: only journal partitions replicate, and every
+        topic partition has its journal partition's N replicas (N: the controller's
+        ``default.replication.factor`` at broker start; 1 on a single node), so a factor
+        asked above N is refused and any other gets N: the value returned, and what
+        CreateTopics answers, never the one asked."""
+        asked = replication_factor
         if replication_factor == -1:
             replication_factor = int(self.broker_setting("default.replication.factor"))  # type: ignore[call-overload]
         if replication_factor <= 0:
@@ -626,7 +760,16 @@ class TopicManager:
                 f"replication factor of {replication_factor} cannot be reached because only "
                 f"{brokers} broker(s) are registered."
             )
-        return replication_factor
+        replicas = self.routing.replication_factor()
+        if asked != -1 and replication_factor > replicas:
+            raise InvalidReplicationFactorError(
+                f"Unable to replicate the partition {replication_factor} time(s): StoneMQ "
+                "replicates journal partitions, not topic partitions, and every topic "
+                f"partition has its journal partition's {replicas} replica(s) (set by "
+                "default.replication.factor when the brokers start); ask for at most "
+                f"{replicas}."
+            )
+        return replicas
 
     def partition_count(self) -> int:
         """Partitions of every topic, plus those of creates in progress."""
@@ -792,21 +935,38 @@ class TopicManager:
 
     # -- partitions ---------------------------------------------------------------------------
     async def add_partitions(
-        self, name: str, total: int, *, validate_only: bool = False
+        self,
+        name: str,
+        total: int,
+        *,
+        validate_only: bool = False,
+        assignments: Sequence[Sequence[int]] | None = None,
     ) -> TopicRecord:
         """Grow ``name`` to ``total`` partitions; new partitions get journal partitions too
         (the store's commit in its thread, storage in steps). Changes of one topic run one
         at a time: two concurrent requests each added their partitions to the count the
         other had not yet committed, and one racing a delete failed with a traceback."""
-        return await self._to_the_end(self._add_partitions_locked(name, total, validate_only))
+        return await self._to_the_end(
+            self._add_partitions_locked(name, total, validate_only, assignments)
+        )
 
     async def _add_partitions_locked(
-        self, name: str, total: int, validate_only: bool
+        self,
+        name: str,
+        total: int,
+        validate_only: bool,
+        assignments: Sequence[Sequence[int]] | None,
     ) -> TopicRecord:
         async with self._change(name):
-            return await self._add_partitions(name, total, validate_only)
+            return await self._add_partitions(name, total, validate_only, assignments)
 
-    async def _add_partitions(self, name: str, total: int, validate_only: bool) -> TopicRecord:
+    async def _add_partitions(
+        self,
+        name: str,
+        total: int,
+        validate_only: bool,
+        assignments: Sequence[Sequence[int]] | None = None,
+    ) -> TopicRecord:
         if name in self._deleting:
             raise UnknownTopicOrPartitionError(f"Topic {name} is marked for deletion")
         record = self.require(name)
@@ -823,8 +983,11 @@ class TopicManager:
                 f"Number of partitions {total} exceeds the limit of {MAX_PARTITIONS}."
             )
         self.check_partition_limits(total - current)
-        journals = self.routing.total()
-        new = [journal_partition_for(name, p, journals) for p in range(current, total)]
+        if assignments:
+            new = self.route_assignments(name, current, assignments)
+        else:
+            candidates = self.placement_candidates()
+            new = [journal_partition_for(name, p, candidates) for p in range(current, total)]
         if validate_only:
             return TopicRecord(
                 name=name,

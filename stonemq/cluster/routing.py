@@ -103,6 +103,11 @@ class SingleNodeRouting:
         """Registered brokers judged dead (none on a single node)."""
         return frozenset()
 
+    def replication_factor(self) -> int:
+        """The replica count of every journal partition, so of every topic partition (one
+        here)."""
+        return 1
+
 
 Routing = SingleNodeRouting  # the interface; ClusterRouting has the same methods
 
@@ -340,6 +345,25 @@ class ClusterRouting(SingleNodeRouting):
 
     def controller_id(self) -> int:
         return self._controller
+
+    def replication_factor(self) -> int:
+        """The replica count of the cluster's journal partitions: the controller places every
+        one with its ``default.replication.factor`` (stonemq/cluster/controller.py), so every
+        topic partition has this many replicas whatever its creator asked for."""
+        return max((len(lead.replicas) for lead in list(self._partitions.values())), default=1)
+
+
+def offline_replicas(
+    routing: SingleNodeRouting, replicas: tuple[int, ...], dead: frozenset[int] | None = None
+) -> tuple[int, ...]:
+    """The replicas of ``replicas`` on brokers that are not live: not registered, or judged
+    dead before their sessions end (:meth:`ClusterRouting.dead`). The one judgement behind
+    Metadata's and DescribeTopicPartitions' ``offline_replicas`` and behind the placement of
+    new topic partitions (stonemq/topics.py); ``dead`` is ``routing.dead()`` when the caller
+    has it already."""
+    if dead is None:
+        dead = routing.dead()
+    return tuple(r for r in replicas if r in dead or routing.broker(r) is None)
 
 
 def _leadership(assignment: Assignment, state: PartitionState) -> Leadership:

@@ -1,8 +1,9 @@
 """Admin APIs: CreateTopics (19), DeleteTopics (20), DescribeConfigs (32), AlterConfigs (33),
 CreatePartitions (37), IncrementalAlterConfigs (44) and DescribeCluster (60).
 
-One broker is the whole cluster: it is the controller, every replica is on it, and a
-replication factor other than 1 (or -1, the default) cannot be met. The work is done by
+A topic partition has its journal partition's replicas: a replication factor asked above
+their count (1 on a single node; ``default.replication.factor`` at the brokers' start in a
+cluster) is refused, any other gets that count, which CreateTopics answers. The work is done by
 :class:`~stonemq.topics.TopicManager`; this module turns requests into its calls and its
 :class:`~stonemq.topic_configs.AdminError` exceptions into per-resource error codes and messages,
 as Kafka does (one bad topic never fails the others).
@@ -27,7 +28,7 @@ from stonemq.handlers.authorized_operations import (
 from stonemq.handlers.context import RequestContext
 from stonemq.handlers.registry import api
 from stonemq.topic_configs import AdminError, ConfigEntry, ConfigOp, InvalidRequestError
-from stonemq.topics import PolicyViolationError, validate_topic_name
+from stonemq.topics import PolicyViolationError, check_manual_assignment, validate_topic_name
 
 log = logging.getLogger("stonemq.admin")
 
@@ -74,7 +75,6 @@ def _duplicates(names: Iterable[Any]) -> set[Any]:
 @api(19, 2, 7)
 async def handle_create_topics(ctx: RequestContext, request: Any) -> Any:
     topics = ctx.broker.topics
-    broker_id = ctx.broker.settings.broker_id
     duplicates = _duplicates(t.name for t in request.topics)
     results = []
     requested = 0  # partitions this request creates (max.partitions.per.request)
@@ -91,7 +91,7 @@ async def handle_create_topics(ctx: RequestContext, request: Any) -> Any:
             )
             continue
         with _Outcome() as outcome:
-            num_partitions = _requested_partitions(topic, broker_id)
+            num_partitions = _requested_partitions(topic, ctx.broker.routing)
             requested += topics.default_partitions() if num_partitions == -1 else num_partitions
             if requested > ctx.broker.settings.max_partitions_per_request:
                 raise PolicyViolationError(
@@ -104,7 +104,8 @@ async def handle_create_topics(ctx: RequestContext, request: Any) -> Any:
                 num_partitions,
                 {c.name: c.value for c in topic.configs},
                 validate_only=request.validate_only,
-                replication_factor=1 if topic.assignments else topic.replication_factor,
+                replication_factor=topic.replication_factor,
+                assignments=_assignments(topic.assignments),
             )
         if not outcome.ok:
             results.append(
@@ -146,8 +147,9 @@ async def _partitions_ready(ctx: RequestContext, timeout: timedelta) -> None:
     await ctx.broker.storage.wait_precreated(timeout.total_seconds())
 
 
-def _requested_partitions(topic: Any, broker_id: int) -> int:
-    """The partition count a CreatableTopic asks for, after the one-broker checks."""
+def _requested_partitions(topic: Any, routing: Any) -> int:
+    """The partition count a CreatableTopic asks for, after Kafka's checks of a manual
+    assignment (on a single node: the one broker's, as before)."""
     if topic.assignments:
         if topic.num_partitions != -1 or topic.replication_factor != -1:
             raise InvalidRequestError(
@@ -159,15 +161,34 @@ def _requested_partitions(topic: Any, broker_id: int) -> int:
             raise InvalidRequestError(
                 "Partitions in the replica assignment must be numbered consecutively from 0."
             )
-        for assignment in topic.assignments:
-            if tuple(assignment.broker_ids) != (broker_id,):
-                raise InvalidRequestError(
-                    f"Replica assignment {list(assignment.broker_ids)} for partition "
-                    f"{assignment.partition_index} is not possible: this cluster has one "
-                    f"broker, {broker_id}."
-                )
+        previous: int | None = None
+        for assignment in sorted(topic.assignments, key=lambda a: a.partition_index):
+            if not routing.clustered:
+                if tuple(assignment.broker_ids) != (routing.broker_id,):
+                    raise InvalidRequestError(
+                        f"Replica assignment {list(assignment.broker_ids)} for partition "
+                        f"{assignment.partition_index} is not possible: this cluster has one "
+                        f"broker, {routing.broker_id}."
+                    )
+                continue
+            check_manual_assignment(assignment.broker_ids, _registered(routing), previous)
+            previous = len(assignment.broker_ids)
         return len(indexes)
     return int(topic.num_partitions)
+
+
+def _assignments(assignments: Any) -> list[tuple[int, ...]] | None:
+    """A request's assignments (CreateTopics' in partition order, CreatePartitions' in
+    theirs) as replica lists; None for none."""
+    if not assignments:
+        return None
+    if hasattr(assignments[0], "partition_index"):
+        assignments = sorted(assignments, key=lambda a: a.partition_index)
+    return [tuple(int(b) for b in a.broker_ids) for a in assignments]
+
+
+def _registered(routing: Any) -> Any:
+    return lambda broker_id: routing.broker(broker_id) is not None
 
 
 def _create_result(
@@ -292,7 +313,7 @@ async def _delete_in_order(
 @api(37, 0, 3)
 async def handle_create_partitions(ctx: RequestContext, request: Any) -> Any:
     topics = ctx.broker.topics
-    broker_id = ctx.broker.settings.broker_id
+    routing = ctx.broker.routing
     duplicates = _duplicates(t.name for t in request.topics)
     results = []
     async for topic in ctx.paced(request.topics):
@@ -308,13 +329,24 @@ async def handle_create_partitions(ctx: RequestContext, request: Any) -> Any:
                         f"{len(topic.assignments)} assignments provided."
                     )
                 for assignment in topic.assignments:
-                    if tuple(assignment.broker_ids) != (broker_id,):
-                        raise _AssignmentError(
-                            f"Replica assignment {list(assignment.broker_ids)} is not possible: "
-                            f"this cluster has one broker, {broker_id}."
-                        )
+                    if not routing.clustered:
+                        if tuple(assignment.broker_ids) != (routing.broker_id,):
+                            raise _AssignmentError(
+                                f"Replica assignment {list(assignment.broker_ids)} is not "
+                                f"possible: this cluster has one broker, {routing.broker_id}."
+                            )
+                        continue
+                    # Kafka's checks; as many replicas as the topic's partitions have
+                    check_manual_assignment(
+                        assignment.broker_ids,
+                        _registered(routing),
+                        routing.replication_factor(),
+                    )
             await topics.add_partitions(
-                topic.name, topic.count, validate_only=request.validate_only
+                topic.name,
+                topic.count,
+                validate_only=request.validate_only,
+                assignments=_assignments(topic.assignments),
             )
         results.append(
             ctx.build(

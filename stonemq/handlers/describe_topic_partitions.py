@@ -20,7 +20,7 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 
-from stonemq.cluster.routing import Leadership
+from stonemq.cluster.routing import Leadership, offline_replicas
 from stonemq.coordinator.group_log import OFFSETS_TOPIC
 from stonemq.handlers.authorized_operations import (
     TOPIC_AUTHORIZED_OPERATIONS,
@@ -133,7 +133,9 @@ def _partition(ctx: RequestContext, index: int, lead: Leadership) -> Any:
         isr_nodes=lead.isr,
         eligible_leader_replicas=(),
         last_known_elr=(),
-        offline_replicas=tuple(r for r in lead.replicas if ctx.broker.routing.broker(r) is None),
+        # the same judgement as Metadata's: a broker judged dead is offline before its
+        # ZooKeeper session ends
+        offline_replicas=offline_replicas(ctx.broker.routing, lead.replicas),
     )
 
 

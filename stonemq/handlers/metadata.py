@@ -23,7 +23,7 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 
-from stonemq.cluster.routing import Leadership
+from stonemq.cluster.routing import Leadership, offline_replicas
 from stonemq.coordinator.group_log import OFFSETS_TOPIC
 from stonemq.handlers.authorized_operations import (
     UNKNOWN_AUTHORIZED_OPERATIONS,
@@ -206,7 +206,7 @@ def _partition(ctx: RequestContext, index: int, lead: Leadership) -> Any:
         leader_epoch=lead.leader_epoch,
         replica_nodes=lead.replicas,
         isr_nodes=lead.isr,
-        offline_replicas=tuple(r for r in lead.replicas if r in dead or routing.broker(r) is None),
+        offline_replicas=offline_replicas(routing, lead.replicas, dead),
     )
 
 

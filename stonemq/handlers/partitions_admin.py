@@ -47,6 +47,8 @@ from stonemq.cluster.routing import Leadership
 from stonemq.handlers.context import RequestContext
 from stonemq.handlers.registry import api
 from stonemq.metadata.store import TopicRecord
+from stonemq.topic_configs import AdminError
+from stonemq.topics import check_manual_assignment
 
 PREFERRED = 0
 UNCLEAN = 1
@@ -317,26 +319,11 @@ def _check_target(ctx: RequestContext, replicas: tuple[int, ...] | None, lead: L
     it is the current assignment, the only one a partition can have here."""
     if replicas is None:
         raise _PartitionError(ErrorCode.no_reassignment_in_progress, NO_REASSIGNMENT_MESSAGE)
-    if not replicas:
-        raise _PartitionError(
-            ErrorCode.invalid_replica_assignment,
-            "The manual partition assignment includes an empty replica list.",
-        )
     routing = ctx.broker.routing
-    previous: int | None = None
-    for broker_id in sorted(replicas):
-        if routing.broker(broker_id) is None:
-            raise _PartitionError(
-                ErrorCode.invalid_replica_assignment,
-                f"The manual partition assignment includes broker {broker_id}, but no such "
-                "broker is registered.",
-            )
-        if broker_id == previous:
-            raise _PartitionError(
-                ErrorCode.invalid_replica_assignment,
-                f"The manual partition assignment includes the broker {previous} more than once.",
-            )
-        previous = broker_id
+    try:  # Kafka's checks, shared with CreateTopics and CreatePartitions
+        check_manual_assignment(replicas, lambda b: routing.broker(b) is not None)
+    except AdminError as exc:
+        raise _PartitionError(exc.error_code, exc.message) from None
     if tuple(replicas) != tuple(lead.replicas):
         raise _PartitionError(
             ErrorCode.invalid_replica_assignment,

@@ -563,3 +563,40 @@ def test_not_leader_answers_name_the_leader(cluster) -> None:
         answer = conn.request(request, schema("produce", 13, "response").ProduceResponse)
         assert answer.responses[0].partition_responses[0].error_code == 0
         assert answer.node_endpoints == ()
+
+
+def test_partitions_created_while_a_broker_is_dead_are_placed_on_live_brokers(cluster) -> None:
+    """Broker 3 SIGKILLed (judged dead at once, still registered): a topic created then, and
+    partitions added to it, are routed only to journal partitions of the live brokers, as
+    Kafka places new replicas on unfenced brokers; every one has a leader and takes a
+    produce. Before, a third of them went to broker 3's journal partitions, leaderless."""
+    from confluent_kafka.admin import NewPartitions
+
+    b1, b2, b3 = cluster
+    a1, a2 = (AdminClient({"bootstrap.servers": b.bootstrap}) for b in (b1, b2))
+    a1.create_topics([NewTopic("probe", 6, 1)])["probe"].result(30)  # on every broker
+    time.sleep(2)  # the brokers' reachability watches connect to broker 3's new listener
+    b3.kill()
+
+    def judged(broker: Any) -> bool:
+        with RawConnection(broker.host, broker.port) as conn:
+            meta = topic_metadata(conn, "probe")
+        return any(3 in p.offline_replicas for p in meta.partitions)
+
+    wait_for("broker 3 judged dead", lambda: judged(b1) and judged(b2), timeout=15)
+    a1.create_topics([NewTopic("born", 6, 1)])["born"].result(30)
+    a2.create_partitions([NewPartitions("born", 12)])["born"].result(30)
+
+    def placed() -> dict[int, tuple[int, tuple[int, ...]]]:
+        with RawConnection(b1.host, b1.port) as conn:
+            meta = topic_metadata(conn, "born")
+        return {p.partition_index: (p.leader_id, tuple(p.replica_nodes)) for p in meta.partitions}
+
+    wait_for("12 partitions", lambda: len(placed()) == 12, timeout=15)
+    got = placed()
+    assert {leader for leader, _ in got.values()} == {1, 2}, got
+    assert all(3 not in replicas for _, replicas in got.values()), got
+    producer = Producer({"bootstrap.servers": b1.bootstrap, "message.timeout.ms": 15000})
+    for p in range(12):
+        producer.produce("born", value=b"v", partition=p)
+    assert producer.flush(30) == 0

@@ -6,6 +6,7 @@ replicas, DescribeLogDirs lists on each broker the partitions it holds."""
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 import uuid
@@ -26,9 +27,10 @@ from kafka import TopicPartition
 from kafka import errors as kerrors
 from kafka.admin import KafkaAdminClient
 from kio.schema.errors import ErrorCode
-from kio.static.primitive import i8
+from kio.static.primitive import i8, i16, i32
 
 from . import rawclient
+from .test_replication import _start_cluster
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(180)]
 
@@ -265,3 +267,212 @@ def _wait_for(check: Any, timeout: float = 20.0) -> None:
     while not check():
         assert time.monotonic() < deadline, "not reached in time"
         time.sleep(0.2)
+
+
+def _offline_by_metadata(broker: Any, topic: str) -> tuple[list[int], dict[int, tuple[int, ...]]]:
+    req = rawclient.schema("metadata", 12, "request")
+    resp = rawclient.schema("metadata", 12, "response")
+    with rawclient.RawConnection(broker.host, broker.port) as conn:
+        answer = conn.request(
+            req.MetadataRequest(
+                topics=(req.MetadataRequestTopic(topic_id=None, name=topic),),
+                allow_auto_topic_creation=False,
+                include_topic_authorized_operations=False,
+            ),
+            resp.MetadataResponse,
+        )
+    (t,) = answer.topics
+    brokers = sorted(b.node_id for b in answer.brokers)
+    return brokers, {p.partition_index: tuple(p.offline_replicas) for p in t.partitions}
+
+
+def _offline_by_describe_topic_partitions(broker: Any, topic: str) -> dict[int, tuple[int, ...]]:
+    req = rawclient.schema("describe_topic_partitions", 0, "request")
+    resp = rawclient.schema("describe_topic_partitions", 0, "response")
+    with rawclient.RawConnection(broker.host, broker.port) as conn:
+        answer = conn.request(
+            req.DescribeTopicPartitionsRequest(
+                topics=(req.TopicRequest(name=topic),), response_partition_limit=i32(2000)
+            ),
+            resp.DescribeTopicPartitionsResponse,
+        )
+    (t,) = answer.topics
+    return {p.partition_index: tuple(p.offline_replicas) for p in t.partitions}
+
+
+def test_describe_topic_partitions_names_a_killed_brokers_replicas_offline_as_metadata_does(
+    cluster,
+) -> None:
+    """A SIGKILLed broker is judged dead at once (its listener refuses connects): Metadata
+    lists its replicas offline right away, and DescribeTopicPartitions (what Kafka 4's
+    AdminClient.describeTopics sends) must say the same, not wait for its ZooKeeper session
+    (18 s) to end."""
+    b1, _, b3 = cluster
+    admin = AdminClient({"bootstrap.servers": b1.bootstrap})  # referenced until done
+    admin.create_topics([NewTopic("offl", 6, 1)])["offl"].result(30)
+    _wait_for(lambda: len(_metadata(b1, "offl")) == 6)
+    on_b3 = {p for p, (leader, _, _) in _metadata(b1, "offl").items() if leader == 3}
+    assert on_b3
+    assert set(_offline_by_describe_topic_partitions(b1, "offl").values()) == {()}
+    # broker 1's reachability watch judges only a broker whose connection it had (and lost):
+    # give it time to connect to broker 3's listener, which just started
+    time.sleep(2)
+    b3.kill()
+    _wait_for(lambda: {p for p, o in _offline_by_metadata(b1, "offl")[1].items() if o} == on_b3)
+    described = _offline_by_describe_topic_partitions(b1, "offl")
+    brokers, by_metadata = _offline_by_metadata(b1, "offl")
+    assert 3 in brokers  # its session has not ended: registered, judged dead
+    assert described == by_metadata
+    assert {p for p, o in described.items() if o} == on_b3
+
+
+def _create_raw(
+    broker: Any,
+    name: str,
+    *,
+    partitions: int = -1,
+    replication_factor: int = -1,
+    assignments: list[list[int]] | None = None,
+    validate_only: bool = False,
+) -> Any:
+    """CreateTopics v7 as a client sends it: the topic's result (error, message, the
+    replication factor the broker reports)."""
+    req = rawclient.schema("create_topics", 7, "request")
+    resp = rawclient.schema("create_topics", 7, "response")
+    with rawclient.RawConnection(broker.host, broker.port) as conn:
+        answer = conn.request(
+            req.CreateTopicsRequest(
+                topics=(
+                    req.CreatableTopic(
+                        name=name,
+                        num_partitions=i32(partitions),
+                        replication_factor=i16(replication_factor),
+                        assignments=tuple(
+                            req.CreatableReplicaAssignment(
+                                partition_index=i32(p), broker_ids=tuple(i32(b) for b in ids)
+                            )
+                            for p, ids in enumerate(assignments or ())
+                        ),
+                        configs=(),
+                    ),
+                ),
+                timeout=rawclient.ms(20000),
+                validate_only=validate_only,
+            ),
+            resp.CreateTopicsResponse,
+        )
+    (result,) = answer.topics
+    return result
+
+
+def test_a_replication_factor_above_the_journal_partitions_is_refused(cluster) -> None:
+    """Replication factor 1 (journal partitions of one replica): asking for 3 replicas is
+    INVALID_REPLICATION_FACTOR saying why, not a topic of one replica answered as 3; 1 and -1
+    are created with 1; more than the live brokers keeps Kafka's message."""
+    b1, b2, _ = cluster
+    for validate_only in (True, False):
+        refused = _create_raw(
+            b1, "rf3", partitions=3, replication_factor=3, validate_only=validate_only
+        )
+        assert refused.error_code == ErrorCode.invalid_replication_factor
+        assert "journal partition's 1 replica(s)" in refused.error_message
+        assert "default.replication.factor" in refused.error_message
+    assert _metadata_replicas(b2, "rf3") is None
+    more = _create_raw(b1, "rf4", partitions=1, replication_factor=4)
+    assert more.error_code == ErrorCode.invalid_replication_factor
+    assert "only 3 broker(s) are registered" in more.error_message
+    zero = _create_raw(b1, "rf0", partitions=1, replication_factor=0)
+    assert zero.error_message.startswith("Replication factor must be larger than 0")
+    for rf in (1, -1):
+        created = _create_raw(b2, f"rf-ok{-rf}", partitions=3, replication_factor=rf)
+        assert (created.error_code, created.replication_factor) == (ErrorCode.none, 1)
+        _wait_for(lambda rf=rf: _metadata_replicas(b1, f"rf-ok{-rf}") is not None)
+        assert {len(r) for r in _metadata_replicas(b1, f"rf-ok{-rf}").values()} == {1}
+
+
+def _metadata_replicas(broker: Any, topic: str) -> dict[int, tuple[int, ...]] | None:
+    req = rawclient.schema("metadata", 12, "request")
+    resp = rawclient.schema("metadata", 12, "response")
+    with rawclient.RawConnection(broker.host, broker.port) as conn:
+        answer = conn.request(
+            req.MetadataRequest(
+                topics=(req.MetadataRequestTopic(topic_id=None, name=topic),),
+                allow_auto_topic_creation=False,
+                include_topic_authorized_operations=False,
+            ),
+            resp.MetadataResponse,
+        )
+    (t,) = answer.topics
+    if t.error_code != ErrorCode.none:
+        return None
+    return {p.partition_index: tuple(p.replica_nodes) for p in t.partitions}
+
+
+def test_a_smaller_replication_factor_gets_the_journal_partitions_and_says_so(
+    broker_factory, zookeeper
+) -> None:
+    """Replication factor 3: a topic asked with 1 or 2 replicas (validate_only too) is
+    answered with 3, the replicas it gets (each partition has its journal partition's)."""
+    (b1, b2, b3), _ = _start_cluster(broker_factory, zookeeper)
+    checked = _create_raw(b1, "rf-two", partitions=2, replication_factor=2, validate_only=True)
+    assert (checked.error_code, checked.replication_factor) == (ErrorCode.none, 3)
+    for rf in (1, 2):
+        created = _create_raw(b2, f"rf-{rf}", partitions=3, replication_factor=rf)
+        assert (created.error_code, created.replication_factor) == (ErrorCode.none, 3)
+        _wait_for(lambda rf=rf: _metadata_replicas(b3, f"rf-{rf}") is not None)
+        assert {len(r) for r in _metadata_replicas(b3, f"rf-{rf}").values()} == {3}
+    # a manual assignment: a journal partition with that replica list (order too), else one
+    # with the same replicas
+    lists = set(_metadata_replicas(b3, "rf-1").values())
+    first = sorted(lists)[0]
+    other = next(p for p in itertools.permutations(first) if p not in lists)
+    created = _create_raw(b1, "as-3", assignments=[list(first), list(other)])
+    assert (created.error_code, created.replication_factor) == (ErrorCode.none, 3)
+    _wait_for(lambda: _metadata_replicas(b2, "as-3") is not None)
+    placed = _metadata_replicas(b2, "as-3")
+    assert placed[0] == first and placed[1] in lists and sorted(placed[1]) == sorted(other)
+
+
+def test_replica_assignments_place_partitions_on_journal_partitions_of_those_replicas(
+    cluster,
+) -> None:
+    """Replication factor 1: an assignment naming one broker per partition places each
+    partition on a journal partition of that broker (CreateTopics and CreatePartitions,
+    confluent-kafka); Kafka's checks answer an empty list, an unknown or repeated broker
+    and inconsistent lengths; a list no journal partition has is INVALID_REPLICA_ASSIGNMENT
+    naming the lists they have."""
+    from confluent_kafka.admin import NewPartitions
+
+    b1, b2, _ = cluster
+    admin = AdminClient({"bootstrap.servers": b1.bootstrap})  # referenced until done
+    admin.create_topics(
+        [NewTopic("assigned", 4, replica_assignment=[[2], [3], [1], [2]])], operation_timeout=20
+    )["assigned"].result(30)
+    admin.create_partitions(
+        [NewPartitions("assigned", 6, replica_assignment=[[3], [1]])], operation_timeout=20
+    )["assigned"].result(30)
+    _wait_for(lambda: len(_metadata_replicas(b2, "assigned") or {}) == 6)
+    assert _metadata_replicas(b2, "assigned") == {
+        0: (2,),
+        1: (3,),
+        2: (1,),
+        3: (2,),
+        4: (3,),
+        5: (1,),
+    }
+    assert {leader for leader, _, _ in _metadata(b2, "assigned").values()} == {1, 2, 3}
+    for assignment, code, message in [
+        ([[1, 2, 3]], ErrorCode.invalid_replica_assignment, "replica lists [1], [2], [3]."),
+        ([[4]], ErrorCode.invalid_replica_assignment, "includes broker 4, but no such broker"),
+        ([[1, 1]], ErrorCode.invalid_replica_assignment, "includes the broker 1 more than once"),
+        ([[1], [2, 3]], ErrorCode.invalid_replica_assignment, "not consistent with previous"),
+        ([[]], ErrorCode.invalid_replica_assignment, "includes an empty replica list"),
+    ]:
+        refused = _create_raw(b1, "refused", assignments=assignment)
+        assert refused.error_code == code, (assignment, refused)
+        assert message in refused.error_message, (assignment, refused.error_message)
+    grown = admin.create_partitions(
+        [NewPartitions("assigned", 7, replica_assignment=[[1, 2]])], operation_timeout=20
+    )["assigned"]
+    with pytest.raises(Exception, match="which have 1 replica"):
+        grown.result(30)

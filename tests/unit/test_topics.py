@@ -13,11 +13,19 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from kio.schema.errors import ErrorCode
 
+from stonemq.cluster.routing import Leadership
 from stonemq.config import Settings
 from stonemq.metadata.sqlite import SqliteMetadataStore
 from stonemq.storage.engine import LogConfig, StorageEngine
-from stonemq.topic_configs import ConfigOp, ConfigSource, InvalidConfigError, InvalidRequestError
+from stonemq.topic_configs import (
+    AdminError,
+    ConfigOp,
+    ConfigSource,
+    InvalidConfigError,
+    InvalidRequestError,
+)
 from stonemq.topics import (
     InvalidPartitionsError,
     InvalidTopicError,
@@ -26,7 +34,10 @@ from stonemq.topics import (
     TopicManager,
     UnknownTopicIdError,
     UnknownTopicOrPartitionError,
+    check_manual_assignment,
     journal_partition_for,
+    match_assignment,
+    placement_candidates,
     validate_topic_name,
 )
 
@@ -167,6 +178,80 @@ def test_journal_spread_is_even_and_stable() -> None:
     assert journals == [journal_partition_for("topic", p, 8) for p in range(800)]
     starts = {journal_partition_for(f"t{i}", 0, 8) for i in range(100)}
     assert len(starts) > 4
+
+
+def test_journal_spread_over_every_candidate_is_the_counts() -> None:
+    """A candidate list naming every journal partition routes as the count did: the single
+    node's (and a cluster with every broker live) routing is unchanged."""
+    for name in ("topic", "t1", "__consumer_offsets", "x" * 200):
+        assert [journal_partition_for(name, p, list(range(6))) for p in range(60)] == [
+            journal_partition_for(name, p, 6) for p in range(60)
+        ]
+
+
+def test_journal_spread_over_candidates_uses_only_them_evenly() -> None:
+    journals = [journal_partition_for("topic", p, [0, 1, 4, 5]) for p in range(400)]
+    assert Counter(journals) == {0: 100, 1: 100, 4: 100, 5: 100}
+
+
+def _lead(replicas: tuple[int, ...], leader: int) -> Leadership:
+    return Leadership(replicas, leader, 0, replicas)
+
+
+def test_placement_candidates_prefer_wholly_live_then_live_leaders_then_all() -> None:
+    # replication factor 1, two journal partitions per broker, broker 3 dead
+    one = [_lead((b,), b) for b in (1, 1, 2, 2, 3, 3)]
+    assert placement_candidates(one, lambda b: b != 3) == [0, 1, 2, 3]
+    assert placement_candidates(one, lambda b: True) == list(range(6))
+    # replication factor 2: broker 3 dead; every journal partition naming it is left out
+    two = [_lead((1, 2), 1), _lead((2, 3), 2), _lead((3, 1), 3), _lead((2, 1), 2)]
+    assert placement_candidates(two, lambda b: b != 3) == [0, 3]
+    # brokers 2 and 3 dead: no journal partition wholly live; those with a live leader
+    assert placement_candidates(two, lambda b: b == 1) == [0]
+    # broker 1's leader gone (not re-elected yet) and the others dead: nothing live, all
+    assert placement_candidates(two, lambda b: False) == [0, 1, 2, 3]
+    # a journal partition not known yet (no replicas) is never a live candidate
+    assert placement_candidates([_lead((), -1), _lead((1,), 1)], lambda b: True) == [1]
+
+
+def test_match_assignment_exact_list_first_then_the_same_set() -> None:
+    journals = [_lead((1, 2, 3), 1), _lead((2, 3, 1), 2), _lead((1, 2, 3), 1), _lead((3, 1, 2), 3)]
+    assert match_assignment([1, 2, 3], journals) == [0, 2]
+    assert match_assignment([2, 3, 1], journals) == [1]
+    assert match_assignment([3, 2, 1], journals) == [0, 1, 2, 3]  # no exact: the same set
+    assert match_assignment([1, 2], journals) == []
+    assert match_assignment([1], [_lead((), -1), _lead((1,), 1)]) == [1]
+
+
+@pytest.mark.parametrize(
+    ("replicas", "factor", "message"),
+    [
+        ((), None, "The manual partition assignment includes an empty replica list."),
+        (
+            (1, 4),
+            None,
+            "The manual partition assignment includes broker 4, but no such broker is registered.",
+        ),
+        ((2, 1, 2), None, "The manual partition assignment includes the broker 2 more than once."),
+        (
+            (1, 2),
+            3,
+            "The manual partition assignment includes a partition with 2 replica(s), but this is "
+            "not consistent with previous partitions, which have 3 replica(s).",
+        ),
+    ],
+)
+def test_check_manual_assignment_has_kafkas_messages(
+    replicas: tuple[int, ...], factor: int | None, message: str
+) -> None:
+    with pytest.raises(AdminError) as raised:
+        check_manual_assignment(replicas, lambda b: b in (1, 2, 3), factor)
+    assert raised.value.error_code == ErrorCode.invalid_replica_assignment
+    assert raised.value.message == message
+
+
+def test_check_manual_assignment_accepts_registered_distinct_brokers() -> None:
+    check_manual_assignment((3, 1, 2), lambda b: b in (1, 2, 3), 3)
 
 
 def test_create_default_partitions(topics: TopicManager, store: SqliteMetadataStore) -> None:
