@@ -85,8 +85,13 @@ class StoneMQDataSource(DataSource):
         return so.schema(so._bool(options, "includeheaders", False))
 
     def reader(self, schema: StructType) -> DataSourceReader:
+        """The batch reader; the one that prunes by pushed filters only when the read asks
+        for it (``stonemq.filterPushdown=true``) and Spark pushes filters at all: see
+        :class:`FilteringBatchReader` for why it is not the default."""
         opts = so.parse(dict(self.options), streaming=False)
-        return FilteringBatchReader(opts) if _pushdown_enabled() else BatchReader(opts)
+        if opts.filter_pushdown and _pushdown_enabled():
+            return FilteringBatchReader(opts)
+        return BatchReader(opts)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         try:
@@ -258,12 +263,25 @@ class BatchReader(DataSourceReader):
 
 
 class FilteringBatchReader(BatchReader):
-    """The batch reader with filter pushdown on partition, offset and timestamp."""
+    """The batch reader with filter pushdown on partition, offset and timestamp: opt-in
+    (``stonemq.filterPushdown=true`` on the read and Spark's
+    ``spark.sql.python.filterPushdown.enabled``), because PySpark (4.3) cannot keep a pruned
+    plan to the query it was planned for.
+
+    PySpark plans a pushdown query in a worker that calls ``pushFilters`` then
+    ``partitions()`` and stores the result (the partitions and this pickled reader) on the
+    DataFrame's relation (``PythonDataSourceV2.setReadInfo``); a later query of the same
+    DataFrame that pushes no filter (none at all, or only ones PySpark cannot send, such as
+    an ``OR``) runs no Python on the driver and reuses that stored plan as it is. No code of
+    this reader runs for that query, and its tasks cannot tell which query they serve, so
+    a plan pruned for ``where offset = 3`` would answer a later ``count()`` with 1 row per
+    partition. Pruning is therefore only for reads that opt in, knowing that a DataFrame
+    filtered once must be loaded again for a query without filters.
+
+    Every filter is returned as not handled, so Spark evaluates each of them on what is
+    read: a pushed filter changes only what is read, never the result of its own query."""
 
     def pushFilters(self, filters: list[Filter]) -> Iterable[Filter]:
-        """Partition and offset comparisons are applied exactly by the plan (not
-        evaluated again); timestamp floors only drop archived files whose newest record
-        is older, so Spark still evaluates them."""
         p = self.pushed
         for f in filters:
             # Not, And and Or have no attribute of their own: Spark evaluates them
@@ -272,28 +290,23 @@ class FilteringBatchReader(BatchReader):
             value = getattr(f, "value", None)
             if column == "partition" and isinstance(f, EqualTo) and isinstance(value, int):
                 p.partitions = {value} & p.partitions if p.partitions is not None else {value}
-                continue
-            if column == "partition" and isinstance(f, In):
+            elif column == "partition" and isinstance(f, In):
                 values = {v for v in value if isinstance(v, int)}  # type: ignore[union-attr]
                 p.partitions = values & p.partitions if p.partitions is not None else values
-                continue
-            if column == "offset" and isinstance(value, int):
+            elif column == "offset" and isinstance(value, int):
                 if isinstance(f, EqualTo):
                     p.offset_min = max(p.offset_min, value)
                     p.offset_max = _min(p.offset_max, value + 1)
-                    continue
-                if isinstance(f, GreaterThan | GreaterThanOrEqual):
+                elif isinstance(f, GreaterThan | GreaterThanOrEqual):
                     p.offset_min = max(p.offset_min, value + (isinstance(f, GreaterThan)))
-                    continue
-                if isinstance(f, LessThan | LessThanOrEqual):
+                elif isinstance(f, LessThan | LessThanOrEqual):
                     p.offset_max = _min(p.offset_max, value + (isinstance(f, LessThanOrEqual)))
-                    continue
-            if column == "timestamp" and isinstance(f, GreaterThan | GreaterThanOrEqual):
+            elif column == "timestamp" and isinstance(f, GreaterThan | GreaterThanOrEqual):
                 ms = _millis(value)
                 if ms is not None:
                     # > T and >= T both mean no row older than T is wanted
                     p.timestamp_min_ms = max(p.timestamp_min_ms or ms, ms)
-            yield f
+            yield f  # Spark evaluates every filter again: pruning never decides a row
 
 
 def _prune_cold_by_time(r: OffsetRange, floor_ms: int, broker: Broker) -> OffsetRange | None:
