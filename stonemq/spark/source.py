@@ -344,15 +344,20 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def __init__(self, opts: SourceOptions) -> None:
         self.opts = opts
-        self.target: dict[TopicPartitionKey, int] | None = None  # Trigger.AvailableNow
+        self.available_now = False  # Trigger.AvailableNow
+        self.target: dict[TopicPartitionKey, int] | None = None  # its end, once known
+        self._initial: dict | None = None
         self._broker: Broker | None = None
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"opts": self.opts, "target": self.target}  # the client stays here
+        # the client stays here
+        return {"opts": self.opts, "available_now": self.available_now, "target": self.target}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.opts = state["opts"]
+        self.available_now = state.get("available_now", False)
         self.target = state["target"]
+        self._initial = None
         self._broker = None
 
     @contextlib.contextmanager
@@ -373,10 +378,17 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             broker.close()
 
     def initialOffset(self) -> dict:
-        with self._client() as broker:
-            tps = broker.partitions()
-            marks = broker.watermarks(tps)
-            return so.offsets_json(broker.resolve(self.opts.starting, tps, marks, starting=True))
+        """Resolved once per run: Spark asks again when it plans the first micro-batch
+        (its start when nothing is committed), and a second ``latest`` on a topic being
+        written was past the end the first one led to (Spark's Kafka source keeps its
+        initial offsets in the checkpoint)."""
+        if self._initial is None:
+            with self._client() as broker:
+                tps = broker.partitions()
+                marks = broker.watermarks(tps)
+                starts = broker.resolve(self.opts.starting, tps, marks, starting=True)
+            self._initial = so.offsets_json(starts)
+        return self._initial
 
     def getDefaultReadLimit(self) -> ReadLimit:
         if self.opts.max_offsets_per_trigger:
@@ -384,14 +396,22 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return ReadAllAvailable()
 
     def prepareForTriggerAvailableNow(self) -> None:
-        with self._client() as broker:
-            tps = broker.partitions()
-            self.target = {tp: high for tp, (_, high) in broker.watermarks(tps).items()}
+        """Only notes the trigger: Spark calls this when the query starts, before
+        ``initialOffset()``, so log ends read here could be behind the start offsets read
+        after them (``startingOffsets=latest`` on a topic being written), and clamping to
+        them looked like a truncated log. As Spark's KafkaMicroBatchStream, the target is
+        the log ends at the first ``latestOffset`` call, which knows the start."""
+        self.available_now = True
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         begin = so.from_offsets_json(start)
         with self._client() as broker:
             tps = broker.partitions()
+            if self.available_now and self.target is None:
+                marks = broker.watermarks(tps)
+                # never below the query's start: a log end behind it is data loss, found
+                # below from the log ends themselves
+                self.target = {tp: max(marks[tp][1], begin.get(tp, 0)) for tp in tps}
             if self.target is not None:
                 tps = [tp for tp in tps if tp in self.target]
             marks = broker.watermarks(tps)
@@ -455,7 +475,7 @@ class _RefusedStreamReader(StreamReader):
         self.error = error
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"opts": None, "target": None, "error": self.error}
+        return {"opts": None, "available_now": False, "target": None, "error": self.error}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)

@@ -5,6 +5,7 @@ behaves (its sources: KafkaRelation, KafkaSourceRDD, KafkaMicroBatchStream, Kafk
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -79,3 +80,49 @@ def test_a_filtered_query_never_changes_a_later_query_of_the_dataframe(
     pruned = _reader(spark, bootstrap, subscribe=topic, **{"stonemq.filterPushdown": "true"})
     assert pruned.load().where("partition = 1 AND offset >= 7").count() == 3
     assert pruned.load().where("offset = 3").count() == 3
+
+
+def test_available_now_from_latest_on_a_topic_being_written(spark, broker, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Trigger.AvailableNow with startingOffsets=latest (the streaming default) while a
+    producer writes: Spark's Kafka source takes the query's end at its first latestOffset
+    call, after the start offsets, so the query reads what came in between and ends. The
+    end taken at prepareForTriggerAvailableNow (before the start) failed every query with
+    "Some data may have been lost"."""
+    import threading
+
+    from confluent_kafka import Producer
+
+    bootstrap = broker.bootstrap
+    topic = _topic(bootstrap, 1, 10, "avnow")
+    stop = threading.Event()
+
+    def write() -> None:  # about a record a millisecond
+        p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0})
+        i = 0
+        while not stop.is_set():
+            p.produce(topic, f"live-{i}".encode())
+            p.poll(0)
+            i += 1
+            time.sleep(0.001)
+        p.flush(10)
+
+    writer = threading.Thread(target=write, daemon=True)
+    writer.start()
+    try:
+        time.sleep(1)
+        for attempt in range(3):
+            query = (
+                spark.readStream.format("stonemq")
+                .option("kafka.bootstrap.servers", bootstrap)
+                .option("subscribe", topic)
+                .load()
+                .writeStream.format("noop")
+                .option("checkpointLocation", str(tmp_path / f"ckpt{attempt}"))
+                .trigger(availableNow=True)
+                .start()
+            )
+            assert query.awaitTermination(120), f"attempt {attempt} did not end"
+            assert query.exception() is None, f"attempt {attempt}: {query.exception()}"
+    finally:
+        stop.set()
+        writer.join(20)
