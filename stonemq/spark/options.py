@@ -344,6 +344,9 @@ class OffsetRange:
     end: int
     cold: bool = False
     files: tuple[tuple[int, int, str | None], ...] = ()
+    # a batch read's endingOffsets latest, late-bound: the task reads to the log end at its
+    # run (``end`` is the log end at planning), as Spark's KafkaSourceRDD resolves it
+    to_latest: bool = False
 
     @property
     def size(self) -> int:

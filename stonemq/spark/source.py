@@ -128,12 +128,18 @@ def _plan(
     ends: dict[TopicPartitionKey, int],
     marks: dict[TopicPartitionKey, tuple[int, int]],
     batch: bool = False,
+    late: Iterable[TopicPartitionKey] = (),
 ) -> list[OffsetRange]:
     """Offset ranges for ``[starts, ends)``: a start below the log start is data loss
     (error, or the log start with failOnDataLoss=false); archived offsets go to cold
     ranges. A start past the end fails a batch read whatever failOnDataLoss says (Spark's
     KafkaSourceRDD asserts it), and is data loss in a micro-batch (Spark drops the range
-    with failOnDataLoss=false)."""
+    with failOnDataLoss=false).
+
+    The partitions in ``late`` end at the log end when their task runs: each gets a last
+    Kafka range marked ``to_latest`` (empty if nothing is there yet), and no range is
+    split (Spark splits only with offsets resolved at planning)."""
+    late = set(late)
     tps = sorted(ends)
     cold = broker.cold_parts(tps)
     ranges: list[OffsetRange] = []
@@ -169,7 +175,16 @@ def _plan(
                     f"{tp[0]}-{tp[1]}: ending offset {end} is before starting offset {start}"
                 )
             continue
-        ranges += so.split_at_seam(tp[0], tp[1], start, end, cold.get(tp))
+        parts = so.split_at_seam(tp[0], tp[1], start, end, cold.get(tp))
+        if tp in late:
+            if parts and not parts[-1].cold:
+                parts[-1] = replace(parts[-1], to_latest=True)
+            else:  # nothing yet, or the archive ends the range: the log end's part comes
+                at = parts[-1].end if parts else start
+                parts.append(OffsetRange(tp[0], tp[1], at, at, to_latest=True))
+        ranges += parts
+    if late:
+        return ranges
     return so.split_ranges(ranges, opts.min_partitions, opts.max_records_per_partition)
 
 
@@ -187,7 +202,7 @@ class Pushed:
             return None
         start = max(r.start, self.offset_min)
         end = r.end if self.offset_max is None else min(r.end, self.offset_max)
-        if end <= start:
+        if end <= start and not r.to_latest:  # late-bound: may hold records at its run
             return None
         files = r.files
         if r.cold:
@@ -237,7 +252,7 @@ class BatchReader(DataSourceReader):
             ends = broker.resolve(opts.ending, tps, marks, starting=False)
             if self.pushed.partitions is not None:  # pruned after the options' checks
                 ends = {tp: o for tp, o in ends.items() if tp[1] in self.pushed.partitions}
-            ranges = _plan(broker, opts, starts, ends, marks, batch=True)
+            ranges = _plan(broker, opts, starts, ends, marks, batch=True, late=self._late(ends))
             floor = self.pushed.timestamp_min_ms
             # ListOffsets by time: every record before the offset it names is older than
             # the floor (-1: every record is), so a Kafka range can start there
@@ -256,6 +271,25 @@ class BatchReader(DataSourceReader):
             if pruned is not None:
                 out.append(RangePartition(pruned))
         return out
+
+    def _late(self, ends: dict[TopicPartitionKey, int]) -> list[TopicPartitionKey]:
+        """The partitions whose end is ``latest``, read to the log end at each task's run:
+        PySpark plans a DataFrame's read once and reuses the plan for its every query, so
+        a resolved end froze the DataFrame at its first plan, where Spark's Kafka source
+        plans each query and resolves ``latest`` in the task (KafkaSourceRDD). Not when
+        minPartitions (above the partition count) or maxRecordsPerPartition split the
+        ranges (Spark resolves the offsets at planning to split them), nor with pruning."""
+        opts = self.opts
+        split = opts.max_records_per_partition is not None or (
+            opts.min_partitions is not None and opts.min_partitions > len(ends)
+        )
+        if split or self.pushed != Pushed():
+            return []
+        if opts.ending.kind == "latest":
+            return list(ends)
+        if opts.ending.kind == "specific":
+            return [tp for tp in ends if opts.ending.offsets.get(tp) == so.LATEST]
+        return []
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         if partition.value is not None:  # None: Spark's stand-in when nothing is planned

@@ -10,7 +10,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from integration.helpers import create_topic, produce, sample_messages, unique_topic
+from integration.helpers import (
+    create_topic,
+    produce,
+    sample_messages,
+    unique_topic,
+    wait_high_watermark,
+)
 
 from stonemq.spark import register
 
@@ -126,3 +132,33 @@ def test_available_now_from_latest_on_a_topic_being_written(spark, broker, tmp_p
     finally:
         stop.set()
         writer.join(20)
+
+
+def test_a_batch_dataframe_reads_to_the_log_end_at_each_query(spark, broker) -> None:  # type: ignore[no-untyped-def]
+    """endingOffsets=latest (and -1 in JSON) is resolved by each task when it runs, as
+    Spark's KafkaSourceRDD does: a DataFrame kept and queried again sees what was produced
+    since, though PySpark plans its read once. A partition empty at planning is read too."""
+    bootstrap = broker.bootstrap
+    topic = _topic(bootstrap, 2, 5, "late")
+    empty = create_topic(bootstrap, unique_topic("late-empty"))
+    df = _reader(spark, bootstrap, subscribe=topic).load()
+    by_json = _reader(
+        spark, bootstrap, subscribe=topic, endingOffsets=f'{{"{topic}": {{"0": -1, "1": 3}}}}'
+    ).load()
+    nothing_yet = _reader(spark, bootstrap, subscribe=empty).load()
+    assert df.count() == 10
+    assert by_json.count() == 8
+    assert nothing_yet.count() == 0
+    produce(bootstrap, topic, sample_messages(4, tag="more0"), partition=0)
+    produce(bootstrap, topic, sample_messages(6, tag="more1"), partition=1)
+    produce(bootstrap, empty, sample_messages(3, tag="first"))
+    for name, partition, end in ((topic, 0, 9), (topic, 1, 11), (empty, 0, 3)):
+        assert wait_high_watermark(bootstrap, name, end, partition=partition)[1] == end
+    assert df.count() == 20
+    assert sorted(r.offset for r in df.where("partition = 0").collect()) == list(range(9))
+    assert by_json.count() == 12  # partition 1 ends at 3 as the JSON says
+    assert nothing_yet.count() == 3
+    # split by maxRecordsPerPartition: offsets resolved at planning, as Spark splits them
+    split = _reader(spark, bootstrap, subscribe=topic, maxRecordsPerPartition="4").load()
+    assert split.count() == 20
+    assert split.rdd.getNumPartitions() == 6  # 9 and 11 offsets, at most 4 a task
