@@ -337,7 +337,9 @@ class FilteringBatchReader(BatchReader):
                     p.offset_max = _min(p.offset_max, value + (isinstance(f, LessThanOrEqual)))
             elif column == "timestamp" and isinstance(f, GreaterThan | GreaterThanOrEqual):
                 ms = _millis(value)
-                if ms is not None:
+                # a floor below 0 keeps every record, and ListOffsets would read -1..-6 as
+                # special targets (latest, earliest, the max timestamp, ...), not as times
+                if ms is not None and ms >= 0:
                     # > T and >= T both mean no row older than T is wanted
                     p.timestamp_min_ms = max(p.timestamp_min_ms or ms, ms)
             yield f  # Spark evaluates every filter again: pruning never decides a row

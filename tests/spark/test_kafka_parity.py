@@ -162,3 +162,22 @@ def test_a_batch_dataframe_reads_to_the_log_end_at_each_query(spark, broker) -> 
     split = _reader(spark, bootstrap, subscribe=topic, maxRecordsPerPartition="4").load()
     assert split.count() == 20
     assert split.rdd.getNumPartitions() == 6  # 9 and 11 offsets, at most 4 a task
+
+
+def _pruning(spark: Any, bootstrap: str, **options: str) -> Any:
+    """A read that asks for pruning, with Spark's pushdown for Python sources on."""
+    spark.conf.set(PUSHDOWN, "true")
+    return _reader(spark, bootstrap, **{"stonemq.filterPushdown": "true"}, **options).load()
+
+
+def test_a_timestamp_floor_before_1970_keeps_every_record(spark, broker, pushdown_conf) -> None:  # type: ignore[no-untyped-def]
+    """``timestamp >= T`` for T < 0 holds for every record; ListOffsets reads -1..-6 as
+    special targets (latest, earliest, the max timestamp, ...), so such a floor is not
+    pushed (it dropped all or most rows)."""
+    bootstrap = broker.bootstrap
+    topic = _topic(bootstrap, 1, 20, "negts")
+    for ms in (-1, -2, -3, -5, -6, -7, -1000):
+        for op in (">=", ">"):
+            df = _pruning(spark, bootstrap, subscribe=topic)
+            got = df.where(f"timestamp {op} timestamp_millis({ms})").count()
+            assert got == 20, f"timestamp {op} {ms} ms: {got} rows"
