@@ -250,15 +250,18 @@ class BatchReader(DataSourceReader):
             marks = broker.watermarks(tps)
             starts = broker.resolve(opts.starting, tps, marks, starting=True)
             ends = broker.resolve(opts.ending, tps, marks, starting=False)
-            if self.pushed.partitions is not None:  # pruned after the options' checks
-                ends = {tp: o for tp, o in ends.items() if tp[1] in self.pushed.partitions}
+            # every partition planned and checked (data loss, start after end) as Spark's
+            # source does, which has no pushdown; a partition filter prunes only after
             ranges = _plan(broker, opts, starts, ends, marks, batch=True, late=self._late(ends))
             floor = self.pushed.timestamp_min_ms
             # ListOffsets by time: every record before the offset it names is older than
             # the floor (-1: every record is), so a Kafka range can start there
             by_time = {}
             if floor is not None:
-                by_time = broker.offsets_for_times({tp: floor for tp in ends})
+                wanted = self.pushed.partitions
+                by_time = broker.offsets_for_times(
+                    {tp: floor for tp in ends if wanted is None or tp[1] in wanted}
+                )
         out = []
         for r in ranges:
             pruned = self.pushed.apply(r)

@@ -181,3 +181,36 @@ def test_a_timestamp_floor_before_1970_keeps_every_record(spark, broker, pushdow
             df = _pruning(spark, bootstrap, subscribe=topic)
             got = df.where(f"timestamp {op} timestamp_millis({ms})").count()
             assert got == 20, f"timestamp {op} {ms} ms: {got} rows"
+
+
+def test_a_partition_filter_keeps_the_other_partitions_checks(spark, broker, pushdown_conf) -> None:  # type: ignore[no-untyped-def]
+    """Spark's source plans and checks every partition (it has no pushdown): offsets of
+    another partition that retention removed fail the query (failOnDataLoss), and so does
+    a start after the end, whatever the filter says."""
+    from confluent_kafka import TopicPartition
+    from confluent_kafka.admin import AdminClient
+
+    bootstrap = broker.bootstrap
+    topic = _topic(bootstrap, 2, 10, "lossp")
+    assert wait_high_watermark(bootstrap, topic, 10, partition=1)[1] == 10
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for fut in admin.delete_records([TopicPartition(topic, 1, 5)]).values():
+        fut.result(30)
+    starting = f'{{"{topic}": {{"0": 0, "1": 0}}}}'
+    df = _pruning(spark, bootstrap, subscribe=topic, startingOffsets=starting)
+    with pytest.raises(Exception, match=r"offsets 0\.\.4 are gone"):
+        df.where("partition = 0").count()
+    lenient = _pruning(
+        spark, bootstrap, subscribe=topic, startingOffsets=starting, failOnDataLoss="false"
+    )
+    assert lenient.where("partition = 0").count() == 10
+    ending = f'{{"{topic}": {{"0": 10, "1": 6}}}}'
+    after_end = _pruning(
+        spark,
+        bootstrap,
+        subscribe=topic,
+        startingOffsets=f'{{"{topic}": {{"0": 0, "1": 9}}}}',
+        endingOffsets=ending,
+    )
+    with pytest.raises(Exception, match="after the ending offset"):
+        after_end.where("partition = 0").count()
