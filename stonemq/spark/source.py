@@ -108,10 +108,12 @@ class StoneMQDataSource(DataSource):
                 "save mode Overwrite is not allowed for stonemq (nor for Spark's Kafka "
                 'sink): a topic is only appended to; use mode("append")'
             )
-        return BatchWriter(so.parse_sink(dict(self.options)), _check_sink_schema(schema))
+        sink = so.parse_sink(dict(self.options))
+        return BatchWriter(sink, _check_sink_schema(schema, sink))
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> StreamWriter:
-        return StreamWriter(so.parse_sink(dict(self.options)), _check_sink_schema(schema))
+        sink = so.parse_sink(dict(self.options))
+        return StreamWriter(sink, _check_sink_schema(schema, sink))
 
 
 class RangePartition(InputPartition):
@@ -555,11 +557,17 @@ SINK_TYPES = {
 }
 
 
-def _check_sink_schema(schema: StructType) -> StructType:
-    """Spark's Kafka sink's column rules: ``value`` required, string or binary; ``key``
-    string or binary; ``topic`` string; ``partition`` int; ``headers``
-    array<struct<key:string,value:binary>>. Other columns are ignored."""
+def _check_sink_schema(schema: StructType, sink: so.SinkOptions) -> StructType:
+    """Spark's Kafka sink's column rules (KafkaWriter.validateQuery, before anything is
+    written, batch or streaming): a ``topic`` option or a ``topic`` column; ``value``
+    required, string or binary; ``key`` string or binary; ``topic`` string; ``partition``
+    int; ``headers`` array<struct<key:string,value:binary>>. Other columns are ignored."""
     names = {f.name.lower(): f for f in schema.fields}
+    if sink.topic is None and "topic" not in names:
+        raise so.OptionError(
+            "topic option required when no 'topic' attribute is present. Use the topic "
+            "option for setting a topic."
+        )
     if "value" not in names:
         raise so.OptionError("required attribute 'value' not found in the DataFrame")
     for name, allowed in SINK_TYPES.items():

@@ -214,3 +214,34 @@ def test_a_partition_filter_keeps_the_other_partitions_checks(spark, broker, pus
     )
     with pytest.raises(Exception, match="after the ending offset"):
         after_end.where("partition = 0").count()
+
+
+def test_a_write_without_any_topic_is_refused_before_writing(spark, broker, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Neither a ``topic`` option nor a ``topic`` column: Spark's Kafka sink refuses the
+    write from its schema before writing (KafkaWriter.validateQuery), batch and streaming,
+    even with no rows to write."""
+    bootstrap = broker.bootstrap
+    empty = spark.createDataFrame([], "value STRING")
+    with pytest.raises(Exception, match="topic option required"):
+        empty.write.format("stonemq").option("kafka.bootstrap.servers", bootstrap).mode(
+            "append"
+        ).save()
+    source = _topic(bootstrap, 1, 0, "notopic")
+    started = time.monotonic()
+    with pytest.raises(Exception, match="topic option required"):
+        query = (
+            spark.readStream.format("stonemq")
+            .option("kafka.bootstrap.servers", bootstrap)
+            .option("subscribe", source)
+            .load()
+            .select("value")
+            .writeStream.format("stonemq")
+            .option("kafka.bootstrap.servers", bootstrap)
+            .option("checkpointLocation", str(tmp_path / "ckpt"))
+            .start()
+        )
+        try:
+            query.awaitTermination(30)
+        finally:
+            query.stop()
+    assert time.monotonic() - started < 30  # refused at the start, not at a first batch
