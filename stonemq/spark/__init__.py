@@ -6,8 +6,8 @@ Kafka source and sink without a connector jar, reading archived offsets from Par
     spark.read.format("stonemq").option("kafka.bootstrap.servers", "host:9092")...
 
 Installed with ``stonemq[tier]``, the source is also found by Spark on its own (the
-``pyspark_stonemq`` module), so ``register`` is only needed where that lookup is off; it
-also turns on Spark's filter pushdown for Python data sources.
+``pyspark_stonemq`` module), so ``register`` is only needed where that lookup is off (or
+to turn on Spark's filter pushdown for Python data sources, ``filter_pushdown=True``).
 """
 
 from __future__ import annotations
@@ -15,10 +15,13 @@ from __future__ import annotations
 from typing import Any
 
 
-def register(spark: Any) -> None:
-    """Register ``format("stonemq")`` with ``spark`` (a SparkSession)."""
+def register(spark: Any, filter_pushdown: bool = False) -> None:
+    """Register ``format("stonemq")`` with ``spark`` (a SparkSession). ``filter_pushdown``
+    also turns on Spark's filter pushdown for Python data sources
+    (``spark.sql.python.filterPushdown.enabled``, session-wide), which a read that asks for
+    pruning (``stonemq.filterPushdown=true``) needs; see the README for why that is opt-in."""
     from stonemq.spark.source import StoneMQDataSource
 
     spark.dataSource.register(StoneMQDataSource)
-    # filters on partition, offset and timestamp prune what is read (off in Spark by default)
-    spark.conf.set("spark.sql.python.filterPushdown.enabled", "true")
+    if filter_pushdown:
+        spark.conf.set("spark.sql.python.filterPushdown.enabled", "true")

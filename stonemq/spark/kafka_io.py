@@ -11,7 +11,7 @@ import contextlib
 import time
 import uuid
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pyarrow as pa
@@ -299,8 +299,33 @@ class ReadContext:
     def read(self, r: OffsetRange) -> Iterator[pa.RecordBatch]:
         if r.cold:
             yield from read_cold(self.opts, r)
-        else:
+            return
+        if r.to_latest:
+            r = resolve_latest(self.opts, r)
+        if r.end > r.start:
             yield from read_kafka(self.opts, r)
+
+
+def resolve_latest(opts: SourceOptions, r: OffsetRange) -> OffsetRange:
+    """A late-bound range ending at the partition's log end now (the last stable offset
+    under read_committed), as Spark's KafkaSourceRDD resolves ``latest`` in the task; a
+    log that now ends before the range's start fails, as Spark asserts it."""
+    from confluent_kafka import KafkaException, TopicPartition
+
+    with pooled_consumer(opts) as consumer:
+        try:
+            _, high = consumer.get_watermark_offsets(
+                TopicPartition(r.topic, r.partition), timeout=opts.timeout_ms / 1000, cached=False
+            )
+        except KafkaException as exc:
+            raise SourceError(f"ListOffsets of {r.topic}-{r.partition} failed: {exc}") from None
+    if high < r.start:
+        raise SourceError(
+            f"{r.topic}-{r.partition}: starting offset {r.start} is after the ending offset "
+            f"{high} (latest: the topic was deleted and re-created, or truncated); Spark's "
+            "Kafka source fails such a read too, whatever failOnDataLoss says"
+        )
+    return replace(r, end=int(high), to_latest=False)
 
 
 def read_cold(opts: SourceOptions, r: OffsetRange) -> Iterator[pa.RecordBatch]:

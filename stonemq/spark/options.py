@@ -114,6 +114,9 @@ class SourceOptions:
     timeout_ms: int = 60_000  # kafka.default.api.timeout.ms (Kafka's default)
     poll_timeout_ms: int = 120_000  # kafkaConsumer.pollTimeoutMs (Spark's default)
     group_id_prefix: str = "stonemq-spark"  # groupIdPrefix: of the consumers' generated group.id
+    # stonemq.filterPushdown: prune by pushed filters (off: PySpark reuses a DataFrame's last
+    # pushed plan for its later queries that push nothing, see stonemq.spark.source)
+    filter_pushdown: bool = False
 
     @property
     def read_committed(self) -> bool:
@@ -280,6 +283,7 @@ def parse(options: Mapping[str, str], *, streaming: bool) -> SourceOptions:
         timeout_ms=timeout_ms,
         poll_timeout_ms=poll_timeout_ms,
         group_id_prefix=str(opts.get("groupidprefix") or "stonemq-spark"),
+        filter_pushdown=_bool(opts, "stonemq.filterpushdown", False),
     )
 
 
@@ -340,6 +344,9 @@ class OffsetRange:
     end: int
     cold: bool = False
     files: tuple[tuple[int, int, str | None], ...] = ()
+    # a batch read's endingOffsets latest, late-bound: the task reads to the log end at its
+    # run (``end`` is the log end at planning), as Spark's KafkaSourceRDD resolves it
+    to_latest: bool = False
 
     @property
     def size(self) -> int:

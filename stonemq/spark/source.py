@@ -85,8 +85,13 @@ class StoneMQDataSource(DataSource):
         return so.schema(so._bool(options, "includeheaders", False))
 
     def reader(self, schema: StructType) -> DataSourceReader:
+        """The batch reader; the one that prunes by pushed filters only when the read asks
+        for it (``stonemq.filterPushdown=true``) and Spark pushes filters at all: see
+        :class:`FilteringBatchReader` for why it is not the default."""
         opts = so.parse(dict(self.options), streaming=False)
-        return FilteringBatchReader(opts) if _pushdown_enabled() else BatchReader(opts)
+        if opts.filter_pushdown and _pushdown_enabled():
+            return FilteringBatchReader(opts)
+        return BatchReader(opts)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         try:
@@ -103,10 +108,12 @@ class StoneMQDataSource(DataSource):
                 "save mode Overwrite is not allowed for stonemq (nor for Spark's Kafka "
                 'sink): a topic is only appended to; use mode("append")'
             )
-        return BatchWriter(so.parse_sink(dict(self.options)), _check_sink_schema(schema))
+        sink = so.parse_sink(dict(self.options))
+        return BatchWriter(sink, _check_sink_schema(schema, sink))
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> StreamWriter:
-        return StreamWriter(so.parse_sink(dict(self.options)), _check_sink_schema(schema))
+        sink = so.parse_sink(dict(self.options))
+        return StreamWriter(sink, _check_sink_schema(schema, sink))
 
 
 class RangePartition(InputPartition):
@@ -123,12 +130,18 @@ def _plan(
     ends: dict[TopicPartitionKey, int],
     marks: dict[TopicPartitionKey, tuple[int, int]],
     batch: bool = False,
+    late: Iterable[TopicPartitionKey] = (),
 ) -> list[OffsetRange]:
     """Offset ranges for ``[starts, ends)``: a start below the log start is data loss
     (error, or the log start with failOnDataLoss=false); archived offsets go to cold
     ranges. A start past the end fails a batch read whatever failOnDataLoss says (Spark's
     KafkaSourceRDD asserts it), and is data loss in a micro-batch (Spark drops the range
-    with failOnDataLoss=false)."""
+    with failOnDataLoss=false).
+
+    The partitions in ``late`` end at the log end when their task runs: each gets a last
+    Kafka range marked ``to_latest`` (empty if nothing is there yet), and no range is
+    split (Spark splits only with offsets resolved at planning)."""
+    late = set(late)
     tps = sorted(ends)
     cold = broker.cold_parts(tps)
     ranges: list[OffsetRange] = []
@@ -164,7 +177,16 @@ def _plan(
                     f"{tp[0]}-{tp[1]}: ending offset {end} is before starting offset {start}"
                 )
             continue
-        ranges += so.split_at_seam(tp[0], tp[1], start, end, cold.get(tp))
+        parts = so.split_at_seam(tp[0], tp[1], start, end, cold.get(tp))
+        if tp in late:
+            if parts and not parts[-1].cold:
+                parts[-1] = replace(parts[-1], to_latest=True)
+            else:  # nothing yet, or the archive ends the range: the log end's part comes
+                at = parts[-1].end if parts else start
+                parts.append(OffsetRange(tp[0], tp[1], at, at, to_latest=True))
+        ranges += parts
+    if late:
+        return ranges
     return so.split_ranges(ranges, opts.min_partitions, opts.max_records_per_partition)
 
 
@@ -182,7 +204,7 @@ class Pushed:
             return None
         start = max(r.start, self.offset_min)
         end = r.end if self.offset_max is None else min(r.end, self.offset_max)
-        if end <= start:
+        if end <= start and not r.to_latest:  # late-bound: may hold records at its run
             return None
         files = r.files
         if r.cold:
@@ -230,15 +252,18 @@ class BatchReader(DataSourceReader):
             marks = broker.watermarks(tps)
             starts = broker.resolve(opts.starting, tps, marks, starting=True)
             ends = broker.resolve(opts.ending, tps, marks, starting=False)
-            if self.pushed.partitions is not None:  # pruned after the options' checks
-                ends = {tp: o for tp, o in ends.items() if tp[1] in self.pushed.partitions}
-            ranges = _plan(broker, opts, starts, ends, marks, batch=True)
+            # every partition planned and checked (data loss, start after end) as Spark's
+            # source does, which has no pushdown; a partition filter prunes only after
+            ranges = _plan(broker, opts, starts, ends, marks, batch=True, late=self._late(ends))
             floor = self.pushed.timestamp_min_ms
             # ListOffsets by time: every record before the offset it names is older than
             # the floor (-1: every record is), so a Kafka range can start there
             by_time = {}
             if floor is not None:
-                by_time = broker.offsets_for_times({tp: floor for tp in ends})
+                wanted = self.pushed.partitions
+                by_time = broker.offsets_for_times(
+                    {tp: floor for tp in ends if wanted is None or tp[1] in wanted}
+                )
         out = []
         for r in ranges:
             pruned = self.pushed.apply(r)
@@ -252,18 +277,50 @@ class BatchReader(DataSourceReader):
                 out.append(RangePartition(pruned))
         return out
 
+    def _late(self, ends: dict[TopicPartitionKey, int]) -> list[TopicPartitionKey]:
+        """The partitions whose end is ``latest``, read to the log end at each task's run:
+        PySpark plans a DataFrame's read once and reuses the plan for its every query, so
+        a resolved end froze the DataFrame at its first plan, where Spark's Kafka source
+        plans each query and resolves ``latest`` in the task (KafkaSourceRDD). Not when
+        minPartitions (above the partition count) or maxRecordsPerPartition split the
+        ranges (Spark resolves the offsets at planning to split them), nor with pruning."""
+        opts = self.opts
+        split = opts.max_records_per_partition is not None or (
+            opts.min_partitions is not None and opts.min_partitions > len(ends)
+        )
+        if split or self.pushed != Pushed():
+            return []
+        if opts.ending.kind == "latest":
+            return list(ends)
+        if opts.ending.kind == "specific":
+            return [tp for tp in ends if opts.ending.offsets.get(tp) == so.LATEST]
+        return []
+
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         if partition.value is not None:  # None: Spark's stand-in when nothing is planned
             yield from ReadContext(self.opts).read(partition.value)
 
 
 class FilteringBatchReader(BatchReader):
-    """The batch reader with filter pushdown on partition, offset and timestamp."""
+    """The batch reader with filter pushdown on partition, offset and timestamp: opt-in
+    (``stonemq.filterPushdown=true`` on the read and Spark's
+    ``spark.sql.python.filterPushdown.enabled``), because PySpark (4.3) cannot keep a pruned
+    plan to the query it was planned for.
+
+    PySpark plans a pushdown query in a worker that calls ``pushFilters`` then
+    ``partitions()`` and stores the result (the partitions and this pickled reader) on the
+    DataFrame's relation (``PythonDataSourceV2.setReadInfo``); a later query of the same
+    DataFrame that pushes no filter (none at all, or only ones PySpark cannot send, such as
+    an ``OR``) runs no Python on the driver and reuses that stored plan as it is. No code of
+    this reader runs for that query, and its tasks cannot tell which query they serve, so
+    a plan pruned for ``where offset = 3`` would answer a later ``count()`` with 1 row per
+    partition. Pruning is therefore only for reads that opt in, knowing that a DataFrame
+    filtered once must be loaded again for a query without filters.
+
+    Every filter is returned as not handled, so Spark evaluates each of them on what is
+    read: a pushed filter changes only what is read, never the result of its own query."""
 
     def pushFilters(self, filters: list[Filter]) -> Iterable[Filter]:
-        """Partition and offset comparisons are applied exactly by the plan (not
-        evaluated again); timestamp floors only drop archived files whose newest record
-        is older, so Spark still evaluates them."""
         p = self.pushed
         for f in filters:
             # Not, And and Or have no attribute of their own: Spark evaluates them
@@ -272,28 +329,25 @@ class FilteringBatchReader(BatchReader):
             value = getattr(f, "value", None)
             if column == "partition" and isinstance(f, EqualTo) and isinstance(value, int):
                 p.partitions = {value} & p.partitions if p.partitions is not None else {value}
-                continue
-            if column == "partition" and isinstance(f, In):
+            elif column == "partition" and isinstance(f, In):
                 values = {v for v in value if isinstance(v, int)}  # type: ignore[union-attr]
                 p.partitions = values & p.partitions if p.partitions is not None else values
-                continue
-            if column == "offset" and isinstance(value, int):
+            elif column == "offset" and isinstance(value, int):
                 if isinstance(f, EqualTo):
                     p.offset_min = max(p.offset_min, value)
                     p.offset_max = _min(p.offset_max, value + 1)
-                    continue
-                if isinstance(f, GreaterThan | GreaterThanOrEqual):
+                elif isinstance(f, GreaterThan | GreaterThanOrEqual):
                     p.offset_min = max(p.offset_min, value + (isinstance(f, GreaterThan)))
-                    continue
-                if isinstance(f, LessThan | LessThanOrEqual):
+                elif isinstance(f, LessThan | LessThanOrEqual):
                     p.offset_max = _min(p.offset_max, value + (isinstance(f, LessThanOrEqual)))
-                    continue
-            if column == "timestamp" and isinstance(f, GreaterThan | GreaterThanOrEqual):
+            elif column == "timestamp" and isinstance(f, GreaterThan | GreaterThanOrEqual):
                 ms = _millis(value)
-                if ms is not None:
+                # a floor below 0 keeps every record, and ListOffsets would read -1..-6 as
+                # special targets (latest, earliest, the max timestamp, ...), not as times
+                if ms is not None and ms >= 0:
                     # > T and >= T both mean no row older than T is wanted
                     p.timestamp_min_ms = max(p.timestamp_min_ms or ms, ms)
-            yield f
+            yield f  # Spark evaluates every filter again: pruning never decides a row
 
 
 def _prune_cold_by_time(r: OffsetRange, floor_ms: int, broker: Broker) -> OffsetRange | None:
@@ -331,15 +385,20 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def __init__(self, opts: SourceOptions) -> None:
         self.opts = opts
-        self.target: dict[TopicPartitionKey, int] | None = None  # Trigger.AvailableNow
+        self.available_now = False  # Trigger.AvailableNow
+        self.target: dict[TopicPartitionKey, int] | None = None  # its end, once known
+        self._initial: dict | None = None
         self._broker: Broker | None = None
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"opts": self.opts, "target": self.target}  # the client stays here
+        # the client stays here
+        return {"opts": self.opts, "available_now": self.available_now, "target": self.target}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.opts = state["opts"]
+        self.available_now = state.get("available_now", False)
         self.target = state["target"]
+        self._initial = None
         self._broker = None
 
     @contextlib.contextmanager
@@ -360,10 +419,17 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             broker.close()
 
     def initialOffset(self) -> dict:
-        with self._client() as broker:
-            tps = broker.partitions()
-            marks = broker.watermarks(tps)
-            return so.offsets_json(broker.resolve(self.opts.starting, tps, marks, starting=True))
+        """Resolved once per run: Spark asks again when it plans the first micro-batch
+        (its start when nothing is committed), and a second ``latest`` on a topic being
+        written was past the end the first one led to (Spark's Kafka source keeps its
+        initial offsets in the checkpoint)."""
+        if self._initial is None:
+            with self._client() as broker:
+                tps = broker.partitions()
+                marks = broker.watermarks(tps)
+                starts = broker.resolve(self.opts.starting, tps, marks, starting=True)
+            self._initial = so.offsets_json(starts)
+        return self._initial
 
     def getDefaultReadLimit(self) -> ReadLimit:
         if self.opts.max_offsets_per_trigger:
@@ -371,14 +437,22 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return ReadAllAvailable()
 
     def prepareForTriggerAvailableNow(self) -> None:
-        with self._client() as broker:
-            tps = broker.partitions()
-            self.target = {tp: high for tp, (_, high) in broker.watermarks(tps).items()}
+        """Only notes the trigger: Spark calls this when the query starts, before
+        ``initialOffset()``, so log ends read here could be behind the start offsets read
+        after them (``startingOffsets=latest`` on a topic being written), and clamping to
+        them looked like a truncated log. As Spark's KafkaMicroBatchStream, the target is
+        the log ends at the first ``latestOffset`` call, which knows the start."""
+        self.available_now = True
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         begin = so.from_offsets_json(start)
         with self._client() as broker:
             tps = broker.partitions()
+            if self.available_now and self.target is None:
+                marks = broker.watermarks(tps)
+                # never below the query's start: a log end behind it is data loss, found
+                # below from the log ends themselves
+                self.target = {tp: max(marks[tp][1], begin.get(tp, 0)) for tp in tps}
             if self.target is not None:
                 tps = [tp for tp in tps if tp in self.target]
             marks = broker.watermarks(tps)
@@ -442,7 +516,7 @@ class _RefusedStreamReader(StreamReader):
         self.error = error
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"opts": None, "target": None, "error": self.error}
+        return {"opts": None, "available_now": False, "target": None, "error": self.error}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)
@@ -483,11 +557,17 @@ SINK_TYPES = {
 }
 
 
-def _check_sink_schema(schema: StructType) -> StructType:
-    """Spark's Kafka sink's column rules: ``value`` required, string or binary; ``key``
-    string or binary; ``topic`` string; ``partition`` int; ``headers``
-    array<struct<key:string,value:binary>>. Other columns are ignored."""
+def _check_sink_schema(schema: StructType, sink: so.SinkOptions) -> StructType:
+    """Spark's Kafka sink's column rules (KafkaWriter.validateQuery, before anything is
+    written, batch or streaming): a ``topic`` option or a ``topic`` column; ``value``
+    required, string or binary; ``key`` string or binary; ``topic`` string; ``partition``
+    int; ``headers`` array<struct<key:string,value:binary>>. Other columns are ignored."""
     names = {f.name.lower(): f for f in schema.fields}
+    if sink.topic is None and "topic" not in names:
+        raise so.OptionError(
+            "topic option required when no 'topic' attribute is present. Use the topic "
+            "option for setting a topic."
+        )
     if "value" not in names:
         raise so.OptionError("required attribute 'value' not found in the DataFrame")
     for name, allowed in SINK_TYPES.items():
