@@ -366,5 +366,17 @@ def offline_replicas(
     return tuple(r for r in replicas if r in dead or routing.broker(r) is None)
 
 
+def live_leader(
+    routing: SingleNodeRouting, lead: Leadership, dead: frozenset[int] | None = None
+) -> int:
+    """``lead``'s leader if it is live (registered and not judged dead), else -1: the one
+    judgement behind Metadata's and DescribeTopicPartitions' leader (LEADER_NOT_AVAILABLE
+    with -1, as Kafka, so clients ask again instead of waiting on a dead leader)."""
+    if dead is None:
+        dead = routing.dead()
+    leader = lead.leader
+    return leader if leader >= 0 and leader not in dead and routing.broker(leader) else -1
+
+
 def _leadership(assignment: Assignment, state: PartitionState) -> Leadership:
     return Leadership(assignment.replicas, state.leader, state.leader_epoch, state.isr)

@@ -20,7 +20,7 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 
-from stonemq.cluster.routing import Leadership, offline_replicas
+from stonemq.cluster.routing import Leadership, live_leader, offline_replicas
 from stonemq.coordinator.group_log import OFFSETS_TOPIC
 from stonemq.handlers.authorized_operations import (
     TOPIC_AUTHORIZED_OPERATIONS,
@@ -123,19 +123,23 @@ async def _names(ctx: RequestContext, request: Any) -> tuple[list[str], bool]:
 
 
 def _partition(ctx: RequestContext, index: int, lead: Leadership) -> Any:
+    """The same judgements as Metadata's: a leader not live (or judged dead before its
+    ZooKeeper session ends) is -1 with LEADER_NOT_AVAILABLE, as Kafka's NO_LEADER_ID, and
+    such a broker's replicas are offline."""
+    routing = ctx.broker.routing
+    dead = routing.dead()
+    leader = live_leader(routing, lead, dead)
     return ctx.build(
         "DescribeTopicPartitionsResponsePartition",
-        error_code=ErrorCode.none,
+        error_code=ErrorCode.none if leader >= 0 else ErrorCode.leader_not_available,
         partition_index=index,
-        leader_id=lead.leader,  # -1: no live leader, as Kafka's NO_LEADER_ID
+        leader_id=leader,
         leader_epoch=lead.leader_epoch,
         replica_nodes=lead.replicas,
         isr_nodes=lead.isr,
         eligible_leader_replicas=(),
         last_known_elr=(),
-        # the same judgement as Metadata's: a broker judged dead is offline before its
-        # ZooKeeper session ends
-        offline_replicas=offline_replicas(ctx.broker.routing, lead.replicas),
+        offline_replicas=offline_replicas(routing, lead.replicas, dead),
     )
 
 

@@ -23,7 +23,7 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 
-from stonemq.cluster.routing import Leadership, offline_replicas
+from stonemq.cluster.routing import Leadership, live_leader, offline_replicas
 from stonemq.coordinator.group_log import OFFSETS_TOPIC
 from stonemq.handlers.authorized_operations import (
     UNKNOWN_AUTHORIZED_OPERATIONS,
@@ -197,12 +197,12 @@ def _partition(ctx: RequestContext, index: int, lead: Leadership) -> Any:
     another, so clients keep asking instead of waiting on the dead one)."""
     routing = ctx.broker.routing
     dead = routing.dead()
-    live = lead.leader >= 0 and lead.leader not in dead and routing.broker(lead.leader) is not None
+    leader = live_leader(routing, lead, dead)
     return ctx.build(
         "MetadataResponsePartition",
-        error_code=ErrorCode.none if live else ErrorCode.leader_not_available,
+        error_code=ErrorCode.none if leader >= 0 else ErrorCode.leader_not_available,
         partition_index=index,
-        leader_id=lead.leader if live else -1,
+        leader_id=leader,
         leader_epoch=lead.leader_epoch,
         replica_nodes=lead.replicas,
         isr_nodes=lead.isr,

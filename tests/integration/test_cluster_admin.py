@@ -286,7 +286,17 @@ def _offline_by_metadata(broker: Any, topic: str) -> tuple[list[int], dict[int, 
     return brokers, {p.partition_index: tuple(p.offline_replicas) for p in t.partitions}
 
 
-def _offline_by_describe_topic_partitions(broker: Any, topic: str) -> dict[int, tuple[int, ...]]:
+def _partition_view(answer_topic: Any) -> dict[int, tuple[int, int, tuple[int, ...]]]:
+    """Partition → (error code, leader id, offline replicas)."""
+    return {
+        p.partition_index: (p.error_code, p.leader_id, tuple(p.offline_replicas))
+        for p in answer_topic.partitions
+    }
+
+
+def _offline_by_describe_topic_partitions(
+    broker: Any, topic: str, whole: bool = False
+) -> dict[int, Any]:
     req = rawclient.schema("describe_topic_partitions", 0, "request")
     resp = rawclient.schema("describe_topic_partitions", 0, "response")
     with rawclient.RawConnection(broker.host, broker.port) as conn:
@@ -297,7 +307,25 @@ def _offline_by_describe_topic_partitions(broker: Any, topic: str) -> dict[int, 
             resp.DescribeTopicPartitionsResponse,
         )
     (t,) = answer.topics
+    if whole:
+        return _partition_view(t)
     return {p.partition_index: tuple(p.offline_replicas) for p in t.partitions}
+
+
+def _metadata_view(broker: Any, topic: str) -> dict[int, Any]:
+    req = rawclient.schema("metadata", 12, "request")
+    resp = rawclient.schema("metadata", 12, "response")
+    with rawclient.RawConnection(broker.host, broker.port) as conn:
+        answer = conn.request(
+            req.MetadataRequest(
+                topics=(req.MetadataRequestTopic(topic_id=None, name=topic),),
+                allow_auto_topic_creation=False,
+                include_topic_authorized_operations=False,
+            ),
+            resp.MetadataResponse,
+        )
+    (t,) = answer.topics
+    return _partition_view(t)
 
 
 def test_describe_topic_partitions_names_a_killed_brokers_replicas_offline_as_metadata_does(
@@ -324,6 +352,11 @@ def test_describe_topic_partitions_names_a_killed_brokers_replicas_offline_as_me
     assert 3 in brokers  # its session has not ended: registered, judged dead
     assert described == by_metadata
     assert {p for p, o in described.items() if o} == on_b3
+    # and the leader: -1 with LEADER_NOT_AVAILABLE in both (DTP named the dead broker)
+    whole = _offline_by_describe_topic_partitions(b1, "offl", whole=True)
+    assert whole == _metadata_view(b1, "offl")
+    for p in on_b3:
+        assert whole[p][:2] == (ErrorCode.leader_not_available, -1), whole[p]
 
 
 def _create_raw(
