@@ -677,6 +677,10 @@ class QueueLog:
                 if seg.size == 0:
                     break
                 max_ts, _ = seg.ensure_max_timestamp(self.files)
+                if max_ts < 0:  # no record of it has a timestamp (-1): Kafka ages such a
+                    # segment by its file's last change (LogSegment.largestTimestamp); -1
+                    # itself made every such segment, the active one too, expire at once
+                    max_ts = _last_modified_ms(seg.log_path, now_ms)
                 if now_ms - max_ts <= retention_ms:
                     break
                 keep_from = i + 1
@@ -887,3 +891,13 @@ def _list_bases(directory: str) -> list[int]:
             fileio.unlink(os.path.join(directory, name))  # an index without its log
     bases.sort()
     return bases
+
+
+def _last_modified_ms(path: str, now_ms: int) -> int:
+    """The file's last change, in ms since the epoch; ``now_ms`` (kept, not expired) when it
+    cannot be read."""
+    try:
+        return os.stat(path).st_mtime_ns // 1_000_000
+    except OSError as exc:
+        log.warning("%s: cannot read its last change (%s); kept by retention.ms", path, exc)
+        return now_ms

@@ -160,6 +160,38 @@ def test_retention_bytes_and_ms(tmp_path: Path) -> None:
     asyncio.run(run())
 
 
+def test_records_without_timestamps_age_by_their_files_last_change(tmp_path: Path) -> None:
+    """A record produced without a timestamp (-1, which CreateTime accepts) counts as old
+    as its segment file's last change, as Kafka's LogSegment.largestTimestamp: the segment's
+    largest timestamp of -1 made every such segment, the active one too, expire at the
+    next retention check whatever retention.ms was (an independent audit: two records
+    sent with kafka-python's timestamp_ms=-1 gone a second later)."""
+    import os
+
+    async def run() -> None:
+        engine = new_engine(tmp_path)
+        week = 7 * 24 * 3600 * 1000
+        add_topic(engine, config=LogConfig(segment_bytes=2048, retention_ms=week))
+        engine.start(lambda *a: None)
+        await fill(engine, 40, timestamp=-1)  # several segments, none with a timestamp
+        now = int(time.time() * 1000)
+        assert engine.apply_retention(now_ms=now) == 0
+        assert engine.log_start_offset("t", 0) == 0 and offsets(engine)[0] == 0
+        # the sealed segments' files last changed eight days ago: those expire, only those
+        files = sorted((tmp_path / "queues" / "t-0").glob("*.log"))
+        assert len(files) > 2
+        old = (now - week - 24 * 3600 * 1000) / 1000
+        for path in files[:-1]:
+            os.utime(path, (old, old))
+        assert engine.apply_retention(now_ms=now) == 1
+        start = engine.log_start_offset("t", 0)
+        assert 0 < start < engine.high_watermark("t", 0) == 80
+        assert offsets(engine)[0] == start
+        await engine.close()
+
+    asyncio.run(run())
+
+
 class SlowCheckpointEngine(StorageEngine):
     """Checkpoint files written slowly, with a flag once a write has begun: a close can then
     be made to land in the middle of a checkpoint round, every time."""
