@@ -15,8 +15,10 @@ first offset whose record timestamp is >= the target: for a tiered topic the arc
 the local log start is searched first (off the event loop, stonemq/tiering/service.py), then
 the local time index; when there is none, offset and timestamp are -1, as Kafka answers.
 Earliest is the cold log start for a tiered topic. A partition named twice in one request
-is INVALID_REQUEST, each time, as Kafka answers. From v4 a partition's
-``current_leader_epoch`` is checked first (KIP-320): FENCED_LEADER_EPOCH below the
+is INVALID_REQUEST, each time, as Kafka answers; a negative target that is none of the
+special values, or one older than the request's version (-3 before v7, -4 before v8, -5
+before v9, -6 before v11), is UNSUPPORTED_VERSION, as Kafka's ReplicaManager answers. From
+v4 a partition's ``current_leader_epoch`` is checked first (KIP-320): FENCED_LEADER_EPOCH below the
 partition's leader epoch, UNKNOWN_LEADER_EPOCH above it.
 """
 
@@ -57,6 +59,8 @@ async def handle_list_offsets(ctx: RequestContext, request: Any) -> Any:
         async for p in ctx.paced(topic.partitions):
             if named[topic.name, p.partition_index] > 1:
                 error, offset, timestamp = ErrorCode.invalid_request, -1, -1
+            elif _unsupported(p.timestamp, ctx.api_version):
+                error, offset, timestamp = ErrorCode.unsupported_version, -1, -1
             elif record is None or not 0 <= p.partition_index < record.partitions:
                 error, offset, timestamp = ErrorCode.unknown_topic_or_partition, -1, -1
             elif (
@@ -97,6 +101,25 @@ async def handle_list_offsets(ctx: RequestContext, request: Any) -> Any:
             ctx.build("ListOffsetsTopicResponse", name=topic.name, partitions=tuple(partitions))
         )
     return ctx.build("ListOffsetsResponse", throttle_time=0, topics=tuple(topics))
+
+
+SPECIAL_SINCE = {
+    LATEST: 0,
+    EARLIEST: 0,
+    MAX_TIMESTAMP: 7,
+    EARLIEST_LOCAL: 8,
+    LATEST_TIERED: 9,
+    EARLIEST_PENDING_UPLOAD: 11,
+}
+"""Each special target and the first version that has it (Kafka's
+ListOffsetsRequest.timestampMinSupportedVersion)."""
+
+
+def _unsupported(target: int, version: int) -> bool:
+    """Kafka's ReplicaManager.isListOffsetsTimestampUnsupported: a negative target that is no
+    special value, or one the request's version does not have yet, is UNSUPPORTED_VERSION
+    (not a search for the first record's time)."""
+    return target < 0 and version < SPECIAL_SINCE.get(target, 1 << 15)
 
 
 async def _lookup(

@@ -7,6 +7,7 @@ from __future__ import annotations
 import datetime
 
 import pytest
+from kio.schema.errors import ErrorCode
 
 from .helpers import Msg, create_topic, produce, unique_topic
 from .rawclient import RawConnection, build, build_batch, produce_request, schema
@@ -70,6 +71,16 @@ def test_every_version_special_timestamps(module_broker, version):
             assert list_offset(conn, version, topic, -5) == -1
         if version >= 11:
             assert list_offset(conn, version, topic, -6) == -1
+        # a special target older than this version, or a negative one that is none of
+        # them: UNSUPPORTED_VERSION, as Kafka's ReplicaManager (it was a search by time from
+        # the first record: offset 0 for -7, -100 and -3 at v6, say)
+        since = {-3: 7, -4: 8, -5: 9, -6: 11, -7: 1 << 15, -100: 1 << 15}
+        for target, first in since.items():
+            p = list_offsets_partition(conn, version, topic, target)
+            want = ErrorCode.none if version >= first else ErrorCode.unsupported_version
+            assert p.error_code == want, (target, p)
+            if want != ErrorCode.none:
+                assert (p.offset, p.timestamp) == (-1, -1), (target, p)
 
 
 def test_latest_covers_what_was_acknowledged(module_broker):
