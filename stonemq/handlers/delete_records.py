@@ -87,6 +87,12 @@ async def handle_delete_records(ctx: RequestContext, request: Any) -> Any:
                 result.error = ErrorCode.invalid_topic_exception
             elif ctx.not_led_here(record, p.partition_index):  # a follower holds it too
                 result.error = ErrorCode.not_leader_or_follower
+            elif (
+                "delete"
+                not in ctx.broker.topics.effective_config(topic.name).values["cleanup.policy"]
+            ):  # Kafka's Partition.deleteRecordsOnLeader: "Records of partition ... can not be
+                # deleted due to the configured policy" (an empty cleanup.policy here)
+                result.error = ErrorCode.policy_violation
             else:
                 result.journal = record.journal_partitions[p.partition_index]
                 try:

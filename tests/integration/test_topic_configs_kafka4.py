@@ -261,3 +261,13 @@ def test_an_empty_cleanup_policy_keeps_what_retention_would_delete(broker) -> No
     time.sleep(1)  # several more retention rounds
     assert low_watermark(broker.bootstrap, kept) == 0
     assert _configs(broker.bootstrap, kept)["cleanup.policy"].value == ""  # type: ignore[attr-defined]
+    # nor does DeleteRecords delete there: POLICY_VIOLATION, as Kafka's
+    # Partition.deleteRecordsOnLeader without delete (an independent audit: it was applied)
+    from kio.schema.errors import ErrorCode
+
+    from .test_delete_records import raw_delete
+
+    for version in (0, 1, 2):
+        assert raw_delete(broker.port, version, kept, 0, 3) == (ErrorCode.policy_violation, -1)
+    assert low_watermark(broker.bootstrap, kept) == 0
+    assert raw_delete(broker.port, 2, deleted, 0, -1)[0] == ErrorCode.none
