@@ -211,7 +211,7 @@ def _cleanup_policy(name: str, value: Any) -> None:
             name, format_value(value), "StoneMQ does not support log compaction yet; use delete"
         )
     # an empty list passes, as Kafka's ValidList: neither delete nor compact, so no time or
-    # size retention (only DeleteRecords moves the log start)
+    # size retention, and DeleteRecords is POLICY_VIOLATION (handlers/delete_records.py)
 
 
 # -- topic configs ------------------------------------------------------------------------------
@@ -263,8 +263,8 @@ TOPIC_CONFIGS: dict[str, TopicConfigKey] = {
             "cleanup.policy",
             ConfigType.LIST,
             "The retention policy for old log segments: 'delete' discards old segments when "
-            "their retention time or size limit is reached; an empty list keeps them (only "
-            "DeleteRecords moves the log start). StoneMQ has no log compaction yet.",
+            "their retention time or size limit is reached; an empty list keeps them all "
+            "(DeleteRecords refused too). StoneMQ has no log compaction yet.",
             synonym="log.cleanup.policy",
             default=["delete"],
             validator=_cleanup_policy,
