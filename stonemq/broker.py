@@ -17,6 +17,7 @@ from stonemq.coordinator.group_store import GroupRuntime
 from stonemq.handlers.fetch_waiters import FetchWaiters
 from stonemq.metadata.sqlite import SqliteMetadataStore
 from stonemq.metadata.store import CLUSTER_DEFAULT, MetadataStore
+from stonemq.protocol.record_batch import set_stored_limit
 from stonemq.quotas.manager import QuotaManager
 from stonemq.storage.engine import StorageEngine, StorageError, UnknownPartitionError
 from stonemq.storage.open_files import fit_to_fd_limit
@@ -35,6 +36,8 @@ log = logging.getLogger("stonemq.broker")
 class Broker:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
+        # a batch produce accepted can be read back (ListOffsets by time, the group log)
+        set_stored_limit(settings.batch_max_uncompressed_bytes)
         settings.data_dir.mkdir(parents=True, exist_ok=True)
         self.membership: Membership | None = None
         self.controller: Controller | None = None

@@ -13,6 +13,7 @@ from rich.table import Table
 
 from stonemq.cli.options import DataDirOpt, JournalDirOpt, QueueDirOpt
 from stonemq.config import load_settings
+from stonemq.protocol.record_batch import set_stored_limit
 from stonemq.storage.check import check_storage, dump_file
 
 storage_app = typer.Typer(
@@ -33,6 +34,7 @@ def check(
     """Verify every journal entry and queue-log batch (checksums, offset contiguity, index
     consistency) and print a summary; exit 1 on any defect. Changes no file."""
     settings = load_settings(None, data_dir=data_dir, journal_dir=journal_dir, queue_dir=queue_dir)
+    set_stored_limit(settings.batch_max_uncompressed_bytes)  # what the broker accepted
     report = check_storage(str(settings.journal_path), str(settings.queue_path))
     console = Console()
     journals = Table(title=f"journal ({settings.journal_path})")

@@ -271,6 +271,19 @@ MAX_UNCOMPRESSED_BYTES = 64 * 1024 * 1024
 """What a batch may decompress to at most (``batch.max.uncompressed.bytes``): a 33 KB zstd
 batch of zeros holds a gigabyte."""
 
+_stored_limit = MAX_UNCOMPRESSED_BYTES
+
+
+def set_stored_limit(max_uncompressed_bytes: int) -> None:
+    """The broker's ``batch.max.uncompressed.bytes`` (at start): a stored batch read back
+    (:func:`read_batch`, :func:`iter_records`: ListOffsets by time, the max timestamp, the
+    group log, storage checks) may decompress to as much as a produced one was allowed to,
+    and never less than the default. With the setting raised, a batch produce accepted made
+    every later time lookup of its partition fail (KAFKA_STORAGE_ERROR) at the default."""
+    global _stored_limit
+    _stored_limit = max(max_uncompressed_bytes, MAX_UNCOMPRESSED_BYTES)
+
+
 _XERIAL_MAGIC = b"\x82SNAPPY\x00"
 
 
@@ -777,7 +790,7 @@ def read_batch(
     pos: int = 0,
     end: int | None = None,
     *,
-    max_uncompressed_bytes: int = MAX_UNCOMPRESSED_BYTES,
+    max_uncompressed_bytes: int | None = None,
     bounds: bool = False,
     check_crc: bool = True,
     header: BatchHeader | None = None,
@@ -787,9 +800,12 @@ def read_batch(
     :func:`check_records` apply to a produced batch, less the produce-only ones (control
     batches, LogAppendTime, producer sequence, timestamp bounds), with the same errors.
     ``bounds``: also return where each record starts and ends (see :func:`walk_records`);
-    ``header``: what :func:`check_framing` returned for this batch (not checked again)."""
+    ``header``: what :func:`check_framing` returned for this batch (not checked again);
+    ``max_uncompressed_bytes``: by default the stored limit (:func:`set_stored_limit`)."""
     if header is None:
         header = check_framing(buf, pos, len(buf) if end is None else end, check_crc)
+    if max_uncompressed_bytes is None:
+        max_uncompressed_bytes = _stored_limit
     body, start, body_end = batch_body(buf, pos, header, max_uncompressed_bytes)
     out = bytearray(16 * header.record_count) if bounds else None
     walk_records(body, start, body_end, header.record_count, out)
@@ -896,7 +912,7 @@ def iter_record_fields(
 
 def iter_records(
     batch: bytes | bytearray | memoryview,
-    max_uncompressed_bytes: int = MAX_UNCOMPRESSED_BYTES,
+    max_uncompressed_bytes: int | None = None,
     *,
     check_crc: bool = True,
 ) -> Iterator[Record]:

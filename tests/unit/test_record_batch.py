@@ -428,3 +428,37 @@ def test_the_one_pass_batch_check_answers_as_the_rule_by_rule_one(records, codec
         batch += bytes(data.draw(st.integers(1, 70)))
     for buf in (bytes(batch), batch, memoryview(bytes(batch))):
         assert _answer(rb.check_batch, buf) == _answer(rb.check_batch_reference, buf)
+
+
+def test_a_stored_batch_reads_back_under_the_brokers_raised_limit() -> None:
+    """batch.max.uncompressed.bytes raised: a batch produce accepted past the default (64 MiB
+    of records in a small zstd batch) reads back (ListOffsets by time, the max timestamp,
+    storage checks) once the broker set the stored limit; read at the default, every later
+    time lookup of its partition failed (an independent audit)."""
+    builder = DefaultRecordBatchBuilder(
+        magic=2,
+        compression_type=4,  # zstd: a few KB
+        is_transactional=False,
+        producer_id=-1,
+        producer_epoch=-1,
+        base_sequence=-1,
+        batch_size=1 << 28,
+    )
+    for i in range(65):  # 65 MiB of records
+        assert builder.append(i, timestamp=1000 + i, key=None, value=bytes(1 << 20), headers=[])
+    batch = bytearray(builder.build())
+    limit = 128 << 20
+    header = rb.validate_produce_records(
+        batch, rb.RecordLimits(max_uncompressed_bytes=limit), now_ms=1000
+    )
+    assert header.record_count == 65
+    with pytest.raises(rb.RecordBatchError):
+        list(rb.iter_records(batch))  # the default limit
+    try:
+        rb.set_stored_limit(limit)
+        got = list(rb.iter_records(batch))
+        assert len(got) == 65 and got[-1].timestamp == 1064
+        rb.set_stored_limit(1)  # never below the default
+        assert rb._stored_limit == rb.MAX_UNCOMPRESSED_BYTES
+    finally:
+        rb.set_stored_limit(rb.MAX_UNCOMPRESSED_BYTES)
