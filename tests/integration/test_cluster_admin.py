@@ -44,11 +44,12 @@ def cluster(broker_factory, zookeeper) -> list[Any]:
     ]
 
 
-def _metadata(broker, topic: str) -> dict[int, tuple[int, int, tuple[int, ...]]]:  # type: ignore[no-untyped-def]
+def _metadata_answer(broker: Any, topic: str) -> Any:
+    """Metadata v12 of ``topic`` from ``broker`` (the whole answer)."""
     req = rawclient.schema("metadata", 12, "request")
     resp = rawclient.schema("metadata", 12, "response")
     with rawclient.RawConnection(broker.host, broker.port) as conn:
-        answer = conn.request(
+        return conn.request(
             req.MetadataRequest(
                 topics=(req.MetadataRequestTopic(topic_id=None, name=topic),),
                 allow_auto_topic_creation=False,
@@ -56,7 +57,10 @@ def _metadata(broker, topic: str) -> dict[int, tuple[int, int, tuple[int, ...]]]
             ),
             resp.MetadataResponse,
         )
-    (t,) = answer.topics
+
+
+def _metadata(broker, topic: str) -> dict[int, tuple[int, int, tuple[int, ...]]]:  # type: ignore[no-untyped-def]
+    (t,) = _metadata_answer(broker, topic).topics
     return {
         p.partition_index: (p.leader_id, p.leader_epoch, tuple(p.replica_nodes))
         for p in t.partitions
@@ -270,17 +274,7 @@ def _wait_for(check: Any, timeout: float = 20.0) -> None:
 
 
 def _offline_by_metadata(broker: Any, topic: str) -> tuple[list[int], dict[int, tuple[int, ...]]]:
-    req = rawclient.schema("metadata", 12, "request")
-    resp = rawclient.schema("metadata", 12, "response")
-    with rawclient.RawConnection(broker.host, broker.port) as conn:
-        answer = conn.request(
-            req.MetadataRequest(
-                topics=(req.MetadataRequestTopic(topic_id=None, name=topic),),
-                allow_auto_topic_creation=False,
-                include_topic_authorized_operations=False,
-            ),
-            resp.MetadataResponse,
-        )
+    answer = _metadata_answer(broker, topic)
     (t,) = answer.topics
     brokers = sorted(b.node_id for b in answer.brokers)
     return brokers, {p.partition_index: tuple(p.offline_replicas) for p in t.partitions}
@@ -313,18 +307,7 @@ def _offline_by_describe_topic_partitions(
 
 
 def _metadata_view(broker: Any, topic: str) -> dict[int, Any]:
-    req = rawclient.schema("metadata", 12, "request")
-    resp = rawclient.schema("metadata", 12, "response")
-    with rawclient.RawConnection(broker.host, broker.port) as conn:
-        answer = conn.request(
-            req.MetadataRequest(
-                topics=(req.MetadataRequestTopic(topic_id=None, name=topic),),
-                allow_auto_topic_creation=False,
-                include_topic_authorized_operations=False,
-            ),
-            resp.MetadataResponse,
-        )
-    (t,) = answer.topics
+    (t,) = _metadata_answer(broker, topic).topics
     return _partition_view(t)
 
 
