@@ -19,7 +19,9 @@ is INVALID_REQUEST, each time, as Kafka answers; a negative target that is none 
 special values, or one older than the request's version (-3 before v7, -4 before v8, -5
 before v9, -6 before v11), is UNSUPPORTED_VERSION, as Kafka's ReplicaManager answers. From
 v4 a partition's ``current_leader_epoch`` is checked first (KIP-320): FENCED_LEADER_EPOCH below the
-partition's leader epoch, UNKNOWN_LEADER_EPOCH above it.
+partition's leader epoch, UNKNOWN_LEADER_EPOCH above it. Each answer's ``leader_epoch`` is
+the epoch of the batch holding the offset answered (latest: the current epoch; nothing found:
+-1), as Kafka's leader-epoch cache answers (``_epoch_of``).
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ async def handle_list_offsets(ctx: RequestContext, request: Any) -> Any:
         record = ctx.broker.topics.get(topic.name)
         partitions = []
         async for p in ctx.paced(topic.partitions):
+            epoch = -1
             if named[topic.name, p.partition_index] > 1:
                 error, offset, timestamp = ErrorCode.invalid_request, -1, -1
             elif _unsupported(p.timestamp, ctx.api_version):
@@ -77,6 +80,9 @@ async def handle_list_offsets(ctx: RequestContext, request: Any) -> Any:
                     offset, timestamp = await _lookup(
                         ctx, topic.name, p.partition_index, p.timestamp, deadline
                     )
+                    epoch = await _epoch_of(
+                        ctx, record, topic.name, p.partition_index, p.timestamp, offset
+                    )
                 except UnknownPartitionError:  # not hosted here: led by another broker?
                     error, offset, timestamp = ctx.not_here(topic.name, p.partition_index), -1, -1
                 except StorageError:  # a failed queue log, or records that cannot be decoded
@@ -88,19 +94,33 @@ async def handle_list_offsets(ctx: RequestContext, request: Any) -> Any:
                     error_code=error,
                     timestamp=timestamp,
                     offset=offset,
-                    leader_epoch=(
-                        ctx.broker.routing.leadership(
-                            record.journal_partitions[p.partition_index]
-                        ).leader_epoch
-                        if error == ErrorCode.none and record is not None
-                        else -1
-                    ),
+                    leader_epoch=epoch,
                 )
             )
         topics.append(
             ctx.build("ListOffsetsTopicResponse", name=topic.name, partitions=tuple(partitions))
         )
     return ctx.build("ListOffsetsResponse", throttle_time=0, topics=tuple(topics))
+
+
+async def _epoch_of(
+    ctx: RequestContext, record: Any, topic: str, partition: int, target: int, offset: int
+) -> int:
+    """The leader epoch answered beside ``offset``, as Kafka's leader-epoch cache says it
+    (UnifiedLog.fetchOffsetByTimestamp): latest, the partition's current epoch; an offset a
+    local batch holds (earliest, by timestamp, max timestamp), that batch's epoch; earliest
+    of a log with no batch left, the current epoch (the cache's entry at the log start);
+    anything else (nothing found, an archived offset), -1. Clients keep it to validate
+    their position after a leader change (KIP-320)."""
+    current = ctx.broker.routing.leadership(record.journal_partitions[partition]).leader_epoch
+    if target == LATEST:
+        return current
+    if offset < 0:
+        return -1
+    storage = ctx.broker.storage
+    if target in (EARLIEST, EARLIEST_LOCAL) and offset >= storage.high_watermark(topic, partition):
+        return current
+    return await storage.leader_epoch_at(topic, partition, offset)
 
 
 SPECIAL_SINCE = {

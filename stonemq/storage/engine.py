@@ -91,6 +91,7 @@ from stonemq.storage.queue_log import (
     QueueLog,
     SplitWrite,
     create_queue_log_dir,
+    epoch_at,
     epoch_search,
     max_time_search,
     queue_log_dir,
@@ -2002,6 +2003,22 @@ class StorageEngine:
             except FileNotFoundError:  # a segment went (retention) while it was read
                 continue
         raise StorageError(f"{topic}-{partition}: segments kept going during the search")
+
+    async def leader_epoch_at(self, topic: str, partition: int, offset: int) -> int:
+        """The leader epoch of the batch holding ``offset`` (``queue_log.epoch_at``, in a
+        disk-read thread): what ListOffsets answers beside an offset it found; -1 when no
+        local batch holds it."""
+        for _ in range(VIEW_ATTEMPTS):
+            queue = self._state(topic, partition).queue
+            if queue is None or not queue.log_start_offset <= offset < queue.next_offset:
+                return -1
+            if queue.failed is not None:
+                raise StorageError(str(queue.failed))
+            try:
+                return await self._disk_read(epoch_at, queue.views(), offset)
+            except FileNotFoundError:  # a segment went (retention) while it was read
+                continue
+        return -1
 
     async def _time_query(
         self,

@@ -112,29 +112,44 @@ def read_range_views(
 def epoch_search(
     views: list[SegmentView], epoch: int, log_end: int, log_start: int, files: Reads
 ) -> tuple[int, int]:
-    """OffsetForLeaderEpoch over one topic partition's batches (in a thread): the largest
-    partition leader epoch <= ``epoch`` among its batches and where it ends (the base offset
-    of the first batch of a higher epoch, else ``log_end``), as Kafka's follower-built
-    ``LeaderEpochFileCache`` answers; ``epoch`` below every batch's answers itself with the
-    first batch's offset; no batch at all, ``(epoch, log_end)``. Batch epochs never fall
-    along a log, so segments are scanned newest first, back to the first whose first batch
-    is of an epoch <= ``epoch``."""
-    following = log_end  # base offset of the earliest batch known with an epoch above
+    """OffsetForLeaderEpoch over one topic partition's batches from ``log_start`` (in a
+    thread): the largest partition leader epoch <= ``epoch`` among them and where it ends
+    (the base offset of the first batch of a higher epoch, else ``log_end``), as Kafka's
+    follower-built ``LeaderEpochFileCache`` answers; ``epoch`` below every batch's answers
+    itself with where the first one starts (never below ``log_start``: Kafka's cache drops
+    what DeleteRecords and retention removed and starts its first epoch at the log start);
+    no batch at all, ``(epoch, log_end)``. Batch epochs never fall along a log, so segments
+    are scanned newest first, back to the first whose first live batch is of an epoch <=
+    ``epoch``."""
+    following = log_end  # where the earliest batch known with an epoch above starts
     for view in reversed(views):
-        headers = view.iter_headers(files)
+        headers = (h for _, h in view.iter_headers(files) if h.last_offset >= log_start)
         first = next(headers, None)
         if first is None:
             continue
-        if first[1].partition_leader_epoch > epoch:
-            following = first[1].base_offset
+        if first.partition_leader_epoch > epoch:
+            following = max(first.base_offset, log_start)
             continue
-        found = first[1].partition_leader_epoch
-        for _pos, header in headers:
+        found = first.partition_leader_epoch
+        for header in headers:
             if header.partition_leader_epoch > epoch:
                 return found, header.base_offset
             found = header.partition_leader_epoch
         return found, following
     return epoch, following
+
+
+def epoch_at(views: list[SegmentView], offset: int, files: Reads) -> int:
+    """The partition leader epoch of the batch holding ``offset`` (in a thread); -1 when no
+    batch holds it or the batch has none (Kafka's ``epochForOffset`` finding no entry)."""
+    for view in views:
+        found = view.find_batch(files, offset)
+        if found is not None:
+            header = found[1]
+            if header.base_offset > offset or header.partition_leader_epoch < 0:
+                return -1
+            return header.partition_leader_epoch
+    return -1
 
 
 def time_search(
@@ -165,7 +180,9 @@ def max_time_search(
     views: list[SegmentView], log_start: int, files: Reads
 ) -> tuple[int, int] | None:
     """(offset, timestamp) of the first record at or after ``log_start`` with the largest
-    timestamp (ListOffsets MAX_TIMESTAMP), in a thread; None when the log is empty."""
+    timestamp (ListOffsets MAX_TIMESTAMP), in a thread; None when the log is empty. Always a
+    pair some live record holds: the batch the log start cuts counts only its records from
+    there (Kafka, which ignores the log start here, may answer a deleted record)."""
     best: tuple[int, int, SegmentView] | None = None
     for i, view in enumerate(views):
         if i == 0 and log_start > view.base_offset:  # only its batches from the log start
@@ -176,26 +193,43 @@ def max_time_search(
             best = (ts, offset, view)
     if best is None:
         return None
-    _, offset, view = best
+    ts, offset, view = best
     found = view.find_batch(files, offset)
     if found is None:
         return None
     pos, header = found
-    record = first_record_at(
-        view.read(files, pos, header.size), header.max_timestamp, log_start, True
-    )
-    return record if record is not None else (header.last_offset, header.max_timestamp)
+    record = first_record_at(view.read(files, pos, header.size), ts, log_start, True)
+    return record if record is not None else (max(header.base_offset, log_start), ts)
 
 
 def _max_batch_from(view: SegmentView, offset: int, files: Reads) -> tuple[int, int]:
-    """(max timestamp, its batch's base offset) over ``view``'s batches that end at or after
-    ``offset``; (-1, -1) when there are none."""
+    """(max timestamp, its batch's base offset) over ``view``'s records at or after
+    ``offset``; (-1, -1) when there are none. The batch that ``offset`` cuts is decoded for
+    its live records' largest timestamp (its header's may be a deleted record's)."""
     best = (-1, -1)
     _, start = offset_lookup(view.offset_index, files, offset)
-    for _, header in view.iter_headers(files, start):
-        if header.last_offset >= offset and header.max_timestamp > best[0]:
-            best = (header.max_timestamp, header.base_offset)
+    for pos, header in view.iter_headers(files, start):
+        if header.last_offset < offset or header.max_timestamp <= best[0]:
+            continue
+        ts = header.max_timestamp
+        if header.base_offset < offset and header.timestamp_type != TIMESTAMP_LOG_APPEND_TIME:
+            ts = _live_max_timestamp(view.read(files, pos, header.size), offset)
+        if ts > best[0]:
+            best = (ts, header.base_offset)
     return best
+
+
+def _live_max_timestamp(batch: bytes, log_start: int) -> int:
+    """The largest timestamp among ``batch``'s records at or after ``log_start`` (-1: none);
+    decodes the records (bounded decompression), so it runs in a thread."""
+    try:
+        return max(
+            (record.timestamp for record in iter_records(batch) if record.offset >= log_start),
+            default=-1,
+        )
+    except RecordBatchError as exc:
+        header = parse_header(batch)
+        raise StorageError(f"batch at {header.base_offset} cannot be decoded: {exc}") from exc
 
 
 class _Run:

@@ -138,9 +138,9 @@ def test_fetch_checks_the_current_leader_epoch(module_broker, version):
     }
 
 
-def _list_offsets(broker, version: int, topic: str, current: int):  # type: ignore[no-untyped-def]
+def _list_offsets(broker, version: int, topic: str, current: int, target: int = -1):  # type: ignore[no-untyped-def]
     with rawclient.RawConnection(broker.host, broker.port) as conn:
-        p = list_offsets_partition(conn, version, topic, -1, current_leader_epoch=current)
+        p = list_offsets_partition(conn, version, topic, target, current_leader_epoch=current)
     return p.error_code, p.offset, p.leader_epoch
 
 
@@ -162,3 +162,21 @@ def test_list_offsets_checks_the_current_leader_epoch(module_broker, version):
         -1,
         -1,
     )
+
+
+def test_list_offsets_answers_the_epoch_of_the_offset_it_found(module_broker):
+    """Reproduced (offsets audit): every answer carried the partition's current epoch, 0 here,
+    also when nothing was found. Kafka answers -1 then (an empty max-timestamp lookup, a
+    time past every record, latest-tiered of a topic that does not tier), and otherwise the
+    epoch of the batch holding the offset (the multi-epoch case: test_replication.py's
+    returning leader)."""
+    topic = create_topic(module_broker.bootstrap)
+    assert _list_offsets(module_broker, 9, topic, -1, -3) == (ErrorCode.none, -1, -1)
+    assert _list_offsets(module_broker, 9, topic, -1, -2) == (ErrorCode.none, 0, 0)
+    produce(module_broker.bootstrap, topic, [Msg(None, b"e%d" % i) for i in range(3)])
+    assert _list_offsets(module_broker, 9, topic, -1, -2) == (ErrorCode.none, 0, 0)
+    assert _list_offsets(module_broker, 9, topic, -1, 0) == (ErrorCode.none, 0, 0)
+    assert _list_offsets(module_broker, 9, topic, -1, -3)[2] == 0
+    assert _list_offsets(module_broker, 9, topic, -1, 2**62) == (ErrorCode.none, -1, -1)
+    assert _list_offsets(module_broker, 9, topic, -1, -5) == (ErrorCode.none, -1, -1)
+    assert _list_offsets(module_broker, 9, topic, -1, -1) == (ErrorCode.none, 3, 0)

@@ -16,10 +16,15 @@ pytestmark = pytest.mark.timeout(60)
 
 
 def list_offsets_partition(
-    conn: RawConnection, version: int, topic: str, timestamp: int, current_leader_epoch: int = -1
+    conn: RawConnection,
+    version: int,
+    topic: str,
+    timestamp: int,
+    current_leader_epoch: int = -1,
+    partition: int = 0,
 ):
-    """One ListOffsets of partition 0 (``current_leader_epoch`` from v4, -1: not given); the
-    partition's answer."""
+    """One ListOffsets of one partition (``current_leader_epoch`` from v4, -1: not given);
+    the partition's answer."""
     req = schema("list_offsets", version, "request")
     resp = schema("list_offsets", version, "response")
     request = build(
@@ -33,7 +38,7 @@ def list_offsets_partition(
                 partitions=(
                     build(
                         req.ListOffsetsPartition,
-                        partition_index=0,
+                        partition_index=partition,
                         current_leader_epoch=current_leader_epoch,
                         timestamp=timestamp,
                     ),

@@ -26,6 +26,7 @@ from stonemq.storage.leader_epoch import LEADER_EPOCH_FILE
 
 from .rawclient import RawConnection, build_batch, fetch_raw, leader_epochs_of, produce_raw
 from .test_delete_records import raw_delete
+from .test_list_offsets_versions import list_offsets_partition
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(240)]
 
@@ -777,6 +778,11 @@ def test_a_returning_leader_truncates_the_tail_it_alone_had(broker_factory, zook
         assert ahead.error_code == ErrorCode.unknown_leader_epoch
         served = fetch_raw(conn, "trunc", mine[0], 0, current_leader_epoch=new_epoch)
         assert served.error_code == ErrorCode.none and served.records
+        # ListOffsets answers the epoch of the batch holding each offset (offsets audit:
+        # always the current one), as Kafka's leader-epoch cache does
+        for target, epoch in ((-2, old_epoch), (0, old_epoch), (-3, new_epoch), (-1, new_epoch)):
+            answer = list_offsets_partition(conn, 9, "trunc", target, partition=mine[0])
+            assert (answer.error_code, answer.leader_epoch) == (ErrorCode.none, epoch), target
     _restart(old, chroot)
     _wait(lambda: all(set(isr) == {1, 2, 3} for isr in _isrs(chroot).values()), 60, "ISR grows")
     assert "diverged from leader" in old.log(since_start=True)

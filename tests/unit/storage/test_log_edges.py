@@ -74,6 +74,37 @@ def test_offsets_by_timestamp_start_at_the_log_start(tmp_path: Path) -> None:
     asyncio.run(main())
 
 
+def test_max_timestamp_past_a_log_start_inside_a_batch_is_a_live_records_pair(
+    tmp_path: Path,
+) -> None:
+    """Reproduced (offsets audit): DeleteRecords inside a batch whose largest timestamp was a
+    deleted record's made MAX_TIMESTAMP answer the batch's last offset with that timestamp,
+    a pair no record holds. The cut batch counts only its live records."""
+
+    async def main() -> None:
+        engine = new_engine(tmp_path)
+        add_topic(engine)
+        engine.start(lambda *a: None)
+        await engine.append("t", 0, build_batch([b"a"] * 3, [1050, 1100, 1020]), 3).written
+        await engine.append("t", 0, build_batch([b"b"] * 2, [1100, 1030]), 2).written
+        await wait_split(engine)
+        await delete_records(engine, "t", 0, 2)  # offsets 0-1 gone: 1100 lives at 3
+        assert await engine.max_timestamp("t", 0) == (3, 1100)
+        await delete_records(engine, "t", 0, 4)
+        assert await engine.max_timestamp("t", 0) == (4, 1030)
+        await engine.close()
+        engine = new_engine(tmp_path / "second")  # a cut batch alone in the log
+        add_topic(engine, "u")
+        engine.start(lambda *a: None)
+        await engine.append("u", 0, build_batch([b"c"] * 3, [1200, 1010, 1005]), 3).written
+        await wait_split(engine)
+        await delete_records(engine, "u", 0, 1)
+        assert await engine.max_timestamp("u", 0) == (1, 1010)
+        await engine.close()
+
+    asyncio.run(main())
+
+
 class StalledDiskReads(FileOps):
     """Real operations; the first ``open`` of a queue-log file by a disk-read thread (a
     fetch or a search by timestamp reading in a thread) waits until ``go`` is set, as a

@@ -14,7 +14,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import SMALL_LOG, abandon, add_topic, build_batch, new_engine, started_leader
+from conftest import (
+    SMALL_LOG,
+    abandon,
+    add_topic,
+    build_batch,
+    delete_records,
+    new_engine,
+    started_leader,
+)
 
 from stonemq.storage.engine import LogConfig, NotLeaderError, OffsetOutOfRangeError, StorageError
 from stonemq.storage.journal import CorruptEntryError, JournalReader
@@ -107,10 +115,19 @@ def test_leader_epochs_follower_append_and_the_split_limit(tmp_path: Path) -> No
                 await other.append_replica(0, 0, memoryview(bytes(bad)))
             assert other.journal_end(0) == 0
             await other.close()
+            assert journal_bytes(leader_root, 0) == journal_bytes(follower_root, 0)
+            # from the log start (offsets audit: epochs of deleted batches were answered)
+            assert await delete_records(leader, "t", 0, 7) == 7  # inside the batch at 6
+            assert await leader.epoch_end_offset("t", 0, 1) == (1, 7)
+            assert await leader.epoch_end_offset("t", 0, 3) == (3, 8)
+            assert await delete_records(leader, "t", 0, 8) == 8
+            assert await leader.epoch_end_offset("t", 0, 3) == (3, 8)
+            assert await leader.epoch_end_offset("t", 0, 5) == (5, 9)
+            assert await delete_records(leader, "t", 0, 9) == 9
+            assert await leader.epoch_end_offset("t", 0, 3) == (3, 9)
         finally:
             await leader.close()
             await follower.close()
-        assert journal_bytes(leader_root, 0) == journal_bytes(follower_root, 0)
 
     run(scenario())
 
