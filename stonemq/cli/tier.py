@@ -29,6 +29,7 @@ from rich.table import Table
 
 from stonemq.cli.options import ConfigOpt, DataDirOpt
 from stonemq.config import Settings, load_settings
+from stonemq.protocol.record_batch import set_stored_limit
 
 app = typer.Typer(
     name="tier",
@@ -44,11 +45,15 @@ DEFAULT_LOOP_INTERVAL_MS = 60_000
 
 
 def _settings(config: Path | None, data_dir: Path | None, **flags: Any) -> Settings:
+    """The broker's settings; batches read back here may decompress to as much as the
+    broker accepted (``set_stored_limit``; the archive job hands it to its executors)."""
     try:
-        return load_settings(config, data_dir=data_dir, **flags)
+        settings = load_settings(config, data_dir=data_dir, **flags)
     except (ValidationError, ValueError, OSError) as exc:
         err.print(f"stonemq: invalid settings: {exc}")
         raise typer.Exit(2) from None
+    set_stored_limit(settings.batch_max_uncompressed_bytes)
+    return settings
 
 
 def check_spark() -> str | None:

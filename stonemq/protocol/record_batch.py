@@ -284,6 +284,12 @@ def set_stored_limit(max_uncompressed_bytes: int) -> None:
     _stored_limit = max(max_uncompressed_bytes, MAX_UNCOMPRESSED_BYTES)
 
 
+def stored_limit() -> int:
+    """What :func:`set_stored_limit` set in this process (a tier job hands it to its
+    executors, which are other processes)."""
+    return _stored_limit
+
+
 _XERIAL_MAGIC = b"\x82SNAPPY\x00"
 
 

@@ -43,6 +43,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
+from stonemq.protocol.record_batch import stored_limit
 from stonemq.tiering import manifest as mf
 from stonemq.tiering.cold_store import ColdStore, StoreSpec
 from stonemq.tiering.rows import ARROW_SCHEMA, SPARK_SCHEMA
@@ -209,7 +210,7 @@ def stage_tasks(
     # one group per Spark partition (parallelize of n items into n slices)
     out = (
         sc.parallelize(groups, len(groups))
-        .mapPartitions(stage_partition(json.dumps(asdict(spec)), zstd_level))
+        .mapPartitions(stage_partition(json.dumps(asdict(spec)), zstd_level, stored_limit()))
         .collect()
     )
     return [StagedFile(**json.loads(item)) for item in out]

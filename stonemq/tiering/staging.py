@@ -19,6 +19,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from stonemq.protocol.record_batch import set_stored_limit
 from stonemq.tiering import manifest as mf
 from stonemq.tiering.cold_store import ColdStore, StoreSpec
 from stonemq.tiering.rows import ARROW_SCHEMA, decode_segment
@@ -81,12 +82,16 @@ def stage_task(store: ColdStore, task: dict[str, Any], zstd_level: int) -> Stage
 
 
 def stage_partition(
-    store_json: str, zstd_level: int
+    store_json: str, zstd_level: int, stored_limit_bytes: int
 ) -> Callable[[Iterator[list[dict[str, Any]]]], Iterator[str]]:
     """The executors' function: stage each task of the groups of tasks in a Spark
-    partition; one staged file (as JSON) out per task."""
+    partition; one staged file (as JSON) out per task. ``stored_limit_bytes``: the broker's
+    ``batch.max.uncompressed.bytes`` (the driver's :func:`stored_limit`), which an executor,
+    another process, would not know: a batch the broker accepted above the default limit
+    ended its segment's rows there (refused), and the archive stopped at it."""
 
     def run(groups: Iterator[list[dict[str, Any]]]) -> Iterator[str]:
+        set_stored_limit(stored_limit_bytes)
         store = StoreSpec(**json.loads(store_json)).open()
         for group in groups:
             for task in group:

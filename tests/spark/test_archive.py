@@ -271,3 +271,31 @@ def test_broker_runs_the_archive_job_every_interval(broker_factory) -> None:  # 
     _archive_and_evict(broker, topic, len(msgs))
     _check_reads_from_zero(broker, topic, msgs)
     assert "stonemq tier run" in (Path(broker.data_dir) / "tier" / "run.log").read_text()
+
+
+def test_the_executors_decode_under_the_brokers_batch_limit(spark, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Reproduced (Spark audit leftover): the archive job's executors, other processes, read
+    batches under the default 64 MiB decompression limit whatever the broker accepted
+    (batch.max.uncompressed.bytes, which ``stonemq tier run`` sets in its driver): a 65 MiB
+    zstd batch the broker stored was refused, its segment archived without it. The job
+    hands the driver's limit to its executors."""
+    from unit.tiering.tier_helpers import client_batch, record, write_segments
+
+    from stonemq.protocol.record_batch import MAX_UNCOMPRESSED_BYTES, set_stored_limit
+    from stonemq.tiering.archive_job import plan, prepare, stage_tasks
+    from stonemq.tiering.uploader import upload_sealed
+
+    big = client_batch(0, [(1_700_000_000_000, b"k", bytes(65 << 20), [])], "zstd")
+    write_segments(tmp_path / "queues", "t", 0, [[big], [client_batch(1, [record(1)], "none")]])
+    spec = StoreSpec((tmp_path / "tier").as_uri())
+    store = spec.open()
+    current = prepare(store, "t", 0, None)
+    upload_sealed(store, str(tmp_path / "queues"), "t", 0, current.next_offset)
+    tasks = plan(store, "t", 0, current)
+    assert tasks
+    set_stored_limit(128 << 20)  # what `stonemq tier run` does with the broker's setting
+    try:
+        staged = stage_tasks(spark, spec, tasks, 1)
+    finally:
+        set_stored_limit(MAX_UNCOMPRESSED_BYTES)
+    assert sum(s.records for s in staged) == 1
