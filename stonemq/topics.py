@@ -344,7 +344,6 @@ class TopicManager:
         # one partition-count change or deletion of a topic at a time (each awaits the
         # store's thread and storage steps, so two could otherwise interleave)
         self._changing: dict[str, asyncio.Lock] = {}
-        self._auto_creating: dict[str, asyncio.Future[TopicRecord]] = {}
         # called on the loop with a topic's name once it is deleted (here or, in a cluster,
         # through another broker): the group coordinator drops its committed offsets
         self.on_deleted: list[Callable[[str], object]] = []
@@ -828,23 +827,6 @@ class TopicManager:
             return self.create(name).record
         except TopicAlreadyExistsError:
             return self.require(name)
-
-    def ensure_soon(self, name: str) -> TopicRecord | None:
-        """The topic; or None while it is auto-created in the background (started here when
-        allowed). A produce to it meanwhile is answered UNKNOWN_TOPIC_OR_PARTITION, which
-        clients retry after a metadata refresh, as Kafka answers a produce to a topic it
-        does not know."""
-        record = self._may_create(name)
-        if record is None and name not in self._auto_creating:
-            task = asyncio.ensure_future(self.ensure_async(name))
-            self._auto_creating[name] = task
-            task.add_done_callback(lambda t: self._auto_created(name, t))
-        return record
-
-    def _auto_created(self, name: str, task: asyncio.Future[TopicRecord]) -> None:
-        self._auto_creating.pop(name, None)
-        if not task.cancelled() and task.exception() is not None:
-            log.warning("auto-creating topic %s failed: %s", name, task.exception())
 
     async def ensure_async(self, name: str) -> TopicRecord:
         """:meth:`ensure` without holding the event loop (:meth:`create_async`), a few

@@ -1,8 +1,10 @@
 """Produce (0): validate each partition's record batch, assign offsets in the journal, ack.
 
 Per partition, in order: the topic name (internal topics are the broker's own) and its
-existence (auto-create when allowed); exactly one RecordBatch v2 (magic 2 only:
-UNSUPPORTED_FOR_MESSAGE_FORMAT otherwise); its size against ``max.message.bytes``
+existence (an illegal name: INVALID_TOPIC_EXCEPTION; else UNKNOWN_TOPIC_OR_PARTITION, never
+auto-created: as in Kafka, only a Metadata request creates a topic, when
+``auto.create.topics.enable`` allows); exactly one RecordBatch
+v2 (magic 2 only: UNSUPPORTED_FOR_MESSAGE_FORMAT otherwise); its size against ``max.message.bytes``
 (MESSAGE_TOO_LARGE) and the topic's ``segment.bytes`` (RECORD_LIST_TOO_LARGE, as Kafka's
 ``UnifiedLog.append``: a segment must be able to hold it); CRC-32C (CORRUPT_MESSAGE); the
 idempotent producer's epoch and sequence, checked by storage against the partition's producer
@@ -73,8 +75,8 @@ from stonemq.topics import (
     AdminError,
     ProduceConfig,
     UnknownTopicIdError,
-    UnknownTopicOrPartitionError,
     is_internal,
+    validate_topic_name,
 )
 
 log = logging.getLogger("stonemq.produce")
@@ -184,9 +186,12 @@ async def handle_produce(ctx: RequestContext, request: Any) -> Any:
                 r.fail(ErrorCode.invalid_topic_exception, f"Cannot append to internal topic {name}")
             continue
         try:
-            record = broker.topics.ensure_soon(name)
-            if record is None:  # being auto-created: the client retries
-                raise UnknownTopicOrPartitionError(f"Topic {name} is being created")
+            # never auto-created by a produce: Kafka creates topics on Metadata requests
+            # only, and answers a produce to a topic it does not know with
+            # UNKNOWN_TOPIC_OR_PARTITION (an illegal name: INVALID_TOPIC_EXCEPTION here,
+            # which clients do not retry)
+            validate_topic_name(name)
+            record = broker.topics.require(name)
             produce_config = broker.topics.produce_config(name)
         except AdminError as exc:
             for r in results:

@@ -31,6 +31,7 @@ from .rawclient import (
     schema,
     split_batches,
     topic_id_of,
+    topic_metadata,
     wait_visible,
 )
 
@@ -224,6 +225,18 @@ def test_produce_by_unknown_topic_id(module_broker, topic):
         # a partition the known topic lacks is UNKNOWN_TOPIC_OR_PARTITION, as by name
         part = produce_raw(conn, name, 7, batch, version=13, topic_id=topic_id)
         assert part.error_code == UNKNOWN_TOPIC_OR_PARTITION
+
+
+def test_a_produce_never_creates_a_topic(module_broker):
+    """As in Kafka (KafkaApis answers a produce to a topic its metadata lacks, and only a
+    Metadata request auto-creates): UNKNOWN_TOPIC_OR_PARTITION, and no topic made. A produce
+    started the auto-creation in the background before."""
+    name = unique_topic("never-made")
+    with RawConnection(module_broker.host, module_broker.port) as conn:
+        part = produce_raw(conn, name, 0, bytes(build_batch([(None, b"nowhere")])))
+        assert part.error_code == UNKNOWN_TOPIC_OR_PARTITION
+        time.sleep(1)
+        assert topic_metadata(conn, name).error_code == UNKNOWN_TOPIC_OR_PARTITION
 
 
 def test_produce_v13_to_a_deleted_topics_id(module_broker):
