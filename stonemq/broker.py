@@ -349,7 +349,7 @@ def _join_cluster(
     storage engine opens the ones hosted here)."""
     from kazoo.handlers.threading import KazooTimeoutError
 
-    from stonemq.cluster.controller import Controller
+    from stonemq.cluster.controller import Controller, LeaderRebalance
     from stonemq.cluster.membership import Membership
     from stonemq.metadata.zookeeper import ZooKeeperMetadataStore
 
@@ -384,6 +384,11 @@ def _join_cluster(
         settings.journal_partitions,
         settings.default_replication_factor,
         settings.unclean_leader_election_enable,
+        rebalance=LeaderRebalance(
+            settings.auto_leader_rebalance_enable,
+            settings.leader_imbalance_check_interval_seconds,
+            settings.leader_imbalance_per_broker_percentage,
+        ),
     )
     routing.judge_with(controller.reach.unreachable)  # brokers dead before their sessions end
     try:

@@ -72,6 +72,8 @@ KAFKA_INT_SETTINGS = frozenset(
         "num_partitions",
         "default_replication_factor",
         "min_insync_replicas",
+        "leader_imbalance_check_interval_seconds",
+        "leader_imbalance_per_broker_percentage",
         "message_max_bytes",
         "log_segment_bytes",
         "log_index_interval_bytes",
@@ -177,6 +179,18 @@ class Settings(SettingsViews, BaseSettings):
     )
     min_insync_replicas: int = Field(
         1, gt=0, description="Kafka's: replicas that must hold a batch before acks=all is answered"
+    )
+    auto_leader_rebalance_enable: bool = Field(
+        True,
+        description="Kafka's: the controller gives journal partitions back to their home "
+        "broker (a preferred election) once its share led elsewhere is above "
+        "leader.imbalance.per.broker.percentage",
+    )
+    leader_imbalance_check_interval_seconds: int = Field(
+        300, ge=1, description="how often the controller checks the leader imbalance"
+    )
+    leader_imbalance_per_broker_percentage: int = Field(
+        10, ge=0, le=100, description="the share of a broker's journal partitions led elsewhere"
     )
     replica_lag_time_max_ms: int = Field(
         30_000, gt=0, description="a follower not caught up for this long leaves the ISR"

@@ -39,6 +39,9 @@ state version it read and fail once the move is written; it resigns as soon as i
 sees the new epoch, and the followers fetch from the new leader from then on, so its high
 watermark cannot pass what the new leader holds. Only the controller runs these: a broker
 that is not the controller answers NOT_CONTROLLER, as Kafka's ZooKeeper-mode brokers do.
+The same election also runs by itself (``auto.leader.rebalance.enable``): every
+``leader.imbalance.check.interval.seconds`` the controller's thread takes the journal
+partitions of a home broker that leads too few of its own (``journal_state.imbalanced``).
 
 **Deaths before the session ends.** Every broker watches the listeners of the others
 (:mod:`stonemq.cluster.liveness`): a broker whose connection closed and whose listener then
@@ -88,6 +91,7 @@ from stonemq.cluster.journal_state import (
     drop_from_isr,
     elect,
     elect_preferred,
+    imbalanced,
     initial_state,
     place_replicas,
 )
@@ -112,6 +116,16 @@ NOT_CONTROLLER = "not_controller"
 UNKNOWN_JOURNAL = "unknown"  # no such journal partition
 ELECTION_FAILED = "failed"  # ZooKeeper failed (the write may or may not have been applied)
 PREFERRED_ATTEMPTS = 10  # fresh reads when a leader's ISR change raced the write
+
+
+@dataclass(frozen=True)
+class LeaderRebalance:
+    """Kafka's automatic preferred-leader rebalance: ``auto.leader.rebalance.enable``,
+    ``leader.imbalance.check.interval.seconds``, ``leader.imbalance.per.broker.percentage``."""
+
+    enable: bool = True
+    interval_s: float = 300.0
+    percentage: int = 10
 
 
 class NotControllerError(Exception):
@@ -201,6 +215,7 @@ class Controller:
         replication_factor: int,
         unclean_leader_election: bool | Callable[[], bool] = False,
         on_elected: Callable[[int], None] | None = None,
+        rebalance: LeaderRebalance | None = None,
     ) -> None:
         self.client = client
         self.broker_id = broker_id
@@ -213,6 +228,7 @@ class Controller:
             else (lambda: bool(unclean_leader_election))
         )
         self._on_elected = on_elected
+        self._rebalance = rebalance or LeaderRebalance()
         self.epoch = 0  # this broker's controller epoch while it is the controller
         self._epoch_version = -1  # /controller_epoch's version that epoch was written at
         self.active = False
@@ -356,8 +372,17 @@ class Controller:
 
     # -- the controller's work -------------------------------------------------------------
     def _run(self) -> None:
+        every = self._rebalance.interval_s
+        next_check = time.monotonic() + every
         while True:
-            kind, payload = self._events.get()
+            if self._rebalance.enable and time.monotonic() >= next_check:
+                next_check = time.monotonic() + every
+                self._rebalance_event()
+            timeout = max(0.0, next_check - time.monotonic()) if self._rebalance.enable else None
+            try:
+                kind, payload = self._events.get(timeout=timeout)
+            except queue.Empty:
+                continue
             if kind == "stop":
                 self._answer_pending()
                 return
@@ -388,6 +413,41 @@ class Controller:
                 log.exception("controller %d: %s event failed; retrying", self.broker_id, kind)
                 time.sleep(0.5)
                 self._events.put((kind, None))
+
+    # -- automatic rebalance ---------------------------------------------------------------
+    def _rebalance_event(self) -> None:
+        """Kafka's ``checkAndTriggerAutoLeaderRebalance``, every
+        ``leader.imbalance.check.interval.seconds`` while this broker is the controller: the
+        journal partitions of a home broker leading too few of its own (``imbalanced``) get
+        a preferred election, the same conditional write as one asked for by ElectLeaders.
+        After a broker restarts, its leaderships come back to it by themselves."""
+        if not self.active:
+            return
+        try:
+            partitions = read_journal_partitions(self.client)
+            shutting = self._shutting_down()
+            serving = [b for b in self._live_brokers() if b not in shutting]
+            wanted = imbalanced(
+                ((j, p.assignment, p.state) for j, p in partitions.items()),
+                serving,
+                self._rebalance.percentage,
+            )
+            if not wanted:
+                return
+            log.info(
+                "controller %d: leader imbalance above %d%%, preferred election of journal "
+                "partitions %s",
+                self.broker_id,
+                self._rebalance.percentage,
+                sorted(wanted),
+            )
+            outcomes: dict[int, str] = {}
+            self._elect_preferred(frozenset(wanted), outcomes)
+        except NotControllerError as exc:
+            log.warning("controller %d resigns: %s", self.broker_id, exc)
+            self.active = False
+        except Exception:
+            log.exception("controller %d: automatic leader rebalance failed", self.broker_id)
 
     # -- preferred elections on request ---------------------------------------------------
     def elect_preferred(

@@ -18,6 +18,11 @@ wrote it), Kafka's partition state. The rules follow Kafka's controller:
   ElectLeaders request): the first assigned replica (the home broker) leads again when it is
   serving (live, its copy online, not in a controlled shutdown) and in the ISR; the ISR is
   kept as it is.
+- Automatic rebalance (Kafka's ``auto.leader.rebalance.enable``): every
+  ``leader.imbalance.check.interval.seconds`` the controller finds, for each home broker, the
+  share of its journal partitions that another broker leads; above
+  ``leader.imbalance.per.broker.percentage`` those whose home broker serves get a preferred
+  election (:func:`imbalanced`), so leadership comes back after a restart by itself.
 """
 
 from __future__ import annotations
@@ -210,3 +215,25 @@ def elect_preferred(
         leader_epoch=state.leader_epoch + 1,
         controller_epoch=controller_epoch,
     )
+
+
+def imbalanced(
+    partitions: Iterable[tuple[int, Assignment, PartitionState]],
+    serving: Iterable[int],
+    percentage: int,
+) -> set[int]:
+    """The journal partitions an automatic rebalance elects again (Kafka's
+    ``checkAndTriggerAutoLeaderRebalance``): grouped by home broker, a group in which the
+    share led by another broker is above ``percentage`` percent gives its partitions led
+    elsewhere whose home broker is ``serving`` (the preferred election then also wants it in
+    the ISR). A partition with no leader counts as led elsewhere, as in Kafka."""
+    by_home: dict[int, list[tuple[int, PartitionState]]] = {}
+    for j, assignment, state in partitions:
+        by_home.setdefault(assignment.home, []).append((j, state))
+    live = set(serving)
+    out: set[int] = set()
+    for home, group in by_home.items():
+        elsewhere = [j for j, state in group if state.leader != home]
+        if len(elsewhere) * 100 > percentage * len(group) and home in live:
+            out.update(elsewhere)
+    return out

@@ -1055,7 +1055,11 @@ def test_a_preferred_election_gives_a_restarted_broker_its_leaderships_back(
     from confluent_kafka import ElectionType
 
     brokers, chroot = _start_cluster(
-        broker_factory, zookeeper, journal_partitions=2, zookeeper_session_timeout_ms=6000
+        broker_factory,
+        zookeeper,
+        journal_partitions=2,
+        zookeeper_session_timeout_ms=6000,
+        auto_leader_rebalance_enable=False,  # ElectLeaders alone
     )
     bootstrap = ",".join(b.bootstrap for b in brokers)
     admin = AdminClient({"bootstrap.servers": bootstrap})
@@ -1081,7 +1085,7 @@ def test_a_preferred_election_gives_a_restarted_broker_its_leaderships_back(
         _wait(lambda: all(set(isr) == {1, 2, 3} for isr in _isrs(chroot).values()), 60, "ISR")
         more(100, "producing with broker 3 back")
         before = read_journal_partitions(zk)
-        # nothing moves leaderships back by itself
+        # nothing moves leaderships back by itself (auto.leader.rebalance.enable=false)
         assert all(before[j].state.leader in (1, 2) for j in homed), before
         meta = admin.list_topics("pref", timeout=10).topics["pref"].partitions
         preferred = {p: m.replicas[0] for p, m in meta.items()}
@@ -1130,11 +1134,18 @@ def test_a_preferred_election_gives_a_restarted_broker_its_leaderships_back(
         zk.stop()
         zk.close()
     producing.settle()
-    # consumed: every acknowledged record exactly once, at its acknowledged offset
+    _acked_once_everywhere(brokers, bootstrap, "pref", 12, acked)
+
+
+def _acked_once_everywhere(
+    brokers: list[Any], bootstrap: str, topic: str, partitions: int, acked: list[Any]
+) -> None:
+    """Consumed: every acknowledged record exactly once, at its acknowledged offset; and,
+    the brokers stopped, every replica holds the same queue logs: those records, once each."""
     consumer = Consumer(
-        {"bootstrap.servers": bootstrap, "group.id": "pref-check", "enable.auto.commit": False}
+        {"bootstrap.servers": bootstrap, "group.id": "acked-check", "enable.auto.commit": False}
     )
-    consumer.assign([TopicPartition("pref", p, 0) for p in range(12)])
+    consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
     consumed: dict[tuple[int, int], bytes] = {}
     values: list[bytes] = []
     deadline = time.monotonic() + 60
@@ -1146,8 +1157,65 @@ def test_a_preferred_election_gives_a_restarted_broker_its_leaderships_back(
     consumer.close()
     assert len(values) == len(set(values)) == len(acked), (len(values), len(acked))
     assert consumed == {(p, off): v for p, off, v in acked}
-    # and every replica holds the same queue logs: the acknowledged records, once each
     _stop_checked(brokers)
-    queue = _same_queue_logs(brokers, "pref", 12)
-    stored = {(p, off): v for p in range(12) for off, v in _records(queue[p])}
+    queue = _same_queue_logs(brokers, topic, partitions)
+    stored = {(p, off): v for p in range(partitions) for off, v in _records(queue[p])}
     assert stored == consumed
+
+
+def test_the_controller_gives_a_restarted_broker_its_leaderships_back_by_itself(
+    broker_factory, zookeeper
+) -> None:
+    """auto.leader.rebalance.enable (Kafka's default, true): a broker SIGKILLed and restarted
+    rejoined every ISR but never led again unless ElectLeaders was sent, so leaderships piled
+    up on the others after any restart. Now the controller checks the imbalance every
+    leader.imbalance.check.interval.seconds (1 here) and runs a preferred election for the
+    journal partitions of a home broker that leads too few of its own: they come back to it
+    in a higher leader epoch with the same ISR, and an idempotent acks=all producer running
+    throughout loses and doubles nothing."""
+    brokers, chroot = _start_cluster(
+        broker_factory,
+        zookeeper,
+        journal_partitions=2,
+        zookeeper_session_timeout_ms=6000,
+        leader_imbalance_check_interval_seconds=1,
+    )
+    bootstrap = ",".join(b.bootstrap for b in brokers)
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([NewTopic("auto", 6, 3)])["auto"].result(30)
+    _wait(lambda: all(set(isr) == {1, 2, 3} for isr in _isrs(chroot).values()), 30, "ISR")
+    victim = brokers[2]  # broker 3
+    zk = KazooClient(chroot)
+    zk.start(10)
+    producing = _Producing(bootstrap, "auto", 6)
+    acked, more = producing.acked, producing.more
+    try:
+        more(200, "producing")
+        homed = sorted(j for j, p in read_journal_partitions(zk).items() if p.assignment.home == 3)
+        assert len(homed) == 2
+        victim.kill()
+        _wait(
+            lambda: all(read_journal_partitions(zk)[j].state.leader in (1, 2) for j in homed),
+            60,
+            "failover of broker 3's journal partitions",
+        )
+        moved = read_journal_partitions(zk)
+        more(200, "producing on the new leaders")
+        _restart(victim, chroot)
+        _wait(
+            lambda: all(read_journal_partitions(zk)[j].state.leader == 3 for j in homed),
+            60,
+            "broker 3 leading its journal partitions again",
+        )
+        after = read_journal_partitions(zk)
+        for j in homed:
+            assert after[j].state.leader_epoch > moved[j].state.leader_epoch
+            assert set(after[j].state.isr) == {1, 2, 3}
+        assert "leader imbalance above 10%" in "".join(b.log(since_start=True) for b in brokers)
+        more(200, "producing after the rebalance")
+    finally:
+        producing.halt()
+        zk.stop()
+        zk.close()
+    producing.settle()
+    _acked_once_everywhere(brokers, bootstrap, "auto", 6, acked)

@@ -18,6 +18,7 @@ from stonemq.cluster.journal_state import (
     drop_from_isr,
     elect,
     elect_preferred,
+    imbalanced,
     initial_state,
     place_replicas,
     rack_alternated,
@@ -170,3 +171,46 @@ def test_a_preferred_election_examples() -> None:
         PREFERRED_ELECTED,
         PartitionState(1, 5, (1,), 3),
     )
+
+
+@given(
+    st.lists(
+        st.tuples(st.integers(1, 4), st.integers(-1, 4)), min_size=1, max_size=30
+    ),  # (home, leader) per journal partition
+    st.sets(st.integers(1, 4)),
+    st.integers(0, 100),
+)
+def test_the_rebalance_takes_a_home_brokers_partitions_led_elsewhere_past_the_threshold(
+    partitions, serving, percentage
+) -> None:
+    """Kafka's checkAndTriggerAutoLeaderRebalance: per home broker, the share of its
+    partitions led elsewhere (leaderless included) above the percentage gives those
+    partitions, when the home broker serves; never a partition led at home."""
+    rows = [
+        (j, Assignment((home, home % 4 + 1)), PartitionState(leader, 1, (home,), 1))
+        for j, (home, leader) in enumerate(partitions)
+    ]
+    chosen = imbalanced(rows, serving, percentage)
+    for home in {h for h, _ in partitions}:
+        group = [(j, leader) for j, (h, leader) in enumerate(partitions) if h == home]
+        elsewhere = {j for j, leader in group if leader != home}
+        due = home in serving and len(elsewhere) / len(group) > percentage / 100
+        assert {j for j, _ in group} & chosen == (elsewhere if due else set())
+
+
+def test_the_rebalance_examples() -> None:
+    def rows(*leaders: tuple[int, int]):  # (home, leader)
+        return [
+            (j, Assignment((home, 9)), PartitionState(leader, 3, (home, 9), 1))
+            for j, (home, leader) in enumerate(leaders)
+        ]
+
+    # broker 1 back from a restart: both its partitions led by 2
+    assert imbalanced(rows((1, 2), (1, 2), (2, 2)), {1, 2}, 10) == {0, 1}
+    # 1 of 10 led elsewhere is 10%: not above the default threshold; 2 of 10 is
+    ten = rows(*([(1, 1)] * 9 + [(1, 2)]))
+    assert imbalanced(ten, {1, 2}, 10) == set()
+    assert imbalanced(rows(*([(1, 1)] * 8 + [(1, 2)] * 2)), {1, 2}, 10) == {8, 9}
+    assert imbalanced(ten, {1, 2}, 0) == {9}
+    # the home broker is not serving (dead, stopping): left where it is
+    assert imbalanced(rows((1, 2), (1, 2)), {2}, 10) == set()
