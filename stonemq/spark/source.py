@@ -388,6 +388,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.available_now = False  # Trigger.AvailableNow
         self.target: dict[TopicPartitionKey, int] | None = None  # its end, once known
         self._initial: dict | None = None
+        self._latest: dict | None = None  # the log ends the last latestOffset saw
         self._broker: Broker | None = None
 
     def __getstate__(self) -> dict[str, Any]:
@@ -399,6 +400,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.available_now = state.get("available_now", False)
         self.target = state["target"]
         self._initial = None
+        self._latest = None
         self._broker = None
 
     @contextlib.contextmanager
@@ -469,6 +471,9 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     f"offset {begin[tp]} (the topic was deleted and re-created, or truncated). "
                     "Some data may have been lost; set failOnDataLoss=false to go on."
                 )
+        seen = dict(begin)
+        seen.update(latest)
+        self._latest = so.offsets_json(seen)
         if isinstance(limit, ReadMaxRows):
             latest = so.rate_limit(full_start, latest, limit.max_rows)
         out = dict(begin)
@@ -476,7 +481,10 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return so.offsets_json(out)
 
     def reportLatestOffset(self) -> dict | None:
-        return None
+        """The log ends the last :meth:`latestOffset` saw (AvailableNow: its target), before
+        ``maxOffsetsPerTrigger``: the query progress's ``latestOffset``, which shows how far
+        behind the query is, as Spark's Kafka source reports it."""
+        return self._latest
 
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
         begin = so.from_offsets_json(start)

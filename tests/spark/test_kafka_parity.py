@@ -5,6 +5,7 @@ behaves (its sources: KafkaRelation, KafkaSourceRDD, KafkaMicroBatchStream, Kafk
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -245,3 +246,38 @@ def test_a_write_without_any_topic_is_refused_before_writing(spark, broker, tmp_
         finally:
             query.stop()
     assert time.monotonic() - started < 30  # refused at the start, not at a first batch
+
+
+def test_progress_reports_the_latest_offset_the_query_is_behind(spark, broker, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Spark's Kafka source reports the log ends it read (reportLatestOffset), so a query
+    held back by maxOffsetsPerTrigger shows how far behind it is in its progress
+    (``latestOffset``, the usual lag watch); it was null."""
+    bootstrap = broker.bootstrap
+    topic = _topic(bootstrap, 1, 50, "lag")
+    query = (
+        spark.readStream.format("stonemq")
+        .option("kafka.bootstrap.servers", bootstrap)
+        .option("subscribe", topic)
+        .option("startingOffsets", "earliest")
+        .option("maxOffsetsPerTrigger", "10")
+        .load()
+        .writeStream.format("noop")
+        .option("checkpointLocation", str(tmp_path / "ckpt"))
+        .trigger(processingTime="0 seconds")
+        .start()
+    )
+    try:
+        deadline = time.monotonic() + 120
+        progress = None
+        while progress is None and time.monotonic() < deadline:
+            for p in query.recentProgress:
+                if p.numInputRows:
+                    progress = p
+                    break
+            time.sleep(0.2)
+        assert progress is not None, "no micro-batch read anything"
+        (source,) = progress.sources
+        assert json.loads(source.latestOffset) == {topic: {"0": 50}}
+        assert json.loads(source.endOffset) == {topic: {"0": 10}}
+    finally:
+        query.stop()
