@@ -300,32 +300,36 @@ class ReadContext:
         if r.cold:
             yield from read_cold(self.opts, r)
             return
-        if r.to_latest:
-            r = resolve_latest(self.opts, r)
+        if r.to_latest or r.from_earliest:
+            r = resolve_late(self.opts, r)
         if r.end > r.start:
             yield from read_kafka(self.opts, r)
 
 
-def resolve_latest(opts: SourceOptions, r: OffsetRange) -> OffsetRange:
-    """A late-bound range ending at the partition's log end now (the last stable offset
-    under read_committed), as Spark's KafkaSourceRDD resolves ``latest`` in the task; a
-    log that now ends before the range's start fails, as Spark asserts it."""
+def resolve_late(opts: SourceOptions, r: OffsetRange) -> OffsetRange:
+    """A late-bound range starting at the partition's log start now (``from_earliest``)
+    and ending at its log end now (``to_latest``; the last stable offset under
+    read_committed), as Spark's KafkaSourceRDD resolves ``earliest`` and ``latest`` in the
+    task; a range that then ends before it starts fails, as Spark asserts it."""
     from confluent_kafka import KafkaException, TopicPartition
 
     with pooled_consumer(opts) as consumer:
         try:
-            _, high = consumer.get_watermark_offsets(
+            low, high = consumer.get_watermark_offsets(
                 TopicPartition(r.topic, r.partition), timeout=opts.timeout_ms / 1000, cached=False
             )
         except KafkaException as exc:
             raise SourceError(f"ListOffsets of {r.topic}-{r.partition} failed: {exc}") from None
-    if high < r.start:
+    start = int(low) if r.from_earliest else r.start
+    end = int(high) if r.to_latest else r.end
+    if end < start:
         raise SourceError(
-            f"{r.topic}-{r.partition}: starting offset {r.start} is after the ending offset "
-            f"{high} (latest: the topic was deleted and re-created, or truncated); Spark's "
-            "Kafka source fails such a read too, whatever failOnDataLoss says"
+            f"{r.topic}-{r.partition}: starting offset {start} is after the ending offset "
+            f"{end} (resolved when the task ran: the topic was deleted and re-created, "
+            "truncated, or retention passed the end); Spark's Kafka source fails such a "
+            "read too, whatever failOnDataLoss says"
         )
-    return replace(r, end=int(high), to_latest=False)
+    return replace(r, start=start, end=end, to_latest=False, from_earliest=False)
 
 
 def read_cold(opts: SourceOptions, r: OffsetRange) -> Iterator[pa.RecordBatch]:

@@ -347,6 +347,9 @@ class OffsetRange:
     # a batch read's endingOffsets latest, late-bound: the task reads to the log end at its
     # run (``end`` is the log end at planning), as Spark's KafkaSourceRDD resolves it
     to_latest: bool = False
+    # a batch read's startingOffsets earliest, late-bound the same way: the task reads from
+    # the log start at its run (``start`` is the log start at planning)
+    from_earliest: bool = False
 
     @property
     def size(self) -> int:

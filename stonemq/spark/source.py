@@ -131,6 +131,7 @@ def _plan(
     marks: dict[TopicPartitionKey, tuple[int, int]],
     batch: bool = False,
     late: Iterable[TopicPartitionKey] = (),
+    early: Iterable[TopicPartitionKey] = (),
 ) -> list[OffsetRange]:
     """Offset ranges for ``[starts, ends)``: a start below the log start is data loss
     (error, or the log start with failOnDataLoss=false); archived offsets go to cold
@@ -140,8 +141,10 @@ def _plan(
 
     The partitions in ``late`` end at the log end when their task runs: each gets a last
     Kafka range marked ``to_latest`` (empty if nothing is there yet), and no range is
-    split (Spark splits only with offsets resolved at planning)."""
-    late = set(late)
+    split (Spark splits only with offsets resolved at planning). The partitions in ``early``
+    start at the log start when their task runs, unless their first range is archived (the
+    archive does not move under a query): their first range is marked ``from_earliest``."""
+    late, early = set(late), set(early)
     tps = sorted(ends)
     cold = broker.cold_parts(tps)
     ranges: list[OffsetRange] = []
@@ -184,8 +187,10 @@ def _plan(
             else:  # nothing yet, or the archive ends the range: the log end's part comes
                 at = parts[-1].end if parts else start
                 parts.append(OffsetRange(tp[0], tp[1], at, at, to_latest=True))
+        if tp in early and parts and not parts[0].cold:
+            parts[0] = replace(parts[0], from_earliest=True)
         ranges += parts
-    if late:
+    if late or early:
         return ranges
     return so.split_ranges(ranges, opts.min_partitions, opts.max_records_per_partition)
 
@@ -254,7 +259,16 @@ class BatchReader(DataSourceReader):
             ends = broker.resolve(opts.ending, tps, marks, starting=False)
             # every partition planned and checked (data loss, start after end) as Spark's
             # source does, which has no pushdown; a partition filter prunes only after
-            ranges = _plan(broker, opts, starts, ends, marks, batch=True, late=self._late(ends))
+            ranges = _plan(
+                broker,
+                opts,
+                starts,
+                ends,
+                marks,
+                batch=True,
+                late=self._late_bound(ends, opts.ending, so.LATEST),
+                early=self._late_bound(ends, opts.starting, so.EARLIEST),
+            )
             floor = self.pushed.timestamp_min_ms
             # ListOffsets by time: every record before the offset it names is older than
             # the floor (-1: every record is), so a Kafka range can start there
@@ -277,11 +291,15 @@ class BatchReader(DataSourceReader):
                 out.append(RangePartition(pruned))
         return out
 
-    def _late(self, ends: dict[TopicPartitionKey, int]) -> list[TopicPartitionKey]:
-        """The partitions whose end is ``latest``, read to the log end at each task's run:
-        PySpark plans a DataFrame's read once and reuses the plan for its every query, so
-        a resolved end froze the DataFrame at its first plan, where Spark's Kafka source
-        plans each query and resolves ``latest`` in the task (KafkaSourceRDD). Not when
+    def _late_bound(
+        self, ends: dict[TopicPartitionKey, int], spec: Any, sentinel: int
+    ) -> list[TopicPartitionKey]:
+        """The partitions whose ``spec`` (endingOffsets, or startingOffsets) is ``latest``
+        (``earliest``; ``sentinel`` in JSON), resolved by each task when it runs: PySpark
+        plans a DataFrame's read once and reuses the plan for its every query, so a
+        resolved offset froze the DataFrame at its first plan (records produced since not
+        read; offsets retention removed since read as data loss), where Spark's Kafka
+        source plans each query and resolves both in the task (KafkaSourceRDD). Not when
         minPartitions (above the partition count) or maxRecordsPerPartition split the
         ranges (Spark resolves the offsets at planning to split them), nor with pruning."""
         opts = self.opts
@@ -290,10 +308,10 @@ class BatchReader(DataSourceReader):
         )
         if split or self.pushed != Pushed():
             return []
-        if opts.ending.kind == "latest":
+        if spec.kind == ("latest" if sentinel == so.LATEST else "earliest"):
             return list(ends)
-        if opts.ending.kind == "specific":
-            return [tp for tp in ends if opts.ending.offsets.get(tp) == so.LATEST]
+        if spec.kind == "specific":
+            return [tp for tp in ends if spec.offsets.get(tp) == sentinel]
         return []
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:

@@ -281,3 +281,27 @@ def test_progress_reports_the_latest_offset_the_query_is_behind(spark, broker, t
         assert json.loads(source.endOffset) == {topic: {"0": 10}}
     finally:
         query.stop()
+
+
+def test_a_batch_dataframe_reads_from_the_log_start_at_each_query(spark, broker) -> None:  # type: ignore[no-untyped-def]
+    """startingOffsets=earliest (the batch default, and -2 in JSON) is resolved by each task
+    when it runs, as Spark's KafkaSourceRDD does: a DataFrame kept while DeleteRecords (or
+    retention) moves the log start reads from the new start. Its plan kept the old start,
+    and the next query failed as data loss ("offsets ... are gone")."""
+    from confluent_kafka import TopicPartition
+    from confluent_kafka.admin import AdminClient
+
+    bootstrap = broker.bootstrap
+    topic = _topic(bootstrap, 2, 10, "early")
+    df = _reader(spark, bootstrap, subscribe=topic).load()
+    by_json = _reader(
+        spark, bootstrap, subscribe=topic, startingOffsets=f'{{"{topic}": {{"0": -2, "1": 2}}}}'
+    ).load()
+    assert df.count() == 20
+    assert by_json.count() == 18
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for result in admin.delete_records([TopicPartition(topic, 0, 4)]).values():
+        assert result.result(30).low_watermark == 4
+    assert df.count() == 16
+    assert sorted(r.offset for r in df.where("partition = 0").collect()) == list(range(4, 10))
+    assert by_json.count() == 14
