@@ -123,6 +123,9 @@ class FaultCluster:
                 zookeeper_session_timeout_ms=SESSION_MS,
                 replica_lag_time_max_ms=LAG_MS,
                 offsets_topic_num_partitions=6,
+                # the controller's automatic rebalance runs between and during the faults:
+                # restarted brokers get their leaderships back by preferred elections
+                leader_imbalance_check_interval_seconds=5,
                 start=False,
             )
         kinds = {d.kind for d in self.disks} if len(self.disks) == len(BROKERS) else set()
