@@ -1040,6 +1040,42 @@ def test_a_rolling_restart_then_a_preferred_election_leaves_no_follower_looping(
     assert all(n <= 2 for n in diverged.values()), diverged
 
 
+def _broker_3_killed_under_a_producer(
+    broker_factory: Any, zookeeper: Any, topic: str, partitions: int, count: int, **extra: Any
+) -> tuple[list[Any], str, Any, Any, list[int]]:
+    """Three brokers (two journal partitions each), ``topic`` with every ISR full, an
+    idempotent acks=all producer (:class:`_Producing`) that has ``count`` acknowledged;
+    then broker 3 SIGKILLed and its home journal partitions led by 1 or 2. Returns the
+    brokers, the chroot, the producer, a started ZooKeeper client, those journal
+    partitions; the caller halts the producer and stops the client."""
+    brokers, chroot = _start_cluster(
+        broker_factory, zookeeper, journal_partitions=2, zookeeper_session_timeout_ms=6000, **extra
+    )
+    bootstrap = ",".join(b.bootstrap for b in brokers)
+    admin = AdminClient({"bootstrap.servers": bootstrap})  # kept until the answer is in
+    admin.create_topics([NewTopic(topic, partitions, 3)])[topic].result(30)
+    _wait(lambda: all(set(isr) == {1, 2, 3} for isr in _isrs(chroot).values()), 30, "ISR")
+    zk = KazooClient(chroot)
+    zk.start(10)
+    producing = _Producing(bootstrap, topic, partitions)
+    try:
+        producing.more(count, "producing")
+        homed = sorted(j for j, p in read_journal_partitions(zk).items() if p.assignment.home == 3)
+        assert len(homed) == 2
+        brokers[2].kill()
+        _wait(
+            lambda: all(read_journal_partitions(zk)[j].state.leader in (1, 2) for j in homed),
+            60,
+            "failover of broker 3's journal partitions",
+        )
+    except BaseException:
+        producing.halt()
+        zk.stop()
+        zk.close()
+        raise
+    return brokers, chroot, producing, zk, homed
+
+
 def test_a_preferred_election_gives_a_restarted_broker_its_leaderships_back(
     broker_factory, zookeeper
 ) -> None:
@@ -1054,32 +1090,14 @@ def test_a_preferred_election_gives_a_restarted_broker_its_leaderships_back(
     request another broker forwarded is answered NOT_CONTROLLER there (one hop at most)."""
     from confluent_kafka import ElectionType
 
-    brokers, chroot = _start_cluster(
-        broker_factory,
-        zookeeper,
-        journal_partitions=2,
-        zookeeper_session_timeout_ms=6000,
-        auto_leader_rebalance_enable=False,  # ElectLeaders alone
-    )
+    brokers, chroot, producing, zk, homed = _broker_3_killed_under_a_producer(
+        broker_factory, zookeeper, "pref", 12, 300, auto_leader_rebalance_enable=False
+    )  # ElectLeaders alone
     bootstrap = ",".join(b.bootstrap for b in brokers)
     admin = AdminClient({"bootstrap.servers": bootstrap})
-    admin.create_topics([NewTopic("pref", 12, 3)])["pref"].result(30)
-    _wait(lambda: all(set(isr) == {1, 2, 3} for isr in _isrs(chroot).values()), 30, "ISR")
     victim = brokers[2]  # broker 3
-    zk = KazooClient(chroot)
-    zk.start(10)
-    producing = _Producing(bootstrap, "pref", 12)
     acked, more = producing.acked, producing.more
     try:
-        more(300, "producing")
-        homed = sorted(j for j, p in read_journal_partitions(zk).items() if p.assignment.home == 3)
-        assert len(homed) == 2
-        victim.kill()
-        _wait(
-            lambda: all(read_journal_partitions(zk)[j].state.leader in (1, 2) for j in homed),
-            60,
-            "failover of broker 3's journal partitions",
-        )
         more(300, "producing on the new leaders")
         _restart(victim, chroot)
         _wait(lambda: all(set(isr) == {1, 2, 3} for isr in _isrs(chroot).values()), 60, "ISR")
@@ -1173,32 +1191,13 @@ def test_the_controller_gives_a_restarted_broker_its_leaderships_back_by_itself(
     journal partitions of a home broker that leads too few of its own: they come back to it
     in a higher leader epoch with the same ISR, and an idempotent acks=all producer running
     throughout loses and doubles nothing."""
-    brokers, chroot = _start_cluster(
-        broker_factory,
-        zookeeper,
-        journal_partitions=2,
-        zookeeper_session_timeout_ms=6000,
-        leader_imbalance_check_interval_seconds=1,
+    brokers, chroot, producing, zk, homed = _broker_3_killed_under_a_producer(
+        broker_factory, zookeeper, "auto", 6, 200, leader_imbalance_check_interval_seconds=1
     )
     bootstrap = ",".join(b.bootstrap for b in brokers)
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    admin.create_topics([NewTopic("auto", 6, 3)])["auto"].result(30)
-    _wait(lambda: all(set(isr) == {1, 2, 3} for isr in _isrs(chroot).values()), 30, "ISR")
     victim = brokers[2]  # broker 3
-    zk = KazooClient(chroot)
-    zk.start(10)
-    producing = _Producing(bootstrap, "auto", 6)
     acked, more = producing.acked, producing.more
     try:
-        more(200, "producing")
-        homed = sorted(j for j, p in read_journal_partitions(zk).items() if p.assignment.home == 3)
-        assert len(homed) == 2
-        victim.kill()
-        _wait(
-            lambda: all(read_journal_partitions(zk)[j].state.leader in (1, 2) for j in homed),
-            60,
-            "failover of broker 3's journal partitions",
-        )
         moved = read_journal_partitions(zk)
         more(200, "producing on the new leaders")
         _restart(victim, chroot)
