@@ -23,6 +23,7 @@ from stonemq.spark.options import (
     LATEST,
     Bound,
     ColdPart,
+    LaterPartitions,
     OffsetRange,
     SourceOptions,
     TopicPartitionKey,
@@ -296,7 +297,10 @@ class ReadContext:
 
     opts: SourceOptions
 
-    def read(self, r: OffsetRange) -> Iterator[pa.RecordBatch]:
+    def read(self, r: OffsetRange | LaterPartitions) -> Iterator[pa.RecordBatch]:
+        if isinstance(r, LaterPartitions):
+            yield from read_later_partitions(self.opts, r)
+            return
         if r.cold:
             yield from read_cold(self.opts, r)
             return
@@ -304,6 +308,17 @@ class ReadContext:
             r = resolve_late(self.opts, r)
         if r.end > r.start:
             yield from read_kafka(self.opts, r)
+
+
+def read_later_partitions(opts: SourceOptions, later: LaterPartitions) -> Iterator[pa.RecordBatch]:
+    """The rows of the partitions the subscription selects now that the plan did not know,
+    each from its log start to its log end at this task's run (:class:`LaterPartitions`)."""
+    with Broker(opts) as broker:
+        added = [tp for tp in broker.partitions() if tp not in later.known]
+        marks = broker.watermarks(added) if added else {}
+    for (topic, partition), (low, high) in sorted(marks.items()):
+        if high > low:
+            yield from read_kafka(opts, OffsetRange(topic, partition, low, high))
 
 
 def resolve_late(opts: SourceOptions, r: OffsetRange) -> OffsetRange:

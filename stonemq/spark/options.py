@@ -356,6 +356,17 @@ class OffsetRange:
         return self.end - self.start
 
 
+@dataclass(frozen=True, slots=True)
+class LaterPartitions:
+    """One more Spark input partition of a batch read from ``earliest`` to ``latest`` by
+    subscription: the partitions its task finds that the plan did not know (``known``),
+    each read from its log start to its log end when the task runs. PySpark reuses a
+    DataFrame's plan for every query, where Spark's Kafka source plans each query and so
+    reads partitions (and subscribed topics) added since."""
+
+    known: frozenset[tuple[str, int]]
+
+
 def split_at_seam(
     topic: str, partition: int, start: int, end: int, cold: ColdPart | None
 ) -> list[OffsetRange]:

@@ -289,7 +289,22 @@ class BatchReader(DataSourceReader):
                 pruned = _narrow_by_time(pruned, by_time.get((r.topic, r.partition)))
             if pruned is not None:
                 out.append(RangePartition(pruned))
+        if self._reads_later_partitions(ends):
+            out.append(InputPartition(so.LaterPartitions(frozenset(ends))))
         return out
+
+    def _reads_later_partitions(self, ends: dict[TopicPartitionKey, int]) -> bool:
+        """Whether the plan gets a task for partitions added after it: a subscription (not
+        ``assign``, whose partitions are fixed) read from ``earliest`` to ``latest``, both
+        late-bound (no split, no pruning), as Spark's Kafka source reads them at its next
+        query's plan."""
+        opts = self.opts
+        return (
+            not opts.assign
+            and opts.starting.kind == "earliest"
+            and opts.ending.kind == "latest"
+            and len(self._late_bound(ends, opts.ending, so.LATEST)) == len(ends)
+        )
 
     def _late_bound(
         self, ends: dict[TopicPartitionKey, int], spec: Any, sentinel: int

@@ -305,3 +305,31 @@ def test_a_batch_dataframe_reads_from_the_log_start_at_each_query(spark, broker)
     assert df.count() == 16
     assert sorted(r.offset for r in df.where("partition = 0").collect()) == list(range(4, 10))
     assert by_json.count() == 14
+
+
+def test_a_batch_dataframe_reads_partitions_added_since_its_plan(spark, broker) -> None:  # type: ignore[no-untyped-def]
+    """Spark's Kafka source plans each query, so a kept DataFrame over a subscription reads
+    partitions (and, with a pattern, topics) created since; PySpark reused the first plan and
+    never read them. A read from earliest to latest gets one more task that reads what its
+    subscription selects beyond the plan, each partition from its log start to its end."""
+    from confluent_kafka.admin import AdminClient, NewPartitions
+
+    bootstrap = broker.bootstrap
+    topic = _topic(bootstrap, 1, 5, "grow")
+    prefix = unique_topic("pat")
+    first = _topic(bootstrap, 1, 3, f"{prefix}-a")
+    df = _reader(spark, bootstrap, subscribe=topic).load()
+    by_pattern = _reader(spark, bootstrap, subscribePattern=f"{prefix}-.*").load()
+    assigned = _reader(spark, bootstrap, assign=f'{{"{topic}": [0]}}').load()
+    assert (df.count(), by_pattern.count(), assigned.count()) == (5, 3, 5)
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_partitions([NewPartitions(topic, 3)])[topic].result(30)
+    for p in (1, 2):
+        produce(bootstrap, topic, sample_messages(4, tag=f"grow{p}"), partition=p)
+        assert wait_high_watermark(bootstrap, topic, 4, partition=p)[1] == 4
+    second = _topic(bootstrap, 2, 2, f"{prefix}-b")
+    assert df.count() == 13
+    assert sorted(r.partition for r in df.collect()) == [0] * 5 + [1] * 4 + [2] * 4
+    assert by_pattern.count() == 7
+    assert {r.topic for r in by_pattern.collect()} == {first, second}
+    assert assigned.count() == 5  # assign names its partitions: no others
