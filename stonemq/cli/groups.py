@@ -79,6 +79,8 @@ def list_groups(
     """Every group the broker knows, with its state."""
     client = admin_client(bootstrap_server)
     listed = result(client.list_consumer_groups(), "list groups")
+    if listed.errors:  # no broker answered (an empty table would say "no groups")
+        fail("list groups: " + "; ".join(f"{e.name()}: {e.str()}" for e in listed.errors))
     wanted = {s.upper() for s in state or []}
     rows = sorted(
         (g.group_id, _state_name(g.state), "simple" if g.is_simple_consumer_group else "consumer")

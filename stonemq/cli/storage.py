@@ -35,6 +35,14 @@ def check(
     consistency) and print a summary; exit 1 on any defect. Changes no file."""
     settings = load_settings(None, data_dir=data_dir, journal_dir=journal_dir, queue_dir=queue_dir)
     set_stored_limit(settings.batch_max_uncompressed_bytes)  # what the broker accepted
+    if not settings.journal_path.is_dir() and not settings.queue_path.is_dir():
+        # a mistyped path "passed" with nothing checked
+        typer.echo(
+            f"stonemq storage check: no StoneMQ data: neither {settings.journal_path} nor "
+            f"{settings.queue_path} is a directory",
+            err=True,
+        )
+        raise typer.Exit(2)
     report = check_storage(str(settings.journal_path), str(settings.queue_path))
     console = Console()
     journals = Table(title=f"journal ({settings.journal_path})")

@@ -52,6 +52,9 @@ def _settings(config: Path | None, data_dir: Path | None, **flags: Any) -> Setti
     except (ValidationError, ValueError, OSError) as exc:
         err.print(f"stonemq: invalid settings: {exc}")
         raise typer.Exit(2) from None
+    if not Path(settings.data_dir).is_dir():  # a mistyped path showed an empty status
+        err.print(f"stonemq tier: no StoneMQ data directory at {settings.data_dir}")
+        raise typer.Exit(2)
     set_stored_limit(settings.batch_max_uncompressed_bytes)
     return settings
 

@@ -174,14 +174,18 @@ def create(
     bootstrap_server: BootstrapOption = DEFAULT_BOOTSTRAP,
 ) -> None:
     """Create a topic."""
-    client = admin_client(bootstrap_server)
     new = NewTopic(
         topic,
         num_partitions=partitions,
         replication_factor=replication_factor,
         config=parse_configs(config or []),
     )
-    result(client.create_topics([new], request_timeout=TIMEOUT_S)[topic], f"create {topic}")
+    client = admin_client(bootstrap_server)
+    try:  # confluent-kafka checks the counts' ranges as it sends
+        futures = client.create_topics([new], request_timeout=TIMEOUT_S)
+    except ValueError as exc:
+        fail(f"create {topic}: {exc}", 2)
+    result(futures[topic], f"create {topic}")
     typer.echo(f"Created topic {topic}.")
 
 
@@ -217,7 +221,10 @@ def alter(
         fail("nothing to alter: give --partitions, --config or --delete-config", 2)
     client = admin_client(bootstrap_server)
     if partitions is not None:
-        futures = client.create_partitions([NewPartitions(topic, partitions)])
+        try:  # confluent-kafka checks the count's range as it sends
+            futures = client.create_partitions([NewPartitions(topic, partitions)])
+        except ValueError as exc:
+            fail(f"partitions of {topic}: {exc}", 2)
         result(futures[topic], f"partitions of {topic}")
         typer.echo(f"Topic {topic} now has {partitions} partitions.")
     entries = [

@@ -1,0 +1,64 @@
+"""The CLI's answers to a wrong address, path or count, run as users run it (a process):
+a clear message and a non-zero exit, never an empty "success" or a Python traceback."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _stonemq(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    return subprocess.run(
+        [sys.executable, "-m", "stonemq", *args],
+        capture_output=True,
+        text=True,
+        timeout=50,
+        env=env,
+    )
+
+
+def test_storage_check_of_a_missing_data_directory_fails(tmp_path: Path) -> None:
+    """A mistyped --data-dir printed "storage check passed: no defect" (exit 0)."""
+    missing = tmp_path / "nowhere"
+    done = _stonemq("storage", "check", "--data-dir", str(missing))
+    assert done.returncode == 2, done
+    assert "no StoneMQ data" in done.stderr and "passed" not in done.stdout
+    assert not missing.exists()  # nothing made
+
+
+def test_tier_status_of_a_missing_data_directory_fails(tmp_path: Path) -> None:
+    """A mistyped --data-dir showed an empty status table (exit 0)."""
+    done = _stonemq("tier", "status", "--data-dir", str(tmp_path / "nowhere"))
+    assert done.returncode == 2, done
+    assert "no StoneMQ data directory" in done.stderr
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("topics", "create", "x", "--partitions", "-3"),
+        ("topics", "create", "x", "--replication-factor", "-7"),
+        ("topics", "alter", "x", "--partitions", "0"),
+    ],
+    ids=["partitions", "replication-factor", "alter-partitions"],
+)
+def test_a_count_out_of_range_is_an_error_not_a_traceback(args: tuple[str, ...]) -> None:
+    """confluent-kafka's own range check raised ValueError through the CLI (a traceback)."""
+    done = _stonemq(*args, "--bootstrap-server", "127.0.0.1:1")
+    assert done.returncode == 2, done
+    assert "Traceback" not in done.stderr and "out of expected range" in done.stderr
+
+
+@pytest.mark.slow
+def test_groups_list_without_a_broker_fails() -> None:
+    """With no broker at the address, an empty table and exit 0 said "no groups"."""
+    done = _stonemq("groups", "list", "--bootstrap-server", "127.0.0.1:1")
+    assert done.returncode == 1, done
+    assert "list groups" in done.stderr and "group" not in done.stdout
