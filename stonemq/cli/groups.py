@@ -147,6 +147,10 @@ def describe(
     if as_json:
         emit_json(document)
         return
+    if document["state"] == "DEAD" and not members and not rows:
+        # what kafka-consumer-groups.sh --describe says (exit 0) instead of empty tables
+        typer.echo(f"Error: Consumer group '{group}' does not exist.", err=True)
+        return
     typer.echo(f"Group {group}: {document['state']}, assignor {desc.partition_assignor or '-'}")
     columns = ("topic", "partition", "committed_offset", "log_end_offset", "lag")
     print_table(

@@ -45,7 +45,17 @@ topics_app = typer.Typer(
 
 # -- helpers shared with stonemq groups ----------------------------------------------------
 def admin_client(bootstrap: str) -> AdminClient:
-    return AdminClient({"bootstrap.servers": bootstrap, "socket.timeout.ms": 10000, "log_level": 3})
+    """An admin client that never creates a topic by asking for it: librdkafka's Metadata
+    requests of a producer-type handle (the AdminClient's) allow auto-creation by default,
+    so ``topics describe nosuch`` created ``nosuch`` (Kafka's tools never do)."""
+    return AdminClient(
+        {
+            "bootstrap.servers": bootstrap,
+            "socket.timeout.ms": 10000,
+            "log_level": 3,
+            "allow.auto.create.topics": False,
+        }
+    )
 
 
 def fail(message: str, code: int = 1) -> NoReturn:

@@ -62,3 +62,28 @@ def test_groups_list_without_a_broker_fails() -> None:
     done = _stonemq("groups", "list", "--bootstrap-server", "127.0.0.1:1")
     assert done.returncode == 1, done
     assert "list groups" in done.stderr and "group" not in done.stdout
+
+
+def test_describing_a_missing_topic_fails_and_creates_nothing(module_broker) -> None:  # type: ignore[no-untyped-def]
+    """librdkafka's AdminClient allows auto-creation in its Metadata requests by default:
+    ``topics describe nosuch`` created ``nosuch`` and described it (exit 0), and a
+    ``topics delete`` of a mistyped name then "succeeded". Kafka's tools never create."""
+    address = ("--bootstrap-server", module_broker.bootstrap)
+    done = _stonemq("topics", "describe", "never-created", *address)
+    assert done.returncode == 1, done
+    assert "Unknown topic" in done.stderr
+    listed = _stonemq("topics", "list", *address)
+    assert listed.returncode == 0 and "never-created" not in listed.stdout
+    deleted = _stonemq("topics", "delete", "never-created", *address)
+    assert deleted.returncode == 1 and "UNKNOWN_TOPIC_OR_PART" in deleted.stderr, deleted
+
+
+def test_describing_a_missing_group_says_so(module_broker) -> None:  # type: ignore[no-untyped-def]
+    """Empty tables under "Group nosuch: DEAD" were all it printed; Kafka's tool says the
+    group does not exist (exit 0, as there)."""
+    done = _stonemq(
+        "groups", "describe", "no-such-group", "--bootstrap-server", module_broker.bootstrap
+    )
+    assert done.returncode == 0, done
+    assert "Consumer group 'no-such-group' does not exist." in done.stderr
+    assert "members" not in done.stdout
