@@ -13,7 +13,7 @@ import datetime
 from typing import Annotated, Any
 
 import typer
-from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
+from confluent_kafka import ConsumerGroupState, ConsumerGroupTopicPartitions, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from stonemq.cli.topics import (
@@ -40,6 +40,12 @@ groups_app = typer.Typer(
 
 def _state_name(state: Any) -> str:
     return str(getattr(state, "name", state)).upper()
+
+
+def _state_key(name: str) -> str:
+    """A state as ``--state`` compares it: Kafka's spelling (``PreparingRebalance``, any
+    case) and confluent-kafka's (``PREPARING_REBALANCING``) alike."""
+    return name.upper().replace("_", "").replace("-", "").replace("REBALANCING", "REBALANCE")
 
 
 def _describe(client: AdminClient, group: str) -> Any:
@@ -81,11 +87,18 @@ def list_groups(
     listed = result(client.list_consumer_groups(), "list groups")
     if listed.errors:  # no broker answered (an empty table would say "no groups")
         fail("list groups: " + "; ".join(f"{e.name()}: {e.str()}" for e in listed.errors))
-    wanted = {s.upper() for s in state or []}
+    wanted = {_state_key(s) for s in state or []}
+    known = {_state_key(s.name) for s in ConsumerGroupState}
+    if wanted - known:  # as kafka-consumer-groups.sh --state refuses one it does not know
+        fail(
+            f"invalid state {', '.join(state or [])}; the states are "
+            "PreparingRebalance, CompletingRebalance, Stable, Empty, Dead, Unknown",
+            2,
+        )
     rows = sorted(
         (g.group_id, _state_name(g.state), "simple" if g.is_simple_consumer_group else "consumer")
         for g in listed.valid
-        if not wanted or _state_name(g.state) in wanted
+        if not wanted or _state_key(_state_name(g.state)) in wanted
     )
     if as_json:
         emit_json([{"group": g, "state": s, "kind": k} for g, s, k in rows])

@@ -87,3 +87,15 @@ def test_describing_a_missing_group_says_so(module_broker) -> None:  # type: ign
     assert done.returncode == 0, done
     assert "Consumer group 'no-such-group' does not exist." in done.stderr
     assert "members" not in done.stdout
+
+
+def test_groups_list_takes_kafkas_state_names_and_refuses_others(module_broker) -> None:  # type: ignore[no-untyped-def]
+    """``--state nosuchstate`` listed nothing (exit 0), and Kafka's spelling
+    (``PreparingRebalance``) matched nothing either; kafka-consumer-groups.sh refuses a
+    state it does not know."""
+    address = ("--bootstrap-server", module_broker.bootstrap)
+    done = _stonemq("groups", "list", "--state", "nosuchstate", *address)
+    assert done.returncode == 2 and "invalid state nosuchstate" in done.stderr, done
+    for spelling in ("PreparingRebalance", "Empty", "STABLE", "completing_rebalancing"):
+        done = _stonemq("groups", "list", "--state", spelling, "--json", *address)
+        assert done.returncode == 0, (spelling, done)
