@@ -423,9 +423,9 @@ def test_idempotent_producer_survives_sigkill_and_disk_full(broker_factory, tmp_
                     by_key: dict[Key, dict[int, bytes]] = {}
                     for (p, o), v in acked.items():
                         by_key.setdefault((IDEMPOTENT_TOPIC, p), {})[o] = v
-                notes = damage(data_dir, by_key, rng) if rng.random() < 0.3 else []
-                if disk_full:
+                if disk_full:  # first: the damage below writes too (a full disk failed it)
                     filler.unlink()
+                notes = damage(data_dir, by_key, rng) if rng.random() < 0.3 else []
                 print(f"cycle {cycle}: killed{' with the disk full' if disk_full else ''}; {notes}")
                 broker.settings = {**broker.settings, **broker_settings(POLICIES[cycle % 3])}
                 broker.start()
