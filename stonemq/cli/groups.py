@@ -233,12 +233,14 @@ def reset_offsets(
 ) -> None:
     """Move an inactive group's committed offsets; prints the plan, applies it with --execute."""
     kind, spec = _target_spec(to_earliest, to_latest, to_datetime, to_offset)
-    client = admin_client(bootstrap_server)
     name, _, wanted = topic.partition(":")
+    try:  # TOPIC:P,P,... as kafka-consumer-groups.sh --topic takes it
+        listed = [int(p) for p in wanted.split(",")] if wanted else None
+    except ValueError:
+        fail(f"--topic {topic}: expected TOPIC or TOPIC:PARTITION,PARTITION,...", 2)
+    client = admin_client(bootstrap_server)
     tmd = topic_metadata(client, name)[name]
-    partitions = sorted(tmd.partitions)
-    if wanted:
-        partitions = [int(p) for p in wanted.split(",")]
+    partitions = listed if listed is not None else sorted(tmd.partitions)
     tps = [(name, p) for p in partitions]
     state = _state_name(_describe(client, group).state)
     if state not in INACTIVE_STATES:

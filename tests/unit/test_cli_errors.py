@@ -99,3 +99,20 @@ def test_groups_list_takes_kafkas_state_names_and_refuses_others(module_broker) 
     for spelling in ("PreparingRebalance", "Empty", "STABLE", "completing_rebalancing"):
         done = _stonemq("groups", "list", "--state", spelling, "--json", *address)
         assert done.returncode == 0, (spelling, done)
+
+
+@pytest.mark.parametrize("spec", ["t:x", "t:0,,1"])
+def test_a_bad_partition_list_in_reset_offsets_is_a_usage_error(spec: str) -> None:
+    """``--topic t:x`` ended in a ValueError traceback (helper-72's audit, p5)."""
+    done = _stonemq(
+        "groups",
+        "reset-offsets",
+        "g",
+        "--to-earliest",
+        "--topic",
+        spec,
+        "--bootstrap-server",
+        "127.0.0.1:1",
+    )
+    assert done.returncode == 2, done
+    assert "Traceback" not in done.stderr and "TOPIC:PARTITION" in done.stderr
