@@ -7,7 +7,8 @@ connection with a log line; it never affects other connections) and wait in the 
 ready queue; the broker-wide :class:`~stonemq.server.dispatcher.Dispatcher` starts them, one
 per connection per round. Requests of one connection may be in flight together (so pipelined
 produces share a group commit) but start in arrival order, and are answered strictly in that
-order, as Kafka clients require.
+order, as Kafka clients require. A Fetch, whose answer can be large, is in flight alone among
+the connection's fetches (Kafka handles one request of a connection at a time).
 
 Client quotas (KIP-13/124/219): when a quota of the client's is configured, a request that
 takes its produce bytes or its handling time over the quota gets ``throttle_time_ms`` in its
@@ -23,8 +24,9 @@ requests in flight and of frames still arriving over all connections against
 follower's replica fetch connection: acks=all produces waiting for the ISR hold that budget,
 and only the followers' fetches can release them (their requests are small, one per
 connection at a time); reading stops
-while the transport's write buffer is above its high-water mark, and while a produce is held
-for the splitter's lag.
+while the transport's write buffer is above its high-water mark, while more than 4 MiB of
+finished answers wait behind an earlier request not answered yet (a client that pipelines
+and reads nothing), and while a produce is held for the splitter's lag.
 
 Zero-copy fetch responses: a response holding segment ranges (``storage/file_range.py``) is
 sent by the connection itself, not the transport: once the transport's buffer has drained,
@@ -101,6 +103,7 @@ class _Pending:
         "request",
         "response",
         "size",
+        "waiting",
     )
 
     def __init__(
@@ -123,6 +126,7 @@ class _Pending:
         self.request = request
         self.queued_ns = 0
         self.close_after: str | None = None  # the connection closes once this is flushed
+        self.waiting = 0  # bytes of its response held behind an earlier unanswered request
 
 
 # request handling time in ns, as a percentage of one thread for one second (Kafka's
@@ -131,8 +135,9 @@ _NANOS_TO_PERCENTAGE = 100.0 / 1e9
 
 
 _OUT_PAUSE_BYTES = 4 * 1024 * 1024
-"""Bytes of responses waiting behind a range being sent (``_out``) past which the connection
-starts no request and reads nothing more, as it does above the transport's high-water mark."""
+"""Bytes of responses waiting to be sent (behind a range being sent, ``_out``, or behind an
+earlier request not answered yet) past which the connection starts no request and reads
+nothing more, as it does above the transport's high-water mark."""
 
 _FETCH_KEY = 1
 
@@ -249,6 +254,10 @@ class Connection(asyncio.BufferedProtocol):
         # made yet), and whether a writability callback is registered
         self._out: collections.deque[Any] = collections.deque()
         self._out_bytes = 0
+        # bytes of finished responses held behind an earlier unanswered request, and whether
+        # a Fetch is in flight (one at a time: its answer is the one that can be large)
+        self._waiting_bytes = 0
+        self._fetching = False
         self._send_fd = -1
         self._send_waiting = False
         self._sendfile_ok = True
@@ -451,12 +460,14 @@ class Connection(asyncio.BufferedProtocol):
         if (
             self._closing
             or self._writing_paused
-            or self._out_bytes > _OUT_PAUSE_BYTES
+            or self._out_bytes + self._waiting_bytes > _OUT_PAUSE_BYTES
             or self._throttled
             or not self._ready
         ):
             return None
         item = self._ready[0]
+        if self._fetching and item.header.api_key == _FETCH_KEY:
+            return None  # the one in flight asks for a turn when it is answered
         if isinstance(item.request, asyncio.Future):  # decoded in the heavy-work thread
             decoding = item.request
             if not decoding.done():
@@ -475,6 +486,8 @@ class Connection(asyncio.BufferedProtocol):
             self.update_reading()
             return None
         self._ready.popleft()
+        if api_key == _FETCH_KEY:
+            self._fetching = True
         started_ns = 0
         if api_key == PRODUCE_KEY:
             started_ns = time.monotonic_ns()
@@ -577,6 +590,13 @@ class Connection(asyncio.BufferedProtocol):
         pending.close_after = ctx.close_reason
         pending.done = True
         api_key = ctx.api_key
+        if self._pending and self._pending[0] is not pending and pending.response is not None:
+            pending.waiting = sum(map(len, pending.response))  # held until the earlier go
+            self._waiting_bytes += pending.waiting
+        if api_key == _FETCH_KEY:
+            self._fetching = False
+            if self._ready and not self._closing:
+                self._dispatcher.ready(self)
         if started_ns:
             METRICS.produce_handled_ns += time.monotonic_ns() - started_ns
         if timed is None:
@@ -659,10 +679,11 @@ class Connection(asyncio.BufferedProtocol):
     def _flush(self) -> None:
         """Send every finished response at the head of the queue, in arrival order."""
         transport = self._transport
-        answered = 0
+        answered = released = 0
         while self._pending and self._pending[0].done:
             pending = self._pending.popleft()
             answered += pending.held
+            released += pending.waiting
             if (
                 pending.response is not None
                 and transport is not None
@@ -682,6 +703,10 @@ class Connection(asyncio.BufferedProtocol):
         self.last_active = time.monotonic()
         if answered:
             self._budget.give_back(answered)
+        if released:
+            self._waiting_bytes -= released
+            if self._ready and not self._closing:
+                self._dispatcher.ready(self)  # it may start again (start_next)
         if self._decoder.buffered_bytes and not self._closing:
             self._take_frames()  # frames held back by queued.max.requests
         self.update_reading()
@@ -822,7 +847,11 @@ class Connection(asyncio.BufferedProtocol):
             return
         budget = self._budget
         yields = self.yields
-        should_pause = yields or self._writing_paused or self._out_bytes > _OUT_PAUSE_BYTES
+        should_pause = (
+            yields
+            or self._writing_paused
+            or self._out_bytes + self._waiting_bytes > _OUT_PAUSE_BYTES
+        )
         if (
             not should_pause
             and not self._replica_link

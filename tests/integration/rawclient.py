@@ -277,9 +277,10 @@ def fetch_request(
     partition_max_bytes: int = 1 << 24,
     topic_id: uuid.UUID | None = None,
     current_leader_epoch: int = -1,
+    more_partitions: tuple[int, ...] = (),
 ) -> Any:
-    """A Fetch of one partition (named by ``topic_id`` from v13; ``current_leader_epoch``
-    from v9, -1: not given)."""
+    """A Fetch of one partition, and of ``more_partitions`` from the same offset (named by
+    ``topic_id`` from v13; ``current_leader_epoch`` from v9, -1: not given)."""
     req_mod = schema("fetch", version, "request")
     return build(
         req_mod.FetchRequest,
@@ -295,14 +296,15 @@ def fetch_request(
                 req_mod.FetchTopic,
                 topic=topic,
                 topic_id=topic_id,
-                partitions=(
+                partitions=tuple(
                     build(
                         req_mod.FetchPartition,
-                        partition=i32(partition),
+                        partition=i32(number),
                         current_leader_epoch=i32(current_leader_epoch),
                         fetch_offset=i64(offset),
                         partition_max_bytes=i32(partition_max_bytes),
-                    ),
+                    )
+                    for number in (partition, *more_partitions)
                 ),
             ),
         ),

@@ -40,6 +40,7 @@ from .rawclient import (
     RawConnection,
     encode,
     fetch_raw,
+    fetch_request,
     frame,
     produce_request,
     produce_request_to,
@@ -388,3 +389,48 @@ def test_repeated_metadata_is_answered_from_kept_responses_that_follow_changes(
             assert time.monotonic() < deadline, "a deleted topic stayed in Metadata"
             time.sleep(0.1)
         assert {t.name for t in metadata_v12(conn, None).topics} == all_before
+
+
+# -- 8: responses piling up behind a client that does not read ---------------------------------
+def test_pipelined_fetches_that_are_never_read_hold_one_response_each(broker_factory) -> None:
+    """Ten connections each pipeline 500 Fetch requests (max_wait 0) of three partitions of
+    128 KiB and read nothing. The old broker started them all (queued.max.requests is 500)
+    and kept each finished response behind the unsent first: 0.3 to 1.9 GB, as the fetches
+    raced the first send. Now a connection has one Fetch in flight at a time, as in Kafka
+    (which handles one request per connection at a time), and starts nothing while more than
+    4 MiB of its answers wait to be sent: a few MB. A bystander is served meanwhile, and every
+    pipelined fetch is answered, in order, once its client reads."""
+    broker = broker_factory()
+    create_topic(broker.bootstrap, "unread", 3)
+    producer = Producer(producer_config(broker.bootstrap))
+    for i in range(3 * 128):
+        producer.produce("unread", value=random.Random(i).randbytes(1024), partition=i % 3)
+    assert producer.flush(30) == 0
+    for partition in range(3):
+        wait_high_watermark(broker.bootstrap, "unread", 128, partition)
+    request = fetch_request("unread", 0, 0, more_partitions=(1, 2))
+    one = frame(request_header(1, 12, 0, "hog", True) + encode(request))
+    base = rss_mb(broker)
+    hogs = []
+    try:
+        for _ in range(10):
+            hog = socket.socket()
+            hog.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            hog.connect((broker.host, broker.port))
+            hog.settimeout(1)
+            with contextlib.suppress(TimeoutError):
+                hog.sendall(one * 500)
+            hogs.append(hog)
+        peak = base
+        for _ in range(8):
+            time.sleep(0.5)
+            peak = max(peak, rss_mb(broker))
+        assert peak - base < 64, f"RSS grew {peak - base:.0f} MB"
+        took = latencies(broker, 0.5, lambda conn: conn.api_versions())
+        assert max(took) < 1.0, "a bystander waited behind the unread fetches"
+        answers = read_frames(hogs[0], 500)
+        assert len(answers) == 500
+        assert all(len(answer) > 3 * 128 * 1024 for answer in answers)
+    finally:
+        for hog in hogs:
+            hog.close()
