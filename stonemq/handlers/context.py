@@ -7,6 +7,7 @@ import dataclasses
 import datetime
 import functools
 import heapq
+import logging
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from kio.index import load_response_schema
 from kio.schema.errors import ErrorCode
 
+from stonemq.protocol.record_batch import CorruptRecordError
 from stonemq.quotas.entity import ANONYMOUS_USER
 from stonemq.server.collector import defer_full_collections, resume_full_collections
 from stonemq.server.threads import name_os_thread
@@ -26,6 +28,8 @@ if TYPE_CHECKING:
 
 
 T = TypeVar("T")
+
+log = logging.getLogger("stonemq.handlers")
 
 SLICE_NS = 5_000_000
 """Event-loop time a handler working through a request's entries (:meth:`RequestContext.paced`)
@@ -105,6 +109,20 @@ def named_once(
     for k, p in keys:
         out[id(p)] = last.pop(k, None)  # the first entry of k takes the last; others None
     return out
+
+
+def read_failure(exc: Exception, partition: str, what: str) -> ErrorCode:
+    """The error of one partition whose read failed with ``exc`` (called in its ``except``
+    clause; logged): one partition's failure is its own, the request's other partitions are
+    answered and the connection stays, as Kafka's ``ReplicaManager.readFromLog`` and
+    ``KafkaApis`` ListOffsets answer any exception per partition. Stored bytes that do not
+    parse are CORRUPT_MESSAGE (Kafka's ``CorruptRecordException``), anything unforeseen
+    UNKNOWN_SERVER_ERROR with its traceback."""
+    if isinstance(exc, CorruptRecordError):
+        log.error("%s of %s: %s", what, partition, exc)
+        return ErrorCode.corrupt_message
+    log.exception("%s of %s failed", what, partition)
+    return ErrorCode.unknown_server_error
 
 
 def heavy_work() -> ThreadPoolExecutor:

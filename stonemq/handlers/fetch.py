@@ -48,7 +48,13 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 
-from stonemq.handlers.context import ENTRIES_OFF_LOOP, PACE_EVERY, RequestContext, named_once
+from stonemq.handlers.context import (
+    ENTRIES_OFF_LOOP,
+    PACE_EVERY,
+    RequestContext,
+    named_once,
+    read_failure,
+)
 from stonemq.handlers.registry import api
 from stonemq.protocol.record_batch import COMPRESSION_ZSTD, iter_batches
 from stonemq.quotas.entity import CONSUMER_BYTE_RATE
@@ -356,6 +362,11 @@ async def _read_all(
             except (StorageError, OSError) as exc:  # a failed queue log, a read error
                 log.error("fetch of %s-%d failed: %s", name, fp.partition, exc)
                 part.error = _storage_error(ctx.api_version)
+                has_error = True
+                continue
+            except Exception as exc:  # stored bytes damaged on disk, or unforeseen
+                where = f"{name}-{fp.partition} at offset {fp.fetch_offset}"
+                part.error = read_failure(exc, where, "fetch")
                 has_error = True
                 continue
             part.hw = result.high_watermark

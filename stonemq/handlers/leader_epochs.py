@@ -25,7 +25,7 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 
-from stonemq.handlers.context import RequestContext
+from stonemq.handlers.context import RequestContext, read_failure
 from stonemq.handlers.registry import api
 from stonemq.storage.engine import StorageError, UnknownPartitionError
 
@@ -74,6 +74,9 @@ async def handle_offset_for_leader_epoch(ctx: RequestContext, request: Any) -> A
                     error = ctx.not_here(topic.topic, p.partition)
                 except StorageError:
                     error = ErrorCode.kafka_storage_error
+                except Exception as exc:  # stored bytes damaged on disk, or unforeseen
+                    where = f"{topic.topic}-{p.partition} at epoch {p.leader_epoch}"
+                    error = read_failure(exc, where, "OffsetForLeaderEpoch")
             partitions.append(
                 ctx.build(
                     "EpochEndOffset",

@@ -32,7 +32,7 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 
-from stonemq.handlers.context import RequestContext
+from stonemq.handlers.context import RequestContext, read_failure
 from stonemq.handlers.fetch_waiters import ACKNOWLEDGED_WAIT_S
 from stonemq.handlers.registry import api
 from stonemq.storage.engine import StorageError, UnknownPartitionError
@@ -87,6 +87,9 @@ async def handle_list_offsets(ctx: RequestContext, request: Any) -> Any:
                     error, offset, timestamp = ctx.not_here(topic.name, p.partition_index), -1, -1
                 except StorageError:  # a failed queue log, or records that cannot be decoded
                     error, offset, timestamp = ErrorCode.kafka_storage_error, -1, -1
+                except Exception as exc:  # stored bytes damaged on disk, or unforeseen
+                    where = f"{topic.name}-{p.partition_index} at timestamp {p.timestamp}"
+                    error, offset, timestamp = read_failure(exc, where, "ListOffsets"), -1, -1
             partitions.append(
                 ctx.build(
                     "ListOffsetsPartitionResponse",

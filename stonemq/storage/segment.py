@@ -78,11 +78,14 @@ class _BatchReads:
             pos += at
 
     def find_batch(self, files: Reads, offset: int) -> tuple[int, BatchHeader] | None:
-        """(position, header) of the first batch whose last offset is >= ``offset``."""
+        """(position, header) of the first batch whose last offset is >= ``offset``; None if
+        the segment holds none whole (the read goes on in the next segment, as Kafka's
+        ``LocalLog.read``: a sealed segment that lost its tail on disk skips the offsets it
+        lost instead of answering the torn batch's first bytes, for ever)."""
         _, start = offset_lookup(self.offset_index, files, offset)
         for pos, header in self.iter_headers(files, start):
             if header.last_offset >= offset:
-                return pos, header
+                return (pos, header) if pos + header.size <= self.size else None
         return None
 
     def read_batches(self, files: Reads, pos: int, max_bytes: int) -> bytes | memoryview:
