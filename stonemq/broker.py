@@ -15,12 +15,18 @@ from stonemq.cluster import ClusterStartError
 from stonemq.cluster.routing import ClusterRouting, Routing, SingleNodeRouting
 from stonemq.coordinator.group_store import GroupRuntime
 from stonemq.handlers.fetch_waiters import FetchWaiters
-from stonemq.metadata.sqlite import SqliteMetadataStore
+from stonemq.metadata.sqlite import (
+    METADATA_FILE,
+    MetadataStoreError,
+    SqliteMetadataStore,
+    holds_store,
+)
 from stonemq.metadata.store import CLUSTER_DEFAULT, MetadataStore
 from stonemq.protocol.record_batch import set_stored_limit
 from stonemq.quotas.manager import QuotaManager
 from stonemq.storage.engine import StorageEngine, StorageError, UnknownPartitionError
 from stonemq.storage.open_files import fit_to_fd_limit
+from stonemq.storage.queue_log import queue_log_names
 from stonemq.topics import TopicManager
 
 if TYPE_CHECKING:
@@ -46,9 +52,14 @@ class Broker:
         if settings.zookeeper_connect:
             self.metadata, self.membership, self.controller, self.routing = _join_cluster(settings)
         else:
-            self.metadata = SqliteMetadataStore(
-                settings.data_dir / "metadata.db", cluster_id=settings.cluster_id
-            )
+            store = settings.data_dir / METADATA_FILE
+            if not holds_store(store) and (logs := queue_log_names(str(settings.queue_path))):
+                raise MetadataStoreError(
+                    f"{store} is missing or empty, but {settings.queue_path} holds "
+                    f"{len(logs)} queue logs ({logs[0]}, ...): their topics would be lost; "
+                    "restore the file, or move the queue logs away to start afresh"
+                )
+            self.metadata = SqliteMetadataStore(store, cluster_id=settings.cluster_id)
             host, port = settings.advertised_address
             self.routing = SingleNodeRouting(
                 settings.broker_id, settings.journal_partitions, host, port

@@ -13,6 +13,7 @@ from rich.table import Table
 
 from stonemq.cli.options import DataDirOpt, JournalDirOpt, QueueDirOpt
 from stonemq.config import load_settings
+from stonemq.metadata.sqlite import METADATA_FILE, store_defect
 from stonemq.protocol.record_batch import set_stored_limit
 from stonemq.storage.check import check_storage, dump_file
 
@@ -32,7 +33,8 @@ def check(
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="one row per queue log")] = False,
 ) -> None:
     """Verify every journal entry and queue-log batch (checksums, offset contiguity, index
-    consistency) and print a summary; exit 1 on any defect. Changes no file."""
+    consistency) and the topic store (metadata.db) and print a summary; exit 1 on any
+    defect. Changes no file."""
     settings = load_settings(None, data_dir=data_dir, journal_dir=journal_dir, queue_dir=queue_dir)
     set_stored_limit(settings.batch_max_uncompressed_bytes)  # what the broker accepted
     if not settings.journal_path.is_dir() and not settings.queue_path.is_dir():
@@ -44,6 +46,9 @@ def check(
         )
         raise typer.Exit(2)
     report = check_storage(str(settings.journal_path), str(settings.queue_path))
+    store = store_defect(settings.data_dir / METADATA_FILE, len(report.queue_logs))
+    if store is not None:  # the topics the queue logs belong to
+        report.defects.append(store)
     console = Console()
     journals = Table(title=f"journal ({settings.journal_path})")
     for column in ("partition", "segments", "entries", "bytes", "start", "end"):

@@ -131,12 +131,24 @@ def run(
                 spark.stop()
 
 
+def _tiered_topics(settings: Settings, names: list[str] | None) -> Any:
+    """The tiered topics, or exit 1 with one line when the topic store cannot be read."""
+    from stonemq.metadata.sqlite import MetadataStoreError
+    from stonemq.tiering import status
+
+    try:
+        return status.tiered_topics(settings, names)
+    except MetadataStoreError as exc:
+        err.print(f"stonemq tier: {exc}", highlight=False, soft_wrap=True)
+        raise typer.Exit(1) from None
+
+
 def _cycle(settings: Settings, spec: Any, names: list[str] | None, spark: Any) -> Any:
     from stonemq.tiering import archive_job, status, uploader
     from stonemq.tiering import manifest as mf
 
     store = spec.open()
-    topics = status.tiered_topics(settings, names)
+    topics = _tiered_topics(settings, names)
     if names:
         missing = sorted(set(names) - {t.name for t in topics})
         if missing:
@@ -347,7 +359,7 @@ def show_status(
 
     spec = StoreSpec.from_settings(settings)
     store = spec.open()
-    topics = status.tiered_topics(settings, topic or None)
+    topics = _tiered_topics(settings, topic or None)
     table = Table(title=f"tiered storage ({spec.url})")
     for col in (
         "topic",

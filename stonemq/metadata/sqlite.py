@@ -86,8 +86,51 @@ ALTER TABLE broker_configs_scoped RENAME TO broker_configs;
 }
 
 
-class MetadataSchemaError(Exception):
+class MetadataStoreError(Exception):
+    """The metadata file cannot be used: damaged, unreadable, or missing beside topic data."""
+
+
+class MetadataSchemaError(MetadataStoreError):
     """The metadata file was written by a newer StoneMQ (or is not a StoneMQ file)."""
+
+
+def holds_store(path: Path) -> bool:
+    """Whether ``path`` is a metadata file some start created (a missing or empty file is
+    not: SQLite would take it as a new, empty database)."""
+    try:
+        return path.stat().st_size > 0
+    except FileNotFoundError:
+        return False
+
+
+def store_defect(path: Path, queue_logs: int) -> str | None:
+    """What makes the metadata file at ``path`` unusable, read only (``storage check``): a
+    damaged database, or one emptied while ``queue_logs`` queue logs hold its topics' data;
+    None when it is sound, or absent (a ZooKeeper broker keeps none)."""
+    if not path.exists():
+        return None
+    if not holds_store(path):
+        if queue_logs:
+            return f"{path} is empty, but {queue_logs} queue logs hold topic data"
+        return None
+    try:  # immutable: no -wal or -shm file made (a WAL not yet checkpointed is not read)
+        conn = sqlite3.connect(f"{path.absolute().as_uri()}?mode=ro&immutable=1", uri=True)
+    except sqlite3.Error as exc:
+        return f"{path} cannot be opened: {exc}"
+    try:
+        verdict = conn.execute("PRAGMA quick_check").fetchone()[0]
+        if verdict != "ok":
+            return f"{path} is damaged: {verdict}"
+        has_version = conn.execute(
+            "SELECT 1 FROM sqlite_master WHERE type='table' AND name='schema_version'"
+        ).fetchone()
+        if not has_version:
+            return f"{path} is not a StoneMQ metadata file (no schema version)"
+    except sqlite3.DatabaseError as exc:
+        return f"{path} is damaged: {exc}"
+    finally:
+        conn.close()
+    return None
 
 
 def new_cluster_id() -> str:
@@ -107,7 +150,10 @@ class SqliteMetadataStore(MetadataStore):
         self.path.parent.mkdir(parents=True, exist_ok=True)
         # writes come from the broker's metadata thread (TopicManager) and, for small ones,
         # from the event loop: one connection, one lock around every use of it
-        self._conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        try:
+            self._conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        except sqlite3.Error as exc:
+            raise MetadataStoreError(f"{self.path} cannot be opened: {exc}") from exc
         self._lock = threading.RLock()
         try:
             self._conn.execute("PRAGMA journal_mode=WAL")
@@ -117,6 +163,11 @@ class SqliteMetadataStore(MetadataStore):
             self._seed_cluster_id = cluster_id
             self._cluster_id: str | None = None
             self._topics = TopicTable(self._load_topics())
+        except sqlite3.DatabaseError as exc:  # damaged: never a traceback at start
+            self._conn.close()
+            raise MetadataStoreError(
+                f"{self.path} cannot be read ({exc}): restore it from a backup"
+            ) from exc
         except BaseException:
             self._conn.close()
             raise

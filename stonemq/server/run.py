@@ -46,12 +46,13 @@ def run_broker(settings: Settings) -> int:
     tune_malloc()
 
     from stonemq.cluster import ClusterStartError
+    from stonemq.metadata.sqlite import MetadataStoreError
 
     try:
         import uvloop
 
         uvloop.run(serve(settings))
-    except (DirectoryInUseError, ClusterStartError) as exc:
+    except (DirectoryInUseError, ClusterStartError, MetadataStoreError) as exc:
         logging.getLogger("stonemq").error("refusing to start: %s", exc)
         return 1
     except OSError as exc:

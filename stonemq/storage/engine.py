@@ -95,6 +95,7 @@ from stonemq.storage.queue_log import (
     epoch_search,
     max_time_search,
     queue_log_dir,
+    queue_log_names,
     read_partition_metadata,
     read_range_views,
     read_views,
@@ -796,21 +797,14 @@ class StorageEngine:
         so that the topic holding the name now never finds the old one's segments. Returns
         the registered partitions whose directory went: their checkpointed recovery points
         and log starts were the old topic's."""
-        try:
-            names = os.listdir(self._queue_dir)
-        except FileNotFoundError:
-            return set()
         known = {
             os.path.basename(self._queue_path(s.topic, s.partition)): s
             for s in self._by_name.values()
         }
         now_ms = int(time.time() * 1000)
         aside_keys: set[tuple[str, int]] = set()
-        for name in names:
-            _, dash, partition = name.rpartition("-")
+        for name in queue_log_names(self._queue_dir):
             path = os.path.join(self._queue_dir, name)
-            if not dash or not partition.isdigit() or not os.path.isdir(path):
-                continue
             state = known.get(name)
             why = "belongs to no topic partition (a deletion cut short)"
             if state is not None:

@@ -337,6 +337,22 @@ def queue_log_dir(queue_dir: str, topic: str, partition: int) -> str:
     return os.path.join(queue_dir, f"{topic}-{partition}")
 
 
+def queue_log_names(queue_dir: str) -> list[str]:
+    """The queue-log directories (``<topic>-<partition>``) under ``queue_dir``, sorted; none
+    when it does not exist."""
+    try:
+        names = os.listdir(queue_dir)
+    except FileNotFoundError:
+        return []
+    return sorted(
+        name
+        for name in names
+        if name.rpartition("-")[1]
+        and name.rpartition("-")[2].isdigit()
+        and os.path.isdir(os.path.join(queue_dir, name))
+    )
+
+
 _CREATE_FLAGS = os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
 
 _METADATA_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 import time
 
 import pytest
@@ -121,3 +122,54 @@ def test_stop_is_clean_and_lock_is_released(broker, broker_factory):
     # the data dir is free again: another broker (new port) takes it and has the data
     other = broker_factory(data_dir=broker.data_dir)
     assert_same(consume(other.bootstrap, topic, 4), msgs)
+
+
+def _damage_flip(path) -> None:  # type: ignore[no-untyped-def]
+    with open(path, "r+b") as f:
+        f.write(b"\xff" * 64)  # over SQLite's file header
+
+
+@pytest.mark.parametrize(
+    ("damage", "checked"),
+    [
+        (_damage_flip, True),
+        (lambda path: os.truncate(path, 8192), True),
+        (lambda path: os.truncate(path, 0), True),
+        (os.remove, False),
+    ],
+    ids=["header-flipped", "cut-to-8KiB", "emptied", "removed"],
+)
+def test_a_damaged_topic_store_is_refused_by_serve_and_reported_by_check(
+    broker_factory, damage, checked: bool
+) -> None:
+    """metadata.db (the topics, their ids and configs) damaged while the broker was down.
+    `storage check` passed such a data dir ("no defect", exit 0), and `serve` died with a
+    sqlite3 traceback, or, on an emptied or removed file, started with no topic and set
+    every queue log aside. Now check reports a damaged or emptied store as a defect (exit 1;
+    a missing one may be a ZooKeeper broker's, which keeps none), and serve refuses to start
+    with one line naming the file, the queue logs left as they were."""
+    broker = broker_factory()
+    topic = create_topic(broker.bootstrap)
+    produce(broker.bootstrap, topic, sample_messages(20), acks="all")
+    broker.stop()
+    store = broker.data_dir / "metadata.db"
+    damage(store)
+    queues = sorted(p.name for p in (broker.data_dir / "queues").iterdir())
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    done = subprocess.run(
+        [sys.executable, "-m", "stonemq", "storage", "check", "--data-dir", str(broker.data_dir)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert "Traceback" not in done.stderr, done.stderr
+    if checked:
+        assert done.returncode == 1, done.stdout
+        assert "DEFECT" in done.stdout and "metadata.db" in done.stdout, done.stdout
+    proc = broker.spawn()
+    assert proc.wait(30) == 1
+    log = broker.log(since_start=True)
+    assert "refusing to start" in log and str(store) in log, log
+    assert "Traceback" not in log, log
+    assert sorted(p.name for p in (broker.data_dir / "queues").iterdir()) == queues

@@ -116,3 +116,12 @@ def test_a_bad_partition_list_in_reset_offsets_is_a_usage_error(spec: str) -> No
     )
     assert done.returncode == 2, done
     assert "Traceback" not in done.stderr and "TOPIC:PARTITION" in done.stderr
+
+
+def test_tier_status_on_a_damaged_topic_store_fails_in_one_line(tmp_path: Path) -> None:
+    """A metadata.db that is not a database: a sqlite3 traceback before."""
+    (tmp_path / "queues").mkdir()
+    (tmp_path / "metadata.db").write_bytes(b"\xff" * 8192)
+    done = _stonemq("tier", "status", "--data-dir", str(tmp_path))
+    assert done.returncode == 1, done
+    assert "Traceback" not in done.stderr and "metadata.db cannot be read" in done.stderr
