@@ -292,6 +292,12 @@ def _read(path: str) -> bytes:
         return b""
 
 
+def _read_whole(path: str) -> bytes:
+    """The file's bytes; a missing one raises (``dump`` names it, as for a ``.log``)."""
+    with open(path, "rb") as f:
+        return f.read()
+
+
 # -- dump ---------------------------------------------------------------------------------------
 def dump_file(path: str, records: bool = False) -> Iterator[str]:
     """Lines describing every entry of a journal segment, batch of a queue-log segment, or
@@ -302,13 +308,13 @@ def dump_file(path: str, records: bool = False) -> Iterator[str]:
         yield from _dump_log(path, records)
     elif path.endswith(INDEX_SUFFIX):
         base = int(os.path.basename(path)[: -len(INDEX_SUFFIX)])
-        data = _read(path)
+        data = _read_whole(path)
         for i in range(len(data) // _INDEX_ENTRY.size):
             rel, pos = _INDEX_ENTRY.unpack_from(data, i * _INDEX_ENTRY.size)
             yield f"offset: {base + rel} position: {pos}"
     elif path.endswith(TIME_INDEX_SUFFIX):
         base = int(os.path.basename(path)[: -len(TIME_INDEX_SUFFIX)])
-        data = _read(path)
+        data = _read_whole(path)
         for i in range(len(data) // _TIME_INDEX_ENTRY.size):
             ts, rel = _TIME_INDEX_ENTRY.unpack_from(data, i * _TIME_INDEX_ENTRY.size)
             yield f"timestamp: {ts} offset: {base + rel}"

@@ -125,3 +125,11 @@ def test_tier_status_on_a_damaged_topic_store_fails_in_one_line(tmp_path: Path) 
     done = _stonemq("tier", "status", "--data-dir", str(tmp_path))
     assert done.returncode == 1, done
     assert "Traceback" not in done.stderr and "metadata.db cannot be read" in done.stderr
+
+
+@pytest.mark.parametrize("suffix", [".log", ".index", ".timeindex", ".journal"])
+def test_dumping_a_missing_file_fails_whatever_its_kind(tmp_path: Path, suffix: str) -> None:
+    """A missing .index or .timeindex printed nothing with exit 0, a missing .log exit 2."""
+    done = _stonemq("storage", "dump", str(tmp_path / f"00000000000000000000{suffix}"))
+    assert done.returncode == 2, done
+    assert "No such file or directory" in done.stderr
