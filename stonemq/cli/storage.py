@@ -15,6 +15,7 @@ from stonemq.cli.options import DataDirOpt, JournalDirOpt, QueueDirOpt
 from stonemq.config import load_settings
 from stonemq.metadata.sqlite import METADATA_FILE, store_defect
 from stonemq.protocol.record_batch import set_stored_limit
+from stonemq.server.lock import lock_holder
 from stonemq.storage.check import check_storage, dump_file
 
 storage_app = typer.Typer(
@@ -42,6 +43,14 @@ def check(
         typer.echo(
             f"stonemq storage check: no StoneMQ data: neither {settings.journal_path} nor "
             f"{settings.queue_path} is a directory",
+            err=True,
+        )
+        raise typer.Exit(2)
+    holder = lock_holder(settings.data_dir)
+    if holder is not None:  # its files change under the check: false defects at their tails
+        typer.echo(
+            f"stonemq storage check: data directory {settings.data_dir} is in use by pid "
+            f"{holder} (a running broker); stop it first",
             err=True,
         )
         raise typer.Exit(2)

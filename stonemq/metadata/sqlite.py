@@ -13,8 +13,11 @@ block, as Kafka does).
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
+import shutil
 import sqlite3
+import tempfile
 import threading
 import uuid
 from collections.abc import Callable, Iterator, Mapping
@@ -96,11 +99,13 @@ class MetadataSchemaError(MetadataStoreError):
 
 def holds_store(path: Path) -> bool:
     """Whether ``path`` is a metadata file some start created (a missing or empty file is
-    not: SQLite would take it as a new, empty database)."""
-    try:
-        return path.stat().st_size > 0
-    except FileNotFoundError:
-        return False
+    not, SQLite would take it as a new, empty database, unless its write-ahead log holds
+    what a crash left there)."""
+    for held in (path, path.with_name(path.name + "-wal")):
+        with contextlib.suppress(FileNotFoundError):
+            if held.stat().st_size > 0:
+                return True
+    return False
 
 
 def store_defect(path: Path, queue_logs: int) -> str | None:
@@ -113,23 +118,34 @@ def store_defect(path: Path, queue_logs: int) -> str | None:
         if queue_logs:
             return f"{path} is empty, but {queue_logs} queue logs hold topic data"
         return None
-    try:  # immutable: no -wal or -shm file made (a WAL not yet checkpointed is not read)
-        conn = sqlite3.connect(f"{path.absolute().as_uri()}?mode=ro&immutable=1", uri=True)
-    except sqlite3.Error as exc:
-        return f"{path} cannot be opened: {exc}"
-    try:
-        verdict = conn.execute("PRAGMA quick_check").fetchone()[0]
-        if verdict != "ok":
-            return f"{path} is damaged: {verdict}"
-        has_version = conn.execute(
-            "SELECT 1 FROM sqlite_master WHERE type='table' AND name='schema_version'"
-        ).fetchone()
-        if not has_version:
-            return f"{path} is not a StoneMQ metadata file (no schema version)"
-    except sqlite3.DatabaseError as exc:
-        return f"{path} is damaged: {exc}"
-    finally:
-        conn.close()
+    # read a copy, with its write-ahead log (after a crash the last changes, even the
+    # schema, may be there only): opening the file itself would make -shm and -wal files
+    with tempfile.TemporaryDirectory(prefix="stonemq-check-") as scratch:
+        copy = Path(scratch) / path.name
+        try:
+            shutil.copyfile(path, copy)
+            wal = path.with_name(path.name + "-wal")
+            if wal.exists():
+                shutil.copyfile(wal, copy.with_name(copy.name + "-wal"))
+        except OSError as exc:
+            return f"{path} cannot be read: {exc}"
+        try:
+            conn = sqlite3.connect(copy)
+        except sqlite3.Error as exc:
+            return f"{path} cannot be opened: {exc}"
+        try:
+            verdict = conn.execute("PRAGMA quick_check").fetchone()[0]
+            if verdict != "ok":
+                return f"{path} is damaged: {verdict}"
+            has_version = conn.execute(
+                "SELECT 1 FROM sqlite_master WHERE type='table' AND name='schema_version'"
+            ).fetchone()
+            if not has_version:
+                return f"{path} is not a StoneMQ metadata file (no schema version)"
+        except sqlite3.DatabaseError as exc:
+            return f"{path} is damaged: {exc}"
+        finally:
+            conn.close()
     return None
 
 

@@ -43,3 +43,20 @@ class DirectoryLock:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
             os.close(self._fd)
             self._fd = None
+
+
+def lock_holder(directory: Path) -> str | None:
+    """Who holds ``directory``'s lock (the pid a broker wrote, else "another process"), or
+    None when no process does; the lock is taken and let go at once, the file neither made
+    nor written (offline tools: ``stonemq storage check``)."""
+    try:
+        fd = os.open(directory / ".lock", os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return os.read(fd, 64).decode(errors="replace").strip() or "another process"
+    finally:
+        os.close(fd)
+    return None

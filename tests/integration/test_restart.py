@@ -173,3 +173,21 @@ def test_a_damaged_topic_store_is_refused_by_serve_and_reported_by_check(
     assert "refusing to start" in log and str(store) in log, log
     assert "Traceback" not in log, log
     assert sorted(p.name for p in (broker.data_dir / "queues").iterdir()) == queues
+
+
+def test_storage_check_refuses_a_data_directory_in_use(broker) -> None:
+    """`storage check` of a running broker's data dir read files changing under it: under
+    load it reported false defects (a segment base past the previous end, a partial journal
+    entry) on a sound directory. It now refuses, naming the broker's pid, as serve does."""
+    produce(broker.bootstrap, create_topic(broker.bootstrap), sample_messages(5), acks="all")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    command = [sys.executable, "-m", "stonemq", "storage", "check"]
+    command += ["--data-dir", str(broker.data_dir)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60, env=env)
+    assert done.returncode == 2, done
+    assert f"in use by pid {broker.proc.pid}" in done.stderr, done.stderr
+    assert "passed" not in done.stdout
+    broker.stop()
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60, env=env)
+    assert done.returncode == 0, done
+    assert (broker.data_dir / ".lock").read_text().strip() == str(broker.proc.pid)
