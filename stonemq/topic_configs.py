@@ -663,6 +663,7 @@ DYNAMIC_BROKER_CONFIGS: frozenset[str] = frozenset(
         "unclean.leader.election.enable",
         "log.local.retention.ms",
         "log.local.retention.bytes",
+        "producer.id.expiration.ms",  # Kafka's DynamicProducerStateManagerConfig (KIP-854)
     }
 )
 """Dynamic broker configs with a setting of their own; every other topic config's broker-level

@@ -265,6 +265,8 @@ class StorageTopics(Protocol):
 
     async def remove_topic(self, topic: str) -> None: ...
 
+    def set_producer_expiration_ms(self, ms: int) -> None: ...
+
 
 @dataclass(frozen=True, slots=True)
 class ProduceConfig:
@@ -335,6 +337,7 @@ class TopicManager:
         )
         self._configs: dict[str, TopicConfig] = {}
         self._produce: dict[str, ProduceConfig] = {}
+        self._apply_broker_settings()
         # called once dynamic broker configs in force here changed (the controller's
         # unclean.leader.election.enable)
         self.on_broker_configs: Callable[[], None] | None = None
@@ -1111,8 +1114,15 @@ class TopicManager:
             after = self.effective_config(name)
             if after.log_config != before.log_config:
                 self.storage.update_config(name, after.log_config)
+        self._apply_broker_settings()
         if self.on_broker_configs is not None:
             self.on_broker_configs()
+
+    def _apply_broker_settings(self) -> None:
+        """Hand the storage the dynamic broker configs it reads itself (Kafka's
+        DynamicProducerStateManagerConfig: ``producer.id.expiration.ms``)."""
+        expiration = self.broker_setting("producer.id.expiration.ms")
+        self.storage.set_producer_expiration_ms(int(expiration))  # type: ignore[call-overload]
 
     async def allocate_producer_id(self) -> int:
         """A fresh producer id from the store, in the store's thread (reserving a new block

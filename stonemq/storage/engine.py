@@ -1834,6 +1834,11 @@ class StorageEngine:
                 advanced += 1
         return advanced
 
+    def set_producer_expiration_ms(self, ms: int) -> None:
+        """``producer.id.expiration.ms`` changed (a dynamic broker config): the next expiry
+        check uses it."""
+        self._producer_expiration_ms = ms
+
     def expire_producers(self, now_ms: int | None = None) -> int:
         """Forget idempotent producers idle for ``producer.id.expiration.ms``."""
         now = int(time.time() * 1000) if now_ms is None else now_ms

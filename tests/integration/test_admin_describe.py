@@ -9,7 +9,13 @@ import time
 
 import pytest
 from confluent_kafka import Consumer, TopicCollection
-from confluent_kafka.admin import AclOperation
+from confluent_kafka.admin import (
+    AclOperation,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    ResourceType,
+)
 from kafka import TopicPartition
 from kafka.admin import KafkaAdminClient
 from kio.schema.errors import ErrorCode
@@ -88,6 +94,36 @@ def test_describe_producers_reports_idempotent_producers(module_broker, kp_admin
         assert p.current_transaction_start_offset == -1
     # a non-idempotent producer leaves no producer state
     assert answer[TopicPartition(topic, 1)].active_producers == []
+
+
+def test_producer_id_expiration_is_a_dynamic_broker_config(broker_factory):
+    """``producer.id.expiration.ms`` is dynamic in Kafka (KIP-854): IncrementalAlterConfigs
+    answered INVALID_REQUEST ("Cannot update these configs dynamically") and DescribeConfigs
+    said read-only. Set to 3 s on the running broker, an idle idempotent producer's state
+    goes at a check after that (every 0.5 s here), where the default keeps it for a day."""
+    broker = broker_factory(**{"producer.id.expiration.check.interval.ms": 500})
+    client = admin(broker.bootstrap)  # referenced until its futures resolve
+    change = ConfigEntry(
+        "producer.id.expiration.ms", "3000", incremental_operation=AlterConfigOpType.SET
+    )
+    resource = ConfigResource(ResourceType.BROKER, "1", incremental_configs=[change])
+    for future in client.incremental_alter_configs([resource]).values():
+        future.result(15)
+    (described,) = client.describe_configs([ConfigResource(ResourceType.BROKER, "1")]).values()
+    entry = described.result(15)["producer.id.expiration.ms"]
+    assert (entry.value, entry.is_read_only) == ("3000", False)
+    topic = create_topic(broker.bootstrap)
+    produce(broker.bootstrap, topic, [Msg(None, b"x")], **{"enable.idempotence": True})
+    where = TopicPartition(topic, 0)
+    kp = KafkaAdminClient(bootstrap_servers=broker.bootstrap, request_timeout_ms=15000)
+    try:
+        assert len(kp.describe_producers([where])[where].active_producers) == 1
+        deadline = time.monotonic() + 15
+        while kp.describe_producers([where])[where].active_producers:
+            assert time.monotonic() < deadline, "the idle producer was kept"
+            time.sleep(0.5)
+    finally:
+        kp.close()
 
 
 def test_describe_producers_errors(module_broker):

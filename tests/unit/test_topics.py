@@ -66,6 +66,9 @@ class RecordingStorage:
     def update_config(self, topic: str, config: LogConfig) -> None:
         self.configs[topic] = config
 
+    def set_producer_expiration_ms(self, ms: int) -> None:
+        self.producer_expiration_ms = ms
+
     async def remove_topic(self, topic: str) -> None:
         self.removed.append(topic)
         self.partitions = {k: v for k, v in self.partitions.items() if k[0] != topic}
