@@ -24,12 +24,15 @@ batch below ``offset``) are written when a segment rolls and at a clean stop; re
 the newest one at or below the log end, deletes any beyond it, and replays the batch headers
 after it, so a start never scans a whole partition.
 
-Snapshot format, version 1 (big-endian)::
+Snapshot format, version 2 (big-endian)::
 
     0  version   u16     2  crc u32 (CRC-32C of the rest)     6  count i32
     then per producer: id i64, epoch i16, last timestamp i64, batch count u8,
     and per batch (oldest first): first sequence i32, last sequence i32, base offset i64,
-    last offset i64
+    last offset i64, max timestamp i64 (what a duplicate of it is answered with)
+
+Version 1, still read, had no per-batch timestamp: its batches but the last answer a
+duplicate with -1.
 """
 
 from __future__ import annotations
@@ -52,12 +55,13 @@ from stonemq.storage.errors import (
 BATCHES_KEPT = 5
 SEQUENCE_MODULUS = 1 << 31
 SNAPSHOT_SUFFIX = ".snapshot"
-SNAPSHOT_VERSION = 1
+SNAPSHOT_VERSION = 2
 SNAPSHOTS_KEPT = 2  # the newest ones; older snapshot files are deleted when one is written
 
 _HEAD = struct.Struct(">HIi")
 _PRODUCER = struct.Struct(">qhqB")
-_BATCH = struct.Struct(">iiqq")
+_BATCH = struct.Struct(">iiqqq")
+_BATCH_V1 = struct.Struct(">iiqq")
 
 
 class BatchSeq:
@@ -88,7 +92,7 @@ class BatchSeq:
         self.written = written  # the journal write of a pending batch
         # the batch's max timestamp as stored (a LogAppendTime topic's: its append time),
         # what a duplicate is answered with, as Kafka's BatchMetadata; -1 when unknown (a
-        # batch loaded from a snapshot, which keeps only the producer's last timestamp)
+        # batch loaded from a version 1 snapshot, which kept only the last timestamp)
         self.timestamp = timestamp
 
 
@@ -276,7 +280,9 @@ class ProducerState:
         for pid, entry in self.producers.items():
             body += _PRODUCER.pack(pid, entry.epoch, entry.last_timestamp, len(entry.batches))
             for b in entry.batches:
-                body += _BATCH.pack(b.first_sequence, b.last_sequence, b.base_offset, b.last_offset)
+                body += _BATCH.pack(
+                    b.first_sequence, b.last_sequence, b.base_offset, b.last_offset, b.timestamp
+                )
         return struct.pack(">HI", SNAPSHOT_VERSION, crc32c(body)) + bytes(body)
 
     @classmethod
@@ -285,8 +291,9 @@ class ProducerState:
         if len(data) < _HEAD.size:
             raise ValueError("snapshot truncated")
         version, crc, count = _HEAD.unpack_from(data, 0)
-        if version != SNAPSHOT_VERSION:
+        if version not in (1, SNAPSHOT_VERSION):
             raise ValueError(f"snapshot version {version}")
+        batch_format = _BATCH if version == SNAPSHOT_VERSION else _BATCH_V1
         if crc32c(memoryview(data)[6:]) != crc:
             raise ValueError("snapshot CRC mismatch")
         state = cls()
@@ -297,9 +304,11 @@ class ProducerState:
                 pos += _PRODUCER.size
                 entry = ProducerEntry(epoch, last_ts)
                 for _ in range(n):
-                    entry.batches.append(BatchSeq(*_BATCH.unpack_from(data, pos)))
-                    pos += _BATCH.size
-                if entry.batches:  # the file keeps the last batch's timestamp only
+                    first, last, base, end, *stamp = batch_format.unpack_from(data, pos)
+                    batch = BatchSeq(first, last, base, end, None, stamp[0] if stamp else -1)
+                    entry.batches.append(batch)
+                    pos += batch_format.size
+                if entry.batches and version == 1:  # it kept the last batch's timestamp only
                     entry.batches[-1].timestamp = last_ts
                 state.producers[pid] = entry
         except struct.error as exc:

@@ -5,6 +5,7 @@ engine rebuilds after a clean stop and after a crash."""
 from __future__ import annotations
 
 import asyncio
+import struct
 import time
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from conftest import abandon, add_topic, build_batch, new_engine, wait_split
 from hypothesis import given
 from hypothesis import strategies as st
 
+from stonemq.protocol.checksum import crc32c
 from stonemq.protocol.record_batch import parse_header
 from stonemq.storage import fileio
 from stonemq.storage.engine import StorageEngine
@@ -150,13 +152,30 @@ def test_a_snapshot_round_trips_any_state(
     for pid, entry in state.producers.items():
         other = decoded.producers[pid]
         assert (other.epoch, other.last_timestamp) == (entry.epoch, entry.last_timestamp)
+        # every batch keeps its timestamp, what a duplicate of it is answered with: version 1
+        # kept the last one's only, and a retry of an older batch after a clean restart was
+        # answered -1 (LogAppendTime topics: the client reported its CreateTime instead)
         assert [
-            (b.first_sequence, b.last_sequence, b.base_offset, b.last_offset) for b in other.batches
+            (b.first_sequence, b.last_sequence, b.base_offset, b.last_offset, b.timestamp)
+            for b in other.batches
         ] == [
-            (b.first_sequence, b.last_sequence, b.base_offset, b.last_offset) for b in entry.batches
+            (b.first_sequence, b.last_sequence, b.base_offset, b.last_offset, b.timestamp)
+            for b in entry.batches
         ]
-        if other.batches:  # the file keeps the last batch's timestamp (a duplicate's answer)
-            assert other.batches[-1].timestamp == entry.batches[-1].timestamp
+
+
+def test_a_version_1_snapshot_is_still_read() -> None:
+    """Version 1 (no per-batch timestamp): the last batch answers with the producer's last
+    timestamp, the others with -1."""
+    body = struct.pack(">i", 1) + struct.pack(">qhqB", 7, 2, 5000, 2)
+    body += struct.pack(">iiqq", 0, 4, 10, 14) + struct.pack(">iiqq", 5, 9, 20, 24)
+    data = struct.pack(">HI", 1, crc32c(body)) + body
+    (entry,) = ProducerState.decode(data).producers.values()
+    assert entry.epoch == 2 and entry.last_timestamp == 5000
+    assert [(b.base_offset, b.last_sequence, b.timestamp) for b in entry.batches] == [
+        (10, 4, -1),
+        (20, 9, 5000),
+    ]
 
 
 @given(st.integers(0, 10_000), st.integers(1, 255), st.binary(min_size=1, max_size=20))
