@@ -32,7 +32,21 @@ from stonemq.coordinator.group_log import OFFSETS_TOPIC
 DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
 TIMEOUT_S = 15.0
 
-BootstrapOption = Annotated[str, typer.Option("--bootstrap-server", help="HOST:PORT of a broker")]
+
+def _bootstrap_servers(value: str) -> str:
+    """``--bootstrap-server`` as Kafka's tools check it (ClientUtils.parseAndValidateAddresses):
+    HOST:PORT[,...] with a port of 0-65535; librdkafka took 99999 modulo 65536."""
+    for entry in value.split(","):
+        host, colon, port = entry.strip().rpartition(":")
+        if not colon or not host or not port.isdigit() or int(port) > 65535:
+            raise typer.BadParameter(f"Invalid url in bootstrap.servers: {entry.strip()}")
+    return value
+
+
+BootstrapOption = Annotated[
+    str,
+    typer.Option("--bootstrap-server", help="HOST:PORT of a broker", callback=_bootstrap_servers),
+]
 JsonOption = Annotated[bool, typer.Option("--json", help="print JSON for scripts")]
 
 topics_app = typer.Typer(

@@ -133,3 +133,11 @@ def test_dumping_a_missing_file_fails_whatever_its_kind(tmp_path: Path, suffix: 
     done = _stonemq("storage", "dump", str(tmp_path / f"00000000000000000000{suffix}"))
     assert done.returncode == 2, done
     assert "No such file or directory" in done.stderr
+
+
+@pytest.mark.parametrize("address", ["127.0.0.1:99999", "127.0.0.1", "host:port", ":9092"])
+def test_a_bootstrap_server_without_a_valid_port_is_a_usage_error(address: str) -> None:
+    """librdkafka took port 99999 modulo 65536 (34463) and the error named that port."""
+    done = _stonemq("topics", "list", "--bootstrap-server", address)
+    assert done.returncode == 2, done
+    assert "Invalid url in bootstrap.servers" in done.stderr
