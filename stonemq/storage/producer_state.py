@@ -40,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import logging
 import os
 import struct
 from collections.abc import Iterator
@@ -51,6 +52,8 @@ from stonemq.storage.errors import (
     InvalidProducerEpochError,
     OutOfOrderSequenceError,
 )
+
+log = logging.getLogger("stonemq.storage.producer_state")
 
 BATCHES_KEPT = 5
 SEQUENCE_MODULUS = 1 << 31
@@ -375,8 +378,13 @@ def load_snapshot(directory: str, log_end: int, log_start: int = 0) -> tuple[Pro
             try:
                 with open(path, "rb") as f:
                     state = ProducerState.decode(f.read())
-            except (OSError, ValueError):
-                pass
+            except (OSError, ValueError) as exc:  # as Kafka, which deletes it and rebuilds
+                log.warning(
+                    "producer snapshot %s cannot be read (%s): deleted, the producers' state "
+                    "is rebuilt from the batches after an older one",
+                    path,
+                    exc,
+                )
             else:
                 state.snapshot_offset = offset
                 return state, offset

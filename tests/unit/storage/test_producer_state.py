@@ -5,6 +5,7 @@ engine rebuilds after a clean stop and after a crash."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import struct
 import time
 from pathlib import Path
@@ -189,6 +190,22 @@ def test_a_damaged_snapshot_is_refused(at: int, flip: int, extra: bytes) -> None
     for damaged in (bytes(flipped), good[: at % len(good)], good + extra):
         with pytest.raises(ValueError):
             ProducerState.decode(damaged)
+
+
+def test_an_unreadable_snapshot_is_deleted_with_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A snapshot of garbage was dropped without a word; the older readable one is used."""
+    state = ProducerState()
+    applied(state, 1, 0, 0, 1, 10)
+    write_snapshot(str(tmp_path), 10, state.encode())
+    write_snapshot(str(tmp_path), 20, b"garbage" * 10)
+    with caplog.at_level(logging.WARNING, logger="stonemq.storage.producer_state"):
+        loaded, offset = load_snapshot(str(tmp_path), 30)
+    assert offset == 10 and set(loaded.producers) == {1}
+    assert list_snapshots(str(tmp_path)) == [10]
+    (record,) = caplog.records
+    assert "00000000000000000020.snapshot cannot be read" in record.getMessage()
 
 
 def test_load_takes_the_newest_snapshot_within_the_log_and_deletes_the_rest(
