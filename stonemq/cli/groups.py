@@ -10,6 +10,8 @@ to the member that owns it; ``reset-offsets`` prints the plan and changes nothin
 from __future__ import annotations
 
 import datetime
+import re
+import time
 from typing import Annotated, Any
 
 import typer
@@ -187,27 +189,80 @@ def describe(
     )
 
 
+_DURATION = re.compile(
+    r"([-+]?)P(?:([-+]?\d+)D)?"
+    r"(?:T(?:([-+]?\d+)H)?(?:([-+]?\d+)M)?(?:([-+]?\d+)(?:[.,](\d{0,9}))?S)?)?",
+    re.IGNORECASE,
+)
+
+
+def parse_duration_ms(text: str) -> int:
+    """Milliseconds of an ISO-8601 duration as Java's ``Duration.parse`` reads it (what
+    kafka-consumer-groups.sh --by-duration takes): ``PnDTnHnMn.nS``, e.g. ``PT1H30M``,
+    ``P1D``, ``-PT10S``. Raises ValueError for anything else."""
+    match = _DURATION.fullmatch(text.strip())
+    if match is None or text.strip().upper().endswith("T") or not any(match.groups()[1:]):
+        raise ValueError(f"not an ISO-8601 duration (PnDTnHnMn.nS): {text!r}")
+    sign, days, hours, minutes, seconds, fraction = match.groups()
+    ms = (
+        int(days or 0) * 86_400_000
+        + int(hours or 0) * 3_600_000
+        + int(minutes or 0) * 60_000
+        + int(seconds or 0) * 1000
+    )
+    if fraction:
+        part = int(fraction.ljust(3, "0")[:3])
+        ms += -part if (seconds or "").startswith("-") else part
+    return -ms if sign == "-" else ms
+
+
 def _target_spec(
-    to_earliest: bool, to_latest: bool, to_datetime: str | None, to_offset: int | None
-) -> tuple[str, OffsetSpec | int]:
+    to_earliest: bool,
+    to_latest: bool,
+    to_current: bool,
+    to_datetime: str | None,
+    by_duration: str | None,
+    to_offset: int | None,
+    shift_by: int | None,
+) -> tuple[str, OffsetSpec | int | None]:
+    """The reset scenario: (kind, spec), spec an OffsetSpec to ask the log, an offset or a
+    shift, or None (``current``)."""
     chosen = [
         name
         for name, given in (
             ("earliest", to_earliest),
             ("latest", to_latest),
+            ("current", to_current),
             ("datetime", to_datetime is not None),
+            ("duration", by_duration is not None),
             ("offset", to_offset is not None),
+            ("shift", shift_by is not None),
         )
         if given
     ]
     if len(chosen) != 1:
-        fail("give exactly one of --to-earliest, --to-latest, --to-datetime, --to-offset", 2)
+        fail(
+            "give exactly one of --to-earliest, --to-latest, --to-current, --to-datetime, "
+            "--by-duration, --to-offset, --shift-by",
+            2,
+        )
     if to_earliest:
         return "earliest", OffsetSpec.earliest()
     if to_latest:
         return "latest", OffsetSpec.latest()
+    if to_current:
+        return "current", None
     if to_offset is not None:
         return "offset", to_offset
+    if shift_by is not None:
+        return "shift", shift_by
+    if by_duration is not None:
+        try:
+            back_ms = parse_duration_ms(by_duration)
+        except ValueError as exc:
+            fail(f"--by-duration: {exc}", 2)
+        now_ms = int(time.time() * 1000)
+        return "datetime", OffsetSpec.for_timestamp(now_ms - back_ms)
     try:
         when = datetime.datetime.fromisoformat(to_datetime or "")
     except ValueError:
@@ -217,44 +272,82 @@ def _target_spec(
     return "datetime", OffsetSpec.for_timestamp(int(when.timestamp() * 1000))
 
 
+def _scope(
+    client: AdminClient, group: str, topics: list[str] | None, all_topics: bool
+) -> list[tuple[str, int]]:
+    """The partitions to reset: every partition the group committed (``--all-topics``), or
+    those of each ``--topic TOPIC[:P,P,...]`` (all of the topic's without a list)."""
+    if all_topics == bool(topics):
+        fail("give one reset scope: --all-topics, or --topic (repeatable)", 2)
+    if all_topics:
+        return sorted(_committed(client, group))
+    wanted: list[tuple[str, list[int] | None]] = []
+    for spec in topics or []:
+        name, _, listed = spec.partition(":")
+        try:  # TOPIC:P,P,... as kafka-consumer-groups.sh --topic takes it
+            wanted.append((name, [int(p) for p in listed.split(",")] if listed else None))
+        except ValueError:
+            fail(f"--topic {spec}: expected TOPIC or TOPIC:PARTITION,PARTITION,...", 2)
+    tps: list[tuple[str, int]] = []
+    for name, partitions in wanted:
+        tmd = topic_metadata(client, name)[name]
+        tps += [(name, p) for p in (partitions if partitions is not None else tmd.partitions)]
+    return sorted(set(tps))
+
+
 @groups_app.command("reset-offsets")
 def reset_offsets(
     group: Annotated[str, typer.Argument(help="group id")],
-    topic: Annotated[str, typer.Option(help="TOPIC or TOPIC:P1,P2 (partitions to reset)")],
+    topic: Annotated[
+        list[str] | None,
+        typer.Option(help="TOPIC or TOPIC:P1,P2 (partitions to reset; repeatable)"),
+    ] = None,
+    all_topics: Annotated[
+        bool, typer.Option("--all-topics", help="every partition the group committed")
+    ] = False,
     to_earliest: Annotated[bool, typer.Option("--to-earliest")] = False,
     to_latest: Annotated[bool, typer.Option("--to-latest")] = False,
+    to_current: Annotated[
+        bool, typer.Option("--to-current", help="the committed offset (else the log end)")
+    ] = False,
     to_datetime: Annotated[
         str | None, typer.Option("--to-datetime", help="ISO-8601, e.g. 2024-05-01T12:00:00")
     ] = None,
+    by_duration: Annotated[
+        str | None, typer.Option("--by-duration", help="back from now, e.g. PT1H30M, P1D")
+    ] = None,
     to_offset: Annotated[int | None, typer.Option("--to-offset")] = None,
+    shift_by: Annotated[
+        int | None, typer.Option("--shift-by", help="from the committed offset, +/-N")
+    ] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="print the plan (default)")] = False,
     execute: Annotated[bool, typer.Option("--execute", help="apply (default: dry run)")] = False,
     bootstrap_server: BootstrapOption = DEFAULT_BOOTSTRAP,
     as_json: JsonOption = False,
 ) -> None:
-    """Move an inactive group's committed offsets; prints the plan, applies it with --execute."""
-    kind, spec = _target_spec(to_earliest, to_latest, to_datetime, to_offset)
-    name, _, wanted = topic.partition(":")
-    try:  # TOPIC:P,P,... as kafka-consumer-groups.sh --topic takes it
-        listed = [int(p) for p in wanted.split(",")] if wanted else None
-    except ValueError:
-        fail(f"--topic {topic}: expected TOPIC or TOPIC:PARTITION,PARTITION,...", 2)
+    """Move an inactive group's committed offsets; prints the plan, applies it with --execute.
+    Kafka's scenarios (one of --to-earliest, --to-latest, --to-current, --to-datetime,
+    --by-duration, --to-offset, --shift-by) and scopes (--all-topics, or --topic)."""
+    if dry_run and execute:
+        fail("--dry-run and --execute exclude each other", 2)
+    kind, spec = _target_spec(
+        to_earliest, to_latest, to_current, to_datetime, by_duration, to_offset, shift_by
+    )
     client = admin_client(bootstrap_server)
-    tmd = topic_metadata(client, name)[name]
-    partitions = listed if listed is not None else sorted(tmd.partitions)
-    tps = [(name, p) for p in partitions]
+    tps = _scope(client, group, topic, all_topics)
     state = _state_name(_describe(client, group).state)
     if state not in INACTIVE_STATES:
         fail(
             f"group {group} is {state}: offsets can be reset only when the group is inactive "
             "(stop its consumers first)"
         )
-    targets = _targets(client, tps, kind, spec)
     committed = _committed(client, group)
+    targets = _targets(client, tps, kind, spec, committed)
     plan = [
         {"topic": t, "partition": p, "current_offset": committed.get((t, p)), "new_offset": o}
         for (t, p), o in sorted(targets.items())
     ]
-    if execute:
+    if execute and targets:
         request = [
             ConsumerGroupTopicPartitions(
                 group, [TopicPartition(t, p, o) for (t, p), o in targets.items()]
@@ -275,17 +368,36 @@ def reset_offsets(
 
 
 def _targets(
-    client: AdminClient, tps: list[tuple[str, int]], kind: str, spec: OffsetSpec | int
+    client: AdminClient,
+    tps: list[tuple[str, int]],
+    kind: str,
+    spec: OffsetSpec | int | None,
+    committed: dict[tuple[str, int], int],
 ) -> dict[tuple[str, int], int]:
+    """The new offset of each partition, as kafka-consumer-groups.sh computes it: an offset
+    or a shift is kept within the log (checkOffsetsRange); a time with no record at or after
+    it is the log end; --to-current takes the log end where nothing is committed."""
     if isinstance(spec, OffsetSpec):
         targets = _offsets(client, tps, spec)
         if kind == "datetime":  # no record at or after the time: the log end, like Kafka
             latest = _offsets(client, tps, OffsetSpec.latest())
             targets = {tp: o if o >= 0 else latest[tp] for tp, o in targets.items()}
         return targets
+    if kind == "current":
+        latest = _offsets(client, [tp for tp in tps if tp not in committed], OffsetSpec.latest())
+        return {tp: committed[tp] if tp in committed else latest[tp] for tp in tps}
+    assert isinstance(spec, int)
+    if kind == "shift":
+        missing = [tp for tp in tps if tp not in committed]
+        if missing:
+            t, p = missing[0]
+            fail(f"Cannot shift offset for partition {t}-{p}: the group committed none there")
+        wanted = {tp: committed[tp] + spec for tp in tps}
+    else:
+        wanted = dict.fromkeys(tps, spec)
     earliest = _offsets(client, tps, OffsetSpec.earliest())
     latest = _offsets(client, tps, OffsetSpec.latest())
-    return {tp: min(max(spec, earliest[tp]), latest[tp]) for tp in tps}
+    return {tp: min(max(o, earliest[tp]), latest[tp]) for tp, o in wanted.items()}
 
 
 @groups_app.command()

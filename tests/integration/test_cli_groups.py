@@ -9,9 +9,9 @@ import sys
 import time
 
 import pytest
-from confluent_kafka import Producer
+from confluent_kafka import ConsumerGroupTopicPartitions, Producer
 
-from .helpers import create_topic, unique_topic, wait_high_watermark
+from .helpers import admin, create_topic, unique_topic, wait_high_watermark
 from .test_groups import Tracked, committed, group_id, poll_until
 
 pytestmark = [
@@ -109,6 +109,58 @@ def test_describe_shows_lag_while_behind_then_reset_offsets(module_broker) -> No
         member.consumer.close()
     stonemq(module_broker, "groups", "delete", group)
     assert group not in {g["group"] for g in as_json(module_broker, "groups", "list")}
+
+
+def test_reset_offsets_takes_kafkas_scenarios_and_scopes(module_broker) -> None:
+    """kafka-consumer-groups.sh's --shift-by, --to-current, --by-duration, --all-topics, a
+    repeated --topic and --dry-run, which a Kafka user types (they were "No such option"):
+    a shift or an offset stays within the log, --to-current takes the log end where the
+    group committed nothing, a shift where it committed nothing is refused."""
+    b = module_broker.bootstrap
+    a, other, group = create_topic(b, unique_topic("ra"), 2), create_topic(b), group_id()
+    for partition in (0, 1):
+        produce(b, a, 20, partition=partition)
+        wait_high_watermark(b, a, 20, partition)
+    produce(b, other, 10)
+    wait_high_watermark(b, other, 10)
+
+    def reset(*args: str) -> dict[tuple[str, int], int]:
+        doc = as_json(module_broker, "groups", "reset-offsets", group, *args)
+        return {(r["topic"], r["partition"]): r["new_offset"] for r in doc["offsets"]}
+
+    def offsets() -> dict[tuple[str, int], int]:
+        client = admin(b)  # referenced until its future resolves
+        future = client.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group)])
+        answer = future[group].result(timeout=20)
+        return {(tp.topic, tp.partition): tp.offset for tp in answer.topic_partitions}
+
+    assert reset("--topic", a, "--to-offset", "5", "--execute") == {(a, 0): 5, (a, 1): 5}
+    assert reset("--all-topics", "--shift-by", "3", "--dry-run") == {(a, 0): 8, (a, 1): 8}
+    assert offsets() == {(a, 0): 5, (a, 1): 5}  # a dry run changes nothing
+    reset("--all-topics", "--shift-by", "3", "--execute")
+    reset("--topic", f"{a}:0", "--shift-by", "-100", "--execute")  # kept within the log
+    assert offsets() == {(a, 0): 0, (a, 1): 8}
+    planned = reset("--topic", a, "--topic", other, "--to-current", "--execute")
+    assert planned == {(a, 0): 0, (a, 1): 8, (other, 0): 10}
+    assert reset("--topic", other, "--shift-by", "5", "--execute") == {(other, 0): 10}
+    assert reset("--topic", f"{a}:1", "--by-duration", "PT1H", "--execute") == {(a, 1): 0}
+    assert reset("--topic", f"{a}:0", "--by-duration", "-PT1H", "--execute") == {(a, 0): 20}
+    assert offsets() == {(a, 0): 20, (a, 1): 0, (other, 0): 10}
+
+    def refused(*args: str) -> subprocess.CompletedProcess[str]:
+        return stonemq(module_broker, "groups", "reset-offsets", *args, check=False)
+
+    for args in (
+        (group, "--topic", a, "--to-earliest", "--dry-run", "--execute"),
+        (group, "--to-earliest"),
+        (group, "--all-topics", "--topic", a, "--to-earliest"),
+        (group, "--topic", a, "--by-duration", "1h"),
+        (group, "--topic", a, "--to-latest", "--shift-by", "1"),
+    ):
+        done = refused(*args)
+        assert done.returncode == 2 and "Traceback" not in done.stderr, (args, done.stderr)
+    done = refused(group_id(), "--topic", a, "--shift-by", "1")
+    assert done.returncode == 1 and "Cannot shift offset" in done.stderr, done.stderr
 
 
 def test_topics_commands(module_broker) -> None:
