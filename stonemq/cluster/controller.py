@@ -93,15 +93,18 @@ from stonemq.cluster.journal_state import (
     elect_preferred,
     imbalanced,
     initial_state,
+    move_from_full,
     place_replicas,
 )
 from stonemq.cluster.liveness import Reachability, Registration
 from stonemq.cluster.membership import (
     BROKER_IDS_PATH,
     CLOSE_TIMEOUT_S,
+    FULL_REPLICAS_PATH,
     OFFLINE_REPLICAS_PATH,
     SHUTTING_DOWN_PATH,
     read_brokers,
+    read_full_replicas,
     read_offline_replicas,
 )
 
@@ -246,6 +249,7 @@ class Controller:
         self.client.retry(self.client.ensure_path, BROKER_IDS_PATH)
         self.client.retry(self.client.ensure_path, SHUTTING_DOWN_PATH)
         self.client.retry(self.client.ensure_path, OFFLINE_REPLICAS_PATH)
+        self.client.retry(self.client.ensure_path, FULL_REPLICAS_PATH)
         with contextlib.suppress(NodeExistsError):
             self.client.retry(self.client.create, CONTROLLER_EPOCH_PATH, b"0")
         self._thread.start()
@@ -255,6 +259,7 @@ class Controller:
         self.client.ChildrenWatch(BROKER_IDS_PATH, self._on_brokers)
         self.client.ChildrenWatch(SHUTTING_DOWN_PATH, self._on_brokers)
         self.client.ChildrenWatch(OFFLINE_REPLICAS_PATH, self._on_brokers)
+        self.client.ChildrenWatch(FULL_REPLICAS_PATH, self._on_brokers)
 
     def _on_session(self, state: KazooState) -> None:
         if state == KazooState.LOST:
@@ -497,11 +502,12 @@ class Controller:
                 return
             live = self._live_brokers()
             offline = read_offline_replicas(self.client)
+            full = read_full_replicas(self.client)
             shutting = self._shutting_down()
             changes: list[tuple[JournalPartition, PartitionState]] = []
             for j in sorted(todo):
                 p = partitions[j]
-                down = offline.get(j, set())
+                down = offline.get(j, set()) | full.get(j, set())  # no leadership back yet
                 serving = [b for b in live if b not in down and b not in shutting]
                 outcome, new = elect_preferred(p.assignment, p.state, serving, self.epoch)
                 if new is None:
@@ -608,21 +614,33 @@ class Controller:
                 )
         shutting = self._shutting_down() & set(live)
         offline = read_offline_replicas(self.client)
+        full = read_full_replicas(self.client)
         unclean = self._unclean()
         changes: list[tuple[JournalPartition, PartitionState]] = []
         for p in partitions.values():
             down = offline.get(p.id, set())  # brokers whose copy of it failed
+            short = full.get(p.id, set())  # brokers whose copy of it is out of space
             up = {b: r for b, r in live.items() if b not in down} if down else live
             serving = {b: r for b, r in up.items() if b not in shutting}
             new = elect(p.assignment, p.state, up, self.epoch, unclean)
+            if new is not None and new.leader in short:  # one with room rather, if any
+                roomy = {b: r for b, r in up.items() if b not in short}
+                better = elect(p.assignment, p.state, roomy, self.epoch, unclean)
+                if better is not None and better.leader != NO_LEADER:
+                    new = better
             if new is None and p.state.leader in shutting:  # a controlled shutdown: another
                 new = elect(p.assignment, p.state, serving, self.epoch)  # ISR member leads
                 if new is not None and new.leader == NO_LEADER:
                     new = None  # none: it stays with the stopping broker until it is gone
-            if new is None:
-                # a follower gone from the cluster, or stopping (Kafka's controlled shutdown),
-                # leaves the ISR now: acks=all does not wait replica.lag.time.max.ms for it
-                new = drop_from_isr(p.state, serving, self.epoch)
+            if new is None and short:  # a leader out of space: an ISR member with room leads
+                new = move_from_full(p.assignment, p.state, serving, short, self.epoch)
+            if new is None or (short and new.leader != NO_LEADER):
+                # a follower gone from the cluster, stopping (Kafka's controlled shutdown) or
+                # out of space leaves the ISR now: acks=all does not wait
+                # replica.lag.time.max.ms for it
+                base = new or p.state
+                keep = {b for b in serving if b not in short or b == base.leader}
+                new = drop_from_isr(base, keep, self.epoch) or new
             if new is not None:
                 changes.append((p, new))
         # leaderless partitions first: each write waits for ZooKeeper's disk, and producers

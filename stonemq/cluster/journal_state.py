@@ -187,6 +187,33 @@ def drop_from_isr(
     return replace(state, isr=isr, controller_epoch=controller_epoch)
 
 
+def move_from_full(
+    assignment: Assignment,
+    state: PartitionState,
+    serving: Iterable[int],
+    full: Iterable[int],
+    controller_epoch: int,
+) -> PartitionState | None:
+    """The state with the leadership moved off a leader whose copy is out of space: to the
+    first assigned ISR member that serves and has room, in the next leader epoch, the ISR
+    unchanged (as a preferred election moves it: every acknowledged record is on the new
+    leader); None when the leader has room, or no ISR member has (the leader keeps it and
+    its appends resume once space returns: moving between full copies helps no one)."""
+    out_of_space = set(full)
+    if state.leader == NO_LEADER or state.leader not in out_of_space:
+        return None
+    able = set(serving) - out_of_space
+    for replica in assignment.replicas:
+        if replica in able and replica in state.isr:
+            return replace(
+                state,
+                leader=replica,
+                leader_epoch=state.leader_epoch + 1,
+                controller_epoch=controller_epoch,
+            )
+    return None
+
+
 PREFERRED_ELECTED = "elected"
 PREFERRED_NOT_NEEDED = "not_needed"
 PREFERRED_NOT_AVAILABLE = "not_available"

@@ -12,6 +12,7 @@ session is up the broker registers again, as Kafka's brokers do.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import threading
@@ -39,13 +40,21 @@ SHUTTING_DOWN_PATH = "/brokers/shutting_down"
 # recovers the copy). The controller elects another ISR member for one it leads and takes it
 # out of the ISR, as Kafka's controller does for the replicas of a failed log directory.
 OFFLINE_REPLICAS_PATH = "/brokers/offline_journal_replicas"
+# journal partitions whose copy on a broker is out of space (journal or queue logs full:
+# storage/health.py), ``<journal>-<broker>`` ephemeral nodes the broker removes once a write
+# succeeds again: the controller moves the leadership of one it leads to an ISR member that
+# has room and takes it out of the ISR of those it follows, as Kafka's controller treats a
+# log directory that failed on ENOSPC, without the restart Kafka needs to bring it back
+FULL_REPLICAS_PATH = "/brokers/full_journal_replicas"
 
 
-def report_offline_journals(client: KazooClient, broker_id: int, journals: list[int]) -> None:
+def report_offline_journals(
+    client: KazooClient, broker_id: int, journals: list[int], under: str = OFFLINE_REPLICAS_PATH
+) -> None:
     """Create the offline nodes of ``journals`` for this broker's session (blocking: a
     thread). A node left by an earlier session of this broker id is replaced."""
     for journal in journals:
-        path = f"{OFFLINE_REPLICAS_PATH}/{journal}-{broker_id}"
+        path = f"{under}/{journal}-{broker_id}"
         while True:
             try:
                 client.retry(client.create, path, b"", ephemeral=True, makepath=True)
@@ -60,10 +69,34 @@ def report_offline_journals(client: KazooClient, broker_id: int, journals: list[
                     pass  # gone meanwhile: create it
 
 
-def read_offline_replicas(client: KazooClient) -> dict[int, set[int]]:
+def report_full_journals(client: KazooClient, broker_id: int, journals: list[int]) -> None:
+    """Make this broker's full nodes name exactly ``journals`` (blocking: a thread): create
+    the missing ones for this session, delete the others."""
+    report_offline_journals(client, broker_id, journals, FULL_REPLICAS_PATH)
+    suffix = f"-{broker_id}"
+    try:
+        children = client.retry(client.get_children, FULL_REPLICAS_PATH)
+    except NoNodeError:
+        return
+    for child in children:
+        journal = child[: -len(suffix)]
+        if child.endswith(suffix) and journal.isdigit() and int(journal) not in journals:
+            with contextlib.suppress(NoNodeError):
+                client.retry(client.delete, f"{FULL_REPLICAS_PATH}/{child}")
+
+
+def read_full_replicas(client: KazooClient) -> dict[int, set[int]]:
+    """The brokers whose copy of each journal partition is out of space, by journal
+    partition."""
+    return read_offline_replicas(client, FULL_REPLICAS_PATH)
+
+
+def read_offline_replicas(
+    client: KazooClient, path: str = OFFLINE_REPLICAS_PATH
+) -> dict[int, set[int]]:
     """The brokers whose copy of each journal partition is offline, by journal partition."""
     try:
-        children = client.retry(client.get_children, OFFLINE_REPLICAS_PATH)
+        children = client.retry(client.get_children, path)
     except NoNodeError:
         return {}
     out: dict[int, set[int]] = {}

@@ -44,7 +44,7 @@ from kazoo.exceptions import BadVersionError, NoNodeError
 
 from stonemq.cluster.controller import JOURNAL_PATH
 from stonemq.cluster.journal_state import PartitionState
-from stonemq.cluster.membership import report_offline_journals
+from stonemq.cluster.membership import report_full_journals, report_offline_journals
 from stonemq.replication.tail import JournalTail
 
 if TYPE_CHECKING:
@@ -158,6 +158,14 @@ class ReplicaManager:
         self.offline_journals: tuple[int, ...] = ()
         self._offline_reported: Any = None
         self._offline_reporting = False
+        # hosted journal partitions whose copy here is out of space (storage/health.py:
+        # journal or queue logs full; appends are still tried), and the (session, journal
+        # partitions) their full nodes were last written as: the controller moves their
+        # leadership to a member with room and takes this broker out of their ISR, until a
+        # write succeeds here again and the nodes go
+        self._full: set[int] = set()
+        self._full_reported: Any = None
+        self._full_reporting = False
 
     # -- life -------------------------------------------------------------------------------
     def start(self) -> None:
@@ -166,6 +174,9 @@ class ReplicaManager:
         self.storage.on_journal_bytes = self._on_bytes
         self.storage.on_journal_offline = lambda local: loop.call_soon_threadsafe(
             self._journal_offline, local
+        )
+        self.storage.on_journal_full = lambda local: loop.call_soon_threadsafe(
+            self._journal_full, local
         )
         self.routing.on_change = lambda: loop.call_soon_threadsafe(self.reconcile)
         self._spawn(self._isr_loop())
@@ -217,6 +228,7 @@ class ReplicaManager:
         from stonemq.replication.fetcher import LeaderFetcher
 
         self._report_offline_once()  # again in a new session: its nodes went with the old
+        self._report_full_once()
         wanted: dict[int, int] = {}
         for journal in self.routing.hosted():
             lead = self.routing.leadership(journal)
@@ -300,6 +312,56 @@ class ReplicaManager:
             self._offline_reported = session
         else:  # another went offline meanwhile
             self._report_offline_once()
+
+    def _journal_full(self, local: int) -> None:
+        """The copy here of a hosted journal partition may have run out of space or have
+        room again (``StorageEngine.out_of_space``): have the controller move its leadership
+        to an ISR member with room and take this broker out of its ISR, or let it back. Its
+        appends go on being tried meanwhile: as a follower, its fetches are appended once
+        space returns, and it rejoins the ISR as any follower that caught up."""
+        journal = self.routing.journal_of(local)
+        full = self.storage.out_of_space(local)
+        if self._closed or (journal in self._full) == full:
+            return
+        if full:
+            self._full.add(journal)
+            log.warning(
+                "journal partition %d is out of space on this broker: the controller moves "
+                "its leadership to an ISR member with room and takes this broker out of its "
+                "ISR until a write succeeds here again",
+                journal,
+            )
+        else:
+            self._full.discard(journal)
+            log.info("journal partition %d has room again on this broker", journal)
+        self._report_full_once()
+
+    def _report_full_once(self) -> None:
+        """Write the full nodes unless they are written as they are, in this session, or
+        being written."""
+        if self._full_reporting or self._closed:
+            return
+        if self._full_reported == (self.client.client_id, sorted(self._full)):
+            return
+        if not self._full and self._full_reported is None:
+            return  # none written, none wanted
+        self._full_reporting = True
+        self._spawn(self._report_full())
+
+    async def _report_full(self) -> None:
+        session = self.client.client_id
+        journals = sorted(self._full)
+        try:
+            await asyncio.get_running_loop().run_in_executor(
+                None, report_full_journals, self.client, self.broker_id, journals
+            )
+        except Exception as exc:  # ZooKeeper unreachable: the next reconcile tries again
+            log.warning("out-of-space journal partitions %s not reported: %s", journals, exc)
+            return
+        finally:
+            self._full_reporting = False
+        self._full_reported = (session, journals)
+        self._report_full_once()  # another change meanwhile
 
     async def _become_leader(self, journal: int, epoch: int) -> None:
         retry_s = 0.0

@@ -60,7 +60,7 @@ from stonemq.storage.errors import (
 )
 from stonemq.storage.file_range import FileRange
 from stonemq.storage.fileio import FsyncError, fsync_paths
-from stonemq.storage.health import Event, is_space_error
+from stonemq.storage.health import Event, Health, is_space_error
 from stonemq.storage.index_file import IndexWrite
 from stonemq.storage.journal import (
     ENTRY_PREFIX_BATCH_BYTES,
@@ -530,14 +530,19 @@ class StorageEngine:
         # and a journal partition went offline (fail-stop, health.py): called with its local
         # index, on the thread that saw the failure
         self.on_journal_offline: Callable[[int], None] | None = None
+        # and one may have run out of space or have room again (``out_of_space`` says which):
+        # called with its local index, on any thread
+        self.on_journal_full: Callable[[int], None] | None = None
         for journal in self._journals:
             journal.health.on_offline = self._on_journal_offline
+            journal.health.on_full = self._on_journal_full
         if replicated:
             for journal in self._journals:
                 journal.on_visible = functools.partial(self._on_replicated_visible, journal.index)
                 journal.on_written = functools.partial(self._on_journal_bytes, journal.index)
         # appends wait while the read directory lacks room to split what is acknowledged
         self._headroom = SplitHeadroom(self._queue_dir, self.unsplit_bytes)
+        self._headroom.on_change = self._on_headroom
         self._recompressing = False  # a topic names a compression.type: see _note_codec
         # partitions with a batch kept as produced, recompressed too large (logged once)
         self._kept_as_produced: set[tuple[str, int]] = set()
@@ -591,6 +596,7 @@ class StorageEngine:
         )
         journal.on_written = functools.partial(self._on_journal_bytes, j)
         journal.health.on_offline = self._on_journal_offline
+        journal.health.on_full = self._on_journal_full
         journal.recover(None)
         if journal.written_end > 0:
             journal.close()
@@ -1366,18 +1372,43 @@ class StorageEngine:
             self._split_wake.set()
 
     def _epoch_write_failed(self, j: int, exc: OSError) -> StorageError:
-        """A write of journal partition ``j``'s leader-epoch checkpoint failed: it goes
-        offline, as Kafka takes a log directory offline when its leader-epoch checkpoint
-        cannot be written. The history is what replicas truncate by, and appending in an
-        epoch it does not hold durably would leave a restart without it; the history in
-        memory is unchanged (LeaderEpochCache writes the file first)."""
-        self._journals[j].health.on(Event.CHECKPOINT_FAILED, f"leader-epoch checkpoint: {exc}")
+        """A write of journal partition ``j``'s leader-epoch checkpoint failed. Before its
+        rename, for lack of space, the old file stands and the history in memory is
+        unchanged (LeaderEpochCache writes the file first): the partition is out of space
+        (JOURNAL_FULL, as for a journal write), and the append that needed the new epoch is
+        tried again. Anything else goes offline, as Kafka takes a log directory offline
+        when its leader-epoch checkpoint cannot be written: the history is what replicas
+        truncate by, and appending in an epoch it does not hold durably would leave a
+        restart without it."""
+        if is_space_error(exc) and not isinstance(exc, CheckpointNotDurableError):
+            event = Event.JOURNAL_WRITE_FULL
+        else:
+            event = Event.CHECKPOINT_FAILED
+        self._journals[j].health.on(event, f"leader-epoch checkpoint: {exc}")
         return StorageError(f"journal-{j}: leader-epoch checkpoint not written: {exc}")
 
     def _on_journal_offline(self, j: int) -> None:
         hook = self.on_journal_offline
         if hook is not None:
             hook(j)
+
+    def _on_journal_full(self, j: int, full: bool = True) -> None:
+        hook = self.on_journal_full
+        if hook is not None:
+            hook(j)
+
+    def _on_headroom(self) -> None:
+        """The read directory's room for the splitter ran out or came back: every journal
+        partition's appends are refused or taken again."""
+        for journal in self._journals:
+            self._on_journal_full(journal.index)
+
+    def out_of_space(self, j: int) -> bool:
+        """Whether journal partition ``j``'s appends fail or are refused for lack of space:
+        its journal or the queue logs full (health.py), or too little room left for the
+        splitter (space.py)."""
+        state = self._journals[j].health.state
+        return state in (Health.JOURNAL_FULL, Health.SPLIT_FULL) or self._headroom.refusing
 
     def _on_journal_bytes(self, j: int, position: int, pieces: list[Any], sizes: list[int]) -> None:
         hook = self.on_journal_bytes

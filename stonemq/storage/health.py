@@ -126,7 +126,7 @@ def is_space_error(exc: BaseException) -> bool:
 class JournalHealth:
     """The health of one journal partition, and of the queue logs it feeds."""
 
-    __slots__ = ("error", "index", "on_offline", "state")
+    __slots__ = ("error", "index", "on_full", "on_offline", "state")
 
     def __init__(self, index: int) -> None:
         self.index = index
@@ -135,6 +135,11 @@ class JournalHealth:
         # called with ``index`` once, when the partition goes OFFLINE (a cluster broker
         # asks its controller to move the partition's leadership: replication/manager.py)
         self.on_offline: Callable[[int], None] | None = None
+        # called with ``index`` and True when it runs out of space (JOURNAL_FULL or
+        # SPLIT_FULL from ONLINE), False when it is ONLINE again (a cluster broker has the
+        # controller move its leadership meanwhile: replication/manager.py); on the thread
+        # that saw it
+        self.on_full: Callable[[int, bool], None] | None = None
 
     def on(self, event: Event, detail: object = "") -> Health:
         """Apply ``event``; returns the new state (logged when it changes)."""
@@ -162,6 +167,8 @@ class JournalHealth:
             )
             if after is Health.OFFLINE and self.on_offline is not None:
                 self.on_offline(self.index)
+            elif self.on_full is not None and Health.ONLINE in (before, after):
+                self.on_full(self.index, after is not Health.ONLINE)
         return after
 
     @property

@@ -73,6 +73,7 @@ class SplitHeadroom:
         "directory",
         "lag",
         "margin_bytes",
+        "on_change",
         "refusing",
     )
 
@@ -93,6 +94,7 @@ class SplitHeadroom:
         # (``check``); negative: none, check in full
         self._slack = -1.0
         self.refusing = False  # logged when it starts and stops
+        self.on_change: Callable[[], None] | None = None  # called when ``refusing`` flips
 
     def free_bytes(self) -> int:
         now = time.monotonic()
@@ -144,9 +146,13 @@ class SplitHeadroom:
             if not self.refusing:
                 self.refusing = True
                 log.warning("refusing produces: %s", error)
+                if self.on_change is not None:
+                    self.on_change()
             raise error
         if self.refusing:
             self.refusing = False
             log.info("%s: space for the splitter again, produces resume", self.directory)
+            if self.on_change is not None:
+                self.on_change()
         self._since += size
         self._slack = (free - size) - (lag + size) * self.cost_factor - self.margin_bytes

@@ -9,8 +9,8 @@ and a committing group consumer running throughout, and a seeded schedule of fau
   journal partition it follows while it is down, restart it;
 - ``controller_kill``: SIGKILL a leader, then the controller while it is electing the next;
 - ``zookeeper_restart``: stop ZooKeeper for a while and start it again (same data);
-- ``disk_full``: fill the small disk a follower's data directory lives on for a while, then
-  give the space back;
+- ``disk_full``: fill the small disk a broker's data directory lives on for a while, then
+  give the space back (the leaderships it holds go to ISR members with room meanwhile);
 - ``journal_fail``: the files of a journal partition its leader holds stop taking writes
   (``chattr +i``: EPERM, as from a failing disk): the copy goes offline (fail-stop), another
   ISR member leads it and the broker leaves its ISR; then the flag goes, the broker is
@@ -356,10 +356,7 @@ class Faults:
         return f"ZooKeeper down for {down:.1f} s"
 
     def disk_full(self, rng: random.Random) -> str:
-        states = self.c.states()
-        leading = {s.leader for s in states.values()}
-        pure = [b for b in BROKERS if b not in leading]
-        victim = rng.choice(pure) if pure else rng.choice(BROKERS)
+        victim = rng.choice(BROKERS)  # a leader hands its leaderships over (out of space)
         mount = self.c.brokers[victim].data_dir.parent
         filler = mount / "filler"
         hold = rng.uniform(2, 8)

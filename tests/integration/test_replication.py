@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
-from diskfaults import immutable  # tests/ (on sys.path through the root conftest)
+from diskfaults import immutable, mount_small_disk  # tests/ (on sys.path: root conftest)
 from kazoo.client import KazooClient
 from kio.schema.errors import ErrorCode
 
@@ -26,6 +26,7 @@ from stonemq.storage.leader_epoch import LEADER_EPOCH_FILE
 
 from .rawclient import RawConnection, build_batch, fetch_raw, leader_epochs_of, produce_raw
 from .test_delete_records import raw_delete
+from .test_disk_full import fill
 from .test_list_offsets_versions import list_offsets_partition
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(240)]
@@ -44,16 +45,18 @@ def _start_cluster(
     zookeeper: Any,
     ids: tuple[int, ...] = (1, 2, 3),
     journal_partitions: int = 1,
+    data_dirs: dict[int, Path] | None = None,
     **extra: Any,
 ) -> tuple[list[Any], str]:
     """Brokers ``ids`` in a fresh chroot, replication factor ``len(ids)``, started together
-    and ready; ``extra``: more settings."""
+    and ready; ``data_dirs``: where some keep their data; ``extra``: more settings."""
     chroot = f"{zookeeper.connect}/stonemq-repl-{uuid.uuid4().hex[:8]}"
     brokers = [
         broker_factory(
             zookeeper_connect=chroot,
             broker_id=b,
             journal_partitions=journal_partitions,
+            data_dir=(data_dirs or {}).get(b),
             start=False,
             **{
                 "default_replication_factor": len(ids),
@@ -927,6 +930,57 @@ def test_a_broker_whose_journal_copy_fails_hands_over_its_leadership(
     queue = _same_queue_logs(brokers, "off", 6)
     values = sorted(v for p in range(6) for _, v in _records(queue[p]))
     assert values == sorted(t + b"%04d" % i for t in (b"a", b"b", b"c") for i in range(60))
+
+
+def test_a_leader_out_of_space_hands_over_its_leadership_and_comes_back(
+    broker_factory, zookeeper, tmp_path: Path
+) -> None:
+    """Broker 1's disk fills up under acks=all producers. It kept its leaderships before:
+    every produce to them failed (KAFKA_STORAGE_ERROR) until space returned. Now it reports
+    its copies out of space in ZooKeeper, the controller moves their leadership to ISR
+    members with room and takes it out of the ISRs (Kafka's controller does the same for a
+    log directory that failed on ENOSPC), and producers carry on by themselves. Once space
+    returns, its appends succeed again, it withdraws the report and rejoins every ISR
+    without a restart (Kafka needs one). Nothing is lost or doubled."""
+    mount = tmp_path / "small-disk"
+    mount.mkdir()
+    disk = mount_small_disk(mount, 64 << 20, kinds=("tmpfs",))
+    if disk is None:
+        pytest.skip("cannot mount a small tmpfs here (needs root)")
+    brokers: list[Any] = []
+    try:
+        brokers, chroot = _start_cluster(
+            broker_factory,
+            zookeeper,
+            data_dirs={1: mount / "data"},
+            zookeeper_session_timeout_ms=6000,
+        )
+        admin = AdminClient({"bootstrap.servers": brokers[1].bootstrap})
+        admin.create_topics([NewTopic("room", 6, 3)])["room"].result(30)
+        _wait(lambda: all(set(isr) == {1, 2, 3} for isr in _isrs(chroot).values()), 30, "ISR")
+        assert len(_produce_all(brokers[1].bootstrap, "room", 60, b"a")) == 60
+        assert 1 in _leaders(brokers[1].bootstrap, "room").values()  # broker 1 leads some
+        filler = mount / "filler"
+        fill(filler, 0)
+        try:
+            assert len(_produce_all(brokers[1].bootstrap, "room", 60, b"b")) == 60
+            assert 1 not in _leaders(brokers[1].bootstrap, "room").values()
+            _wait(lambda: all(1 not in isr for isr in _isrs(chroot).values()), 30, "ISR shrinks")
+            assert "out of space on this broker" in brokers[0].log(since_start=True)
+        finally:
+            filler.unlink()
+        _wait(lambda: all(set(isr) == {1, 2, 3} for isr in _isrs(chroot).values()), 60, "ISR grows")
+        assert "has room again on this broker" in brokers[0].log(since_start=True)
+        assert len(_produce_all(brokers[1].bootstrap, "room", 60, b"c")) == 60
+        _stop_checked(brokers)
+        queue = _same_queue_logs(brokers, "room", 6)
+        values = sorted(v for p in range(6) for _, v in _records(queue[p]))
+        assert values == sorted(t + b"%04d" % i for t in (b"a", b"b", b"c") for i in range(60))
+    finally:
+        for broker in brokers:  # before its disk goes
+            if broker.alive:
+                broker.kill()
+        disk.close()
 
 
 def test_unclean_leader_election_turned_on_dynamically_elects_a_leader(

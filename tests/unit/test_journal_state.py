@@ -20,6 +20,7 @@ from stonemq.cluster.journal_state import (
     elect_preferred,
     imbalanced,
     initial_state,
+    move_from_full,
     place_replicas,
     rack_alternated,
 )
@@ -150,6 +151,41 @@ def test_a_preferred_election_moves_the_leadership_home_only_to_a_serving_isr_me
     else:
         assert outcome == PREFERRED_ELECTED
         assert new == PartitionState(home, epoch + 1, state.isr, 2)
+
+
+@given(
+    st.lists(st.integers(0, 6), min_size=1, max_size=4, unique=True),
+    st.integers(-1, 6),
+    st.sets(st.integers(0, 6)),
+    st.sets(st.integers(0, 6)),
+    st.sets(st.integers(0, 6)),
+    st.integers(0, 5),
+)
+def test_a_leader_out_of_space_hands_over_to_a_serving_isr_member_with_room(
+    replicas, leader, isr, serving, full, epoch
+) -> None:
+    """The leadership leaves a leader out of space for the first assigned ISR member that
+    serves and has room, in the next leader epoch with the ISR unchanged (every
+    acknowledged record is on it); with none such, or a leader with room, nothing moves."""
+    assignment = Assignment(tuple(replicas))
+    state = PartitionState(leader, epoch, tuple(sorted(isr)), 1)
+    new = move_from_full(assignment, state, serving, full, 2)
+    able = [r for r in replicas if r in isr and r in serving and r not in full]
+    if leader == NO_LEADER or leader not in full or not able:
+        assert new is None
+    else:
+        assert new == PartitionState(able[0], epoch + 1, state.isr, 2)
+
+
+def test_a_leader_out_of_space_examples() -> None:
+    assignment = Assignment((1, 2, 3))
+    state = PartitionState(leader=1, leader_epoch=4, isr=(1, 2, 3), controller_epoch=1)
+    assert move_from_full(assignment, state, {1, 2, 3}, {1}, 3) == PartitionState(
+        2, 5, (1, 2, 3), 3
+    )
+    assert move_from_full(assignment, state, {1, 3}, {1}, 3) == PartitionState(3, 5, (1, 2, 3), 3)
+    assert move_from_full(assignment, state, {1, 2, 3}, {1, 2, 3}, 3) is None  # all full
+    assert move_from_full(assignment, state, {1, 2, 3}, {2}, 3) is None  # the leader has room
 
 
 def test_a_preferred_election_examples() -> None:

@@ -12,6 +12,7 @@ import asyncio
 import ctypes
 import errno
 import gc
+import itertools
 import os
 import threading
 import time
@@ -29,6 +30,8 @@ from conftest import (
     read_all,
     wait_split,
 )
+from hypothesis import given
+from hypothesis import strategies as st
 
 from stonemq.protocol.record_batch import iter_batches, parse_header
 from stonemq.storage import fileio
@@ -97,6 +100,30 @@ def test_space_errors_heal_when_writes_succeed_again() -> None:
         health.check_append()  # the unsplit journal must not pile up
     assert health.on(Event.JOURNAL_WRITE_OK) is Health.SPLIT_FULL
     assert health.on(Event.SPLIT_OK) is Health.ONLINE
+
+
+@given(st.lists(st.sampled_from(list(Event)), max_size=30))
+def test_on_full_follows_every_move_between_online_and_out_of_space(events: list[Event]) -> None:
+    """``on_full`` (a cluster broker's report to its controller) is told True on each move
+    from ONLINE to JOURNAL_FULL or SPLIT_FULL and False on each move back; OFFLINE goes to
+    ``on_offline`` instead. So what it was told last always says whether the partition is
+    out of space, until it goes offline."""
+    health = JournalHealth(3)
+    told: list[tuple[int, bool]] = []
+    offline: list[int] = []
+    health.on_full = lambda index, full: told.append((index, full))
+    health.on_offline = offline.append
+    for event in events:
+        after = health.on(event, "injected")
+        if after is Health.OFFLINE:
+            assert offline == [3]
+            break
+        if told:
+            assert told[-1] == (3, after is not Health.ONLINE)
+        else:
+            assert after is Health.ONLINE
+    assert all(index == 3 for index, _ in told)
+    assert all(a[1] != b[1] for a, b in itertools.pairwise(told))  # alternates
 
 
 def test_a_refused_append_keeps_nothing_of_its_caller() -> None:
