@@ -296,18 +296,27 @@ class ReplicaManager:
             self._offline_reporting = True
             self._spawn(self._report_offline())
 
+    async def _write_nodes(self, report: Any, journals: list[int], what: str) -> bool:
+        """Write this broker's ``what`` nodes with ``report`` (membership.py) in a thread;
+        False, logged, when ZooKeeper could not be reached (the next reconcile tries again)."""
+        try:
+            await asyncio.get_running_loop().run_in_executor(
+                None, report, self.client, self.broker_id, journals
+            )
+        except Exception as exc:
+            log.warning("%s journal partitions %s not reported: %s", what, journals, exc)
+            return False
+        return True
+
     async def _report_offline(self) -> None:
         session = self.client.client_id
         journals = sorted(self._offline)
         try:
-            await asyncio.get_running_loop().run_in_executor(
-                None, report_offline_journals, self.client, self.broker_id, journals
-            )
-        except Exception as exc:  # ZooKeeper unreachable: the next reconcile tries again
-            log.warning("offline journal partitions %s not reported: %s", journals, exc)
-            return
+            written = await self._write_nodes(report_offline_journals, journals, "offline")
         finally:
             self._offline_reporting = False
+        if not written:
+            return
         if journals == sorted(self._offline):
             self._offline_reported = session
         else:  # another went offline meanwhile
@@ -352,14 +361,11 @@ class ReplicaManager:
         session = self.client.client_id
         journals = sorted(self._full)
         try:
-            await asyncio.get_running_loop().run_in_executor(
-                None, report_full_journals, self.client, self.broker_id, journals
-            )
-        except Exception as exc:  # ZooKeeper unreachable: the next reconcile tries again
-            log.warning("out-of-space journal partitions %s not reported: %s", journals, exc)
-            return
+            written = await self._write_nodes(report_full_journals, journals, "out-of-space")
         finally:
             self._full_reporting = False
+        if not written:
+            return
         self._full_reported = (session, journals)
         self._report_full_once()  # another change meanwhile
 
