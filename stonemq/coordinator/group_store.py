@@ -139,7 +139,12 @@ class OffsetsLog:
         partition: int,
         records: list[tuple[bytes, bytes | None]],
         done: Callable[[BaseException | None], None],
+        snapshot: bool = False,
     ) -> None:
+        """Append ``records`` to ``partition``; ``done`` once written (and replicated). The
+        records written since the last snapshot count towards the next one, except the
+        snapshot's own (they are what it keeps: counting them made a snapshot of 10,000 or
+        more live records start the next one as it ended, for ever)."""
         batch = glog.build_batch(records)
         try:
             appended = self.storage.append(OFFSETS_TOPIC, partition, batch, len(records))
@@ -156,11 +161,11 @@ class OffsetsLog:
             error = None if future.cancelled() else future.exception()
             if future.cancelled():
                 error = StorageError("write cancelled")
-            if error is None:
+            if error is None and not snapshot:
                 count = self._since_snapshot.get(partition, 0) + len(records)
                 self._since_snapshot[partition] = count
             done(error)
-            if error is None:
+            if error is None and not snapshot:
                 self._maybe_snapshot(partition)
 
         acked.add_done_callback(written)
@@ -202,7 +207,7 @@ class OffsetsLog:
                 self._schedule_truncate(partition, first)
 
         for chunk in chunks:
-            self._append(partition, chunk, chunk_written)
+            self._append(partition, chunk, chunk_written, snapshot=True)
         log.info(
             "snapshot of %s-%d: %d live records from offset %d",
             OFFSETS_TOPIC,
