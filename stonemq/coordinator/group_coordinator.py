@@ -213,17 +213,19 @@ class Group:
         return set.intersection(*sets) if sets else set()
 
     def select_protocol(self) -> str:
-        """The protocol all members support that most members list first among those."""
+        """The protocol all members support that most members list first among those (a tie:
+        the one listed first, by the first member that lists it); linear in the protocols
+        listed, as Kafka's ``ClassicGroup.selectProtocol`` (a list lookup per protocol held
+        the loop for seconds with 30,000 of them)."""
         candidates = self.common_protocols()
         votes: dict[str, int] = {}
-        order: list[str] = []
+        order: dict[str, int] = {}
         for m in self.members.values():
             for name, _ in m.protocols:
-                if name not in order:
-                    order.append(name)
+                order.setdefault(name, len(order))
             choice = next(name for name, _ in m.protocols if name in candidates)
             votes[choice] = votes.get(choice, 0) + 1
-        return max(votes, key=lambda name: (votes[name], -order.index(name)))
+        return max(votes, key=lambda name: (votes[name], -order[name]))
 
 
 class GroupCoordinator:
