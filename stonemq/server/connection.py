@@ -7,8 +7,10 @@ connection with a log line; it never affects other connections) and wait in the 
 ready queue; the broker-wide :class:`~stonemq.server.dispatcher.Dispatcher` starts them, one
 per connection per round. Requests of one connection may be in flight together (so pipelined
 produces share a group commit) but start in arrival order, and are answered strictly in that
-order, as Kafka clients require. A Fetch, whose answer can be large, is in flight alone among
-the connection's fetches (Kafka handles one request of a connection at a time).
+order, as Kafka clients require. Any other request is in flight alone, as Kafka handles
+every request of a connection (its answer, a Fetch's or a Metadata's, can be large and cannot
+be sent before the ones ahead of it: one client pipelining hundreds and reading nothing
+would hold them all).
 
 Client quotas (KIP-13/124/219): when a quota of the client's is configured, a request that
 takes its produce bytes or its handling time over the quota gets ``throttle_time_ms`` in its
@@ -255,9 +257,9 @@ class Connection(asyncio.BufferedProtocol):
         self._out: collections.deque[Any] = collections.deque()
         self._out_bytes = 0
         # bytes of finished responses held behind an earlier unanswered request, and whether
-        # a Fetch is in flight (one at a time: its answer is the one that can be large)
+        # a request other than Produce is in flight (one at a time: see the module doc)
         self._waiting_bytes = 0
-        self._fetching = False
+        self._serial = False
         self._send_fd = -1
         self._send_waiting = False
         self._sendfile_ok = True
@@ -466,7 +468,7 @@ class Connection(asyncio.BufferedProtocol):
         ):
             return None
         item = self._ready[0]
-        if self._fetching and item.header.api_key == _FETCH_KEY:
+        if self._serial and item.header.api_key != PRODUCE_KEY:
             return None  # the one in flight asks for a turn when it is answered
         if isinstance(item.request, asyncio.Future):  # decoded in the heavy-work thread
             decoding = item.request
@@ -486,8 +488,8 @@ class Connection(asyncio.BufferedProtocol):
             self.update_reading()
             return None
         self._ready.popleft()
-        if api_key == _FETCH_KEY:
-            self._fetching = True
+        if api_key != PRODUCE_KEY:
+            self._serial = True
         started_ns = 0
         if api_key == PRODUCE_KEY:
             started_ns = time.monotonic_ns()
@@ -593,8 +595,8 @@ class Connection(asyncio.BufferedProtocol):
         if self._pending and self._pending[0] is not pending and pending.response is not None:
             pending.waiting = sum(map(len, pending.response))  # held until the earlier go
             self._waiting_bytes += pending.waiting
-        if api_key == _FETCH_KEY:
-            self._fetching = False
+        if api_key != PRODUCE_KEY:
+            self._serial = False
             if self._ready and not self._closing:
                 self._dispatcher.ready(self)
         if started_ns:

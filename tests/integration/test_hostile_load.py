@@ -15,6 +15,7 @@ import statistics
 import struct
 import threading
 import time
+import uuid
 from typing import Any
 
 import pytest
@@ -434,3 +435,34 @@ def test_pipelined_fetches_that_are_never_read_hold_one_response_each(broker_fac
     finally:
         for hog in hogs:
             hog.close()
+
+
+def test_pipelined_large_metadata_never_read_holds_one_answer(broker_factory) -> None:
+    """A connection pipelines 400 Metadata requests for a 5,000-partition topic (each built
+    and encoded in the heavy-work thread, over several loop turns) and reads nothing. The
+    old broker started every one (only finished answers held it back) and grew by about 25
+    MB/s (helper-74's audit, p1). Now a connection has one request other than Produce in
+    flight at a time, as Kafka: a few MB."""
+    broker = broker_factory()
+    create_topic(broker.bootstrap, "wide", 5000)
+    request = MetadataV12(
+        topics=(MetadataTopicV12(topic_id=uuid.UUID(int=0), name="wide"),),
+        allow_auto_topic_creation=False,
+        include_topic_authorized_operations=False,
+    )
+    one = frame(request_header(3, 12, 0, "hog", True) + encode(request))
+    base = rss_mb(broker)
+    hog = socket.socket()
+    hog.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    hog.connect((broker.host, broker.port))
+    try:
+        hog.sendall(one * 400)
+        peak = base
+        for _ in range(16):
+            time.sleep(0.5)
+            peak = max(peak, rss_mb(broker))
+        assert peak - base < 64, f"RSS grew {peak - base:.0f} MB"
+        took = latencies(broker, 0.5, lambda conn: conn.api_versions())
+        assert max(took) < 1.0, "a bystander waited behind the unread answers"
+    finally:
+        hog.close()
