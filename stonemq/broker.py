@@ -42,6 +42,9 @@ log = logging.getLogger("stonemq.broker")
 class Broker:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
+        # connections accepted at once (max.connections, lowered to the open-file limit's
+        # room by the listener)
+        self.connection_cap = settings.max_connections
         # a batch produce accepted can be read back (ListOffsets by time, the group log)
         set_stored_limit(settings.batch_max_uncompressed_bytes)
         settings.data_dir.mkdir(parents=True, exist_ok=True)

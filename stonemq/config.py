@@ -133,6 +133,12 @@ class Settings(SettingsViews, BaseSettings):
     )
     socket_request_max_bytes: int = Field(100 * MIB, gt=0, description="largest request frame")
     connections_max_idle_ms: int = Field(600_000, gt=0, description="idle connections are closed")
+    max_connections: int = Field(
+        2_147_483_647,
+        gt=0,
+        description="connections accepted at once over all listeners (fewer if the open-file "
+        "limit leaves room for fewer beside the broker's own files)",
+    )
     queued_max_requests: int = Field(500, gt=0, description="requests in flight per connection")
     queued_max_request_bytes: int = Field(
         4 * MIB,

@@ -160,6 +160,23 @@ MiB (the Spark source's range reads), sent whole, held the loop for 7 ms or more
 holds it for about 1 ms."""
 
 
+_refusals = [0, 0.0]  # connections refused since the last log line, and when it was written
+
+
+def _refused(peer: str, cap: int) -> None:
+    """Log a refused connection: the first at once, then one line a second at most."""
+    _refusals[0] += 1
+    now = time.monotonic()
+    if now - _refusals[1] >= 1.0:
+        log.warning(
+            "refused %d connection(s) (the last from %s): %d are open, max.connections",
+            _refusals[0],
+            peer,
+            cap,
+        )
+        _refusals[0], _refusals[1] = 0, now
+
+
 def _close_chunks(chunks: Any) -> None:
     """Close the segment ranges among a response's chunks (one that will not be sent)."""
     for chunk in chunks or ():
@@ -272,6 +289,13 @@ class Connection(asyncio.BufferedProtocol):
         self._peer = f"{peer[0]}:{peer[1]}" if peer else "?"
         self._host = self._peer.rpartition(":")[0]
         self._loop = asyncio.get_running_loop()
+        if len(self._registry) >= self._broker.connection_cap:
+            # Kafka's max.connections; past the open-file limit's room the storage could not
+            # open a journal segment or a file to fsync
+            _refused(self._peer, self._broker.connection_cap)
+            self._closing = True
+            transport.abort()
+            return
         self._registry.add(self)
         sock = transport.get_extra_info("socket")
         self._sendfile_ok = (

@@ -19,6 +19,7 @@ from stonemq.server.gil import tune_switch_interval
 from stonemq.server.lock import DirectoryLock
 from stonemq.server.metrics import METRICS
 from stonemq.server.threads import name_os_thread
+from stonemq.storage.open_files import connection_room
 
 if TYPE_CHECKING:
     from stonemq.config import Settings
@@ -66,6 +67,15 @@ async def _serve_locked(settings: Settings, stop: asyncio.Event) -> None:
     broker.recover()
     broker.start()
     connections: set[Connection] = set()
+    room = connection_room(broker.storage.max_open_files)
+    broker.connection_cap = min(settings.max_connections, room)
+    if room < settings.max_connections:
+        log.info(
+            "accepting at most %d connections: the open-file limit (ulimit -n) leaves room "
+            "for that many beside %d queue-log files and the broker's own",
+            room,
+            broker.storage.max_open_files,
+        )
     budget = RequestBudget(settings.queued_max_request_bytes)
     lag = broker.storage.split_lag_bytes
     replicas = broker.replicas

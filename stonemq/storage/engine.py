@@ -479,6 +479,7 @@ class StorageEngine:
         self.on_log_start: Callable[[str, int, int], None] | None = None
         self._splitter_batch_bytes = splitter_batch_bytes
         self._files = OpenFiles(max_open_files)
+        self.max_open_files = max_open_files
         # queue-log pages older than the write-behind window leave the page cache
         self._written_pages = WrittenPages(queue_cache_retain_bytes)
         self._journals = [

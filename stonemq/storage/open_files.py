@@ -115,6 +115,23 @@ def _reserve(limit: int) -> int:
     return max(FD_RESERVE_MIN, limit // 4)
 
 
+STORAGE_FDS = 128
+"""Descriptors kept for the broker's own files besides the queue-log cache: journal
+segments, indexes being written, checkpoint files, the opens of an fsync by path."""
+
+
+def connection_room(cached_files: int) -> int:
+    """How many connections fit under ``RLIMIT_NOFILE`` beside ``cached_files`` (the
+    queue-log file cache) and ``STORAGE_FDS``, at two descriptors each (its socket, and the
+    duplicate a zero-copy fetch sends through): connections past it would leave the storage
+    unable to open a journal segment or a file to fsync (EMFILE), which takes journal
+    partitions offline. Unbounded when the limit is."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return 2**31 - 1
+    return max(1, (soft - cached_files - STORAGE_FDS) // 2)
+
+
 def fit_to_fd_limit(requested: int, explicit: bool = True) -> int:
     """The cache size to use for ``queue.max.open.files`` = ``requested`` under this
     process's ``RLIMIT_NOFILE``: the soft limit is raised toward the hard one when the cache

@@ -38,6 +38,7 @@ from .helpers import (
     wait_high_watermark,
 )
 from .rawclient import (
+    ConnectionClosed,
     RawConnection,
     encode,
     fetch_raw,
@@ -466,3 +467,34 @@ def test_pipelined_large_metadata_never_read_holds_one_answer(broker_factory) ->
         assert max(took) < 1.0, "a bystander waited behind the unread answers"
     finally:
         hog.close()
+
+
+def test_connections_past_max_connections_are_refused_and_the_broker_serves_on(
+    broker_factory,
+) -> None:
+    """Kafka's max.connections, which the broker also lowers to what its open-file limit
+    leaves beside its own files: connections past it were accepted until the descriptors ran
+    out, and then a journal fsync could not open its file (EMFILE), which took every journal
+    partition offline until a restart (helper-74's audit, p6). Now the ones past the cap are
+    closed at once with a log line; the others are served, and room comes back as they
+    close."""
+    broker = broker_factory(max_connections=20)
+    topic = create_topic(broker.bootstrap)
+    socks = [RawConnection(broker.host, broker.port) for _ in range(25)]
+    try:
+        served = refused = 0
+        for conn in socks:
+            try:
+                conn.api_versions()
+                served += 1
+            except (ConnectionClosed, OSError):
+                refused += 1
+        assert (served, refused) == (20, 5)
+        assert "max.connections" in broker.log(since_start=True)
+    finally:
+        for conn in socks:
+            conn.close()
+    time.sleep(0.5)
+    producer = Producer(producer_config(broker.bootstrap))
+    producer.produce(topic, b"after")
+    assert producer.flush(20) == 0
