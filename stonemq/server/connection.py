@@ -811,6 +811,7 @@ class Connection(asyncio.BufferedProtocol):
             out.popleft()
             item.close()
         self._stop_waiting()
+        self._release_send_fd()  # a descriptor per connection only while it sends
         if self._close_when_sent:
             self.close()
         else:
@@ -862,6 +863,12 @@ class Connection(asyncio.BufferedProtocol):
         _close_chunks(self._out)
         self._out.clear()
         self._out_bytes = 0
+        self._release_send_fd()
+
+    def _release_send_fd(self) -> None:
+        """Close the socket's duplicate once nothing waits to be sent through it (no
+        writability callback is registered on it then): an idle consumer's connection holds
+        one descriptor, not two (the next range sent duplicates it again)."""
         if self._send_fd >= 0:
             with contextlib.suppress(OSError):
                 os.close(self._send_fd)

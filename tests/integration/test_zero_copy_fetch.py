@@ -219,6 +219,37 @@ def _wait_range_open(metrics_port: int, timeout: float = 20.0) -> None:
         time.sleep(0.02)
 
 
+def test_a_connection_holds_one_descriptor_once_its_records_are_sent(broker_factory) -> None:
+    """The socket's duplicate a range is sent through (sendfile, and the writability
+    callbacks) stayed open for the connection's life: two descriptors per consumer
+    connection, so the open-file limit came at half the connections (helper-74's audit,
+    p9). It is closed once nothing waits to be sent."""
+    port = _free_port()
+    broker = broker_factory(**{"metrics.listen": f"127.0.0.1:{port}"})
+    topic = create_topic(broker.bootstrap, partitions=1)
+    _fill(broker.bootstrap, topic, _messages(1000))
+
+    def fds() -> int:
+        return len(os.listdir(f"/proc/{broker.proc.pid}/fd"))
+
+    conns = [RawConnection(broker.host, broker.port) for _ in range(30)]
+    try:
+        for conn in conns:
+            conn.api_versions()
+        before = fds()
+        request = fetch_request(topic, 0, 0, 12, 0, 1 << 20)
+        reply = schema("fetch", 12, "response").FetchResponse
+        for conn in conns:
+            (answer,) = conn.request(request, reply).responses
+            assert len(answer.partitions[0].records) > 500_000
+        assert broker_counters(port)["fetch_bytes_sent_zero_copy"] > 0
+        time.sleep(0.2)
+        assert fds() - before < 10, f"{fds() - before} descriptors more for 30 connections"
+    finally:
+        for conn in conns:
+            conn.close()
+
+
 @pytest.mark.slow  # 2-4.5 s each: kept out of the fast set
 def test_a_client_gone_mid_send_leaves_nothing_open(broker_factory) -> None:
     """A consumer asks for 24 MB, reads a few bytes of the answer and resets its
