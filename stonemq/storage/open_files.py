@@ -19,7 +19,7 @@ import os
 import resource
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Protocol
 
 from stonemq.storage import fileio
@@ -303,11 +303,12 @@ class OpenFiles:
                 return
         fileio.close(fd)
 
-    def close_under(self, directory: str) -> None:
-        """Close every open file inside ``directory``."""
-        prefix = directory.rstrip("/") + "/"
+    def close_under(self, directories: Iterable[str]) -> None:
+        """Close every open file directly inside one of ``directories`` (one pass over the
+        cache, however many directories)."""
+        wanted = {d.rstrip("/") for d in directories}
         with self._lock:
-            paths = [p for p in self._fds if p.startswith(prefix)]
+            paths = [p for p in self._fds if os.path.dirname(p) in wanted]
         for path in paths:
             self.close(path)
 
