@@ -36,7 +36,7 @@ def test_open_files_lru_evicts_the_least_recently_used(tmp_path: Path) -> None:
     assert files.opens == 5
     files.get(paths[0])
     assert files.opens == 5
-    files.close_under(str(tmp_path))
+    files.close_under([str(tmp_path)])
     assert len(files) == 0
 
 
