@@ -89,6 +89,9 @@ ALTER TABLE broker_configs_scoped RENAME TO broker_configs;
 }
 
 
+_HAS_SCHEMA_VERSION = "SELECT 1 FROM sqlite_master WHERE type='table' AND name='schema_version'"
+
+
 class MetadataStoreError(Exception):
     """The metadata file cannot be used: damaged, unreadable, or missing beside topic data."""
 
@@ -137,9 +140,7 @@ def store_defect(path: Path, queue_logs: int) -> str | None:
             verdict = conn.execute("PRAGMA quick_check").fetchone()[0]
             if verdict != "ok":
                 return f"{path} is damaged: {verdict}"
-            has_version = conn.execute(
-                "SELECT 1 FROM sqlite_master WHERE type='table' AND name='schema_version'"
-            ).fetchone()
+            has_version = conn.execute(_HAS_SCHEMA_VERSION).fetchone()
             if not has_version:
                 return f"{path} is not a StoneMQ metadata file (no schema version)"
         except sqlite3.DatabaseError as exc:
@@ -211,9 +212,7 @@ class SqliteMetadataStore(MetadataStore):
 
     def _migrate(self) -> None:
         with self._tx() as db:
-            has_version = db.execute(
-                "SELECT 1 FROM sqlite_master WHERE type='table' AND name='schema_version'"
-            ).fetchone()
+            has_version = db.execute(_HAS_SCHEMA_VERSION).fetchone()
             if not has_version:
                 others = db.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
                 if others:

@@ -28,7 +28,7 @@ class DirectoryLock:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = os.read(fd, 64).decode(errors="replace").strip() or "another process"
+            holder = _holder(fd)
             os.close(fd)
             raise DirectoryInUseError(
                 f"data directory {self.path.parent} is locked by pid {holder}: another broker "
@@ -56,7 +56,12 @@ def lock_holder(directory: Path) -> str | None:
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except BlockingIOError:
-        return os.read(fd, 64).decode(errors="replace").strip() or "another process"
+        return _holder(fd)
     finally:
         os.close(fd)
     return None
+
+
+def _holder(fd: int) -> str:
+    """The pid a broker wrote into the lock file open as ``fd``, else "another process"."""
+    return os.read(fd, 64).decode(errors="replace").strip() or "another process"

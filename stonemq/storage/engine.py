@@ -1397,7 +1397,7 @@ class StorageEngine:
         if hook is not None:
             hook(j)
 
-    def _on_journal_full(self, j: int, full: bool = True) -> None:
+    def _on_journal_full(self, j: int) -> None:
         hook = self.on_journal_full
         if hook is not None:
             hook(j)

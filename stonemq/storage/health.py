@@ -135,11 +135,10 @@ class JournalHealth:
         # called with ``index`` once, when the partition goes OFFLINE (a cluster broker
         # asks its controller to move the partition's leadership: replication/manager.py)
         self.on_offline: Callable[[int], None] | None = None
-        # called with ``index`` and True when it runs out of space (JOURNAL_FULL or
-        # SPLIT_FULL from ONLINE), False when it is ONLINE again (a cluster broker has the
-        # controller move its leadership meanwhile: replication/manager.py); on the thread
-        # that saw it
-        self.on_full: Callable[[int, bool], None] | None = None
+        # called with ``index`` when it runs out of space (JOURNAL_FULL or SPLIT_FULL from
+        # ONLINE) and when it is ONLINE again (a cluster broker has the controller move its
+        # leadership meanwhile: replication/manager.py); on the thread that saw it
+        self.on_full: Callable[[int], None] | None = None
 
     def on(self, event: Event, detail: object = "") -> Health:
         """Apply ``event``; returns the new state (logged when it changes)."""
@@ -168,7 +167,7 @@ class JournalHealth:
             if after is Health.OFFLINE and self.on_offline is not None:
                 self.on_offline(self.index)
             elif self.on_full is not None and Health.ONLINE in (before, after):
-                self.on_full(self.index, after is not Health.ONLINE)
+                self.on_full(self.index)
         return after
 
     @property

@@ -347,8 +347,8 @@ def queue_log_names(queue_dir: str) -> list[str]:
     return sorted(
         name
         for name in names
-        if name.rpartition("-")[1]
-        and name.rpartition("-")[2].isdigit()
+        if "-" in name
+        and name.rpartition("-")[2].isdigit()  # a partition number after the last dash
         and os.path.isdir(os.path.join(queue_dir, name))
     )
 

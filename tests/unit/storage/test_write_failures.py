@@ -111,7 +111,7 @@ def test_on_full_follows_every_move_between_online_and_out_of_space(events: list
     health = JournalHealth(3)
     told: list[tuple[int, bool]] = []
     offline: list[int] = []
-    health.on_full = lambda index, full: told.append((index, full))
+    health.on_full = lambda index: told.append((index, health.state is not Health.ONLINE))
     health.on_offline = offline.append
     for event in events:
         after = health.on(event, "injected")
