@@ -109,6 +109,11 @@ class LeaderState:
     # DeleteRecords waiting for every ISR follower to split past a position (wait_for_split)
     split_waiters: list[tuple[int, asyncio.Future[None]]] = field(default_factory=list)
     isr_change_pending: bool = False
+    # the ISR the HW is computed over: the ISR, and while an expansion is being written the
+    # broker joining it too (Kafka's maximal ISR, KIP-497): once ZooKeeper names it in the
+    # ISR the controller may make it leader, so nothing it lacks may be acknowledged from
+    # the moment the write is sent
+    maximal_isr: tuple[int, ...] = ()
     # followers catching up from a point (replication/catchup.py): broker -> (journal
     # position its copy continues from, monotonic time the pin lapses)
     catch_up_pins: dict[int, tuple[int, float]] = field(default_factory=dict)
@@ -235,8 +240,11 @@ class ReplicaManager:
             state = self._leading.get(journal)
             if lead.leader == self.broker_id:
                 if state is not None and state.epoch == lead.leader_epoch:
-                    if not state.isr_change_pending and state.isr != lead.isr:
+                    if not state.isr_change_pending and (
+                        state.isr != lead.isr or state.maximal_isr
+                    ):
                         state.isr = lead.isr  # the controller took a stopping follower out
+                        state.maximal_isr = ()  # or an ISR write's outcome is known now
                         self._update_hw(state)
                     continue
                 if state is not None:
@@ -508,7 +516,7 @@ class ReplicaManager:
 
     def _update_hw(self, state: LeaderState) -> None:
         hw = self.storage.journal_written_end(state.local)
-        for broker in state.isr:
+        for broker in state.maximal_isr or state.isr:
             if broker == self.broker_id:
                 continue
             follower = state.followers.get(broker)
@@ -718,6 +726,9 @@ class ReplicaManager:
 
     def _change_isr(self, state: LeaderState, isr: tuple[int, ...], why: str) -> None:
         state.isr_change_pending = True
+        # an expansion counts in the HW from now; a shrink only once written (the larger
+        # ISR holds until then): the HW always covers every ISR ZooKeeper may name
+        state.maximal_isr = tuple(dict.fromkeys((*state.isr, *isr)))
         self._spawn(self._write_isr(state, isr, why))
 
     async def _write_isr(self, state: LeaderState, isr: tuple[int, ...], why: str) -> None:
@@ -732,8 +743,9 @@ class ReplicaManager:
             ok = None
         finally:
             state.isr_change_pending = False
-        if ok is None:
-            return
+        if ok is None:  # it may have been written all the same: the joiner still counts
+            return  # (until ZooKeeper's ISR is read back: reconcile)
+        state.maximal_isr = ()
         if not ok:
             self._resign(state.journal, "its ISR change was refused: the controller moved on")
             return

@@ -128,3 +128,57 @@ def test_a_deletion_waits_for_every_isr_follower_to_split_past_it(tmp_path: Path
             await leader.close()
 
     asyncio.run(scenario())
+
+
+def test_a_broker_joining_the_isr_counts_in_the_hw_while_the_change_is_written(
+    tmp_path: Path,
+) -> None:
+    """A follower that caught up is added to the ISR by a ZooKeeper write; once written the
+    controller may make it leader (a preferred election did, 56 ms later, in the fault
+    suite, seed 596593263). The HW was computed over the old ISR until the write came back,
+    so records the joining broker lacked were acknowledged and then truncated by it as the
+    new leader. Now the joiner counts in the HW from the moment the change is sent (Kafka's
+    maximal ISR, KIP-497)."""
+    import threading
+
+    async def scenario() -> None:
+        leader = await started_leader(tmp_path)
+        release = threading.Event()
+
+        class ZooKeeperStalled:  # the ISR write waits, then fails (its outcome unknown)
+            def get(self, path: str) -> None:
+                release.wait(10)
+                raise ConnectionError("ZooKeeper unreachable")
+
+        try:
+            ends = []
+            for i in range(4):
+                await leader.append("t", 0, build_batch([b"v%03d" % i]), 1).written
+                ends.append(leader.journal_written_end(0))
+            routing = SimpleNamespace(
+                client=ZooKeeperStalled(), shutting_down=lambda: set(), dead=lambda: set()
+            )
+            manager = ReplicaManager(0, routing, leader, Settings())  # type: ignore[arg-type]
+            state = LeaderState(
+                journal=0, local=0, epoch=1, epoch_start=0, isr=(0, 1), replicas=(0, 1, 2), hw=0
+            )
+            manager._leading[0] = state
+            manager.follower_fetched(state, 1, ends[1], -1)
+            manager.follower_fetched(state, 2, ends[1], -1)  # caught up: the ISR write starts
+            assert state.isr_change_pending and state.isr == (0, 1)
+            acked = manager.wait_for_hw(0, ends[3])
+            manager.follower_fetched(state, 1, ends[3], -1)
+            assert state.hw == ends[1] and not acked.done()  # broker 2 has only ends[1]
+            manager.follower_fetched(state, 2, ends[3], -1)
+            assert state.hw == ends[3] and acked.done()
+            release.set()
+            while state.isr_change_pending:
+                await asyncio.sleep(0.01)
+            manager.follower_fetched(state, 1, ends[3], -1)
+            assert 2 in state.maximal_isr  # the write's outcome is unknown: 2 still counts
+            await manager.close()
+        finally:
+            release.set()
+            await leader.close()
+
+    asyncio.run(scenario())
