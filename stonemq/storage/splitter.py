@@ -395,6 +395,13 @@ class Splitter:
                         if health.state is Health.SPLIT_FULL:  # the read directory has room
                             for each in self.healths:
                                 each.on(Event.SPLIT_OK)
+                except asyncio.CancelledError:
+                    # a stop during the step's writes: they were published; their queue logs
+                    # must be known dirty, or the final flush skips them (no fsync, no
+                    # recovery point) while the split-position checkpoint counts them split
+                    if advanced:
+                        on_step(advanced)
+                    raise
                 except SplitError as exc:
                     self.failed(exc)
                     progressed = True  # retry without waiting for a journal write
