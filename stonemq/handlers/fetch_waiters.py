@@ -1,7 +1,8 @@
-"""Long-polling fetches waiting for the splitter: one future per waiting fetch, indexed by the
-partitions it reads, woken when the splitter advances any of them (no timer per partition);
-and the wait of a request that must see every acknowledged record (:meth:`FetchWaiters.
-until_split`).
+"""Long-polling fetches waiting for the splitter: one waiter per waiting fetch, registered once
+for its whole long poll and indexed by the partitions it reads, woken when the splitter
+advances any of them (no timer per partition) with the set of those it advanced, so the fetch
+measures only them; and the wait of a request that must see every acknowledged record
+(:meth:`FetchWaiters.until_split`).
 
 A single Kafka broker's high watermark is its log end as soon as a produce is acknowledged.
 Here the splitter trails the journal by milliseconds, so a request that answers from the high
@@ -25,30 +26,69 @@ ACKNOWLEDGED_WAIT_S = 1.0
 partitions together)."""
 
 
+class Waiter:
+    """A waiting fetch's registration: the partitions it reads, and those the splitter advanced
+    since it last looked (:meth:`FetchWaiters.woken`)."""
+
+    __slots__ = ("future", "keys", "woken")
+
+    def __init__(self, keys: list[tuple[str, int]]) -> None:
+        self.keys = keys
+        self.woken: set[tuple[str, int]] = set()
+        self.future: asyncio.Future[None] | None = None
+
+    def wake(self, key: tuple[str, int] | None) -> None:
+        if key is not None:
+            self.woken.add(key)
+        future = self.future
+        if future is not None and not future.done():
+            future.set_result(None)
+
+
 class FetchWaiters:
     def __init__(self) -> None:
-        self._by_partition: dict[tuple[str, int], set[asyncio.Future[None]]] = {}
+        self._by_partition: dict[tuple[str, int], set[Waiter]] = {}
         self.closed = False
+
+    def register(self, partitions: Iterable[tuple[str, int]]) -> Waiter:
+        """A waiter for ``partitions``, registered until :meth:`unregister` (once for a
+        whole long poll, however many times it wakes)."""
+        waiter = Waiter(list(dict.fromkeys(partitions)))
+        for key in waiter.keys:
+            self._by_partition.setdefault(key, set()).add(waiter)
+        return waiter
+
+    def unregister(self, waiter: Waiter) -> None:
+        for key in waiter.keys:
+            waiters = self._by_partition.get(key)
+            if waiters is not None:
+                waiters.discard(waiter)
+                if not waiters:
+                    del self._by_partition[key]
+
+    async def woken(self, waiter: Waiter, timeout_s: float) -> set[tuple[str, int]]:
+        """The partitions of ``waiter`` advanced since the last call, waiting up to
+        ``timeout_s`` for one when none has (empty: the time passed, or shutdown)."""
+        if not waiter.woken and not self.closed and timeout_s > 0:
+            future = waiter.future = asyncio.get_running_loop().create_future()
+            try:
+                await asyncio.wait_for(future, timeout_s)
+            except TimeoutError:
+                pass
+            finally:
+                waiter.future = None
+        woken, waiter.woken = waiter.woken, set()
+        return woken
 
     async def wait(self, partitions: Iterable[tuple[str, int]], timeout_s: float) -> None:
         """Return when one of ``partitions`` advances, at shutdown, or after ``timeout_s``."""
         if self.closed or timeout_s <= 0:
             return
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        keys = list(dict.fromkeys(partitions))
-        for key in keys:
-            self._by_partition.setdefault(key, set()).add(future)
+        waiter = self.register(partitions)
         try:
-            await asyncio.wait_for(future, timeout_s)
-        except TimeoutError:
-            pass
+            await self.woken(waiter, timeout_s)
         finally:
-            for key in keys:
-                waiters = self._by_partition.get(key)
-                if waiters is not None:
-                    waiters.discard(future)
-                    if not waiters:
-                        del self._by_partition[key]
+            self.unregister(waiter)
 
     async def until_split(
         self, storage: StorageEngine, topic: str, partition: int, deadline: float
@@ -67,16 +107,15 @@ class FetchWaiters:
 
     def notify(self, topic: str, partition: int, high_watermark: int) -> None:
         """The storage's SplitListener: wake every fetch waiting on (topic, partition)."""
-        waiters = self._by_partition.pop((topic, partition), None)
+        waiters = self._by_partition.get((topic, partition))
         if waiters:
-            for future in waiters:
-                if not future.done():
-                    future.set_result(None)
+            key = (topic, partition)
+            for waiter in waiters:
+                waiter.wake(key)
 
     def wake_all(self) -> None:
         self.closed = True
         for waiters in list(self._by_partition.values()):
-            for future in waiters:
-                if not future.done():
-                    future.set_result(None)
+            for waiter in waiters:
+                waiter.wake(None)
         self._by_partition.clear()

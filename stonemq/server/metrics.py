@@ -63,6 +63,9 @@ class BrokerMetrics:
     file_ranges_closed: int = 0
     """Those closed again (sent, left out of an answer, or their connection gone): equal to
     the opened count whenever no fetch response is being read or sent."""
+    fetch_partition_reads: int = 0
+    """Partitions read for consumers' fetches: each once per answer, and, while a fetch waits
+    for ``min_bytes``, each that the splitter advanced once per wake-up."""
     fetch_bytes_sent_copied: int = 0
     """Fetched record bytes of segment ranges copied instead (a socket that cannot take
     ``sendfile``); records read into memory (page cache reads, the cold tier) not counted."""
@@ -108,6 +111,7 @@ _HELP = {
     "fetch_bytes_sent_zero_copy": "fetched record bytes sent with sendfile from segment files",
     "file_ranges_opened": "segment ranges opened for zero-copy fetch responses",
     "file_ranges_closed": "segment ranges of fetch responses closed again",
+    "fetch_partition_reads": "partitions read for fetches (answers and long-poll wake-ups)",
     "fetch_bytes_sent_copied": "fetched segment-range bytes copied (sendfile not possible)",
     "produce_loop_ns": "time Produce handlers ran on the event loop",
     "produce_start_wait_ns": "time from a Produce's start to its handler's first step",

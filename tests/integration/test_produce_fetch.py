@@ -3,6 +3,7 @@ recompressed), response fields, LogAppendTime, zstd only to Fetch v10+, long pol
 
 from __future__ import annotations
 
+import dataclasses
 import struct
 import threading
 import time
@@ -10,12 +11,14 @@ from typing import Any
 
 import pytest
 from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, TopicPartition
+from conftest import free_port
 from kafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
-from kio.static.primitive import i64
+from kio.static.primitive import i32, i64
 
 from .helpers import (
     CODECS,
     assert_same,
+    broker_counters,
     consume,
     consumer,
     create_topic,
@@ -28,9 +31,11 @@ from .rawclient import (
     build_batch,
     fetch_batches,
     fetch_raw,
+    fetch_request,
     ms,
     produce_raw,
     schema,
+    split_batches,
     wait_visible,
 )
 
@@ -226,6 +231,44 @@ def test_empty_long_poll_waits_max_wait(module_broker):
         elapsed = time.monotonic() - start
     assert part.error_code == 0 and not part.records
     assert 0.7 <= elapsed < 5.0, elapsed
+
+
+def test_a_long_poll_of_many_partitions_reads_only_what_advanced(broker_factory):
+    """A fetch of 1,000 partitions waiting for 1 MiB read every partition again at each
+    wake-up (any produce to any of them): 1,000 reads per produce, the whole event loop's
+    time at 10,000 partitions (helper-74's audit, p5). Now a wake-up reads the partitions
+    the splitter advanced, and every partition is read twice in all: for the first look
+    and for the answer."""
+    parts, produced = 1000, 12
+    port = free_port()
+    broker = broker_factory(**{"metrics.listen": f"127.0.0.1:{port}"})
+    b = broker.bootstrap
+    topic = create_topic(b, partitions=parts)
+
+    def later() -> None:
+        time.sleep(0.5)
+        for i in range(produced):  # one wake-up each: every produce waits for the last
+            produce(b, topic, sample_messages(1, tag=f"w{i}"), partition=0, acks="all")
+            time.sleep(0.05)
+
+    request = dataclasses.replace(
+        fetch_request(topic, 0, 0, max_wait_ms=4000, more_partitions=tuple(range(1, parts))),
+        min_bytes=i32(1 << 20),
+    )
+    response_type = schema("fetch", 12, "response").FetchResponse
+    with connect(broker) as conn:
+        before = broker_counters(port)["fetch_partition_reads"]
+        t = threading.Thread(target=later)
+        t.start()
+        resp = conn.request(request, response_type)
+        t.join()
+        reads = broker_counters(port)["fetch_partition_reads"] - before
+    (topic_resp,) = resp.responses
+    first = next(p for p in topic_resp.partitions if p.partition_index == 0)
+    assert len(split_batches(first.records)) == produced  # woken by each, answered with all
+    assert len(topic_resp.partitions) == parts
+    # old code: 1,000 per wake-up (12,000 or more); now 1,000 + 1,000 + one per wake-up
+    assert 2 * parts <= reads <= 2 * parts + produced, reads
 
 
 def test_many_partitions_round_trip(module_broker):
