@@ -179,7 +179,13 @@ class Group:
     protocol: str | None = None
     leader: str | None = None
     state_timestamp_ms: int = -1
+    # changed only through add_member, pop_member, rename_member, set_protocols and
+    # set_join_respond, which keep protocol_counts (protocol name -> members listing it,
+    # Kafka's supportedProtocols) and awaiting_join (members with a JoinGroup parked, Kafka's
+    # numMembersAwaitingJoinResponse): a join asks them, not every member
     members: dict[str, Member] = field(default_factory=dict)
+    protocol_counts: dict[str, int] = field(default_factory=dict)
+    awaiting_join: int = 0
     static_members: dict[str, str] = field(default_factory=dict)  # instance id -> member id
     pending_members: dict[str, Timer] = field(default_factory=dict)  # MEMBER_ID_REQUIRED given
     pending_sync: set[str] = field(default_factory=set)
@@ -194,23 +200,70 @@ class Group:
         self.state_timestamp_ms = now_ms
 
     def all_joined(self) -> bool:
-        return not self.pending_members and all(
-            m.join_respond is not None for m in self.members.values()
-        )
+        return not self.pending_members and self.awaiting_join == len(self.members)
 
     def max_rebalance_timeout_ms(self) -> int:
         return max((m.rebalance_timeout_ms for m in self.members.values()), default=0)
 
+    def add_member(self, member: Member) -> None:
+        self.members[member.member_id] = member
+        self._count(member.protocols, 1)
+        if member.join_respond is not None:
+            self.awaiting_join += 1
+
+    def pop_member(self, member_id: str) -> Member | None:
+        member = self.members.pop(member_id, None)
+        if member is not None:
+            self._count(member.protocols, -1)
+            if member.join_respond is not None:
+                self.awaiting_join -= 1
+        return member
+
+    def set_join_respond(
+        self, member: Member, respond: Callable[[JoinResult], None] | None
+    ) -> Callable[[JoinResult], None] | None:
+        """Park (or, with None, take back) the JoinGroup answer of ``member``, one of the
+        group's; the one parked before."""
+        before, member.join_respond = member.join_respond, respond
+        self.awaiting_join += (respond is not None) - (before is not None)
+        return before
+
+    def rename_member(self, old_id: str, new_id: str) -> Member:
+        member = self.members.pop(old_id)
+        member.member_id = new_id
+        self.members[new_id] = member
+        return member
+
+    def set_protocols(self, member: Member, protocols: tuple[tuple[str, bytes], ...]) -> None:
+        """Replace the protocols of ``member``, one of the group's."""
+        self._count(member.protocols, -1)
+        member.protocols = protocols
+        self._count(protocols, 1)
+
+    def _count(self, protocols: tuple[tuple[str, bytes], ...], step: int) -> None:
+        counts = self.protocol_counts
+        for name in {name for name, _ in protocols}:
+            count = counts.get(name, 0) + step
+            if count:
+                counts[name] = count
+            else:
+                del counts[name]
+
     def supports(self, protocol_type: str, protocols: Iterable[str]) -> bool:
+        """Whether a member of ``protocol_type`` listing ``protocols`` could join: one of them
+        is listed by every member. Constant in the group's size, as Kafka's counts of
+        supported protocols (it intersected every member's protocols at each join: filling
+        a group of n members took n^2/2 set operations, helper-74's audit p8)."""
         if not self.members:
             return True
         if protocol_type != self.protocol_type:
             return False
-        return bool(set(protocols) & self.common_protocols())
+        everyone = len(self.members)
+        return any(self.protocol_counts.get(name) == everyone for name in protocols)
 
     def common_protocols(self) -> set[str]:
-        sets = [{name for name, _ in m.protocols} for m in self.members.values()]
-        return set.intersection(*sets) if sets else set()
+        everyone = len(self.members)
+        return {name for name, count in self.protocol_counts.items() if count == everyone}
 
     def select_protocol(self) -> str:
         """The protocol all members support that most members list first among those (a tie:
@@ -357,7 +410,7 @@ class GroupCoordinator:
         )
         if not group.members:
             group.protocol_type = req.protocol_type
-        group.members[member_id] = member
+        group.add_member(member)
         if member.group_instance_id is not None:
             group.static_members[member.group_instance_id] = member_id
         if group.leader is None:
@@ -378,13 +431,13 @@ class GroupCoordinator:
         req: JoinRequest,
         respond: Callable[[JoinResult], None],
     ) -> None:
-        member.protocols = req.protocols
+        group.set_protocols(member, req.protocols)
         member.session_timeout_ms = req.session_timeout_ms
         member.rebalance_timeout_ms = req.rebalance_timeout_ms
         member.client_id, member.client_host = req.client_id, req.client_host
-        if member.join_respond is not None:  # a duplicate join: the older request loses
-            member.join_respond(JoinResult(ErrorCode.rebalance_in_progress, member.member_id))
-        member.join_respond = respond
+        older = group.set_join_respond(member, respond)
+        if older is not None:  # a duplicate join: the older request loses
+            older(JoinResult(ErrorCode.rebalance_in_progress, member.member_id))
 
     def _replace_static_member(
         self,
@@ -396,23 +449,23 @@ class GroupCoordinator:
     ) -> None:
         """KIP-345: a known group.instance.id rejoining with a fresh member id."""
         leader_before = group.leader
-        member = group.members.pop(old_id)
-        if member.join_respond is not None:
-            member.join_respond(JoinResult(ErrorCode.fenced_instance_id, member_id=old_id))
+        member = group.rename_member(old_id, new_id)
+        older = group.set_join_respond(member, None)
+        if older is not None:
+            older(JoinResult(ErrorCode.fenced_instance_id, member_id=old_id))
         if member.sync_respond is not None:
             member.sync_respond(SyncResult(ErrorCode.fenced_instance_id))
-        member.join_respond = member.sync_respond = None
-        member.member_id = new_id
-        group.members[new_id] = member
+        member.sync_respond = None
         # Kafka rebalances only when the group's selected protocol would change: a restarted
         # Java consumer's subscription bytes always differ (its owned partitions and
         # generation are gone), and comparing the bytes rebalanced the whole group for it
-        old_protocols, member.protocols = member.protocols, req.protocols
+        old_protocols = member.protocols
+        group.set_protocols(member, req.protocols)
         try:
             unchanged = group.protocol is not None and group.select_protocol() == group.protocol
         except (StopIteration, ValueError):  # no protocol in common any more
             unchanged = False
-        member.protocols = old_protocols
+        group.set_protocols(member, old_protocols)
         group.static_members[req.group_instance_id or ""] = new_id
         if group.leader == old_id:
             group.leader = new_id
@@ -424,7 +477,7 @@ class GroupCoordinator:
         member.rebalance_timeout_ms = req.rebalance_timeout_ms
         self._refresh_session(group, member)
         if group.state == GroupState.STABLE and unchanged:
-            member.protocols = req.protocols
+            group.set_protocols(member, req.protocols)
             self._persist_group(group)
             result = self._join_result(group, member, skip_assignment=new_id == group.leader)
             if not req.skip_assignment_supported:
@@ -437,8 +490,8 @@ class GroupCoordinator:
                 )
             respond(result)
             return
-        member.protocols = req.protocols
-        member.join_respond = respond
+        group.set_protocols(member, req.protocols)
+        group.set_join_respond(member, respond)
         if group.state == GroupState.PREPARING_REBALANCE:
             self._try_complete_join(group)
         else:
@@ -527,7 +580,7 @@ class GroupCoordinator:
             if m.join_respond is None and m.group_instance_id is None:
                 self._remove_member(group, m)
         now = self.clock.now_ms()
-        if group.members and all(m.join_respond is None for m in group.members.values()):
+        if group.members and not group.awaiting_join:
             # Only static members are left and none of them rejoined (restarting, say): as
             # Kafka's completeClassicGroupJoin, the join phase waits another rebalance
             # timeout rather than starting a generation nobody joined, until they rejoin
@@ -549,7 +602,7 @@ class GroupCoordinator:
         group.transition(GroupEvent.JOIN_COMPLETE, now)
         group.pending_sync = set(group.members)
         for m in group.members.values():
-            respond, m.join_respond = m.join_respond, None
+            respond = group.set_join_respond(m, None)
             m.is_new = False
             self._refresh_session(group, m)
             if respond is not None:
@@ -703,7 +756,7 @@ class GroupCoordinator:
         return results
 
     def _remove_member(self, group: Group, member: Member) -> None:
-        group.members.pop(member.member_id, None)
+        group.pop_member(member.member_id)
         group.pending_sync.discard(member.member_id)
         instance = member.group_instance_id
         if instance is not None and group.static_members.get(instance) == member.member_id:
@@ -1128,16 +1181,18 @@ class GroupCoordinator:
             offsets=offsets,
         )
         for sm in stored.members:
-            group.members[sm.member_id] = Member(
-                sm.member_id,
-                sm.group_instance_id,
-                sm.client_id,
-                sm.client_host,
-                sm.session_timeout_ms,
-                sm.rebalance_timeout_ms,
-                stored.protocol_type,
-                ((stored.protocol or "", sm.subscription),),
-                assignment=sm.assignment,
+            group.add_member(
+                Member(
+                    sm.member_id,
+                    sm.group_instance_id,
+                    sm.client_id,
+                    sm.client_host,
+                    sm.session_timeout_ms,
+                    sm.rebalance_timeout_ms,
+                    stored.protocol_type,
+                    ((stored.protocol or "", sm.subscription),),
+                    assignment=sm.assignment,
+                )
             )
             if sm.group_instance_id is not None:
                 group.static_members[sm.group_instance_id] = sm.member_id

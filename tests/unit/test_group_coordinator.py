@@ -320,10 +320,10 @@ def test_protocol_selection_and_inconsistent_protocol() -> None:
 def _group_of(protocol_lists: list[list[str]]) -> Group:
     group = Group("g", protocol_type="consumer")
     for i, names in enumerate(protocol_lists):
-        group.members[f"m{i}"] = Member(
+        group.add_member(Member(
             f"m{i}", None, "c", "h", SESSION_MS, REBALANCE_MS, "consumer",
             tuple((name, b"") for name in names),
-        )  # fmt: skip
+        ))  # fmt: skip
     return group
 
 
@@ -356,6 +356,57 @@ def test_thirty_thousand_protocols_are_chosen_from_at_once() -> None:
     started = time.perf_counter()
     assert group.select_protocol() == "p0"  # a tie: p0 is listed first
     assert time.perf_counter() - started < 0.5
+
+
+class _Counted(tuple):  # type: ignore[type-arg]
+    """A member's protocols that count how often they are iterated."""
+
+    iterations = 0
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        _Counted.iterations += 1
+        return super().__iter__()
+
+
+class _CountedMembers(dict):  # type: ignore[type-arg]
+    """A group's members that count the members visited by scans of them."""
+
+    visited = 0
+
+    def values(self):  # type: ignore[no-untyped-def]
+        for member in super().values():
+            _CountedMembers.visited += 1
+            yield member
+
+
+def test_a_join_costs_the_same_whatever_the_groups_size() -> None:
+    """Each JoinGroup intersected every member's protocols (``supports``) and, during a
+    rebalance, scanned the members for one not rejoined yet (``all_joined``): filling a
+    group, or a rebalance of it, cost n^2/2 (helper-74's audit, p8). Kafka keeps counts of
+    the members listing each protocol and of those awaiting their answer; so does ``Group``
+    now: a rejoin costs the same at 1,000 members as at 10."""
+    n = 1000
+    h = Harness(delay_ms=0)
+    protocols = _Counted((("range", b"m"), ("roundrobin", b"m")))
+    ids = [h.join_new(protocols=protocols)[0].member_id]
+    group = h.coord.groups["g"]
+    group.members = _CountedMembers(group.members)
+    h.sync(ids[0], 1, {ids[0]: b"a"})
+    _Counted.iterations = _CountedMembers.visited = 0
+    for _ in range(n - 1):  # filling the group: n - 1 joins while it rebalances
+        ids.append(h.join(protocols=protocols)[0].member_id)
+        assert not h.join(member_id=ids[-1], protocols=protocols)
+    assert h.join(member_id=ids[0], protocols=protocols)  # the last to rejoin completes it
+    h.sync(ids[0], 2, {m: b"a" for m in ids})
+    assert group.state == GroupState.STABLE and len(group.members) == n
+    newcomer = h.join(protocols=protocols)[0].member_id  # a rebalance every member rejoins
+    h.join(member_id=newcomer, protocols=protocols)
+    for member_id in ids:  # in the order they joined: the last one completes it
+        h.join(member_id=member_id, protocols=protocols)
+    assert group.state == GroupState.COMPLETING_REBALANCE and len(group.members) == n + 1
+    # per join a constant; each completion visits every member a few times
+    assert _Counted.iterations < 20 * n, _Counted.iterations
+    assert _CountedMembers.visited < 20 * n, _CountedMembers.visited
 
 
 def test_static_member_rejoins_without_rebalance_and_old_id_is_fenced() -> None:
@@ -598,7 +649,7 @@ def test_partition_for_matches_java_hash_code() -> None:
 @given(
     st.lists(
         st.tuples(
-            st.sampled_from(["join", "rejoin", "leave", "heartbeat", "sync", "tick"]),
+            st.sampled_from(["join", "static", "rejoin", "leave", "heartbeat", "sync", "tick"]),
             st.integers(0, 3),
             st.integers(0, 12_000),
         ),
@@ -607,20 +658,27 @@ def test_partition_for_matches_java_hash_code() -> None:
 )
 def test_random_operations_keep_the_invariants(ops: list[tuple[str, int, int]]) -> None:
     """Whatever members do, the group stays in a state reachable through the table, the
-    leader is a member, and Empty means no members."""
+    leader is a member, Empty means no members, and the group's counts (members listing
+    each protocol, members with a join parked) are its members' (a join that would leave
+    no protocol in common is refused)."""
     h = Harness()
     known: list[str] = []
     for op, who, ms in ops:
         member = known[who % len(known)] if known else ""
         group = h.coord.groups.get("g")
         gen = group.generation if group else 0
+        protocols = PROTOCOL_CHOICES[ms % len(PROTOCOL_CHOICES)]
         if op == "join":
-            out = h.join()
+            out = h.join(protocols=protocols)
             if out and out[0].error == ErrorCode.member_id_required:
                 known.append(out[0].member_id)
-                h.join(member_id=out[0].member_id)
+                h.join(member_id=out[0].member_id, protocols=protocols)
+        elif op == "static":  # a static member joining, or replacing itself (KIP-345)
+            out = h.join(instance=f"S{who}", protocols=protocols)
+            if out and out[0].member_id and out[0].member_id not in known:
+                known.append(out[0].member_id)
         elif op == "rejoin" and member:
-            h.join(member_id=member)
+            h.join(member_id=member, protocols=protocols)
         elif op == "leave" and member:
             h.coord.leave("g", [(member, None)])
         elif op == "heartbeat" and member:
@@ -638,6 +696,24 @@ def test_random_operations_keep_the_invariants(ops: list[tuple[str, int, int]]) 
             assert not group.members
         if group.members:
             assert group.leader is not None
+        counted = collections.Counter(
+            name for m in group.members.values() for name in {n for n, _ in m.protocols}
+        )
+        assert group.protocol_counts == dict(counted)
+        waiting = [m for m in group.members.values() if m.join_respond is not None]
+        assert group.awaiting_join == len(waiting)
+        if group.members:
+            lists = [{n for n, _ in m.protocols} for m in group.members.values()]
+            assert set.intersection(*lists), "members with no protocol in common"
+
+
+PROTOCOL_CHOICES = (
+    (("range", b"m"),),
+    (("range", b"m"), ("roundrobin", b"m")),
+    (("roundrobin", b"m"), ("range", b"m")),
+    (("sticky", b"m"),),
+    (("range", b"m"), ("range", b"again")),
+)
 
 
 def static_stable_with_a_dynamic_member_gone(h: Harness) -> str:
