@@ -24,6 +24,7 @@ from stonemq.metadata.sqlite import (
 from stonemq.metadata.store import CLUSTER_DEFAULT, MetadataStore
 from stonemq.protocol.record_batch import set_stored_limit
 from stonemq.quotas.manager import QuotaManager
+from stonemq.server.connection_limits import ConnectionLimits, parse_overrides
 from stonemq.storage.engine import StorageEngine, StorageError, UnknownPartitionError
 from stonemq.storage.open_files import fit_to_fd_limit
 from stonemq.storage.queue_log import queue_log_names
@@ -42,9 +43,13 @@ log = logging.getLogger("stonemq.broker")
 class Broker:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        # connections accepted at once (max.connections, lowered to the open-file limit's
-        # room by the listener)
-        self.connection_cap = settings.max_connections
+        # connections accepted at once, in all (max.connections, lowered to the open-file
+        # limit's room by the listener) and per client address (max.connections.per.ip)
+        self.connection_limits = ConnectionLimits(
+            settings.max_connections,
+            settings.max_connections_per_ip,
+            parse_overrides(settings.max_connections_per_ip_overrides),
+        )
         # a batch produce accepted can be read back (ListOffsets by time, the group log)
         set_stored_limit(settings.batch_max_uncompressed_bytes)
         settings.data_dir.mkdir(parents=True, exist_ok=True)

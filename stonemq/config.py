@@ -68,6 +68,8 @@ KAFKA_INT_SETTINGS = frozenset(
         "broker_id",
         "socket_request_max_bytes",
         "queued_max_requests",
+        "max_connections",
+        "max_connections_per_ip",
         "max_request_partition_size_limit",
         "num_partitions",
         "default_replication_factor",
@@ -138,6 +140,17 @@ class Settings(SettingsViews, BaseSettings):
         gt=0,
         description="connections accepted at once over all listeners (fewer if the open-file "
         "limit leaves room for fewer beside the broker's own files)",
+    )
+    max_connections_per_ip: int = Field(
+        2_147_483_647,
+        ge=0,
+        description="connections accepted at once from one client address (0: only from "
+        "the addresses max.connections.per.ip.overrides names)",
+    )
+    max_connections_per_ip_overrides: str = Field(
+        "",
+        description="per-address exceptions to max.connections.per.ip: host:count entries "
+        "separated by commas (a host name stands for the addresses it resolves to at start)",
     )
     queued_max_requests: int = Field(500, gt=0, description="requests in flight per connection")
     queued_max_request_bytes: int = Field(
@@ -368,6 +381,19 @@ class Settings(SettingsViews, BaseSettings):
                     f"{name.replace('_', '.')}: {value} is not a number of type {kind} "
                     f"({low} to {high})"
                 )
+        return self
+
+    @model_validator(mode="after")
+    def _check_connection_limits(self) -> Settings:
+        """Kafka's rules: the overrides parse, and a per-address limit of 0 needs them."""
+        from stonemq.server.connection_limits import parse_overrides
+
+        overrides = parse_overrides(self.max_connections_per_ip_overrides)
+        if self.max_connections_per_ip == 0 and not overrides:
+            raise ValueError(
+                "max.connections.per.ip can be set to zero only if "
+                "max.connections.per.ip.overrides is set"
+            )
         return self
 
     @model_validator(mode="after")

@@ -160,23 +160,6 @@ MiB (the Spark source's range reads), sent whole, held the loop for 7 ms or more
 holds it for about 1 ms."""
 
 
-_refusals = [0, 0.0]  # connections refused since the last log line, and when it was written
-
-
-def _refused(peer: str, cap: int) -> None:
-    """Log a refused connection: the first at once, then one line a second at most."""
-    _refusals[0] += 1
-    now = time.monotonic()
-    if now - _refusals[1] >= 1.0:
-        log.warning(
-            "refused %d connection(s) (the last from %s): %d are open, max.connections",
-            _refusals[0],
-            peer,
-            cap,
-        )
-        _refusals[0], _refusals[1] = 0, now
-
-
 def _close_chunks(chunks: Any) -> None:
     """Close the segment ranges among a response's chunks (one that will not be sent)."""
     for chunk in chunks or ():
@@ -237,6 +220,7 @@ class Connection(asyncio.BufferedProtocol):
         self._max_requests = broker.settings.queued_max_requests
         self._decoder = FrameDecoder(broker.settings.socket_request_max_bytes)
         self._reserved = 0  # the decoder's reserved_bytes, as the budget knows them
+        self._admitted = False  # counted in the broker's connection limits
         self._transport: asyncio.Transport | None = None
         self._pending: collections.deque[_Pending] = collections.deque()
         self._ready: collections.deque[_Pending] = collections.deque()  # not started yet
@@ -289,13 +273,13 @@ class Connection(asyncio.BufferedProtocol):
         self._peer = f"{peer[0]}:{peer[1]}" if peer else "?"
         self._host = self._peer.rpartition(":")[0]
         self._loop = asyncio.get_running_loop()
-        if len(self._registry) >= self._broker.connection_cap:
-            # Kafka's max.connections; past the open-file limit's room the storage could not
-            # open a journal segment or a file to fsync
-            _refused(self._peer, self._broker.connection_cap)
+        if not self._broker.connection_limits.admit(self._host):
+            # Kafka's max.connections (past the open-file limit's room the storage could not
+            # open a journal segment or a file to fsync) and max.connections.per.ip
             self._closing = True
             transport.abort()
             return
+        self._admitted = True
         self._registry.add(self)
         sock = transport.get_extra_info("socket")
         self._sendfile_ok = (
@@ -307,6 +291,9 @@ class Connection(asyncio.BufferedProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._closing = True
         self._registry.discard(self)
+        if self._admitted:
+            self._admitted = False
+            self._broker.connection_limits.release(self._host)
         if self._unmute is not None:
             self._unmute.cancel()
         for task in self._tasks:

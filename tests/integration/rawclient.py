@@ -64,8 +64,17 @@ class ConnectionClosed(Exception):
 
 
 class RawConnection:
-    def __init__(self, host: str, port: int, timeout: float = 10.0, client_id: str = "raw-test"):
-        self.sock = socket.create_connection((host, port), timeout=timeout)
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        timeout: float = 10.0,
+        client_id: str = "raw-test",
+        source: str | None = None,
+    ):
+        """``source``: the local address to connect from (any 127.x.y.z on loopback)."""
+        bind = (source, 0) if source is not None else None
+        self.sock = socket.create_connection((host, port), timeout=timeout, source_address=bind)
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.timeout = timeout
         self.client_id = client_id

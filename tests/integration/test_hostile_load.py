@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 from confluent_kafka import Producer, TopicPartition
 from confluent_kafka.admin import NewPartitions, NewTopic
+from conftest import BrokerStartError
 from fuzz import batches
 from kio.schema.metadata.v1.request import MetadataRequest as MetadataV1
 from kio.schema.metadata.v1.request import MetadataRequestTopic as MetadataTopicV1
@@ -467,6 +468,71 @@ def test_pipelined_large_metadata_never_read_holds_one_answer(broker_factory) ->
         assert_bounded_and_others_served(broker, base, 8.0)
     finally:
         hog.close()
+
+
+def _served(broker, source: str, n: int) -> tuple[int, list[RawConnection]]:
+    """Open ``n`` connections from ``source`` and ask each for ApiVersions: how many were
+    answered, and the connections (to close)."""
+    conns = [RawConnection(broker.host, broker.port, source=source) for _ in range(n)]
+    served = 0
+    for conn in conns:
+        try:
+            conn.api_versions()
+            served += 1
+        except (ConnectionClosed, OSError):
+            pass
+    return served, conns
+
+
+def test_one_address_holds_at_most_max_connections_per_ip(broker_factory) -> None:
+    """Kafka's max.connections.per.ip and its overrides: one client opening connections in
+    a loop took every slot of max.connections and every other client was refused. Now an
+    address past its limit has its new connections closed at once (with a log line), other
+    addresses connect, an override raises one address's limit, and an address gets its
+    room back as its connections close."""
+    broker = broker_factory(
+        max_connections=12,
+        max_connections_per_ip=4,
+        max_connections_per_ip_overrides="127.0.0.3:6",
+    )
+    opened: list[RawConnection] = []
+    try:
+        served, conns = _served(broker, "127.0.0.2", 10)  # the greedy client
+        opened += conns
+        assert served == 4
+        assert "max.connections.per.ip 4" in broker.log(since_start=True)
+        served, conns = _served(broker, "127.0.0.3", 8)  # its override
+        opened += conns
+        assert served == 6
+        served, conns = _served(broker, "127.0.0.1", 2)  # the others still get in
+        opened += conns
+        assert served == 2
+        for conn in opened[:4]:  # the greedy client closes its four
+            conn.close()
+        time.sleep(0.5)
+        served, conns = _served(broker, "127.0.0.2", 5)
+        opened += conns
+        assert served == 4
+    finally:
+        for conn in opened:
+            conn.close()
+
+
+def test_a_per_ip_limit_of_zero_needs_overrides(broker_factory) -> None:
+    """As Kafka's KafkaConfig: max.connections.per.ip 0 refuses every address but those the
+    overrides name, so without overrides the broker does not start."""
+    with pytest.raises(BrokerStartError, match=r"max\.connections\.per\.ip can be set to zero"):
+        broker_factory(max_connections_per_ip=0)
+    broker = broker_factory(
+        max_connections_per_ip=0, max_connections_per_ip_overrides="localhost:2"
+    )
+    served, conns = _served(broker, "127.0.0.1", 3)
+    for conn in conns:
+        conn.close()
+    assert served == 2
+    served, conns = _served(broker, "127.0.0.2", 1)
+    conns[0].close()
+    assert served == 0
 
 
 def test_connections_past_max_connections_are_refused_and_the_broker_serves_on(
