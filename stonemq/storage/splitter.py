@@ -174,8 +174,8 @@ class Splitter:
 
     async def step_async(self, j: int, limit: int, advanced: set[QueueLog]) -> int:
         """:meth:`step` with the journal read and the writes in the splitter's thread, as
-        many bytes as :meth:`step_bytes` says. A cancel while the writes run waits for them
-        and publishes what they wrote."""
+        many bytes as :meth:`step_bytes` says. A cancel while the thread reads or writes
+        waits for it, and publishes what the writes wrote."""
         pos = self.positions[j]
         if pos >= limit:
             return 0
@@ -186,9 +186,17 @@ class Splitter:
                 1, thread_name_prefix="stonemq-split", initializer=name_os_thread
             )
         clock = time.monotonic_ns
-        (entries, end), done_ns = await loop.run_in_executor(
+        read = loop.run_in_executor(
             thread, _timed, self._read_reused, j, pos, limit, self.step_bytes(limit - pos)
         )
+        try:
+            (entries, end), done_ns = await asyncio.shield(read)
+        except asyncio.CancelledError:
+            # a stop: the thread reads on through this journal's reader, which the final
+            # split (StorageEngine.close, on the loop) uses next; two threads in one reader
+            # closed its descriptor twice (audit31 p5)
+            await asyncio.wait([read])
+            raise
         on_loop = clock()
         METRICS.splitter_loop_wait_ns += on_loop - done_ns
         staged = self._stage(j, entries)
@@ -205,7 +213,13 @@ class Splitter:
                 done_ns = (await asyncio.shield(written))[1]
             except asyncio.CancelledError:
                 await asyncio.wait([written])  # the files are being written: finish, publish
-                self._publish(j, writes, starts, pos, end, advanced)
+                try:
+                    self._publish(j, writes, starts, pos, end, advanced)
+                except SplitError as exc:
+                    # a failed write: its failure rules apply, and the stop goes on (raised
+                    # out of here it replaced the cancel: the splitter retried for ever and
+                    # the stop waited on it, audit31 p2)
+                    self.failed(exc)
                 raise
             finally:
                 self._in_flight = None
