@@ -1842,7 +1842,18 @@ class StorageEngine:
         except RuntimeError:
             _remove_files(paths, create)
             return
-        loop.run_in_executor(self._directory_thread(), _remove_files, paths, create)
+        done = loop.run_in_executor(self._directory_thread(), _remove_files, paths, create)
+        if create:
+            # the empty segment's name is durable only once a flush fsyncs the directory
+            # after the file exists: a flush between roll_empty and now cleared new_files
+            # before it did, and later flushes fsynced the segment's contents but never its
+            # name again (audit31 p1)
+            def created(_: object) -> None:
+                if not queue.removed:
+                    queue.new_files = True
+                    self._dirty.add(queue)
+
+            done.add_done_callback(created)
 
     async def wait_directory_work(self, timeout_s: float = 60.0) -> bool:
         """Wait (at most ``timeout_s``) for the directory thread's work queued so far:
