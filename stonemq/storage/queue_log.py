@@ -817,10 +817,19 @@ class QueueLog:
                     flushed,
                 )
             return 0
+        # segments wholly below the log start are gone: a power loss brings back those whose
+        # unlink (DeleteRecords, retention) its directory had not made durable, some of them
+        # emptied; nothing in them is readable, and kept they showed as gaps (audit31's
+        # power-loss fuzzer: "segment base 140 but the previous one ends at 135")
+        below = 0
+        while below + 1 < len(self.segments) and self.segments[below + 1].base_offset <= log_start:
+            below += 1
+        if below:
+            self._drop_range(0, below, "wholly below the log start offset")
         start_index = 0
         start_pos = 0
         expected = self.segments[0].base_offset
-        if recovery_point is not None:
+        if recovery_point is not None and recovery_point.segment_base >= expected:
             for i, seg in enumerate(self.segments):
                 if seg.base_offset == recovery_point.segment_base:
                     if seg.size >= recovery_point.position:
@@ -906,8 +915,13 @@ class QueueLog:
                     self._apply_producer(header)
 
     def _drop_from(self, index: int, why: str) -> int:
+        return self._drop_range(index, len(self.segments), why)
+
+    def _drop_range(self, start: int, end: int, why: str) -> int:
+        """Delete segments ``start`` to ``end`` (excluded) and their files at once (recovery);
+        the bytes they held."""
         dropped = 0
-        for seg in self.segments[index:]:
+        for seg in self.segments[start:end]:
             dropped += seg.size
             for path in seg.paths:
                 self.files.close(path)
@@ -916,7 +930,7 @@ class QueueLog:
             log.warning(
                 "%s-%d: deleted segment %d (%s)", self.topic, self.partition, seg.base_offset, why
             )
-        del self.segments[index:]
+        del self.segments[start:end]
         return dropped
 
     def close_files(self) -> None:

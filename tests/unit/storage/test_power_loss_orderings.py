@@ -19,6 +19,7 @@ from conftest import abandon, build_batch, new_engine, read_all, wait_split
 
 from stonemq.protocol.record_batch import iter_batches
 from stonemq.storage import fileio
+from stonemq.storage.check import check_storage
 from stonemq.storage.engine import LogConfig, StorageEngine
 from stonemq.storage.faults import Durability, FaultPlan, FaultyFileOps
 from stonemq.storage.journal import segment_name
@@ -195,3 +196,38 @@ def test_a_rolled_segments_fsync_never_vouches_for_an_earlier_one(
     lost, split, written = asyncio.run(main())
     assert split == written, f"the splitter stopped at {split} of {written}"
     assert lost == []
+
+
+def test_segments_a_power_loss_brings_back_below_the_log_start_are_deleted(
+    tmp_path: Path, disk: Disk
+) -> None:
+    """DeleteRecords unlinked segments wholly below the new log start; a power loss before
+    their directory's fsync brings the names back, some emptied. Recovery kept them: reads
+    were right (they are below the log start) but they held disk, and `storage check`
+    reported the holes between them as defects (audit31's power-loss fuzzer, seed 2058)."""
+    small = LogConfig(segment_bytes=1500, index_interval_bytes=300, retention_ms=-1)
+    queue_dir = tmp_path / "queues" / "t-0"
+
+    async def main() -> tuple[list[str], list[int], int]:
+        engine = _open(tmp_path, [small], flush_policy="always", journal_segment_bytes=1 << 16)
+        await _produce(engine, b"a", 30, {})
+        await wait_split(engine)
+        bases = [seg.base_offset for seg in engine._by_name[("t", 0)].queue.segments]
+        assert len(bases) >= 4
+        deleted = engine.delete_records("t", 0, bases[3])
+        await deleted.written
+        await asyncio.wait_for(engine.split_past(deleted.journal, deleted.end), 5)
+        await engine.close()
+        for base in bases[:3]:  # back from the dead, emptied (or not)
+            (queue_dir / f"{base:020d}.log").write_bytes(b"" if base != bases[1] else b"\0" * 7)
+        engine = _open(tmp_path, [small], flush_policy="always", journal_segment_bytes=1 << 16)
+        start = engine.log_start_offset("t", 0)
+        await engine.close()
+        report = check_storage(str(tmp_path / "journal"), str(tmp_path / "queues"))
+        kept = sorted(int(p.stem) for p in queue_dir.glob("*.log"))
+        return report.defects, kept, start
+
+    defects, kept, start = asyncio.run(main())
+    assert start >= min(kept) and all(base >= min(kept) for base in kept)
+    assert defects == []
+    assert len([base for base in kept if base < start]) <= 1  # the one holding the log start
