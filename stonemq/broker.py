@@ -24,7 +24,11 @@ from stonemq.metadata.sqlite import (
 from stonemq.metadata.store import CLUSTER_DEFAULT, MetadataStore
 from stonemq.protocol.record_batch import set_stored_limit
 from stonemq.quotas.manager import QuotaManager
-from stonemq.server.connection_limits import ConnectionLimits, parse_overrides
+from stonemq.server.connection_limits import (
+    ConnectionLimits,
+    parse_overrides,
+    resolve_overrides,
+)
 from stonemq.storage.engine import StorageEngine, StorageError, UnknownPartitionError
 from stonemq.storage.open_files import fit_to_fd_limit
 from stonemq.storage.queue_log import queue_log_names
@@ -45,10 +49,11 @@ class Broker:
         self.settings = settings
         # connections accepted at once, in all (max.connections, lowered to the open-file
         # limit's room by the listener) and per client address (max.connections.per.ip)
+        # (a host name among the overrides stands for the addresses it resolves to now)
         self.connection_limits = ConnectionLimits(
             settings.max_connections,
             settings.max_connections_per_ip,
-            parse_overrides(settings.max_connections_per_ip_overrides),
+            resolve_overrides(parse_overrides(settings.max_connections_per_ip_overrides)),
         )
         # a batch produce accepted can be read back (ListOffsets by time, the group log)
         set_stored_limit(settings.batch_max_uncompressed_bytes)

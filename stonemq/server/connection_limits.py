@@ -47,6 +47,15 @@ def _address(host: str) -> str:
     return str(address)
 
 
+def _key(host: str) -> str:
+    """The count's key of a peer: its canonical address (a peer that is not an IP address,
+    a Unix socket's, is counted under its own text: the total limit and the default apply)."""
+    try:
+        return _address(host)
+    except ValueError:
+        return host
+
+
 def resolve_overrides(overrides: dict[str, int]) -> dict[str, int]:
     """The overrides by IP address: a host name stands for every address it resolves to
     (Kafka resolves each once, at start). OSError when a name does not resolve."""
@@ -82,10 +91,7 @@ class ConnectionLimits:
     def admit(self, host: str) -> bool:
         """Count a connection from ``host`` in if both limits allow it (then
         :meth:`release` it when it closes); else log it and answer False."""
-        try:
-            address = _address(host)
-        except ValueError:  # not an IP peer (a Unix socket): the total limit only
-            address = host
+        address = _key(host)
         held = self._by_address.get(address, 0)
         if self.open >= self.max_connections:
             self._log_refusal(host, f"{self.open} are open, max.connections")
@@ -101,10 +107,7 @@ class ConnectionLimits:
         return True
 
     def release(self, host: str) -> None:
-        try:
-            address = _address(host)
-        except ValueError:
-            address = host
+        address = _key(host)
         held = self._by_address.get(address, 0)
         if held <= 0:
             return
@@ -116,10 +119,7 @@ class ConnectionLimits:
 
     def held_by(self, host: str) -> int:
         """Connections open from ``host`` now."""
-        try:
-            return self._by_address.get(_address(host), 0)
-        except ValueError:
-            return self._by_address.get(host, 0)
+        return self._by_address.get(_key(host), 0)
 
     def _log_refusal(self, host: str, why: str) -> None:
         """The first refusal at once, then one line a second at most."""

@@ -14,7 +14,6 @@ from stonemq.broker import Broker
 from stonemq.server.budget import OWNER_PROGRESS_BYTES, PARTIAL_STALL_S, RequestBudget
 from stonemq.server.collector import tune_collector
 from stonemq.server.connection import Connection
-from stonemq.server.connection_limits import parse_overrides, resolve_overrides
 from stonemq.server.dispatcher import TURN_BYTES, Dispatcher
 from stonemq.server.gil import tune_switch_interval
 from stonemq.server.lock import DirectoryLock
@@ -69,10 +68,7 @@ async def _serve_locked(settings: Settings, stop: asyncio.Event) -> None:
     broker.start()
     connections: set[Connection] = set()
     room = connection_room(broker.storage.max_open_files)
-    limits = broker.connection_limits
-    limits.max_connections = min(settings.max_connections, room)
-    limits.per_ip = settings.max_connections_per_ip
-    limits.overrides = resolve_overrides(parse_overrides(settings.max_connections_per_ip_overrides))
+    broker.connection_limits.max_connections = min(settings.max_connections, room)
     if room < settings.max_connections:
         log.info(
             "accepting at most %d connections: the open-file limit (ulimit -n) leaves room "
