@@ -26,18 +26,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from ports import free_port  # tests/ (on sys.path)
 
 READY_TIMEOUT_S = 20.0
 STOP_TIMEOUT_S = 10.0
 LOG_TAIL_LINES = 200
 
 _READY = re.compile(r"\bready\b", re.IGNORECASE)
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def settings_env(settings: Mapping[str, Any]) -> dict[str, str]:
@@ -132,10 +127,20 @@ class Broker:
         """Start the broker and wait for its ``ready`` line and an open port."""
         assert self.proc is None or self.proc.poll() is not None, "broker already running"
         self.spawn()
-        assert self.proc is not None
+        return self.wait_ready(timeout)
+
+    def wait_ready(self, timeout: float = READY_TIMEOUT_S) -> Broker:
+        """Wait for a spawned broker's ``ready`` line (the word: "address already in use" is
+        a broker that exited) and its port accepting, checking that it still runs once both
+        are seen: a broker that could not bind may be given another's port, which accepts."""
+        assert self.proc is not None, "broker was never spawned"
         deadline = time.monotonic() + timeout
         while True:
-            if _READY.search(self.log(since_start=True)) and self._accepts_connections():
+            if (
+                _READY.search(self.log(since_start=True))
+                and self._accepts_connections()
+                and self.proc.poll() is None
+            ):
                 return self
             code = self.proc.poll()
             if code is not None:

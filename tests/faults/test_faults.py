@@ -49,7 +49,6 @@ import os
 import random
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -63,6 +62,7 @@ import pytest
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from kazoo.client import KazooClient
+from ports import free_port  # tests/ (on sys.path: root conftest)
 
 from stonemq.cluster.controller import read_controller, read_journal_partitions
 from stonemq.cluster.membership import BROKER_IDS_PATH
@@ -141,11 +141,7 @@ class FaultCluster:
         return ",".join(b.bootstrap for b in self.brokers.values())
 
     def wait_ready(self, broker: Any, timeout: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout
-        while "ready" not in broker.log(since_start=True) or not _accepts(broker):
-            assert broker.proc.poll() is None, broker.log_tail()
-            assert time.monotonic() < deadline, broker.log_tail()
-            time.sleep(0.05)
+        broker.wait_ready(timeout)
 
     def start(self, b: int) -> None:
         """Restart broker ``b`` once ZooKeeper dropped its last session's registration (as
@@ -204,21 +200,6 @@ class FaultCluster:
         self.zk.stop()
         for disk in self.disks:
             disk.close()
-
-
-def free_port() -> int:
-    # not conftest's: a whole-suite run may import another conftest under that name
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _accepts(broker: Any) -> bool:
-    try:
-        with socket.create_connection((broker.host, broker.port), timeout=1):
-            return True
-    except OSError:
-        return False
 
 
 def _wait(predicate: Callable[[], bool], timeout: float, what: str) -> float:

@@ -10,6 +10,7 @@ import threading
 import time
 
 import pytest
+from ports import free_port as _free_port  # tests/ (on sys.path: root conftest)
 
 from .helpers import Msg, broker_counters, consume, create_topic, produce
 from .rawclient import RawConnection, build_batch, produce_request, schema
@@ -81,12 +82,6 @@ def test_producers_at_the_splitters_pace_with_a_zero_lag_limit(broker_factory) -
         assert [(m.offset, m.key, m.value) for m in got] == [
             (i, m.key, m.value) for i, m in enumerate(sent[p])
         ]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.mark.parametrize("max_lag", [0, 64 << 20])

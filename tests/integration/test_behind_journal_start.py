@@ -112,7 +112,7 @@ def _behind(
     for b in brokers:
         b.spawn()
     for b in brokers:
-        _wait(lambda b=b: "ready" in b.log(since_start=True), 60, "brokers ready")
+        b.wait_ready(60)
     leader, follower = brokers
     admin = AdminClient({"bootstrap.servers": leader.bootstrap})
     admin.create_topics([NewTopic("behind", PARTITIONS, 2)])["behind"].result(30)
@@ -398,7 +398,7 @@ def test_a_leader_change_during_the_copy_restarts_it_from_the_new_leader(
     for b in brokers.values():
         b.spawn()
     for b in brokers.values():
-        _wait(lambda b=b: "ready" in b.log(since_start=True), 60, "brokers ready")
+        b.wait_ready(60)
     bootstrap = f"{brokers[1].bootstrap},{brokers[2].bootstrap}"
     admin = AdminClient({"bootstrap.servers": bootstrap})
     admin.create_topics([NewTopic("behind", PARTITIONS, 3)])["behind"].result(30)

@@ -312,12 +312,8 @@ def test_a_leader_judged_dead_while_alive_is_deposed_safely_and_rejoins(
     brokers[0].settings["advertised_listeners"] = f"PLAINTEXT://127.0.0.1:{proxy.port}"
     for b in brokers:  # placement waits for three live brokers: start them together
         b.spawn()
-    deadline = time.monotonic() + 60
     for b in brokers:
-        while "ready" not in b.log(since_start=True):
-            assert b.proc.poll() is None, b.log_tail()
-            assert time.monotonic() < deadline, b.log_tail()
-            time.sleep(0.05)
+        b.wait_ready(60)
     assert f"advertised 127.0.0.1:{proxy.port}" in brokers[0].log(since_start=True)
     topic = "misjudged"
     all_bootstrap = ",".join(b.bootstrap for b in brokers)

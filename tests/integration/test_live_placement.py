@@ -50,7 +50,7 @@ def test_a_journal_partition_placed_after_the_start_is_hosted_live(
     for b in first:
         b.spawn()
     for b in first:
-        _wait(lambda b=b: "ready" in b.log(since_start=True), 60, "brokers 1 and 2 ready")
+        b.wait_ready(60)
     admin = AdminClient({"bootstrap.servers": first[0].bootstrap})
     admin.create_topics([NewTopic("early", 6, 2)])["early"].result(30)
     assert len(_produce_all(first[0].bootstrap, "early", 120, b"e")) == 120

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from ports import free_port as _free_port  # tests/ (on sys.path: root conftest)
 
 from stonemq.config import field_specs, load_settings
 from stonemq.config_values import encode_handover
@@ -134,12 +135,6 @@ fd = os.open(sys.argv[2], os.O_RDONLY)
 from stonemq.server.run import main
 main(["--settings-fd", str(fd)])
 """
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _handover(tmp_path: Path, port: int) -> Path:

@@ -68,23 +68,9 @@ def _start_cluster(
     ]
     for b in brokers:  # placement waits for every live broker: start them together
         b.spawn()
-    deadline = time.monotonic() + 60
     for b in brokers:
-        while "ready" not in b.log(since_start=True) or not _accepts(b):
-            assert b.proc.poll() is None, b.log_tail()
-            assert time.monotonic() < deadline, b.log_tail()
-            time.sleep(0.05)
+        b.wait_ready(60)
     return brokers, chroot
-
-
-def _accepts(broker: Any) -> bool:
-    import socket
-
-    try:
-        with socket.create_connection((broker.host, broker.port), timeout=1):
-            return True
-    except OSError:
-        return False
 
 
 def _storage_check(data_dir: Path) -> None:

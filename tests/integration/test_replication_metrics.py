@@ -9,7 +9,6 @@ replication benchmark, bench/replication.py, found it)."""
 
 from __future__ import annotations
 
-import socket
 import time
 import urllib.request
 import uuid
@@ -17,23 +16,18 @@ from typing import Any
 
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
+from ports import free_port as _free_port  # tests/ (on sys.path: root conftest)
 
 from bench.replication import parse_metrics
 
 from .rawclient import RawConnection, build_batch, produce_request, schema
-from .test_replication import _accepts, _leaders, _wait
+from .test_replication import _leaders, _wait
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(180)]
 
 DEPTH = 2
 REQUESTS = 150
 RECORD = b"x" * 1024
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _metrics(port: int) -> dict[str, float]:
@@ -59,7 +53,7 @@ def _cluster(broker_factory: Any, zookeeper: Any, ports: list[int], **extra: Any
     for b in brokers:  # placement waits for three live brokers: start them together
         b.spawn()
     for b in brokers:
-        _wait(lambda b=b: "ready" in b.log(since_start=True) and _accepts(b), 60, "ready")
+        b.wait_ready(60)
     return brokers
 
 

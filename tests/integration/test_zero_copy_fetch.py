@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pytest
 from kio.schema.types import i32, i64
+from ports import free_port as _free_port  # tests/ (on sys.path: root conftest)
 
 from stonemq.protocol.record_batch import iter_batches, iter_records
 
@@ -50,12 +51,6 @@ from .rawclient import (
 
 RECORD = 1000
 FAULTY_SERVE = Path(__file__).with_name("faulty_serve.py")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _messages(n: int, tag: bytes = b"") -> list[Msg]:

@@ -16,14 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from ports import free_port  # tests/ (on sys.path: root conftest)
 
 BUCKET = "stonemq-tier-test"
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def settings_env(settings: dict[str, Any]) -> dict[str, str]:
