@@ -743,6 +743,10 @@ class ReplicaManager:
             ok = None
         finally:
             state.isr_change_pending = False
+        if self._leading.get(state.journal) is not state:
+            # a newer leadership of the journal partition began here meanwhile (the write
+            # named the old epoch, so ZooKeeper refused it): that one is not resigned for it
+            return
         if ok is None:  # it may have been written all the same: the joiner still counts
             return  # (until ZooKeeper's ISR is read back: reconcile)
         state.maximal_isr = ()

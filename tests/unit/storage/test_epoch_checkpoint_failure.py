@@ -4,14 +4,18 @@ holds, the journal partition goes offline as Kafka's log directory does, and the
 manager neither leads an offline copy nor retries a failed election in a tight loop.
 
 Real files with real ``os`` calls failing (the ``os_faults`` fixture); the ReplicaManager is the
-real one, routing reduced to what ``reconcile`` reads."""
+real one, routing reduced to what ``reconcile`` reads. Also the manager across epochs: an
+ISR write refused for an old epoch leaves a newer leadership alone."""
 
 from __future__ import annotations
 
 import asyncio
 import errno
+import threading
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 from conftest import OsFaults, add_topic, build_batch, new_engine, started_leader
@@ -159,3 +163,72 @@ def test_the_manager_retries_a_failed_election_after_a_pause_and_never_leads_off
             await engine.close()
 
     run(scenario())
+
+
+class _StateNode:
+    """ZooKeeper's state node of journal partition 0 for ``write_isr``: get and a conditional
+    set, the set answered once ``release`` is set (a write in flight)."""
+
+    def __init__(self, epoch: int) -> None:
+        from stonemq.cluster.journal_state import PartitionState
+
+        self.state = PartitionState(leader=0, leader_epoch=epoch, isr=(0, 1), controller_epoch=1)
+        self.version = 0
+        self.release = threading.Event()
+        self.client_id = None
+
+    def get(self, path: str) -> tuple[bytes, SimpleNamespace]:
+        self.release.wait(10)
+        return self.state.to_json(), SimpleNamespace(version=self.version)
+
+    def set(self, path: str, data: bytes, version: int) -> None:
+        from stonemq.cluster.journal_state import PartitionState
+
+        self.state = PartitionState.from_json(data)
+        self.version += 1
+
+
+def test_a_refused_isr_write_of_an_old_epoch_leaves_the_new_leadership(tmp_path: Path) -> None:
+    """An ISR change written for epoch 1 is still in flight when this broker is elected
+    again in epoch 2: ZooKeeper's node names epoch 2, so the write is refused, and that
+    refusal is the old leadership's, not the new one's (the manager resigned by journal id,
+    dropping the leadership it had just taken)."""
+
+    async def scenario() -> None:
+        engine = await started_leader(tmp_path)
+        routing = _Routing(1)
+        node = _StateNode(1)
+        routing.client = node
+        manager = ReplicaManager(0, routing, engine, Settings())  # type: ignore[arg-type]
+        manager.start()
+        try:
+            await wait_for_async(lambda: manager.leads(0))
+            old = manager.leader_state(0)
+            assert old is not None and old.epoch == 1
+            manager._change_isr(old, (0,), "a test's shrink")  # blocks in node.get
+            routing.epoch = 2
+            node.state = replace(node.state, leader_epoch=2)
+            node.version += 1
+            manager.reconcile()
+            await wait_for_async(
+                lambda: (s := manager.leader_state(0)) is not None and s.epoch == 2
+            )
+            node.release.set()  # the epoch-1 write reads epoch 2: refused
+            await wait_for_async(lambda: not old.isr_change_pending)
+            await asyncio.sleep(0.05)
+            new = manager.leader_state(0)
+            assert new is not None and new.epoch == 2, "the new leadership was resigned"
+            assert node.state.isr == (0, 1)  # nothing written for the old epoch
+        finally:
+            node.release.set()
+            await manager.close()
+            await engine.close()
+
+    run(scenario())
+
+
+async def wait_for_async(check: Any, timeout: float = 5.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not check():
+        assert asyncio.get_running_loop().time() < deadline, "timed out"
+        await asyncio.sleep(0.01)
