@@ -88,3 +88,38 @@ def test_a_ratio_just_below_its_goal_is_not_reached_though_it_rounds_to_it() -> 
     assert multi["measured"] == 0.79995 and multi["reached"] is False
     interference = got[(17, "interference: producer p99 together ÷ alone")]
     assert interference["measured"] == 2.00001 and interference["reached"] is False
+
+
+def _spark(produced: int, bounded: bool) -> dict:
+    side = {"mb_s": 200.0}
+    return {
+        "spark_source": {
+            "batch": {
+                "spark_all": {"mb_s": 400.0},
+                "consumer_all": side,
+                "spark_archived": {"mb_s": 500.0},
+                "consumer_archived": side,
+            },
+            "stream": {
+                "target_mb_s": 102.4,  # 100,000 records of 1,024 bytes a second
+                "seconds": 10.0,
+                "produced": produced,
+                "bounded": bounded,
+                "lag_end": 5,
+                "lag_max": 9,
+            },
+        }
+    }
+
+
+def test_a_bounded_streaming_lag_counts_only_when_the_feeder_wrote_the_asked_rate() -> None:
+    name = (21, "Spark streaming topic → topic at half the ingest rate: lag bounded")
+    assert _by_name(_spark(1_000_000, True))[name]["reached"] is True
+    assert _by_name(_spark(950_000, True))[name]["reached"] is True
+    short = _by_name(_spark(850_000, True))[name]  # the feeder fell behind: not shown
+    assert short["reached"] is False and short["measured"] == "bounded, fed 85% of the rate"
+    assert _by_name(_spark(1_000_000, False))[name]["reached"] is False
+    batch = _by_name(_spark(1_000_000, True))[
+        (21, "Spark batch read, archived half: MB/s ÷ one consumer's")
+    ]
+    assert batch["measured"] == 2.5 and batch["reached"] is True
