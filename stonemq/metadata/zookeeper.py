@@ -316,10 +316,17 @@ class ZooKeeperMetadataStore(MetadataStore):
             journal_partitions=tuple(journal_partitions),
             configs=dict(configs),
         )
-        tx = self.client.transaction()
-        tx.create(f"{TOPICS_PATH}/{name}", _topic_node(record))
-        tx.create(f"{TOPIC_CONFIGS_PATH}/{name}", _config_node(record.configs))
-        results = self._retry(tx.commit)
+
+        def commit() -> list[Any]:
+            # a new transaction each attempt: kazoo refuses to commit one twice ("Transaction
+            # already committed": CreateTopics answered UNKNOWN_SERVER_ERROR after a lost
+            # connection, with the topic often created; audit33 p2)
+            tx = self.client.transaction()
+            tx.create(f"{TOPICS_PATH}/{name}", _topic_node(record))
+            tx.create(f"{TOPIC_CONFIGS_PATH}/{name}", _config_node(record.configs))
+            return tx.commit()
+
+        results = self._retry(commit)
         if any(isinstance(r, NodeExistsError) for r in results):
             # a commit retried after a lost connection finds its own first attempt
             try:
@@ -335,13 +342,24 @@ class ZooKeeperMetadataStore(MetadataStore):
 
     def delete_topic(self, name: str) -> TopicRecord:
         record, (topic_version, config_version) = self._current(name)
-        tx = self.client.transaction()
-        tx.delete(f"{TOPIC_CONFIGS_PATH}/{name}", version=config_version)
-        tx.delete(f"{TOPICS_PATH}/{name}", version=topic_version)
-        results = self._retry(tx.commit)
+        attempts = 0
+
+        def commit() -> list[Any]:
+            nonlocal attempts
+            attempts += 1
+            tx = self.client.transaction()  # a new one each attempt (create_topic says why)
+            tx.delete(f"{TOPIC_CONFIGS_PATH}/{name}", version=config_version)
+            tx.delete(f"{TOPICS_PATH}/{name}", version=topic_version)
+            return tx.commit()
+
+        results = self._retry(commit)
         if any(isinstance(r, NoNodeError) for r in results):
-            raise UnknownTopicError(name)
-        _raise_conflict(results, name)
+            if attempts == 1:
+                raise UnknownTopicError(name)
+            # after an attempt cut by a lost connection: that attempt deleted the nodes (or
+            # another broker did meanwhile); the topic is gone either way
+        else:
+            _raise_conflict(results, name)
         self._forget(name)
         return record
 

@@ -450,3 +450,47 @@ def test_a_100000_partition_topic_node_fits_in_a_zookeeper_node() -> None:
     assert len(text) < 300_000  # ZooKeeper's default jute.maxbuffer is 1 MB
     with pytest.raises(ValueError):
         decode_mapping("AAEA")  # three bytes: not whole uint16s
+
+
+@pytest.mark.cluster
+def test_a_create_or_delete_whose_commit_lost_its_connection_is_retried_whole(
+    two_brokers: tuple[Any, Any],
+) -> None:
+    """A multi-op commit applied by ZooKeeper whose answer a lost connection cut (the fault
+    injected: the first transaction commits, then raises ConnectionLoss) is retried with a
+    new transaction, which finds its own first attempt: the create returns its topic and the
+    delete succeeds. The same transaction was committed again, and kazoo refused it
+    ("Transaction already committed": UNKNOWN_SERVER_ERROR; audit33 p2)."""
+    from kazoo.exceptions import ConnectionLoss
+
+    a, b = two_brokers
+    real = a.client.transaction
+    cut: list[int] = []
+
+    def transaction() -> Any:
+        tx = real()
+        commit = tx.commit
+
+        def commit_then_lose() -> Any:
+            results = commit()
+            if not cut:
+                cut.append(1)
+                raise ConnectionLoss("injected: the answer was lost")
+            return results
+
+        tx.commit = commit_then_lose
+        return tx
+
+    a.client.transaction = transaction
+    try:
+        created = a.create_topic("t", [0, 1], {})
+        assert cut == [1]
+        eventually(lambda: b.get_topic("t") == created)
+        cut.clear()
+        assert a.delete_topic("t") == created
+        assert cut == [1]
+        eventually(lambda: b.get_topic("t") is None)
+        with pytest.raises(UnknownTopicError):
+            a.delete_topic("t")  # a first attempt finding nothing: unknown, as before
+    finally:
+        a.client.transaction = real
