@@ -126,6 +126,7 @@ class Broker:
         if self.replicas is not None:  # offset commits are answered once the ISR has them
             self.groups.log.wait_for_hw = self._offsets_hw
             self.replicas.on_leader = self._reload_groups
+            self.replicas.topic_ids_gone = getattr(self.metadata, "topic_ids_gone", None)
             self.replicas.on_resign = self._unload_groups
         self._reloads: set[asyncio.Future[None]] = set()
         self.tier = _tier_service(settings, self.topics)

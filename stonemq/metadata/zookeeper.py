@@ -307,6 +307,33 @@ class ZooKeeperMetadataStore(MetadataStore):
     def get_topic(self, name: str) -> TopicRecord | None:
         return self._topics.get(name)
 
+    def topic_ids_gone(self, topic_ids: set[bytes]) -> set[bytes]:
+        """Which of ``topic_ids`` no topic holds now (blocking: a thread). A follower's
+        journal may name topics its watches have not brought yet: ZooKeeper is synced first
+        (a topic named by its leader's journal was created before that leader took the
+        produce), then the topics not cached here, or cached under one of those ids (grown
+        since), are read again, and, while an id is still unfound, every other topic (one
+        deleted and created again under its name). Each read updates the cache and tells
+        the listeners, which register what is new; the ids left are deleted topics'."""
+        want = set(topic_ids)
+        self._retry(self.client.sync, TOPICS_PATH)
+        names = self._retry(self.client.get_children, TOPICS_PATH)
+        with self._lock:
+            cached = {name: record.topic_id.bytes for name, record in self._topics.items()}
+        first = [n for n in names if cached.get(n) is None or cached[n] in want]
+        rest = [n for n in names if cached.get(n) is not None and cached[n] not in want]
+        for name in first:
+            record = self._reload(name)
+            if record is not None:
+                want.discard(record.topic_id.bytes)
+        for name in rest:
+            if not want:
+                break
+            record = self._reload(name)
+            if record is not None:
+                want.discard(record.topic_id.bytes)
+        return want
+
     def create_topic(
         self, name: str, journal_partitions: list[int], configs: Mapping[str, str]
     ) -> TopicRecord:

@@ -47,7 +47,7 @@ from stonemq.protocol.replica_fetch import (
     encode_request,
 )
 from stonemq.server.metrics import METRICS
-from stonemq.storage.errors import StorageError
+from stonemq.storage.errors import StorageError, UnknownTopicsError
 from stonemq.storage.journal import CorruptEntryError
 
 if TYPE_CHECKING:
@@ -205,6 +205,8 @@ class LeaderFetcher:
         self.leader = leader
         self.partitions: list[int] = []
         self._paused: dict[int, float] = {}  # journal id -> monotonic time to fetch again
+        # journal id -> the unknown topic ids last logged for it (said once, not every retry)
+        self._unknown_logged: dict[int, set[bytes]] = {}
         self._changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._writer: asyncio.Transport | None = None
@@ -385,6 +387,16 @@ class LeaderFetcher:
         if len(records):
             try:
                 end = await storage.append_replica(local, asked.fetch_position, records)
+            except UnknownTopicsError as exc:
+                # this broker's metadata lags its leader's journal: fetched again once it
+                # knows those topics (the leader's HW waits for this replica meanwhile, and
+                # drops it from the ISR after replica.lag.time.max.ms, as for any lag)
+                manager.resolve_topics(exc.topic_ids)
+                self._paused[j] = time.monotonic() + _BECOMING_RETRY_S
+                if self._unknown_logged.get(j) != exc.topic_ids:
+                    self._unknown_logged[j] = exc.topic_ids
+                    log.info("%s; fetched again once this broker knows them", exc)
+                return
             except (StorageError, CorruptEntryError) as exc:
                 log.warning("journal partition %d: replica append failed: %s", j, exc)
                 self._paused[j] = time.monotonic() + backoff_s

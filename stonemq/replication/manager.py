@@ -152,6 +152,11 @@ class ReplicaManager:
         # and once it is not any more (they unload)
         self.on_leader: Callable[[int], None] | None = None
         self.on_resign: Callable[[int], None] | None = None
+        # the cluster's metadata asked about topic ids a fetched run names and this broker
+        # does not know (blocking: a thread): it reloads the topics that hold them, whose
+        # registration here follows, and returns the ids no topic holds (deleted)
+        self.topic_ids_gone: Callable[[set[bytes]], set[bytes]] | None = None
+        self._resolving: asyncio.Future[Any] | None = None
         # HWs of led journal partitions not yet handed to the splitter: local index -> HW
         # (see LEADER_SPLIT_DELAY_S), and the timer that hands them over
         self._split_pending: dict[int, int] = {}
@@ -699,6 +704,33 @@ class ReplicaManager:
         """Follower ``broker`` copies this journal partition's state at ``point``: its
         journal segments from there stay for ``CATCH_UP_RETAIN_S`` (or until it fetches)."""
         state.catch_up_pins[broker] = (point, time.monotonic() + CATCH_UP_RETAIN_S)
+
+    # -- topics a follower does not know yet ------------------------------------------------
+    def resolve_topics(self, topic_ids: set[bytes]) -> None:
+        """A fetched run named ``topic_ids``, unknown here (UnknownTopicsError): ask the
+        cluster's metadata, once at a time, so those created meanwhile are registered
+        (through the metadata's listeners) and those deleted are appended and skipped."""
+        if self._resolving is not None or self.topic_ids_gone is None:
+            return
+        loop = asyncio.get_running_loop()
+        ask = self.topic_ids_gone
+        fut = loop.run_in_executor(None, ask, set(topic_ids))
+        self._resolving = fut
+
+        def done(f: asyncio.Future[set[bytes]]) -> None:
+            self._resolving = None
+            if f.cancelled():
+                return
+            exc = f.exception()
+            if exc is not None:  # ZooKeeper unreachable: the next fetch asks again
+                log.warning("unknown topic ids not resolved: %s", exc)
+                return
+            gone = f.result()
+            if gone:
+                log.info("%d topic id(s) of fetched entries belong to deleted topics", len(gone))
+                self.storage.topics_gone(gone)
+
+        fut.add_done_callback(done)
 
     # -- ISR changes ------------------------------------------------------------------------
     async def _isr_loop(self) -> None:

@@ -57,6 +57,7 @@ from stonemq.storage.errors import (
     OffsetOutOfRangeError,
     StorageError,
     UnknownPartitionError,
+    UnknownTopicsError,
 )
 from stonemq.storage.file_range import FileRange
 from stonemq.storage.fileio import FsyncError, fsync_paths
@@ -510,6 +511,11 @@ class StorageEngine:
         # journal partitions led (or becoming led) here: no replica append is taken for them;
         # and each journal partition's replica appends in flight (become_leader waits them)
         self._led_here: set[int] = set()
+        # topic ids known to be deleted (removed here, or found in no topic of the cluster's
+        # metadata: ``topics_gone``): a follower appends their entries, which the splitter
+        # skips; entries of any other topic id not registered here are refused
+        # (UnknownTopicsError) until the metadata catches up. Topic ids are never reused.
+        self._gone_topic_ids: set[bytes] = set()
         # journal partitions whose catch-up install is under way (catch_up_install): no
         # replica append, truncation or other catch-up meanwhile
         self._installing: dict[int, asyncio.Future[None]] = {}  # done when it ends
@@ -747,6 +753,7 @@ class StorageEngine:
         states = self._by_name.topic(topic)
         paths = []
         for i, state in enumerate(states, 1):
+            self._gone_topic_ids.add(state.topic_id)
             self._forget(state)
             paths.append(self._queue_path(topic, state.partition))
             if i % STEP_PARTITIONS == 0:
@@ -2353,6 +2360,9 @@ class StorageEngine:
         entries, used = decode_entries(data, position, verify=True)
         if not entries:
             return position
+        unknown = self.unknown_topic_ids(entries)
+        if unknown:
+            raise UnknownTopicsError(j, unknown)
         cache = self._epoch_caches[j]
         latest = cache.latest
         last = latest.epoch if latest is not None else -1
@@ -2390,6 +2400,23 @@ class StorageEngine:
         written.add_done_callback(functools.partial(self._replica_written, entries, journal))
         await asyncio.shield(written)
         return position + used
+
+    def unknown_topic_ids(self, entries: list[JournalEntry]) -> set[bytes]:
+        """The topic ids of ``entries`` whose topic partition is not registered here and
+        whose topic is not known to be deleted (a topic created, or grown, that this broker's
+        metadata has not caught up with)."""
+        by_id = self._by_name.by_id
+        gone = self._gone_topic_ids
+        return {
+            e.topic_id
+            for e in entries
+            if e.topic_id not in gone and by_id(e.topic_id, e.partition) is None
+        }
+
+    def topics_gone(self, topic_ids: set[bytes]) -> None:
+        """``topic_ids`` name no topic of the cluster's metadata (read after a sync): their
+        topics were deleted, and their entries may be appended (the splitter skips them)."""
+        self._gone_topic_ids.update(topic_ids)
 
     def _replica_written(
         self, entries: list[JournalEntry], journal: JournalLog, done: asyncio.Future[None]

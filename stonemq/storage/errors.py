@@ -7,6 +7,17 @@ class StorageError(Exception):
     """An I/O failure (ENOSPC, EIO...) on the journal or a queue log: KAFKA_STORAGE_ERROR."""
 
 
+class UnknownTopicsError(StorageError):
+    """A follower's fetched journal entries name topic partitions this broker does not know
+    and does not know to be deleted: nothing of the run is appended until it does (its
+    metadata lags its journal), or its splitter would skip those entries as a deleted
+    topic's while the leader counted them acknowledged by this replica."""
+
+    def __init__(self, journal: int, topic_ids: set[bytes]) -> None:
+        super().__init__(f"journal-{journal}: entries of {len(topic_ids)} unknown topic id(s)")
+        self.topic_ids = topic_ids
+
+
 class CutBackError(OSError):
     """A failed write left a partial record in a file and cutting it back failed too: the
     file's state is unknown (fatal, see ``health.py``)."""

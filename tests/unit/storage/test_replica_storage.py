@@ -25,6 +25,7 @@ from conftest import (
 )
 
 from stonemq.storage.engine import LogConfig, NotLeaderError, OffsetOutOfRangeError, StorageError
+from stonemq.storage.errors import UnknownTopicsError
 from stonemq.storage.journal import CorruptEntryError, JournalReader
 
 
@@ -608,5 +609,72 @@ def test_a_truncated_log_start_entry_is_never_applied(tmp_path: Path) -> None:
             assert engine.log_end_offset("t", 0) == 3
         finally:
             await engine.close()
+
+    run(scenario())
+
+
+def test_a_follower_appends_no_entry_of_a_topic_it_does_not_know_yet(tmp_path: Path) -> None:
+    """audit33 p1: a follower whose metadata lagged split the entries of a topic created
+    meanwhile as a deleted topic's, skipping them for good, while its append counted them
+    acknowledged. Such a run is refused whole until the topic is registered; entries of a
+    topic known to be deleted (removed here, or ``topics_gone``) are appended and skipped."""
+    leader_root, follower_root = tmp_path / "leader", tmp_path / "follower"
+    new_id = uuid.UUID(int=99)
+
+    async def scenario() -> None:
+        leader = await started_leader(leader_root)
+        follower = new_engine(follower_root, replicated=True)
+        add_topic(follower, partitions=2)
+        follower.recover()
+        follower.start(lambda *a: None)
+        try:
+            add_topic(leader, "new", partitions=1, topic_id=new_id)
+            await leader.append("t", 0, build_batch([b"a"]), 1).written
+            await leader.append("new", 0, build_batch([b"n1", b"n2"]), 2).written
+            end = leader.journal_written_end(0)
+            data = JournalReader(str(leader_root / "journal" / "journal-0")).read_raw(
+                0, end, 1 << 20
+            )
+            with pytest.raises(UnknownTopicsError) as refused:
+                await follower.append_replica(0, 0, memoryview(data))
+            assert refused.value.topic_ids == {new_id.bytes}
+            assert follower.journal_end(0) == 0  # nothing of the run written
+            add_topic(follower, "new", partitions=1, topic_id=new_id)  # the metadata caught up
+            assert await follower.append_replica(0, 0, memoryview(data)) == end
+            for engine in (leader, follower):
+                engine.set_split_limit(0, end)
+                await settle(engine)
+            assert follower.high_watermark("new", 0) == 2
+            assert (
+                follower.read("new", 0, 0, 1 << 20).data == leader.read("new", 0, 0, 1 << 20).data
+            )
+            # a deleted topic's entries: removed on the follower, then on the leader after
+            # two more records; the follower appends them and its splitter skips them
+            await follower.remove_topic("new")
+            await leader.append("new", 0, build_batch([b"n3"]), 1).written
+            await leader.append("t", 0, build_batch([b"b"]), 1).written
+            end2 = leader.journal_written_end(0)
+            more = JournalReader(str(leader_root / "journal" / "journal-0")).read_raw(
+                end, end2, 1 << 20
+            )
+            assert await follower.append_replica(0, end, memoryview(more)) == end2
+            # and one the follower never knew, found in no topic of the metadata
+            other_id = uuid.UUID(int=100)
+            add_topic(leader, "gone", partitions=1, topic_id=other_id)
+            await leader.append("gone", 0, build_batch([b"g"]), 1).written
+            end3 = leader.journal_written_end(0)
+            last = JournalReader(str(leader_root / "journal" / "journal-0")).read_raw(
+                end2, end3, 1 << 20
+            )
+            with pytest.raises(UnknownTopicsError):
+                await follower.append_replica(0, end2, memoryview(last))
+            follower.topics_gone({other_id.bytes})
+            assert await follower.append_replica(0, end2, memoryview(last)) == end3
+            follower.set_split_limit(0, end3)
+            await settle(follower)
+            assert follower.high_watermark("t", 0) == 2
+        finally:
+            await leader.close()
+            await follower.close()
 
     run(scenario())
