@@ -59,6 +59,7 @@ from typing import Any
 
 import diskfaults  # tests/ (on sys.path through the root conftest)
 import pytest
+from acked import check_acknowledged
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from kazoo.client import KazooClient
@@ -741,18 +742,6 @@ def _verify_final(cluster: FaultCluster, producer: ProducerLoad, consumer: Consu
     for p in range(PARTITIONS):
         assert queues[1][p] == queues[2][p] == queues[3][p], f"{TOPIC}-{p} differs"
     stored = {(p, off): v for p in range(PARTITIONS) for off, v in logs.records(queues[1][p])}
-    acked = {(p, off): v for p, off, v in producer.acked if off is not None}
-    # librdkafka acknowledges a batch whose answer was lost without an offset once a later
-    # batch of the same producer succeeds (rd_kafka_dr_implicit_ack): held by value, once
-    by_value = {(p, v) for p, off, v in producer.acked if off is None}
-    assert len(acked) + len(by_value) == len(producer.acked), "two acknowledgements of one record"
-    lost = set(acked.items()) - set(stored.items())
-    assert not lost, f"acknowledged and not stored at its offset: {sorted(lost)[:5]}"
-    rest = {(p, v) for (p, off), v in stored.items() if (p, off) not in acked}
-    assert rest == by_value, (
-        f"stored {len(stored)} records, acknowledged {len(acked)} at an offset and "
-        f"{len(by_value)} without: {sorted(rest ^ by_value)[:5]}"
-    )
-    assert len({(p, v) for (p, _), v in stored.items()}) == len(stored), "a record stored twice"
+    check_acknowledged(producer.acked, stored)
     for p, off, v in consumer.consumed:
         assert stored.get((p, off)) == v, (p, off, v, stored.get((p, off)))
