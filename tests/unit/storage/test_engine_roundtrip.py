@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import resource
 import signal
@@ -30,6 +31,7 @@ from stonemq.protocol.record_batch import crc_ok, iter_batches, iter_records, pa
 from stonemq.server.metrics import METRICS
 from stonemq.storage import journal as journal_module
 from stonemq.storage.engine import (
+    STRAYS_LOGGED,
     LogConfig,
     OffsetOutOfRangeError,
     StorageError,
@@ -557,6 +559,39 @@ def test_a_queue_log_left_by_a_cut_short_deletion_is_set_aside(tmp_path: Path) -
         assert base == 0
         await wait_split(engine)
         assert [r.value for r in iter_records(read_all(engine, "gone", 0))] == [b"new"]
+        await engine.close()
+
+    run(main())
+
+
+def test_the_queue_logs_of_a_cut_short_deletion_are_logged_in_one_line(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A deletion of a 100,000-partition topic cut short left 87,000 queue logs, and the next
+    start logged a line for each (its start took over 20 s): they are set aside each, and
+    logged in one line naming the first ``STRAYS_LOGGED`` and how many more."""
+    partitions = STRAYS_LOGGED + 30
+
+    async def main() -> None:
+        engine = new_engine(tmp_path)
+        add_topic(engine, "gone", partitions)
+        engine.start(lambda *a: None)
+        for p in range(partitions):
+            await produce(engine, "gone", p, [build_batch([b"old"])])
+        await wait_split(engine)
+        await engine.close()
+
+        engine = new_engine(tmp_path)  # "gone" was deleted from the metadata: not registered
+        with caplog.at_level(logging.WARNING, logger="stonemq"):
+            engine.recover()
+        stray = [p.name for p in (tmp_path / "queues").iterdir() if p.name.endswith(".stray")]
+        assert sorted(n.rsplit("-", 1)[0] for n in stray) == sorted(
+            f"gone-{p}" for p in range(partitions)
+        )
+        lines = [r.getMessage() for r in caplog.records if "set aside" in r.getMessage()]
+        assert len(lines) == 1, lines
+        assert lines[0].startswith(f"{partitions} queue log(s) in "), lines[0]
+        assert lines[0].endswith(" and 30 more"), lines[0]
         await engine.close()
 
     run(main())
