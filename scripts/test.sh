@@ -8,9 +8,10 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 
+echo "== $(date -u +%T) install the test dependencies"
 "$ROOT/scripts/install-test-deps.sh"
 
-echo "== ruff check stonemq tests"
+echo "== $(date -u +%T) ruff check stonemq tests"
 "$ROOT/.venv/bin/ruff" check stonemq tests
 
 # The suite starts hundreds of Python processes (brokers, clients, Spark workers); without
@@ -36,11 +37,11 @@ fi
 FAST="not slow and not crash and not spark and not fuzz and not cluster"
 PARALLEL_CLUSTER="cluster and not slow and not crash and not spark and not fuzz"
 status=0
-echo "== pytest -m '$FAST' -n 4 --dist loadfile"
+echo "== $(date -u +%T) pytest -m '$FAST' -n 4 --dist loadfile"
 "$PYTEST" -m "$FAST" -n 4 --dist loadfile --durations=15 || status=1
-echo "== pytest -m '$PARALLEL_CLUSTER' -n 2 --dist loadfile"
+echo "== $(date -u +%T) pytest -m '$PARALLEL_CLUSTER' -n 2 --dist loadfile"
 "$PYTEST" -m "$PARALLEL_CLUSTER" -n 2 --dist loadfile --durations=15 || status=1
-echo "== pytest -m 'not ($FAST) and not ($PARALLEL_CLUSTER)'"
+echo "== $(date -u +%T) pytest -m 'not ($FAST) and not ($PARALLEL_CLUSTER)'"
 "$PYTEST" -m "not ($FAST) and not ($PARALLEL_CLUSTER)" --durations=40 || status=1
-echo "== whole suite exit $status"
+echo "== $(date -u +%T) whole suite exit $status"
 exit "$status"

@@ -38,7 +38,7 @@ from stonemq.tiering import manifest as mf
 from stonemq.tiering.archive_job import read_archive
 from stonemq.tiering.cold_store import StoreSpec
 
-from .conftest import kill_group, run_tier, spawn_tier_run
+from .conftest import S3_ALL, S3_LONG_RUN, kill_group, run_tier, spawn_tier_run
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(900)]
 
@@ -238,6 +238,7 @@ def test_killed_run_then_rerun_leaves_every_offset_once(broker_factory, spark, t
         _check_reads_from_zero(broker, topic, msgs)
 
 
+@pytest.mark.skipif(not S3_ALL, reason=S3_LONG_RUN)  # tiered[s3] archives to s3:// in CI
 def test_s3_store_archive_evict_read_back_and_spark(broker_factory, spark, s3_server) -> None:  # type: ignore[no-untyped-def]
     broker = broker_factory(**BROKER, **s3_server)
     topic, msgs = _produce_tiered(broker, "s3")
