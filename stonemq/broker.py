@@ -231,9 +231,8 @@ class Broker:
                     until[p] = self.storage.log_end_offset(OFFSETS_TOPIC, p)
                 except UnknownPartitionError:  # not registered here yet
                     continue
-        if until:  # loading from now, not from the task's first step
-            self.groups.loading |= set(until)
-            task = asyncio.ensure_future(self.groups.reload(until))
+        if until:
+            task = self.groups.start_reload(until)
             self._reloads.add(task)
             task.add_done_callback(self._reloads.discard)
 
