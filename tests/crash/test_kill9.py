@@ -36,7 +36,7 @@ from stonemq.storage.journal import decode_entries
 pytestmark = [pytest.mark.crash, pytest.mark.timeout(900)]
 
 TOPICS = {"crash-a": 3, "crash-b": 2, "crash-c": 1}
-CYCLES = int(os.environ.get("STONEMQ_CRASH_CYCLES", "24"))
+CYCLES = int(os.environ.get("STONEMQ_CRASH_CYCLES", "16"))
 POLICIES = ("interval", "always", "never")
 SMALL_SEGMENTS = {"internal.segment.bytes": str(24 * 1024)}  # queue-log rolls within a cycle
 

@@ -283,6 +283,7 @@ def test_batch_read_archived_local_and_mixed_ranges(spark, tiered) -> None:  # t
 
 
 def test_starting_timestamp_matches_list_offsets_by_time(spark, tiered) -> None:  # type: ignore[no-untyped-def]
+    s3_in_the_long_run(tiered.store)
     t = tiered
     c = consumer(t.broker.bootstrap)
     try:
@@ -309,6 +310,7 @@ def test_starting_timestamp_matches_list_offsets_by_time(spark, tiered) -> None:
 
 
 def test_clear_errors(spark, tiered) -> None:  # type: ignore[no-untyped-def]
+    s3_in_the_long_run(tiered.store)
     t = tiered
     with pytest.raises(Exception, match=r"no-such-topic.*do not exist"):
         t.reader(spark, subscribe="no-such-topic").load().count()
