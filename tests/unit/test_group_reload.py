@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+from engines import new_engine  # tests/ (on sys.path: root conftest)
 from kio.schema.errors import ErrorCode
 
 from stonemq.config import Settings
@@ -31,19 +32,7 @@ async def _committed_then_taken_over(
     the partition over, the high watermark still behind its log end."""
     settings = Settings(data_dir=tmp_path, journal_partitions=1, offsets_topic_num_partitions=1)
     store = SqliteMetadataStore(tmp_path / "metadata.db")
-    engine = StorageEngine(
-        str(tmp_path / "journal"),
-        str(tmp_path / "queues"),
-        journal_partitions=1,
-        journal_segment_bytes=1 << 20,
-        flush_policy="never",
-        flush_interval_ms=1000,
-        queue_checkpoint_interval_ms=60_000,
-        max_open_files=64,
-        splitter_batch_bytes=1 << 20,
-        queue_cache_retain_bytes=1 << 20,
-        replicated=True,
-    )
+    engine = new_engine(tmp_path, journal_partitions=1, replicated=True)
     topics = TopicManager(settings, store, engine)
     old = GroupRuntime(settings, engine, topics)
     old.log.ensure_topic()

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from engines import new_engine  # tests/ (on sys.path: root conftest)
 from hypothesis import given
 from hypothesis import strategies as st
 from kio.schema.errors import ErrorCode
@@ -18,7 +19,7 @@ from kio.schema.errors import ErrorCode
 from stonemq.cluster.routing import Leadership
 from stonemq.config import Settings
 from stonemq.metadata.sqlite import SqliteMetadataStore
-from stonemq.storage.engine import LogConfig, StorageEngine
+from stonemq.storage.engine import LogConfig
 from stonemq.topic_configs import (
     AdminError,
     ConfigOp,
@@ -547,17 +548,10 @@ def test_a_delete_racing_a_large_create_leaves_no_partition_behind(
     CreatePartitions failed with a traceback (found by the long fuzz run)."""
 
     async def race() -> None:
-        engine = StorageEngine(
-            str(tmp_path / "journal"),
-            str(tmp_path / "queues"),
+        engine = new_engine(
+            tmp_path,
             journal_partitions=settings.journal_partitions,
             journal_segment_bytes=1 << 20,
-            flush_policy="never",
-            flush_interval_ms=1000,
-            queue_checkpoint_interval_ms=60_000,
-            max_open_files=64,
-            splitter_batch_bytes=1 << 20,
-            queue_cache_retain_bytes=1 << 20,
         )
         engine.recover()
         engine.start(lambda *a: None)

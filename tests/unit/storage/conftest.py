@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from engines import new_engine  # tests/ (on sys.path: root conftest)
 from kafka.record.default_records import DefaultRecordBatchBuilder
 
 from stonemq.storage.engine import LogConfig, StorageEngine
@@ -50,24 +51,8 @@ def build_batch(
     return data
 
 
-ENGINE_DEFAULTS: dict[str, Any] = {
-    "journal_partitions": 2,
-    "journal_segment_bytes": 64 * 1024,
-    "flush_policy": "never",
-    "flush_interval_ms": 1000,
-    "queue_checkpoint_interval_ms": 60_000,
-    "max_open_files": 64,
-    "splitter_batch_bytes": 1 << 20,
-    "queue_cache_retain_bytes": 1 << 20,  # small: reads after the pages were dropped
-}
-
 SMALL_LOG = LogConfig(segment_bytes=16 * 1024, index_interval_bytes=512)
 TOPIC_ID = uuid.UUID("6f1c2d3e-0000-4000-8000-000000000001")
-
-
-def new_engine(root: Path, **overrides: Any) -> StorageEngine:
-    settings = {**ENGINE_DEFAULTS, **overrides}
-    return StorageEngine(str(root / "journal"), str(root / "queues"), **settings)
 
 
 def add_topic(

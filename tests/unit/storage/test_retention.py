@@ -11,7 +11,6 @@ from typing import Any
 
 import pytest
 from conftest import (
-    ENGINE_DEFAULTS,
     abandon,
     add_topic,
     build_batch,
@@ -20,6 +19,7 @@ from conftest import (
     read_all,
     wait_split,
 )
+from engines import ENGINE_DEFAULTS  # tests/ (on sys.path: root conftest)
 
 from stonemq.protocol.record_batch import iter_batches
 from stonemq.storage.engine import LogConfig, OffsetOutOfRangeError, StorageEngine
