@@ -398,15 +398,15 @@ class GroupRuntime:
         )
 
     def start_reload(self, until: dict[int, int]) -> asyncio.Task[None]:
-        """:meth:`reload` as a task, its partitions loading from now (not from the task's
+        """:meth:`_reload` as a task, its partitions loading from now (not from the task's
         first step), so that an :meth:`unload` right after cancels it even before it ran."""
         self.loading |= set(until)
-        task = asyncio.ensure_future(self.reload(until))
+        task = asyncio.ensure_future(self._reload(until))
         for p in until:
             self._reloads[p] = task
         return task
 
-    async def reload(self, until: dict[int, int]) -> None:
+    async def _reload(self, until: dict[int, int]) -> None:
         """This broker now leads the journal partition carrying these ``__consumer_offsets``
         partitions (a failover): once its splitter has split each up to ``until`` (the
         partition's end here when it started leading), replay them into the coordinator, so
@@ -417,7 +417,6 @@ class GroupRuntime:
         every commit above it for good (helper-78's audit34 p1). A warning says what it
         waits for every ``RELOAD_NOTE_S``; :meth:`unload` of the partitions cancels it."""
         partitions = set(until)
-        self.loading |= partitions
         task = asyncio.current_task()
         storage = self.log.storage
         loop = asyncio.get_running_loop()
@@ -465,7 +464,7 @@ class GroupRuntime:
     def unload(self, partitions: set[int]) -> None:
         """This broker no longer leads the journal partition carrying these
         ``__consumer_offsets`` partitions: unload their groups (their members are told
-        NOT_COORDINATOR, their timers stop) until a later :meth:`reload`."""
+        NOT_COORDINATOR, their timers stop) until a later :meth:`start_reload`."""
         for p in partitions:  # a reload still waiting for them loads nothing now
             waiting = self._reloads.pop(p, None)
             if waiting is not None:
