@@ -97,3 +97,27 @@ def test_window_bounds() -> None:
     for _ in range(5):
         w.shrink()
     assert w.records == 4
+
+
+@pytest.mark.parametrize("read_ahead_max_bytes", [1, 3000, 16 * 1024 * 1024])
+def test_a_read_ahead_cut_inside_a_file_serves_the_rest_of_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, read_ahead_max_bytes: int
+) -> None:
+    """A read-ahead that stops before a file's last row group (its byte limit, or the window)
+    covers only the groups it read: every archived offset is still served, in order, once.
+    Before, the cache claimed the whole file and the next fetch past the groups read jumped
+    beyond the file (audit36 p1: a consumer got OFFSET_OUT_OF_RANGE for archived offsets)."""
+    from stonemq.tiering import staging
+
+    monkeypatch.setattr(staging, "ROW_GROUP_RECORDS", 16)  # 13 row groups a file
+    spec = StoreSpec((tmp_path / "tier").as_uri())
+    segments = data_segments(4, 4, 50)
+    write_segments(tmp_path / "queues", "t", 0, segments)
+    archive_in_process(spec.open(), "t", 0, tmp_path / "queues")
+    expected = expected_records(segments[:3])
+    reader = ColdReader(spec, read_ahead_max_bytes=read_ahead_max_bytes)
+    assert _consume(reader, 0, max_bytes=700) == expected
+    middle = sorted(expected)[len(expected) // 3]
+    assert _consume(ColdReader(spec, read_ahead_max_bytes=read_ahead_max_bytes), middle) == {
+        o: v for o, v in expected.items() if o >= middle
+    }
