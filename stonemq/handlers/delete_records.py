@@ -120,6 +120,8 @@ async def handle_delete_records(ctx: RequestContext, request: Any) -> Any:
     flat = ((i, r) for i, (_, results) in enumerate(answers) for r in results)
     async for i, r in ctx.paced(flat):
         if r.error == ErrorCode.none:
+            if r.cold >= 0 and tier is not None:
+                await tier.load_manifests([(r.topic, r.index)])
             try:
                 r.low_watermark = storage.log_start_offset(r.topic, r.index)
                 if r.cold >= 0 and tier is not None:

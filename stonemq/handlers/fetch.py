@@ -451,6 +451,13 @@ async def _read_all(
             ctx.charge(len(data))
     tier = getattr(ctx.broker, "tier", None)
     if tier is not None:  # tiered partitions start at the cold log start
+        await tier.load_manifests(
+            (topic.topic, part.index)
+            for topic, parts in out
+            if topic.topic is not None
+            for part in parts
+            if part.log_start >= 0
+        )
         for topic, parts in out:
             for part in parts:
                 if part.log_start >= 0 and topic.topic is not None:

@@ -155,8 +155,11 @@ async def _lookup(
     if target == LATEST:
         return storage.high_watermark(topic, partition), -1
     if target == EARLIEST:
+        if tier is None:
+            return storage.log_start_offset(topic, partition), -1
+        await tier.load_manifests([(topic, partition)])
         start = storage.log_start_offset(topic, partition)
-        return (tier.log_start(topic, partition, start) if tier else start), -1
+        return tier.log_start(topic, partition, start), -1
     if target == EARLIEST_LOCAL:
         return storage.log_start_offset(topic, partition), -1
     if target in (LATEST_TIERED, EARLIEST_PENDING_UPLOAD):

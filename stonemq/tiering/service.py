@@ -26,6 +26,8 @@ from stonemq.tiering.cold_store import StoreSpec
 from stonemq.topic_configs import whole_retention
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
     from stonemq.config import Settings
     from stonemq.tiering.cold_reader import ColdReader
     from stonemq.tiering.manifest import Manifest
@@ -111,6 +113,31 @@ class TierService:
         if current is None or not current.files:
             return local_start
         return min(local_start, current.start_offset)
+
+    async def load_manifests(self, partitions: Iterable[tuple[str, int]]) -> None:
+        """Read, in the pool, the manifest of each tiered partition of ``partitions`` that
+        none is cached for yet, so that :meth:`log_start` answers the cold log start from
+        the broker's first request on. It answered the local log start until the
+        background refresh reached the partition (after a start, for every tiered
+        partition in turn): a consumer asking for the earliest offset meanwhile skipped
+        every archived record (audit36 p3). Kafka restores the whole log's start at
+        startup. A manifest that cannot be read leaves the local start (logged)."""
+        if self.policy == "disable" or self._closed:
+            return
+        tiered: dict[str, bool] = {}
+        loop: asyncio.AbstractEventLoop | None = None
+        for topic, partition in partitions:
+            if self._cached(topic, partition) is not None:
+                continue
+            if topic not in tiered:
+                tiered[topic] = self.tiered(topic)
+            if not tiered[topic]:
+                continue
+            loop = loop or asyncio.get_running_loop()
+            try:
+                await loop.run_in_executor(self.executor, self.reader.manifest, topic, partition)
+            except Exception as exc:
+                log.warning("tier: manifest of %s-%d not read: %s", topic, partition, exc)
 
     def archived_next(self, topic: str, partition: int) -> int:
         """First offset not archived (cached manifest; 0 when none): local retention may

@@ -85,6 +85,27 @@ def test_not_in_local_serves_deleted_offsets_from_the_archive(broker_factory) ->
     assert _compressions(broker, topic, 0)[0] == 0  # re-encoded from Parquet, uncompressed
 
 
+def test_the_earliest_offset_is_the_cold_log_start_from_the_first_request_after_a_restart(
+    broker_factory,
+) -> None:  # type: ignore[no-untyped-def]
+    """After a restart a tiered partition's earliest offset (ListOffsets, and a Fetch's log
+    start) is the cold log start from the first request on. It was the local log start
+    until the background refresh had read the partition's manifest, so a consumer starting
+    from the earliest offset then skipped every archived record (audit36 p3)."""
+    from confluent_kafka import OFFSET_BEGINNING
+
+    broker = broker_factory(**BROKER)
+    topic, msgs, current = _setup(broker, {"local.retention.ms": "0"})
+    _wait_evicted(broker, topic, current.next_offset)
+    broker.restart()
+    with RawConnection(broker.host, broker.port) as conn:  # the first request after ready
+        part = fetch_raw(conn, topic, 0, N - 1, partition_max_bytes=4096)
+        assert part.error_code == 0, part.error_code
+        assert part.log_start_offset == 0
+    assert low_watermark(broker.bootstrap, topic) == 0
+    assert_same(consume(broker.bootstrap, topic, N, offset=OFFSET_BEGINNING), msgs)
+
+
 def test_delete_records_moves_the_log_start_through_the_archive(broker_factory) -> None:  # type: ignore[no-untyped-def]
     """KIP-405: a tiered partition's log start covers its archive. DeleteRecords below the
     local log start answered the local start and left the archived records readable (the
