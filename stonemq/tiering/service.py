@@ -127,11 +127,9 @@ class TierService:
         tiered: dict[str, bool] = {}
         loop: asyncio.AbstractEventLoop | None = None
         for topic, partition in partitions:
-            if self._cached(topic, partition) is not None:
-                continue
             if topic not in tiered:
                 tiered[topic] = self.tiered(topic)
-            if not tiered[topic]:
+            if not tiered[topic] or self._cached(topic, partition) is not None:
                 continue
             loop = loop or asyncio.get_running_loop()
             try:
