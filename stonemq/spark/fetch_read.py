@@ -81,7 +81,13 @@ class ReadFailed(Exception):
 
 
 class DataGone(Exception):
-    """The range's offsets are not in the log (the caller decides: data loss)."""
+    """The range's offsets are not in the log (the caller decides: data loss).
+    ``log_start``: the partition's log start when the broker named it (an offset below it
+    was asked), else None."""
+
+    def __init__(self, why: str, log_start: int | None = None) -> None:
+        super().__init__(why)
+        self.log_start = log_start
 
 
 def usable(opts: SourceOptions) -> bool:
@@ -172,7 +178,10 @@ def read_fetch(opts: SourceOptions, r: OffsetRange) -> Iterator[pa.Table]:
                 if code in _RETRIABLE:
                     raise FetchFailed(f"the leader answers {_name(code)}")
                 if code == ErrorCode.offset_out_of_range:
-                    raise DataGone(f"offset out of range (log start {part.log_start_offset})")
+                    raise DataGone(
+                        f"offset out of range (log start {part.log_start_offset})",
+                        part.log_start_offset if part.log_start_offset >= 0 else None,
+                    )
                 if code in _GONE:
                     raise DataGone(f"the topic partition is gone ({_name(code)})")
                 if code != ErrorCode.none:

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import logging
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Generator, Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -29,6 +30,8 @@ from stonemq.spark.options import (
     TopicPartitionKey,
 )
 from stonemq.spark.pool import ClientPool, close_quietly, config_key
+
+log = logging.getLogger("stonemq.spark")
 
 BATCH_ROWS = 8192
 # what a range read fetches per partition per request unless kafka.max.partition.fetch.bytes
@@ -363,8 +366,15 @@ def read_cold(opts: SourceOptions, r: OffsetRange) -> Iterator[pa.RecordBatch]:
         try:
             fh = _open_parquet(store, key)
         except FileNotFoundError:
-            yield from _lost(opts, r, f"archived file {key} was removed by cold retention")
-            return
+            # the next planned files may still be there (cold retention removes the oldest
+            # first): failOnDataLoss=false goes on with them, as Spark's Kafka source goes on
+            # from the earliest offset still in the log
+            yield from _lost(
+                opts,
+                replace(r, start=max(first, r.start), end=min(last + 1, r.end)),
+                f"archived file {key} was removed by cold retention",
+            )
+            continue
         with fh:
             pf = pq.ParquetFile(fh)
             meta = pf.metadata
@@ -422,12 +432,26 @@ def spark_headers(lists: Any) -> Any:
     return pc.if_else(empty, pa.scalar(None, HEADERS_TYPE), lists)
 
 
+def _loss(r: OffsetRange, why: str) -> DataLossError:
+    return DataLossError(
+        f"{r.topic}-{r.partition} offsets {r.start}..{r.end - 1}: {why}. Some data may "
+        "have been lost; set failOnDataLoss=false to go on without it."
+    )
+
+
 def _lost(opts: SourceOptions, r: OffsetRange, why: str) -> Iterator[pa.RecordBatch]:
+    """No rows for ``r``: DataLossError with failOnDataLoss, else a warning (Spark's Kafka
+    source logs one too)."""
     if opts.fail_on_data_loss:
-        raise DataLossError(
-            f"{r.topic}-{r.partition} offsets {r.start}..{r.end - 1}: {why}. Some data may "
-            "have been lost; set failOnDataLoss=false to go on without it."
-        )
+        raise _loss(r, why)
+    log.warning(
+        "%s-%d: offsets %d..%d skipped: %s (failOnDataLoss=false)",
+        r.topic,
+        r.partition,
+        r.start,
+        r.end - 1,
+        why,
+    )
     return iter(())
 
 
@@ -522,31 +546,75 @@ def read_kafka(opts: SourceOptions, r: OffsetRange) -> Iterator[pa.RecordBatch]:
     (control records, compaction); the range is done once the read reaches ``r.end``."""
     from stonemq.spark import fetch_read
 
-    if fetch_read.usable(opts):
-        schema = arrow_schema(opts.include_headers)
+    if not fetch_read.usable(opts):
+        yield from _read_librdkafka(opts, r)
+        return
+    schema = arrow_schema(opts.include_headers)
+    start = r.start  # the first offset not read yet
+    while start < r.end:
         try:
-            for table in fetch_read.read_fetch(opts, r):
+            for table in fetch_read.read_fetch(opts, replace(r, start=start)):
+                if table.num_rows:
+                    start = table.column("offset")[-1].as_py() + 1
                 yield from _spark_batches(table, r, schema, opts.include_headers)
+            return
         except fetch_read.DataGone as exc:
-            yield from _lost(opts, r, str(exc))
+            start = _go_on_after_loss(opts, r, start, str(exc), exc.log_start)
         except fetch_read.ReadFailed as exc:
             raise SourceError(str(exc)) from None
-        return
-    yield from _read_librdkafka(opts, r)
+
+
+def _go_on_after_loss(
+    opts: SourceOptions, r: OffsetRange, start: int, why: str, log_start: int | None
+) -> int:
+    """Where a range's read goes on after offsets from ``start`` on were found gone:
+    DataLossError with failOnDataLoss (the default); else from the partition's log start
+    when it now lies inside the rest of the range (retention or DeleteRecords moved it
+    after the plan), else nowhere (``r.end``: the rest is skipped). Spark's Kafka source
+    does the same in its consumer (KafkaDataConsumer.getEarliestAvailableOffsetBetween);
+    the whole range was dropped here before (audit36 p2)."""
+    if opts.fail_on_data_loss:
+        raise _loss(replace(r, start=start), why)
+    if log_start is not None and start < log_start < r.end:
+        log.warning(
+            "%s-%d: offsets %d..%d are gone (%s); reading on from %d (failOnDataLoss=false)",
+            r.topic,
+            r.partition,
+            start,
+            log_start - 1,
+            why,
+            log_start,
+        )
+        return log_start
+    _lost(opts, replace(r, start=start), why)
+    return r.end
 
 
 def _read_librdkafka(opts: SourceOptions, r: OffsetRange) -> Iterator[pa.RecordBatch]:
     from confluent_kafka import TopicPartition
 
     with pooled_consumer(opts) as consumer:
-        tp = TopicPartition(r.topic, r.partition, r.start)
-        consumer.assign([tp])
-        yield from _fetch_range(opts, r, consumer, tp)
+        start = r.start
+        while start < r.end:
+            tp = TopicPartition(r.topic, r.partition, start)
+            consumer.assign([tp])
+            gone = yield from _fetch_range(opts, replace(r, start=start), consumer, tp)
+            if gone is None:
+                return
+            start, why = gone
+            try:
+                low = int(consumer.get_watermark_offsets(tp, timeout=10, cached=False)[0])
+            except Exception:
+                low = None
+            start = _go_on_after_loss(opts, r, start, why, low)
 
 
 def _fetch_range(
     opts: SourceOptions, r: OffsetRange, consumer: Any, tp: Any
-) -> Iterator[pa.RecordBatch]:
+) -> Generator[pa.RecordBatch, None, tuple[int, str] | None]:
+    """Yield the rows of ``r`` read by ``consumer`` (assigned ``tp`` at ``r.start``); return
+    None once read, or (the first offset not read, why) when the log no longer holds it
+    (offset out of range: the caller decides, :func:`_go_on_after_loss`)."""
     from confluent_kafka import KafkaError
 
     schema = arrow_schema(opts.include_headers)
@@ -554,6 +622,7 @@ def _fetch_range(
     rows = _Rows()
     deadline = time.monotonic() + opts.poll_timeout_ms / 1000
     log_end: int | None = None  # the high watermark seen at the last EOF, below r.end
+    position = r.start  # the first offset not read yet
     done = False
     while not done:
         msgs = consumer.consume(num_messages=BATCH_ROWS, timeout=0.5)
@@ -580,6 +649,8 @@ def _fetch_range(
             first = bisect.bisect_left(records, r.start, key=_offset)
             last = bisect.bisect_left(records, r.end, key=_offset)
             rows.add(records[first:last] if first or last < len(records) else records, want_headers)
+            if last > first:
+                position = records[last - 1].offset() + 1
             done = last < len(records) or (last > 0 and records[last - 1].offset() == r.end - 1)
         else:
             for msg in msgs:
@@ -593,6 +664,7 @@ def _fetch_range(
                         break
                     if offset >= r.start:
                         rows.add([msg], want_headers)
+                        position = offset + 1
                     if offset == r.end - 1:
                         done = True
                         break
@@ -610,15 +682,18 @@ def _fetch_range(
                     KafkaError._AUTO_OFFSET_RESET,
                     KafkaError.OFFSET_OUT_OF_RANGE,
                 ):
-                    yield from _lost(opts, r, f"offset out of range ({err.str()})")
-                    return
+                    if rows.offsets:
+                        yield rows.batch(r, schema, want_headers)
+                    return position, f"offset out of range ({err.str()})"
                 if err.code() in (
                     KafkaError.UNKNOWN_TOPIC_OR_PART,
                     KafkaError._UNKNOWN_TOPIC,
                     KafkaError._UNKNOWN_PARTITION,
                 ):
+                    if rows.offsets:
+                        yield rows.batch(r, schema, want_headers)
                     yield from _lost(opts, r, f"the topic partition is gone ({err.str()})")
-                    return
+                    return None
                 if err.fatal() or not err.retriable():
                     raise SourceError(f"reading {r.topic}-{r.partition}: {err.str()}")
         if len(rows.offsets) >= BATCH_ROWS or (done and rows.offsets):
@@ -626,6 +701,7 @@ def _fetch_range(
             rows = _Rows()
     if rows.offsets:
         yield rows.batch(r, schema, want_headers)
+    return None
 
 
 def _ours(msg: Any, r: OffsetRange) -> bool:
