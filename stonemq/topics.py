@@ -31,6 +31,7 @@ from stonemq.metadata.store import (
     TopicExistsError,
     TopicRecord,
     UnknownTopicError,
+    random_uuid,
 )
 from stonemq.protocol.record_batch import RecordLimits
 from stonemq.server.threads import name_os_thread
@@ -297,7 +298,7 @@ class _CreatePlan:
         """What a validate_only create answers (with a fresh id)."""
         record = TopicRecord(
             name=self.name,
-            topic_id=uuid.uuid4(),
+            topic_id=random_uuid(),
             journal_partitions=tuple(self.journals),
             configs=self.overrides,
         )

@@ -267,8 +267,8 @@ def _target_spec(
         when = datetime.datetime.fromisoformat(to_datetime or "")
     except ValueError:
         fail(f"--to-datetime: not an ISO-8601 date-time: {to_datetime!r}", 2)
-    if when.tzinfo is None:
-        when = when.astimezone()  # local time, as Kafka's tool reads it
+    if when.tzinfo is None:  # UTC, as Kafka's tool reads it (Utils.getDateTime appends Z)
+        when = when.replace(tzinfo=datetime.UTC)
     return "datetime", OffsetSpec.for_timestamp(int(when.timestamp() * 1000))
 
 

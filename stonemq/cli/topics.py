@@ -31,6 +31,9 @@ from stonemq.coordinator.group_log import OFFSETS_TOPIC
 
 DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
 TIMEOUT_S = 15.0
+KAFKA_INTERNAL_TOPICS = frozenset({OFFSETS_TOPIC, "__transaction_state"})
+"""Kafka's ``Topic.isInternal`` names: what ``--exclude-internal`` leaves out (a user topic
+named ``__audit`` is listed, as Kafka's tool lists it)."""
 
 
 def _bootstrap_servers(value: str) -> str:
@@ -134,13 +137,14 @@ def topic_metadata(client: AdminClient, topic: str | None = None) -> dict[str, A
 def list_topics(
     bootstrap_server: BootstrapOption = DEFAULT_BOOTSTRAP,
     exclude_internal: Annotated[
-        bool, typer.Option("--exclude-internal", help="leave out __consumer_offsets")
+        bool, typer.Option("--exclude-internal", help="leave out the internal topics")
     ] = False,
     as_json: JsonOption = False,
 ) -> None:
     """Topic names, one per line (or a JSON list)."""
     topics = topic_metadata(admin_client(bootstrap_server))
-    names = sorted(n for n in topics if not (exclude_internal and n.startswith("__")))
+    # Kafka's TopicCommand leaves out Topic.isInternal's names only, not every "__" name
+    names = sorted(n for n in topics if not (exclude_internal and n in KAFKA_INTERNAL_TOPICS))
     if as_json:
         emit_json(names)
     else:

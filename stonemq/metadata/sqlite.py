@@ -12,7 +12,6 @@ block, as Kafka does).
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import json
 import shutil
@@ -31,6 +30,8 @@ from stonemq.metadata.store import (
     TopicRecord,
     TopicTable,
     UnknownTopicError,
+    random_uuid,
+    uuid_text,
 )
 from stonemq.quotas.entity import Entity, apply_ops, entity_of
 
@@ -152,7 +153,7 @@ def store_defect(path: Path, queue_logs: int) -> str | None:
 
 def new_cluster_id() -> str:
     """A Kafka-style cluster id: a random UUID in URL-safe base64 without padding (22 chars)."""
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode("ascii")
+    return uuid_text(random_uuid())
 
 
 class SqliteMetadataStore(MetadataStore):
@@ -292,7 +293,7 @@ class SqliteMetadataStore(MetadataStore):
             raise TopicExistsError(name)
         record = TopicRecord(
             name=name,
-            topic_id=uuid.uuid4(),
+            topic_id=random_uuid(),
             journal_partitions=tuple(journal_partitions),
             configs=dict(configs),
         )

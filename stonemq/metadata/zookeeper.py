@@ -56,6 +56,7 @@ from stonemq.metadata.store import (
     TopicRecord,
     TopicTable,
     UnknownTopicError,
+    random_uuid,
 )
 from stonemq.quotas.entity import Entity, apply_ops, entity_of
 
@@ -339,7 +340,7 @@ class ZooKeeperMetadataStore(MetadataStore):
     ) -> TopicRecord:
         record = TopicRecord(
             name=name,
-            topic_id=uuid.uuid4(),
+            topic_id=random_uuid(),
             journal_partitions=tuple(journal_partitions),
             configs=dict(configs),
         )
