@@ -192,7 +192,7 @@ class Group:
     offsets: dict[TopicPartition, CommittedOffset] = field(default_factory=dict)
     join_timer: Timer | None = None
     sync_timer: Timer | None = None
-    initial_delay_until_ms: int = -1  # >= 0 while the initial rebalance delay runs
+    initial_delay_until_ms: int = -1  # >= 0 while the initial rebalance delay runs (timers' clock)
     new_member_added: bool = False
 
     def transition(self, event: GroupEvent, now_ms: int) -> None:
@@ -530,6 +530,7 @@ class GroupCoordinator:
         group.pending_sync.clear()
         was_empty = group.state == GroupState.EMPTY
         group.transition(event, now)
+        now = self.timers.now_ms()  # deadlines: the timers' clock from here
         rebalance_timeout = group.max_rebalance_timeout_ms()
         delay = self.config.initial_rebalance_delay_ms
         if was_empty and delay > 0:
@@ -553,7 +554,7 @@ class GroupCoordinator:
         group.join_timer = None
         if group.state != GroupState.PREPARING_REBALANCE:
             return
-        now = self.clock.now_ms()
+        now = self.timers.now_ms()
         if group.initial_delay_until_ms >= 0:
             remaining = group.initial_delay_until_ms - now
             if group.new_member_added and remaining > 0:
@@ -586,7 +587,7 @@ class GroupCoordinator:
             # timeout rather than starting a generation nobody joined, until they rejoin
             # or their sessions expire.
             log.info("group %s: no member rejoined; the rebalance waits for them", group.group_id)
-            self._arm_join_timer(group, now + group.max_rebalance_timeout_ms())
+            self._arm_join_timer(group, self.timers.now_ms() + group.max_rebalance_timeout_ms())
             return
         group.generation += 1
         if not group.members:

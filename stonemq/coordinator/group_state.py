@@ -132,6 +132,16 @@ class SystemClock:
         return int(time.time() * 1000)
 
 
+class MonotonicClock:
+    """Milliseconds of a clock no wall-clock step moves: what timer deadlines run on (Kafka's
+    SystemTimer, on ``Time.hiResClockMs``). On the wall clock, a step back of the broker's
+    clock (an NTP step, a VM resynced) held every pending session, rebalance and delay
+    timer back by as much, a step forward fired them early (audit35 p6)."""
+
+    def now_ms(self) -> int:
+        return int(time.monotonic() * 1000)
+
+
 class ManualClock:
     """A clock tests move by hand."""
 

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 from stonemq.coordinator import group_log as glog
 from stonemq.coordinator.group_coordinator import GroupConfig, GroupCoordinator
 from stonemq.coordinator.group_log import OFFSETS_TOPIC, partition_for
-from stonemq.coordinator.group_state import Clock, SystemClock
+from stonemq.coordinator.group_state import Clock, MonotonicClock, SystemClock
 from stonemq.coordinator.group_timers import TimerQueue
 from stonemq.protocol.record_batch import RecordBatchError, iter_batches
 from stonemq.storage.engine import OffsetOutOfRangeError, StorageError, UnknownPartitionError
@@ -306,9 +306,8 @@ class LoopTimerDriver:
     """Fires the timer queue from one ``loop.call_later`` handle, re-armed for the next
     deadline whenever that changes."""
 
-    def __init__(self, timers: TimerQueue, clock: Clock) -> None:
+    def __init__(self, timers: TimerQueue) -> None:
         self.timers = timers
-        self.clock = clock
         self._handle: asyncio.TimerHandle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -324,7 +323,7 @@ class LoopTimerDriver:
             self._handle = None
         deadline = self.timers.next_deadline()
         if deadline is not None:
-            delay = max(0.0, (deadline - self.clock.now_ms()) / 1000)
+            delay = max(0.0, (deadline - self.timers.now_ms()) / 1000)
             self._handle = self._loop.call_later(delay, self._fire)
 
     def _fire(self) -> None:
@@ -362,9 +361,13 @@ class GroupRuntime:
         self.loading: set[int] = set()
         self._reloads: dict[int, asyncio.Task[None]] = {}
         self.driver: LoopTimerDriver | None = None
-        self.timers = TimerQueue(self.clock, on_earlier=self._on_earlier)
+        # deadlines on a clock no wall-clock step moves; the wall clock (``self.clock``)
+        # only stamps what outlives the process (commit and state timestamps). A test's
+        # ManualClock drives both.
+        timer_clock = clock if clock is not None else MonotonicClock()
+        self.timers = TimerQueue(timer_clock, on_earlier=self._on_earlier)
         self.log = OffsetsLog(storage, topics, settings, self.timers)
-        self.driver = LoopTimerDriver(self.timers, self.clock)
+        self.driver = LoopTimerDriver(self.timers)
         config = GroupConfig(
             initial_rebalance_delay_ms=settings.group_initial_rebalance_delay_ms,
             min_session_timeout_ms=settings.group_min_session_timeout_ms,

@@ -43,6 +43,11 @@ class TimerQueue:
             self.on_earlier()
         return timer
 
+    def now_ms(self) -> int:
+        """Now on the queue's clock, which every deadline is on (a monotonic one in the
+        broker: :class:`~stonemq.coordinator.group_state.MonotonicClock`)."""
+        return self.clock.now_ms()
+
     def after(self, delay_ms: int, callback: Callable[[], None]) -> Timer:
         return self.schedule(self.clock.now_ms() + delay_ms, callback)
 

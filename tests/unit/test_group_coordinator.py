@@ -55,12 +55,13 @@ class ListSink:
 
 
 class Harness:
-    def __init__(self, delay_ms: int = DELAY_MS) -> None:
-        self.clock = ManualClock()
+    def __init__(self, delay_ms: int = DELAY_MS, wall: ManualClock | None = None) -> None:
+        self.clock = ManualClock()  # the timers' clock (monotonic in the broker)
+        self.wall = wall or self.clock  # the coordinator's timestamps
         self.timers = TimerQueue(self.clock)
         self.sink = ListSink()
         self.coord = GroupCoordinator(
-            self.clock,
+            self.wall,
             self.timers,
             self.sink,
             GroupConfig(initial_rebalance_delay_ms=delay_ms),
@@ -154,6 +155,31 @@ def test_member_id_required_then_initial_delay_then_join() -> None:
     )  # fmt: skip
     assert [m[0] for m in r.members] == [r.member_id]
     assert h.state() == GroupState.COMPLETING_REBALANCE
+
+
+def test_timers_run_on_their_own_clock_whatever_the_wall_clock_does() -> None:
+    """Deadlines (the initial delay and its extension, the rebalance and session timeouts)
+    are on the timers' clock, a monotonic one in the broker; the wall clock only stamps.
+    They were on the wall clock: a step back of the broker's clock during a new group's
+    initial delay left its consumer without an assignment for as long (audit35 p6)."""
+    wall = ManualClock(start_ms=1_800_000_000_000)  # not the timers' clock, nor in step
+    h = Harness(wall=wall)
+    a = h.join_new()
+    wall.advance(-40_000)  # an NTP step back mid-delay
+    h.advance(DELAY_MS - 100)
+    b = h.join_new()  # a member arrives: the delay extends by one more delay
+    wall.advance(3_600_000)  # and a step forward
+    h.advance(100)
+    assert not a and not b
+    h.advance(DELAY_MS)
+    assert a[0].error == b[0].error == ErrorCode.none and a[0].generation == 1
+    leader = a[0].leader
+    h.sync(leader, 1, {a[0].member_id: b"a", b[0].member_id: b"b"})
+    h.sync(b[0].member_id if leader == a[0].member_id else a[0].member_id, 1)
+    assert h.state() == GroupState.STABLE
+    wall.advance(-86_400_000)
+    h.advance(SESSION_MS + 1)  # neither heartbeated: both sessions expire on time
+    assert not h.coord.groups["g"].members
 
 
 def test_old_join_versions_get_an_id_at_once() -> None:
