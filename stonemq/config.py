@@ -66,6 +66,9 @@ _LONG_MIN, _LONG_MAX = -(2**63), 2**63 - 1
 KAFKA_INT_SETTINGS = frozenset(
     {
         "broker_id",
+        "log_roll_hours",
+        "log_retention_minutes",
+        "log_retention_hours",
         "socket_request_max_bytes",
         "queued_max_requests",
         "max_connections",
@@ -244,7 +247,20 @@ class Settings(SettingsViews, BaseSettings):
     )
     log_segment_bytes: int = Field(1024 * MIB, ge=MIB, description="at least 1 MiB (KIP-1030)")
     log_roll_ms: int = Field(7 * 24 * 3600 * 1000, gt=0)
+    log_roll_hours: int = Field(
+        168, ge=1, description="the default segment.ms in hours, when log.roll.ms is not set"
+    )
     log_retention_ms: int = Field(7 * 24 * 3600 * 1000, ge=-1)
+    log_retention_minutes: int | None = Field(
+        None,
+        description="the default retention.ms in minutes, when log.retention.ms is not set "
+        "(negative: no time limit)",
+    )
+    log_retention_hours: int = Field(
+        168,
+        description="the default retention.ms in hours, when neither log.retention.ms nor "
+        "log.retention.minutes is set (negative: no time limit)",
+    )
     log_retention_bytes: int = Field(-1, ge=-1)
     log_retention_check_interval_ms: int = Field(300_000, gt=0)
     log_index_interval_bytes: int = Field(4096, ge=0)

@@ -245,6 +245,10 @@ class TopicConfigKey:
     validator: Callable[[str, Any], None] | None = None
     log_field: str | None = None  # the LogConfig attribute it feeds
     internal: bool = False  # Kafka's defineInternal: settable, never described
+    # broker synonyms in coarser units after ``synonym``, with their factor to it (Kafka's
+    # log.retention.minutes and .hours for retention.ms): the first of ``synonym`` and these
+    # that is set at any level gives the default, as KafkaConfig.logRetentionTimeMillis
+    coarser: tuple[tuple[str, int], ...] = ()
 
     def parse(self, raw: str | None) -> Any:
         """Parse and validate a value given by a client; raises :class:`InvalidConfigError`."""
@@ -277,6 +281,7 @@ TOPIC_CONFIGS: dict[str, TopicConfigKey] = {
             synonym="log.retention.ms",
             validator=_at_least(-1),
             log_field="retention_ms",
+            coarser=(("log.retention.minutes", 60_000), ("log.retention.hours", 3_600_000)),
         ),
         TopicConfigKey(
             "retention.bytes",
@@ -310,6 +315,7 @@ TOPIC_CONFIGS: dict[str, TopicConfigKey] = {
             synonym="log.roll.ms",
             validator=_at_least(1),
             log_field="segment_ms",
+            coarser=(("log.roll.hours", 3_600_000),),
         ),
         TopicConfigKey(
             "segment.index.bytes",
@@ -649,6 +655,9 @@ DYNAMIC_BROKER_CONFIGS: frozenset[str] = frozenset(
         "log.retention.bytes",
         "log.segment.bytes",
         "log.roll.ms",
+        "log.roll.hours",
+        "log.retention.minutes",
+        "log.retention.hours",
         "log.index.interval.bytes",
         "log.index.size.max.bytes",
         "message.max.bytes",
@@ -981,6 +990,27 @@ def segment_bytes(values: Mapping[str, Any]) -> int:
     return int(values["segment.bytes"] if internal is None else internal)
 
 
+def _synonym_levels(
+    settings: Settings, dynamic: DynamicBrokerConfigs, key: TopicConfigKey
+) -> list[tuple[Synonym, Any]]:
+    """The broker levels of a topic config's default, highest precedence first: every level
+    that sets ``key.synonym``, then those of each coarser synonym in turn (values converted
+    to the topic config's unit; a negative one is -1), then the synonym's default. So the
+    first synonym set at any level wins, as Kafka merges each name's levels first and then
+    takes log.retention.ms, else .minutes, else .hours."""
+    assert key.synonym is not None
+    levels = _broker_levels(settings, dynamic, key.synonym)
+    if not key.coarser:
+        return levels
+    default = levels.pop()
+    for name, factor in key.coarser:
+        for synonym, value in _broker_levels(settings, dynamic, name):
+            if synonym.source is not ConfigSource.DEFAULT_CONFIG and value is not None:
+                levels.append((synonym, -1 if value < 0 else value * factor))
+    levels.append(default)
+    return levels
+
+
 def resolve_topic(
     settings: Settings, dynamic: DynamicBrokerConfigs, overrides: Mapping[str, str]
 ) -> TopicConfig:
@@ -996,7 +1026,7 @@ def resolve_topic(
                     (Synonym(name, format_value(value), ConfigSource.DYNAMIC_TOPIC_CONFIG), value)
                 )
         if key.synonym is not None:
-            levels.extend(_broker_levels(settings, dynamic, key.synonym))
+            levels.extend(_synonym_levels(settings, dynamic, key))
         if not levels or levels[-1][0].source is not ConfigSource.DEFAULT_CONFIG:
             levels.append(
                 (
@@ -1013,7 +1043,7 @@ def resolve_topic(
         entries.append(
             ConfigEntry(
                 name=name,
-                value=top.value,
+                value=format_value(value),  # a coarser synonym's value is in its own unit
                 source=top.source,
                 type=key.type,
                 read_only=False,

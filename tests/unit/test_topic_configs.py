@@ -131,6 +131,45 @@ def test_precedence_override_dynamic_static_default() -> None:
     assert config.log_config.retention_ms == 3000
 
 
+def test_retention_and_roll_in_minutes_and_hours_as_kafka() -> None:
+    """Kafka's log.retention.minutes / .hours and log.roll.hours (its server.properties sets
+    log.retention.hours=168): each name takes its highest level first, then .ms wins over
+    .minutes over .hours, as KafkaConfig.logRetentionTimeMillis; a negative one is no time
+    limit. They did not exist: in the settings file the broker refused to start, in the
+    environment they were ignored and topics kept 7 days (audit35 p2)."""
+    hours = resolve_topic(Settings(log_retention_hours=1, log_roll_hours=2), NONE, {})
+    assert hours.log_config.retention_ms == 3_600_000
+    assert hours.log_config.segment_ms == 7_200_000
+    e = entry(hours, "retention.ms")
+    assert (e.value, e.source) == ("3600000", ConfigSource.STATIC_BROKER_CONFIG)
+    assert [(s.name, s.value, s.source) for s in e.synonyms] == [
+        ("log.retention.hours", "1", ConfigSource.STATIC_BROKER_CONFIG),
+        ("log.retention.ms", "604800000", ConfigSource.DEFAULT_CONFIG),
+    ]
+    minutes = Settings(log_retention_hours=1, log_retention_minutes=30)
+    assert resolve_topic(minutes, NONE, {}).log_config.retention_ms == 1_800_000
+    # a name set at any level beats a coarser one set at a higher level (Kafka merges each
+    # name's levels, then takes .ms, else .minutes, else .hours)
+    dynamic_hours = DynamicBrokerConfigs(default={"log.retention.hours": "5"})
+    assert resolve_topic(minutes, dynamic_hours, {}).log_config.retention_ms == 1_800_000
+    ms = Settings(log_retention_ms=1000, log_retention_minutes=30)
+    assert resolve_topic(ms, NONE, {}).log_config.retention_ms == 1000
+    assert resolve_topic(Settings(), dynamic_hours, {}).log_config.retention_ms == 18_000_000
+    forever = resolve_topic(Settings(log_retention_hours=-1), NONE, {})
+    assert forever.log_config.retention_ms == -1
+    assert resolve_topic(Settings(), NONE, {"retention.ms": "5"}).log_config.retention_ms == 5
+    assert validate_broker_configs({"log.retention.hours": "24"}) == {"log.retention.hours": "24"}
+    assert validate_broker_configs({"log.roll.hours": "1"}) == {"log.roll.hours": "1"}
+    with pytest.raises(InvalidConfigError):
+        validate_broker_configs({"log.roll.hours": "0"})
+    with pytest.raises(ValidationError):
+        Settings(log_retention_hours=2**31)  # Kafka's INT
+    described = {e.name: e for e in describe_broker(Settings(), NONE)}
+    assert described["log.retention.hours"].value == "168"
+    assert described["log.roll.hours"].value == "168"
+    assert described["log.retention.minutes"].value is None
+
+
 def test_every_log_config_field_is_fed() -> None:
     overrides = {
         "segment.bytes": "1048576",
