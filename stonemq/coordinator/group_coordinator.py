@@ -330,7 +330,10 @@ class GroupCoordinator:
     def _join_unknown(
         self, group: Group, req: JoinRequest, respond: Callable[[JoinResult], None]
     ) -> None:
-        member_id = f"{req.client_id or 'member'}-{uuid.uuid4()}"
+        # Kafka's ClassicGroup.generateMemberId: the instance id of a static member, else
+        # the client id, then "-" and a random UUID (an empty client id gives "-<uuid>")
+        prefix = req.group_instance_id if req.group_instance_id is not None else req.client_id
+        member_id = f"{prefix or ''}-{uuid.uuid4()}"
         instance = req.group_instance_id
         if instance is not None and instance in group.static_members:
             self._replace_static_member(

@@ -445,6 +445,10 @@ def test_static_member_rejoins_without_rebalance_and_old_id_is_fenced() -> None:
     again = h.join(instance="i-1")  # restarted: no member id
     new = again[0].member_id
     assert again[0].error == ErrorCode.none and new != old
+    # Kafka's ClassicGroup.generateMemberId: a static member's id starts with its instance
+    # id, a dynamic one's with its client id
+    assert old.startswith("i-1-") and new.startswith("i-1-")
+    assert Harness().join()[0].member_id.startswith("client-")  # MEMBER_ID_REQUIRED's id
     assert again[0].generation == 1 and h.state() == GroupState.STABLE
     assert h.sync(new, 1)[0].assignment == b"assigned"
     assert h.coord.heartbeat("g", 1, old, "i-1") == ErrorCode.fenced_instance_id
