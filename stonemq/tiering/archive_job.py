@@ -249,12 +249,38 @@ def _balanced_groups(tasks: list[dict[str, Any]], slices: int) -> list[list[dict
 def commit_all(
     store: ColdStore, staged: Sequence[StagedFile], topic_ids: dict[str, str] | None = None
 ) -> None:
-    """The driver's commit: :func:`commit_partition` for each partition of ``staged``."""
+    """The driver's commit: :func:`commit_partition` for each partition of ``staged``, of
+    its ranges in offset order up to the first incomplete one (its rows ended before its
+    range did: that one is committed up to where they ended, the later ones not at all, so
+    the manifest never claims an offset no file holds). Raises :class:`ArchiveIncomplete`
+    after committing, naming each partition that stopped so (the run fails; the next one
+    starts there again)."""
     by_partition: dict[tuple[str, int], list[StagedFile]] = defaultdict(list)
     for f in staged:
         by_partition[(f.topic, f.partition)].append(f)
+    stopped: list[str] = []
     for (topic, partition), files in sorted(by_partition.items()):
-        commit_partition(store, topic, partition, files, (topic_ids or {}).get(topic))
+        kept: list[StagedFile] = []
+        for f in sorted(files, key=lambda f: f.first):
+            if f.last >= f.first:
+                kept.append(f)
+            if not f.complete:
+                stopped.append(f"{topic}-{partition} at offset {f.last + 1}")
+                break
+        if kept:
+            commit_partition(store, topic, partition, kept, (topic_ids or {}).get(topic))
+    if stopped:
+        raise ArchiveIncomplete(
+            "archived only up to a batch the archive could not decode: "
+            + ", ".join(stopped)
+            + " (tier run's settings, batch.max.uncompressed.bytes among them, must be the "
+            "broker's: pass its --config)"
+        )
+
+
+class ArchiveIncomplete(Exception):
+    """A partition's archive stopped before the end of what was planned (see
+    :func:`commit_all`)."""
 
 
 def spark_session(

@@ -218,6 +218,18 @@ def _decode_records(
     return kept
 
 
+class DecodeProgress:
+    """How far :func:`decode_segment` walked: ``walked_to`` is the last offset of the whole
+    batches it accepted (or the offset before the first batch past ``last``), -1 before
+    any. Below ``last`` the segment ended early (a refused batch, a torn or short tail):
+    its offsets past ``walked_to`` are not in the rows."""
+
+    __slots__ = ("walked_to",)
+
+    def __init__(self) -> None:
+        self.walked_to = -1
+
+
 def decode_segment(
     data: bytes | memoryview,
     topic: str,
@@ -225,6 +237,7 @@ def decode_segment(
     first: int,
     last: int,
     on_refused: Callable[[int, RecordBatchError], None] | None = None,
+    progress: DecodeProgress | None = None,
 ) -> pa.Table:
     """Rows for the data records with offsets in ``first..last`` of a segment's bytes
     (control batches skipped; whole batches only: a torn tail ends the segment).
@@ -257,15 +270,21 @@ def decode_segment(
         start, pos = pos, pos + header.size
         try:
             header = check_framing(buf, start, pos)  # every batch, also those skipped
-            if header.last_offset < first or header.is_control:
-                continue
             if header.base_offset > last:
+                if progress is not None:
+                    progress.walked_to = max(progress.walked_to, header.base_offset - 1)
                 break
+            if header.last_offset < first or header.is_control:
+                if progress is not None:
+                    progress.walked_to = header.last_offset
+                continue
             stored = read_batch(buf, start, pos, bounds=True, header=header)
         except RecordBatchError as exc:
             if on_refused is not None:
                 on_refused(start, exc)
             break  # keep the whole batches before it
+        if progress is not None:
+            progress.walked_to = header.last_offset
         target = run if stored.body is buf else Run(stored.body)
         target.add(stored, first <= header.base_offset and header.last_offset <= last)
         if target is not run:

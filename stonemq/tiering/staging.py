@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 from stonemq.protocol.record_batch import set_stored_limit
 from stonemq.tiering import manifest as mf
 from stonemq.tiering.cold_store import ColdStore, StoreSpec
-from stonemq.tiering.rows import ARROW_SCHEMA, decode_segment
+from stonemq.tiering.rows import ARROW_SCHEMA, DecodeProgress, decode_segment
 
 DEFAULT_ZSTD_LEVEL = 1
 ROW_GROUP_RECORDS = 16384  # cold reads skip whole row groups by their offset statistics
@@ -51,6 +51,10 @@ class StagedFile:
     bytes: int
     max_timestamp_ms: int
     bytes_in: int = 0  # the uploaded segment bytes this task read
+    # False: the segment's rows ended before the task's range did (a batch the archive's
+    # validator refuses, a torn or short upload); ``last`` is then where they ended (below
+    # ``first`` when none was decoded), and no later range of the partition may be committed
+    complete: bool = True
 
 
 def stage_task(store: ColdStore, task: dict[str, Any], zstd_level: int) -> StagedFile:
@@ -70,15 +74,34 @@ def stage_task(store: ColdStore, task: dict[str, Any], zstd_level: int) -> Stage
             exc,
         )
 
-    table = decode_segment(data, topic, partition, first, last, refused)
+    progress = DecodeProgress()
+    table = decode_segment(data, topic, partition, first, last, refused, progress)
     del data
+    complete = progress.walked_to >= last
+    if not complete:
+        # the range ends where the rows do: offsets past it were never decoded, and a
+        # commit of the whole range lost them for good once local retention deleted the
+        # segment (audit36 p6: a batch above tier run's batch.max.uncompressed.bytes)
+        last = max(progress.walked_to, first - 1)
+        log.error(
+            "%s-%d: segment %s: offsets %d..%d not decoded; the archive stops at %d "
+            "(give tier run the broker's settings, batch.max.uncompressed.bytes among them)",
+            topic,
+            partition,
+            task["segment_key"],
+            last + 1,
+            task["last"],
+            last + 1,
+        )
     if table.num_rows == 0:
-        return StagedFile(topic, partition, first, last, None, 0, 0, -1, bytes_in)
+        return StagedFile(topic, partition, first, last, None, 0, 0, -1, bytes_in, complete)
     name = f"{first:020d}-{last:020d}.{uuid.uuid4().hex}.parquet"
     key = f"{mf.staging_dir(topic, partition)}/{name}"
     size = write_parquet(store, key, table, zstd_level)
     max_ts = max(table.column("timestamp").cast(pa.int64()).to_pylist()) // 1000
-    return StagedFile(topic, partition, first, last, key, table.num_rows, size, max_ts, bytes_in)
+    return StagedFile(
+        topic, partition, first, last, key, table.num_rows, size, max_ts, bytes_in, complete
+    )
 
 
 def stage_partition(

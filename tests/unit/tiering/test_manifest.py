@@ -127,6 +127,34 @@ def test_rerun_after_a_committed_partial_run(store, tmp_path: Path) -> None:  # 
     assert _archived_offsets(store, "t", 0) == sorted(expected_records(segments[:4]))
 
 
+def test_a_segment_decoded_only_in_part_is_archived_only_that_far(
+    store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:  # type: ignore[no-untyped-def]
+    """A batch the archive's validator refuses (here: above the stored limit, as a broker
+    with a higher batch.max.uncompressed.bytes than tier run's accepts) ends its segment's
+    rows: the manifest covers only the offsets before it, no later segment of the partition
+    is committed in that run, and the run fails naming where it stopped. It committed the
+    whole range: offsets after the batch were lost once local retention deleted the segment
+    (audit36 p6). With the limits fixed, the next run archives the rest exactly once."""
+    from stonemq.protocol import record_batch
+
+    segments = data_segments(4, 4, 5)  # batches of 5 records; 21 offsets a segment
+    write_segments(tmp_path / "queues", "t", 0, segments)
+    expected = expected_records(segments[:3])
+    big = next(b for seg in segments for b in seg if b[22] & 7)  # the first compressed one
+    base = int.from_bytes(big[:8], "big")
+    assert base > 0
+    monkeypatch.setattr(record_batch, "_stored_limit", 64)  # smaller than its records
+    with pytest.raises(archive_job.ArchiveIncomplete, match=f"t-0 at offset {base}"):
+        archive_in_process(store, "t", 0, tmp_path / "queues")
+    current = mf.load(store, "t", 0)
+    assert current.next_offset == base
+    assert _archived_offsets(store, "t", 0) == sorted(o for o in expected if o < base)
+    monkeypatch.setattr(record_batch, "_stored_limit", record_batch.MAX_UNCOMPRESSED_BYTES)
+    archive_in_process(store, "t", 0, tmp_path / "queues")
+    assert _archived_offsets(store, "t", 0) == sorted(expected)
+
+
 def test_truncate_before_moves_the_cold_log_start() -> None:
     m = mf.Manifest(
         "t", 0, files=(mf.ArchivedFile(0, 9, "a", 10, 1), mf.ArchivedFile(10, 19, "b", 10, 1))
