@@ -44,7 +44,7 @@ import contextlib
 import logging
 import time
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kio.schema.errors import ErrorCode
 
@@ -67,6 +67,9 @@ from stonemq.storage.engine import (
 )
 from stonemq.storage.file_range import FileRange
 from stonemq.topics import UnknownTopicIdError
+
+if TYPE_CHECKING:
+    from stonemq.tiering.service import ColdResult
 
 log = logging.getLogger("stonemq.fetch")
 
@@ -239,7 +242,7 @@ async def _long_poll(
     ctx: RequestContext,
     request: Any,
     wanted: list[_Topic],
-    cold: dict[tuple[str, int], tuple[bytes, int]],
+    cold: dict[tuple[str, int], ColdResult],
     quota_cap: float | None,
     keys: list[tuple[str, int]],
     deadline: float,
@@ -345,7 +348,7 @@ async def _read_all(
     ctx: RequestContext,
     request: Any,
     wanted: list[_Topic],
-    cold: dict[tuple[str, int], tuple[bytes, int]] | None = None,
+    cold: dict[tuple[str, int], ColdResult] | None = None,
     quota_cap: float | None = None,
 ) -> tuple[list[tuple[_Topic, list[_Part]]], int, bool]:
     storage = ctx.broker.storage
@@ -402,6 +405,10 @@ async def _read_all(
                     part.log_start = storage.log_start_offset(name, fp.partition)
                     continue
                 hit = cold.get((name, fp.partition)) if cold else None
+                if hit is not None and hit.failed:  # logged by the cold tier
+                    part.error = _storage_error(ctx.api_version)
+                    has_error = True
+                    continue
                 if hit is not None and hit[0]:  # archived offsets, from the cold tier
                     result = ReadResult(hit[0], storage.high_watermark(name, fp.partition), hit[1])
                 else:

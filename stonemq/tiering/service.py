@@ -18,7 +18,7 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from stonemq.config_values import fields
 from stonemq.server.threads import name_os_thread
@@ -33,6 +33,16 @@ if TYPE_CHECKING:
     from stonemq.tiering.manifest import Manifest
 
 log = logging.getLogger("stonemq.tiering")
+
+
+class ColdResult(NamedTuple):
+    """A Fetch partition's answer from the cold tier: archived record batches, the cold log
+    start, or ``failed`` (the partition's answer is KAFKA_STORAGE_ERROR)."""
+
+    records: bytes
+    log_start: int
+    failed: bool = False
+
 
 MANIFEST_REFRESH_S = 2.0
 UPLOAD_INTERVAL_S = 1.0
@@ -399,13 +409,17 @@ class TierService:
     # -- fetch ----------------------------------------------------------------------------
     async def cold_reads(
         self, request: Any, storage: Any, budget: int
-    ) -> dict[tuple[str, int], tuple[bytes, int]]:
+    ) -> dict[tuple[str, int], ColdResult]:
         """Cold data for the partitions of a Fetch that the read policy sends to the cold
-        tier: ``{(topic, partition): (records, cold log start)}``."""
+        tier: ``{(topic, partition): ColdResult}``. A read that fails is that partition's
+        answer alone (``failed``: KAFKA_STORAGE_ERROR, which clients retry), never the whole
+        request's: an exception out of here closed the client's connection. A file gone
+        under the read (cold retention, here or by ``tier run``, moved the cold log start
+        while the cached manifest still listed it) is looked up again in a fresh manifest
+        (audit36 p4)."""
         if self.policy == "disable":
             return {}
-        out: dict[tuple[str, int], tuple[bytes, int]] = {}
-        loop = asyncio.get_running_loop()
+        out: dict[tuple[str, int], ColdResult] = {}
         total = 0
         for fetch_topic in request.topics:
             name = fetch_topic.topic
@@ -419,22 +433,44 @@ class TierService:
                 offset = fp.fetch_offset
                 if self.policy == "not_in_local" and offset >= local_start:
                     continue
-                current = await loop.run_in_executor(
-                    self.executor, self.reader.manifest, name, fp.partition
-                )
-                if not current.files or offset >= current.next_offset:
-                    continue
-                if offset < current.start_offset:
-                    out[(name, fp.partition)] = (b"", current.start_offset)
-                    continue
                 limit = max(min(fp.partition_max_bytes, budget - total), 1)
-                data = await loop.run_in_executor(
-                    self.executor, self.reader.read, name, fp.partition, offset, limit
-                )
-                if data:
-                    out[(name, fp.partition)] = (data, current.start_offset)
-                    total += len(data)
+                try:
+                    got = await self._cold_read(name, fp.partition, offset, limit)
+                except Exception as exc:
+                    log.error(
+                        "tier: cold read of %s-%d at %d failed: %s", name, fp.partition, offset, exc
+                    )
+                    out[(name, fp.partition)] = ColdResult(b"", -1, failed=True)
+                    continue
+                if got is not None:
+                    out[(name, fp.partition)] = got
+                    total += len(got.records)
         return out
+
+    async def _cold_read(
+        self, topic: str, partition: int, offset: int, limit: int
+    ) -> ColdResult | None:
+        """One partition's cold read (None: the archive does not hold ``offset``; empty
+        records: it lies below the cold log start)."""
+        loop = asyncio.get_running_loop()
+        for fresh in (False, True):
+            current = await loop.run_in_executor(
+                self.executor, lambda f=fresh: self.reader.manifest(topic, partition, fresh=f)
+            )
+            if not current.files or offset >= current.next_offset:
+                return None
+            if offset < current.start_offset:
+                return ColdResult(b"", current.start_offset)
+            try:
+                data = await loop.run_in_executor(
+                    self.executor, self.reader.read, topic, partition, offset, limit
+                )
+            except FileNotFoundError:
+                if fresh:
+                    raise
+                continue  # the manifest moved on: read it again
+            return ColdResult(data, current.start_offset) if data else None
+        return None
 
     # -- background -----------------------------------------------------------------------
     def start(self) -> None:

@@ -35,6 +35,7 @@ from .rawclient import RawConnection, fetch_raw, split_batches
 
 pytestmark = pytest.mark.slow
 
+KAFKA_STORAGE_ERROR = 56
 BROKER = {"log.retention.check.interval.ms": 200, "queue.checkpoint.interval.ms": 200}
 N = 300
 
@@ -152,6 +153,32 @@ def test_force_reads_archived_offsets_from_the_archive(broker_factory) -> None: 
         time.sleep(0.2)
     assert _compressions(broker, topic, current.next_offset)[0] == 4  # local, as produced
     assert_same(consume(broker.bootstrap, topic, N, offset=0), msgs)
+
+
+def test_a_failed_cold_read_answers_its_partition_and_keeps_the_connection(broker_factory) -> None:  # type: ignore[no-untyped-def]
+    """An archived file that cannot be read (damaged here; a store error or a file that
+    cold retention removed under the read take the same path) is that partition's
+    KAFKA_STORAGE_ERROR, which clients retry; the connection stays open and its next
+    request is served. The exception escaped the Fetch handler and the broker closed the
+    client's connection, every partition it fetched with it (audit36 p4)."""
+    settings = {"tier.read.policy": "force", "tier.read.cache.expire.ms": 1}
+    broker = broker_factory(**BROKER, **settings)
+    topic, _, current = _setup(broker, {})
+    deadline = time.monotonic() + 10
+    while _compressions(broker, topic, 0)[0] != 0:  # until the broker reads the archive
+        assert time.monotonic() < deadline, "force policy never read from the archive"
+        time.sleep(0.2)
+    spec = StoreSpec((Path(broker.data_dir) / "tier").resolve().as_uri())
+    key = current.files[0].key
+    assert key is not None
+    Path(spec.open().path(key)).write_bytes(b"not a parquet file")
+    time.sleep(0.05)  # the read-ahead cache expires (tier.read.cache.expire.ms 1)
+    with RawConnection(broker.host, broker.port) as conn:
+        part = fetch_raw(conn, topic, 0, 0, partition_max_bytes=4096)
+        assert part.error_code == KAFKA_STORAGE_ERROR, part.error_code
+        local = fetch_raw(conn, topic, 0, current.next_offset, partition_max_bytes=4096)
+        assert local.error_code == 0 and local.records  # the same connection, served
+    assert "cold read of" in broker.log(since_start=True)
 
 
 def test_disable_never_reads_the_archive(broker_factory) -> None:  # type: ignore[no-untyped-def]
