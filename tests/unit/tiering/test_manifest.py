@@ -162,3 +162,28 @@ def test_truncate_before_moves_the_cold_log_start() -> None:
     out, gone = mf.truncate_before(m, 12)
     assert [f.key for f in gone] == ["a"]
     assert out.start_offset == 12 and out.next_offset == 20
+
+
+def test_the_archive_table_leaves_out_offsets_below_the_log_start(store, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """``read_archive``'s reader (no Spark needed for its partitions and reads): a log start
+    that DeleteRecords or cold retention moved inside a file hides the offsets below it,
+    as from a Kafka consumer; they were read (audit36 p5)."""
+    import json
+    from dataclasses import asdict
+
+    segments = data_segments(4, 3, 7)
+    write_segments(tmp_path / "queues", "t", 0, segments)
+    archive_in_process(store, "t", 0, tmp_path / "queues")
+    current = mf.load(store, "t", 0)
+    inside = current.files[0].first + 5  # inside the first file, which stays
+    moved, gone = mf.truncate_before(current, inside)
+    assert not gone
+    mf.commit(store, moved)
+    reader = archive_job._ArchiveReader({"store": json.dumps(asdict(store.spec))})
+    offsets = sorted(
+        o
+        for part in reader.partitions()
+        for batch in reader.read(part)
+        for o in batch.column("offset").to_pylist()
+    )
+    assert offsets == [o for o in sorted(expected_records(segments[:3])) if o >= inside]
