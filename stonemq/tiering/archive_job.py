@@ -153,6 +153,7 @@ def commit_partition(
                 s.records,
                 s.bytes,
                 s.max_timestamp_ms,
+                s.log_bytes,
             )
             for s in staged
         ]

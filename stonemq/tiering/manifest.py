@@ -77,8 +77,17 @@ class ArchivedFile:
     last: int
     key: str | None
     records: int
-    bytes: int
+    bytes: int  # the Parquet file's size
     max_timestamp_ms: int = -1
+    # the log bytes of the range (its record batches' sizes, as Kafka counts a remote
+    # segment's size for retention.bytes); -1 for a file archived before it was recorded
+    log_bytes: int = -1
+
+    @property
+    def retained_bytes(self) -> int:
+        """What the file counts for ``retention.bytes``: its log bytes, or its Parquet size
+        when they were not recorded."""
+        return self.log_bytes if self.log_bytes >= 0 else self.bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,7 +112,13 @@ class Manifest:
 
     @property
     def bytes(self) -> int:
+        """The Parquet files' size (what the store holds)."""
         return sum(f.bytes for f in self.files)
+
+    @property
+    def retained_bytes(self) -> int:
+        """What the archive counts for ``retention.bytes`` (:attr:`ArchivedFile.retained_bytes`)."""
+        return sum(f.retained_bytes for f in self.files)
 
     def file_for(self, offset: int) -> ArchivedFile | None:
         """The committed file holding ``offset``, else the first one after it."""

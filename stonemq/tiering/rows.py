@@ -224,10 +224,11 @@ class DecodeProgress:
     any. Below ``last`` the segment ended early (a refused batch, a torn or short tail):
     its offsets past ``walked_to`` are not in the rows."""
 
-    __slots__ = ("walked_to",)
+    __slots__ = ("log_bytes", "walked_to")
 
     def __init__(self) -> None:
         self.walked_to = -1
+        self.log_bytes = 0  # the bytes of the whole batches accepted within first..last
 
 
 def decode_segment(
@@ -277,6 +278,8 @@ def decode_segment(
             if header.last_offset < first or header.is_control:
                 if progress is not None:
                     progress.walked_to = header.last_offset
+                    if header.last_offset >= first:  # a control batch of the range
+                        progress.log_bytes += header.size
                 continue
             stored = read_batch(buf, start, pos, bounds=True, header=header)
         except RecordBatchError as exc:
@@ -285,6 +288,7 @@ def decode_segment(
             break  # keep the whole batches before it
         if progress is not None:
             progress.walked_to = header.last_offset
+            progress.log_bytes += header.size
         target = run if stored.body is buf else Run(stored.body)
         target.add(stored, first <= header.base_offset and header.last_offset <= last)
         if target is not run:

@@ -55,6 +55,7 @@ class StagedFile:
     # validator refuses, a torn or short upload); ``last`` is then where they ended (below
     # ``first`` when none was decoded), and no later range of the partition may be committed
     complete: bool = True
+    log_bytes: int = 0  # the record batches' bytes of ``first..last`` (retention.bytes)
 
 
 def stage_task(store: ColdStore, task: dict[str, Any], zstd_level: int) -> StagedFile:
@@ -94,13 +95,25 @@ def stage_task(store: ColdStore, task: dict[str, Any], zstd_level: int) -> Stage
             last + 1,
         )
     if table.num_rows == 0:
-        return StagedFile(topic, partition, first, last, None, 0, 0, -1, bytes_in, complete)
+        return StagedFile(
+            topic, partition, first, last, None, 0, 0, -1, bytes_in, complete, progress.log_bytes
+        )
     name = f"{first:020d}-{last:020d}.{uuid.uuid4().hex}.parquet"
     key = f"{mf.staging_dir(topic, partition)}/{name}"
     size = write_parquet(store, key, table, zstd_level)
     max_ts = max(table.column("timestamp").cast(pa.int64()).to_pylist()) // 1000
     return StagedFile(
-        topic, partition, first, last, key, table.num_rows, size, max_ts, bytes_in, complete
+        topic,
+        partition,
+        first,
+        last,
+        key,
+        table.num_rows,
+        size,
+        max_ts,
+        bytes_in,
+        complete,
+        progress.log_bytes,
     )
 
 
