@@ -76,6 +76,8 @@ class TierService:
         self._cold_move_retries: set[asyncio.TimerHandle] = set()
         # moves met by recovery's re-split (before the broker runs): made once it starts
         self._early_cold_moves: dict[tuple[str, int], int] = {}
+        # partitions whose manifest a request could not read, and when to try again
+        self._manifest_retry_at: dict[tuple[str, int], float] = {}
 
     @property
     def reader(self) -> ColdReader:
@@ -131,7 +133,9 @@ class TierService:
         background refresh reached the partition (after a start, for every tiered
         partition in turn): a consumer asking for the earliest offset meanwhile skipped
         every archived record (audit36 p3). Kafka restores the whole log's start at
-        startup. A manifest that cannot be read leaves the local start (logged)."""
+        startup. A manifest that cannot be read leaves the local start (logged), and is not
+        asked for again on a request for ``MANIFEST_REFRESH_S`` (the background refresh
+        still tries): a store that is down must not slow every fetch of local data."""
         if self.policy == "disable" or self._closed:
             return
         tiered: dict[str, bool] = {}
@@ -141,11 +145,17 @@ class TierService:
                 tiered[topic] = self.tiered(topic)
             if not tiered[topic] or self._cached(topic, partition) is not None:
                 continue
+            key = (topic, partition)
+            if time.monotonic() < self._manifest_retry_at.get(key, 0.0):
+                continue
             loop = loop or asyncio.get_running_loop()
             try:
                 await loop.run_in_executor(self.executor, self.reader.manifest, topic, partition)
             except Exception as exc:
+                self._manifest_retry_at[key] = time.monotonic() + MANIFEST_REFRESH_S
                 log.warning("tier: manifest of %s-%d not read: %s", topic, partition, exc)
+            else:
+                self._manifest_retry_at.pop(key, None)
 
     def archived_next(self, topic: str, partition: int) -> int:
         """First offset not archived (cached manifest; 0 when none): local retention may

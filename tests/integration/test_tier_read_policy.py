@@ -107,6 +107,29 @@ def test_the_earliest_offset_is_the_cold_log_start_from_the_first_request_after_
     assert_same(consume(broker.bootstrap, topic, N, offset=OFFSET_BEGINNING), msgs)
 
 
+def test_a_manifest_that_cannot_be_read_is_not_asked_for_at_every_fetch(broker_factory) -> None:  # type: ignore[no-untyped-def]
+    """A request that finds a tiered partition's manifest unreadable (damaged here; a store
+    that is down does the same) answers from the local log start and does not ask the store
+    again on every request for a while: each fetch of local data would wait for the store."""
+    broker = broker_factory(**BROKER)
+    topic = create_topic(
+        broker.bootstrap, unique_topic("nomf"), config={"remote.storage.enable": "true"}
+    )
+    produce(broker.bootstrap, topic, sample_messages(10))
+    wait_high_watermark(broker.bootstrap, topic, 10)
+    spec = StoreSpec((Path(broker.data_dir) / "tier").resolve().as_uri())
+    folder = Path(spec.open().path(mf.manifest_dir(topic, 0)))
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{1:020d}.json").write_bytes(b"{not json")
+    broker.restart()
+    with RawConnection(broker.host, broker.port) as conn:
+        for _ in range(20):
+            part = fetch_raw(conn, topic, 0, 0, partition_max_bytes=4096)
+            assert part.error_code == 0 and part.log_start_offset == 0
+    asked = broker.log(since_start=True).count(f"manifest of {topic}-0 not read")
+    assert asked == 1, asked
+
+
 def test_delete_records_moves_the_log_start_through_the_archive(broker_factory) -> None:  # type: ignore[no-untyped-def]
     """KIP-405: a tiered partition's log start covers its archive. DeleteRecords below the
     local log start answered the local start and left the archived records readable (the
