@@ -166,9 +166,13 @@ async def handle_fetch(ctx: RequestContext, request: Any) -> Any:
     if len(keys) >= ENTRIES_OFF_LOOP:
         ctx.mark_large()  # its response is encoded in the heavy-work thread
     tier = getattr(broker, "tier", None)
+    # a replica's fetch (a follower's catch-up) never gets archived data: rows re-encoded
+    # from Parquet are not the leader's batches (their epochs, their grouping), and the
+    # follower refused them as a divergence for ever under tier.read.policy=force (audit37
+    # p4); Kafka answers followers OFFSET_MOVED_TO_TIERED_STORAGE, never remote data
     cold = (
         await tier.cold_reads(_Named(named), broker.storage, broker.settings.fetch_max_bytes)
-        if tier
+        if tier and not _from_follower(request)
         else {}
     )
     quota_cap = None

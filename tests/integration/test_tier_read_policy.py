@@ -204,6 +204,31 @@ def test_a_failed_cold_read_answers_its_partition_and_keeps_the_connection(broke
     assert "cold read of" in broker.log(since_start=True)
 
 
+def test_a_replicas_fetch_never_gets_archived_data(broker_factory) -> None:  # type: ignore[no-untyped-def]
+    """Under force, a consumer's fetch of archived offsets is served from Parquet (re-encoded,
+    uncompressed); a replica's fetch (replica id set, as a follower's catch-up sends) gets
+    the log's own batches, as produced (zstd here), as Kafka never hands followers remote
+    data: re-encoded batches made a catching-up follower refuse them for ever as a
+    divergence (audit37 p4)."""
+    import dataclasses
+
+    from .rawclient import fetch_request, i32, schema
+
+    broker = broker_factory(**BROKER, **{"tier.read.policy": "force"})
+    topic, _, _ = _setup(broker, {})
+    deadline = time.monotonic() + 10
+    while _compressions(broker, topic, 0)[0] != 0:  # the consumer's: from the archive
+        assert time.monotonic() < deadline, "force policy never read from the archive"
+        time.sleep(0.2)
+    request = dataclasses.replace(fetch_request(topic, 0, 0, 11, 0, 4096), replica_id=i32(2))
+    with RawConnection(broker.host, broker.port) as conn:
+        resp = conn.request(request, schema("fetch", 11, "response").FetchResponse)
+    (part,) = resp.responses[0].partitions
+    assert part.error_code == 0, part.error_code
+    codecs = [struct.unpack_from(">h", b, 21)[0] & 7 for b in split_batches(part.records)]
+    assert codecs and codecs[0] == 4  # zstd: the log's batch, not a re-encoded one
+
+
 def test_disable_never_reads_the_archive(broker_factory) -> None:  # type: ignore[no-untyped-def]
     broker = broker_factory(**BROKER, **{"tier.read.policy": "disable"})
     topic, msgs, current = _setup(broker, {"local.retention.ms": "0"})
