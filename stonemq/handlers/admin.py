@@ -300,8 +300,11 @@ async def _delete_in_order(
     for name in names:
         try:
             tiered = tier is not None and tier.tiered(name)
+            # the tier service's deletion listener removes the cold data of a topic it
+            # tracks (on every broker); here the rest, a tiered topic it had not seen yet
+            untracked = tier is not None and not tier.tracks(name)
             record = await topics.delete(name)
-            if tier is not None and tiered:
+            if tier is not None and tiered and untracked:
                 tier.delete_topic_data(name, str(record.topic_id))
         except Exception as exc:
             done[name].set_exception(exc)

@@ -67,6 +67,9 @@ class TierService:
         self._run_proc: asyncio.subprocess.Process | None = None
         self._uploaded: dict[tuple[str, int], int] = {}  # newest sealed base uploaded
         self._topic_ids: dict[str, str] = {}  # tiered topic name -> id (read by the pool)
+        # every broker removes a deleted topic's cold data from its own store, whichever
+        # broker handled the DeleteTopics (a cluster's topic watch tells the others)
+        topics.on_deleted.append(self._topic_deleted)
         self._deleting: set[str] = set()  # deleted topics whose cold data is being removed
         self._retaining: set[tuple[str, int]] = set()  # cold retention in flight
         self._resumed_deletes = False
@@ -350,6 +353,21 @@ class TierService:
             )
 
     # -- topic deletion -------------------------------------------------------------------
+    def tracks(self, topic: str) -> bool:
+        """Whether this service knows ``topic`` as tiered (its id recorded): its deletion
+        listener removes such a topic's cold data."""
+        return topic in self._topic_ids
+
+    def _topic_deleted(self, topic: str) -> None:
+        """A topic went (on this broker: through it or, on a cluster, through another): its
+        cold data in this broker's store goes too, once. Only the broker that handled the
+        DeleteTopics removed it before; the other replicas kept the old topic's uploaded
+        segments, and after the name was created again their archive planned the new
+        topic's offsets from them and served the old records (audit37 p3)."""
+        topic_id = self._topic_ids.get(topic)
+        if topic_id is not None and topic not in self._deleting and not self._closed:
+            self.delete_topic_data(topic, topic_id)
+
     def delete_topic_data(self, topic: str, topic_id: str) -> asyncio.Future[None]:
         """Remove a deleted topic's cold data in the pool (tombstone, manifests, files,
         segments). Until it is done a re-created topic of that name does not tier."""

@@ -485,6 +485,18 @@ def test_a_tiered_deletion_moves_every_replicas_archive(broker_factory, zookeepe
         assert consumer.get_watermark_offsets(TopicPartition("tdr", 0), timeout=10) == (50, 300)
     finally:
         consumer.close()
+    # DeleteTopics: every broker removes the topic's cold data from its own store, not only
+    # the one that handled the request; the others kept the old topic's uploaded segments
+    # and archived them as a re-created topic's offsets (audit37 p3)
+    deleting = AdminClient({"bootstrap.servers": survivors[0].bootstrap})
+    deleting.delete_topics(["tdr"], operation_timeout=30)["tdr"].result(30)
+
+    def cold_data(b: Any) -> list[str]:
+        store = specs[b].open()
+        return store.list(mf.manifest_dir("tdr", 0)) + store.list(mf.segments_dir("tdr", 0))
+
+    for b in survivors:
+        _wait(lambda b=b: not cold_data(b), 30, f"{b.data_dir}: the topic's cold data gone")
 
 
 def test_acks_all_waits_for_the_isr_and_min_insync_replicas_refuses(replicated) -> None:
