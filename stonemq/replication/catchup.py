@@ -176,6 +176,8 @@ async def _plan_copy_install(attempt: _Attempt, point: CatchUpResponse) -> None:
         len(point.partitions),
     )
     await _copy(attempt, point.point, todo)
+    ends = [(p.topic, p.partition, p.end_offset) for p in point.partitions]
+    await _take_log_starts(attempt, ends)
     attempt.check_leadership()
     keys = [(p.topic, p.partition) for p in point.partitions]
     # shielded: an install cut in the middle by a cancel would leave memory and disk apart
@@ -265,6 +267,40 @@ async def _copy(attempt: _Attempt, point: int, todo: list[_Copy]) -> None:
                 len(todo),
                 total,
             )
+
+
+async def _take_log_starts(attempt: _Attempt, partitions: list[tuple[str, int, int]]) -> None:
+    """Each topic partition's log start as the leader's Fetch answers it (a tiered
+    partition's: the whole log's, its archive included) handed to ``storage.on_log_start``,
+    which moves this replica's cold log start up to it (a no-op for a topic that does not
+    tier). The log-start entries of the leader's DeleteRecords lie below the catch-up point,
+    never fetched here: the catch-up moved this replica's local log start only, and after a
+    failover its archive served the deleted records (audit37 p2). One Fetch per
+    ``_PARTITIONS_PER_FETCH`` partitions, each from its end at the point, one byte."""
+    manager = attempt.manager
+    storage = manager.storage
+    if getattr(storage, "on_log_start", None) is None:
+        return  # no tier service here
+    for i in range(0, len(partitions), _PARTITIONS_PER_FETCH):
+        attempt.check_leadership()
+        chunk = partitions[i : i + _PARTITIONS_PER_FETCH]
+        fetches = [FetchWant(topic, partition, end, 1) for topic, partition, end in chunk]
+        error, parts = await attempt.ask(
+            lambda cid, fetches=fetches: encode_fetch(
+                manager.broker_id,
+                attempt.epoch,
+                fetches,
+                manager.settings.replica_fetch_response_max_bytes,
+                cid,
+                "stonemq-catch-up",
+            ),
+            decode_fetch,
+        )
+        if error != ErrorCode.none:
+            raise CatchUpError(f"the leader's Fetch answers {ErrorCode(error).name}")
+        for part in parts:
+            if part.error_code == ErrorCode.none and part.log_start_offset > 0:
+                storage.on_log_start(part.topic, part.partition, part.log_start_offset)
 
 
 def _forget_reader(directory: str) -> None:

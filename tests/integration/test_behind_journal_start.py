@@ -41,6 +41,21 @@ def _journal_start(data_dir: Any, journal: int) -> int:
     return min(int(n.split(".")[0]) for n in os.listdir(d) if n.endswith(".journal"))
 
 
+def _journal_end(data_dir: Any, journal: int) -> int:
+    """The end of a broker's copy of journal partition ``journal`` (its last segment's base
+    plus its size)."""
+    from stonemq.storage.checkpoint import CheckpointFile
+
+    journal_dir = data_dir / "journal"
+    order = [
+        int(row[0])
+        for row in CheckpointFile(str(journal_dir / "hosted-journal-partitions"), 1).read() or []
+    ]
+    d = journal_dir / f"journal-{order.index(journal)}"
+    last = max(n for n in os.listdir(d) if n.endswith(".journal"))
+    return int(last.split(".")[0]) + (d / last).stat().st_size
+
+
 def _queue_log(data_dir: Any, topic: str, partition: int) -> bytes:
     d = data_dir / "queues" / f"{topic}-{partition}"
     if not d.is_dir():
@@ -453,3 +468,77 @@ def test_a_leader_change_during_the_copy_restarts_it_from_the_new_leader(
     survivor.stop()
     _storage_check(behind.data_dir)
     _storage_check(survivor.data_dir)
+
+
+def test_a_deleterecords_it_missed_moves_the_followers_archive_at_its_catch_up(
+    broker_factory, zookeeper
+) -> None:
+    """A tiered partition's DeleteRecords while a follower is down: the follower had
+    archived the deleted offsets into its own cold store. Its catch-up takes the leader's
+    log start (the whole log's, from the leader's Fetch answers) for its archive too; it
+    moved its local log start only, and once it led, its archive served the deleted
+    records again (audit37 p2)."""
+    from confluent_kafka.admin import AdminClient as Admin
+
+    from stonemq.tiering import manifest as mf
+    from stonemq.tiering.archive_job import archive_in_process
+    from stonemq.tiering.cold_store import StoreSpec
+
+    chroot = f"{zookeeper.connect}/stonemq-behind-{uuid.uuid4().hex[:8]}"
+    settings = {
+        "zookeeper_connect": chroot,
+        "journal_partitions": 1,
+        "default_replication_factor": 2,
+        "replica_lag_time_max_ms": 2000,
+        "zookeeper_session_timeout_ms": 6000,
+        "journal_segment_bytes": 16 * 1024,
+        "queue_checkpoint_interval_ms": 200,
+    }
+    leader, follower = [broker_factory(broker_id=b, start=False, **settings) for b in (1, 2)]
+    for b in (leader, follower):
+        b.spawn()
+    for b in (leader, follower):
+        b.wait_ready(60)
+    admin = Admin({"bootstrap.servers": leader.bootstrap})
+    config = {"remote.storage.enable": "true", "internal.segment.bytes": "8192"}
+    admin.create_topics([NewTopic("tdr2", 1, 2, config=config)])["tdr2"].result(30)
+    _wait(lambda: all(set(i) == {1, 2} for i in _isrs(chroot).values()), 30, "full ISR")
+
+    def produce(count: int) -> None:
+        producer = Producer(
+            {"bootstrap.servers": leader.bootstrap, "acks": "all", "batch.size": 4096}
+        )
+        for i in range(count):
+            producer.produce("tdr2", value=b"v%04d" % i + b"v" * 200, partition=0)
+        assert producer.flush(60) == 0
+
+    produce(200)
+    spec = StoreSpec((follower.data_dir / "tier").resolve().as_uri())
+
+    def archived() -> int:
+        if (follower.data_dir / "queues" / "tdr2-0").is_dir():
+            archive_in_process(spec, str(follower.data_dir / "queues"), "tdr2", 0)
+        return mf.load(spec.open(), "tdr2", 0).next_offset
+
+    _wait(lambda: archived() > 100, 30, "the follower archived past offset 100")
+    follower.kill()
+    _wait(lambda: all(i == (1,) for i in _isrs(chroot).values()), 30, "broker 2 leaves the ISR")
+    deleted = admin.delete_records([TopicPartition("tdr2", 0, 100)])
+    assert deleted[TopicPartition("tdr2", 0, 100)].result(30).low_watermark == 100
+    for _ in range(6):  # the leader deletes the journal segments the follower needs
+        produce(200)
+    journals = sorted(_isrs(chroot))
+    ends = {j: _journal_end(follower.data_dir, j) for j in journals}
+    _wait(
+        lambda: any(_journal_start(leader.data_dir, j) > ends[j] for j in journals),
+        30,
+        "journal segments deleted",  # of the journal partition carrying tdr2-0
+    )
+    assert mf.load(spec.open(), "tdr2", 0).start_offset == 0  # the follower's archive
+    follower.start()
+    _wait(lambda: "caught up from leader 1" in follower.log(since_start=True), 60, "catch-up")
+    _wait(
+        lambda: mf.load(spec.open(), "tdr2", 0).start_offset == 100,
+        30,
+        "the follower's archive starts at the DeleteRecords offset",
+    )
