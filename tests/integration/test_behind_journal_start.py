@@ -106,12 +106,9 @@ def _produce_single(bootstrap: str, topic: str, count: int, tag: bytes) -> list[
     return acked
 
 
-def _behind(
-    broker_factory: Any, zookeeper: Any, produce: Any = _produce_all, **extra: Any
-) -> tuple[Any, Any, str, list]:
-    """Two brokers; broker 2 killed, broker 1 goes on alone until it deleted the journal
-    segments broker 2 needs; broker 2 not started again. Returns (leader, follower, chroot,
-    the acknowledged (partition, offset, value))."""
+def _two_brokers(broker_factory: Any, zookeeper: Any, **extra: Any) -> tuple[Any, Any, str]:
+    """Brokers 1 and 2 under a chroot of their own, small journal segments, a short lag time
+    and a 6 s session; returns (broker 1, broker 2, the chroot)."""
     chroot = f"{zookeeper.connect}/stonemq-behind-{uuid.uuid4().hex[:8]}"
     settings = {
         "zookeeper_connect": chroot,
@@ -128,7 +125,16 @@ def _behind(
         b.spawn()
     for b in brokers:
         b.wait_ready(60)
-    leader, follower = brokers
+    return brokers[0], brokers[1], chroot
+
+
+def _behind(
+    broker_factory: Any, zookeeper: Any, produce: Any = _produce_all, **extra: Any
+) -> tuple[Any, Any, str, list]:
+    """Two brokers; broker 2 killed, broker 1 goes on alone until it deleted the journal
+    segments broker 2 needs; broker 2 not started again. Returns (leader, follower, chroot,
+    the acknowledged (partition, offset, value))."""
+    leader, follower, chroot = _two_brokers(broker_factory, zookeeper, **extra)
     admin = AdminClient({"bootstrap.servers": leader.bootstrap})
     admin.create_topics([NewTopic("behind", PARTITIONS, 2)])["behind"].result(30)
     _wait(lambda: all(set(i) == {1, 2} for i in _isrs(chroot).values()), 30, "full ISR")
@@ -484,21 +490,7 @@ def test_a_deleterecords_it_missed_moves_the_followers_archive_at_its_catch_up(
     from stonemq.tiering.archive_job import archive_in_process
     from stonemq.tiering.cold_store import StoreSpec
 
-    chroot = f"{zookeeper.connect}/stonemq-behind-{uuid.uuid4().hex[:8]}"
-    settings = {
-        "zookeeper_connect": chroot,
-        "journal_partitions": 1,
-        "default_replication_factor": 2,
-        "replica_lag_time_max_ms": 2000,
-        "zookeeper_session_timeout_ms": 6000,
-        "journal_segment_bytes": 16 * 1024,
-        "queue_checkpoint_interval_ms": 200,
-    }
-    leader, follower = [broker_factory(broker_id=b, start=False, **settings) for b in (1, 2)]
-    for b in (leader, follower):
-        b.spawn()
-    for b in (leader, follower):
-        b.wait_ready(60)
+    leader, follower, chroot = _two_brokers(broker_factory, zookeeper)
     admin = Admin({"bootstrap.servers": leader.bootstrap})
     config = {"remote.storage.enable": "true", "internal.segment.bytes": "8192"}
     admin.create_topics([NewTopic("tdr2", 1, 2, config=config)])["tdr2"].result(30)
