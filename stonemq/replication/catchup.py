@@ -299,7 +299,8 @@ async def _take_log_starts(attempt: _Attempt, partitions: list[tuple[str, int, i
         if error != ErrorCode.none:
             raise CatchUpError(f"the leader's Fetch answers {ErrorCode(error).name}")
         for part in parts:
-            if part.error_code == ErrorCode.none and part.log_start_offset > 0:
+            answered = part.error_code in (ErrorCode.none, ErrorCode.offset_out_of_range)
+            if answered and part.log_start_offset > 0:  # out of range: a start past the end
                 storage.on_log_start(part.topic, part.partition, part.log_start_offset)
 
 
