@@ -68,8 +68,10 @@ class TierService:
         self._uploaded: dict[tuple[str, int], int] = {}  # newest sealed base uploaded
         self._topic_ids: dict[str, str] = {}  # tiered topic name -> id (read by the pool)
         # every broker removes a deleted topic's cold data from its own store, whichever
-        # broker handled the DeleteTopics (a cluster's topic watch tells the others)
-        topics.on_deleted.append(self._topic_deleted)
+        # broker handled the DeleteTopics (a cluster's topic watch tells the others); a
+        # service made without a topic manager (tools, tests) follows no deletions
+        if topics is not None:
+            topics.on_deleted.append(self._topic_deleted)
         self._deleting: set[str] = set()  # deleted topics whose cold data is being removed
         self._retaining: set[tuple[str, int]] = set()  # cold retention in flight
         self._resumed_deletes = False
