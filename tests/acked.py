@@ -25,3 +25,20 @@ def check_acknowledged(
         f"{len(by_value)} without: {sorted(rest ^ by_value)[:5]}"
     )
     assert len({(p, v) for (p, _), v in stored.items()}) == len(stored), "a record stored twice"
+
+
+def check_held(
+    acked: Iterable[tuple[int, int | None, bytes]], stored: Mapping[tuple[int, int], bytes]
+) -> None:
+    """Every acknowledged (partition, offset, value) is stored at its offset, one without an
+    offset (librdkafka's implicit acknowledgement, as :func:`check_acknowledged` says) once
+    in its partition by value; records stored but not acknowledged (in flight when the
+    producer stopped) are not looked at."""
+    by_value: dict[tuple[int, bytes], int] = {}
+    for (p, _), v in stored.items():
+        by_value[(p, v)] = by_value.get((p, v), 0) + 1
+    for p, off, v in acked:
+        if off is None:
+            assert by_value.get((p, v)) == 1, f"{v!r} acknowledged without an offset in {p}"
+        else:
+            assert stored.get((p, off)) == v, (p, off, v, stored.get((p, off)))

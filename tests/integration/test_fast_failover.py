@@ -17,6 +17,7 @@ import time
 from typing import Any
 
 import pytest
+from acked import check_held
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from kazoo.client import KazooClient
@@ -183,8 +184,10 @@ def test_producers_reach_the_new_leader_well_before_the_session_ends(
     stored = _stored(survivor.bootstrap, topic, mine)
     for name, (_, acks) in clients.items():
         assert not acks.errors, (name, acks.errors[:5])
-        for _, p, offset, value in acks.acked:
-            assert stored.get((p, offset)) == value, (name, p, offset, value)
+        # librdkafka acknowledges a batch whose answer was lost without an offset
+        # (rd_kafka_dr_implicit_ack) once a later one succeeds: held by value (a CI run
+        # failed on ('librdkafka', 5, None, b'rd000179') looked up at offset None)
+        check_held([(p, offset, value) for _, p, offset, value in acks.acked], stored)
     assert len(set(stored.values())) == len(stored)
 
 
@@ -381,7 +384,6 @@ def test_a_leader_judged_dead_while_alive_is_deposed_safely_and_rejoins(
     for p in range(6):
         assert queues[0][p] == queues[1][p] == queues[2][p], f"{topic}-{p}"
         stored.update(((p, off), v) for off, v in _records(queues[0][p]))
-    for p, offset, value in acked + direct:
-        assert stored.get((p, offset)) == value, (p, offset, value, stored.get((p, offset)))
+    check_held(acked + direct, stored)
     values = list(stored.values())
     assert len(values) == len(set(values)), "a record stored twice"
