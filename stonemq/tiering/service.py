@@ -15,6 +15,7 @@ import dataclasses
 import logging
 import os
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -83,6 +84,8 @@ class TierService:
         self._early_cold_moves: dict[tuple[str, int], int] = {}
         # partitions whose manifest a request could not read, and when to try again
         self._manifest_retry_at: dict[tuple[str, int], float] = {}
+        # uploads and topic deletions (pool threads) one at a time
+        self._store_lock = threading.Lock()
 
     @property
     def reader(self) -> ColdReader:
@@ -387,7 +390,8 @@ class TierService:
     def _delete_topic_data(self, topic: str, topic_id: str) -> None:
         from stonemq.tiering.status import delete_topic_data
 
-        delete_topic_data(self.reader.store, topic, topic_id)
+        with self._store_lock:  # after an upload in flight, which may have written to it
+            delete_topic_data(self.reader.store, topic, topic_id)
         self.reader.forget(topic)
 
     def _delete_done(self, topic: str, future: asyncio.Future[None]) -> None:
@@ -566,17 +570,28 @@ class TierService:
                     log.warning("tier: upload of %s-%d failed: %s", topic, partition, exc)
 
     def _upload(self, topic: str, partition: int) -> None:
-        """Upload what sealed since the last look (a folder listing when nothing did)."""
+        """Upload what sealed since the last look (a folder listing when nothing did); never
+        for a topic whose cold data is being deleted, nor at the same time as a deletion (the
+        store lock): an upload in flight while a deletion ran wrote the deleted topic's
+        segments back after it, and a topic re-created under the name took them for its own
+        (audit37 p3; the deletion starts as the topic goes, before its local files do)."""
         from stonemq.tiering.uploader import local_segments, upload_sealed
 
-        queue_dir = str(self.settings.queue_path)
-        sealed = [s.base for s in local_segments(queue_dir, topic, partition) if s.sealed]
-        if not sealed or self._uploaded.get((topic, partition)) == sealed[-1]:
-            return
-        upload_sealed(
-            self.reader.store, queue_dir, topic, partition, self.archived_next(topic, partition)
-        )
-        self._uploaded[(topic, partition)] = sealed[-1]
+        with self._store_lock:
+            if topic in self._deleting:
+                return
+            queue_dir = str(self.settings.queue_path)
+            sealed = [s.base for s in local_segments(queue_dir, topic, partition) if s.sealed]
+            if not sealed or self._uploaded.get((topic, partition)) == sealed[-1]:
+                return
+            upload_sealed(
+                self.reader.store,
+                queue_dir,
+                topic,
+                partition,
+                self.archived_next(topic, partition),
+            )
+            self._uploaded[(topic, partition)] = sealed[-1]
 
     async def refresh_now(self, topic: str, partition: int) -> None:
         await asyncio.get_running_loop().run_in_executor(
