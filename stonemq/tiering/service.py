@@ -578,7 +578,9 @@ class TierService:
         from stonemq.tiering.uploader import local_segments, upload_sealed
 
         with self._store_lock:
-            if topic in self._deleting:
+            # a deleted topic's id is gone from _topic_ids (also once its deletion is done,
+            # while an upload round listed before it goes on)
+            if topic in self._deleting or topic not in self._topic_ids:
                 return
             queue_dir = str(self.settings.queue_path)
             sealed = [s.base for s in local_segments(queue_dir, topic, partition) if s.sealed]
